@@ -1,0 +1,28 @@
+# Two entry points, each doing all set-up on a fresh machine: `make demo`, `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, below 2.14: on this kind of machine that resolves to the CPU wheel on
+	# disk instead of a multi-GB CUDA build; elsewhere pip takes what PyPI serves.
+	$(PY) -m pip install --quiet "torch>=2.4,<2.14"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	bash examples/demo.sh $(VENV)/bin/pipeplan
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) experiments/bench_simulator.py
+
+clean:
+	rm -rf $(VENV) out

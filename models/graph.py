@@ -1,0 +1,257 @@
+"""The layer graph: a model as a DAG of layers with per-layer costs (``pipeplan.graph/1``).
+
+Layers are kept in the file's topological order; plans refer to them by index and a
+stage is a contiguous index range.  The DAG itself is a :class:`networkx.DiGraph`
+whose nodes are the layer indices, so graph algorithms come from networkx.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import networkx as nx
+
+from models.errors import InputError
+from models.jsonio import Reader, check_integer, load_json, number_list
+
+GRAPH_FORMAT = "pipeplan.graph/1"
+
+_LAYER_FIELDS = frozenset({"name", "fwd", "bwd", "params", "act", "out", "tied_to"})
+_GRAPH_FIELDS = frozenset({"format", "name", "input_bytes", "layers", "edges"})
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer of the model and its costs on the reference device."""
+
+    name: str
+    """Unique, human-readable name (``block.11``)."""
+    fwd: tuple[float, float]
+    """Forward time ``a + b*n`` seconds for ``n`` samples, as ``(a, b)``."""
+    bwd: tuple[float, float]
+    """Backward time (input and weight gradients) ``a + b*n`` seconds, as ``(a, b)``."""
+    params: float
+    """Bytes of parameters (shared bytes included for a tied layer)."""
+    act: float
+    """Bytes per sample kept alive from the forward pass to the backward pass."""
+    out: float
+    """Bytes per sample of the layer's output tensor."""
+    tied_to: int | None = None
+    """Index of the layer whose weights this one shares, or ``None``."""
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Fields of the file this version does not know; written back unchanged."""
+
+    def fwd_time(self, samples: float) -> float:
+        """Forward seconds on the reference device for ``samples`` samples."""
+        return self.fwd[0] + self.fwd[1] * samples
+
+    def bwd_time(self, samples: float) -> float:
+        """Backward seconds on the reference device for ``samples`` samples."""
+        return self.bwd[0] + self.bwd[1] * samples
+
+    def to_dict(self) -> dict[str, Any]:
+        data: dict[str, Any] = dict(self.extra)
+        data.update(name=self.name, fwd=list(self.fwd), bwd=list(self.bwd),
+                    params=self.params, act=self.act, out=self.out)
+        if self.tied_to is not None:
+            data["tied_to"] = self.tied_to
+        return data
+
+
+class LayerGraph:
+    """A model as layers in topological order plus the edges between them.
+
+    Parameters
+    ----------
+    name : str
+        The graph's name (plans name it in their ``graph`` field).
+    layers : sequence of Layer
+        The layers in a topological order.
+    edges : sequence of (int, int), optional
+        ``(u, v)``: layer ``v`` consumes the output of layer ``u``; ``u < v``.
+        ``None`` means the chain ``0 -> 1 -> ... -> L-1``.
+    input_bytes : float
+        Bytes per sample of the model's input batch.
+    extra : dict, optional
+        Unknown top-level fields, preserved on save.
+
+    Raises
+    ------
+    InputError
+        If an edge is not ``u < v`` between existing layers, or names repeat.
+
+    Examples
+    --------
+    >>> g = LayerGraph.chain("toy", [Layer("a", (0, 1), (0, 2), 4, 8, 16),
+    ...                              Layer("b", (0, 1), (0, 2), 4, 8, 32)], input_bytes=4)
+    >>> g.cut_bytes(0)
+    16.0
+    """
+
+    def __init__(self, name: str, layers: list[Layer] | tuple[Layer, ...],
+                 edges: list[tuple[int, int]] | tuple[tuple[int, int], ...] | None = None,
+                 input_bytes: float = 0.0, extra: dict[str, Any] | None = None,
+                 file: str = "-") -> None:
+        self.name = name
+        self.layers: tuple[Layer, ...] = tuple(layers)
+        self.input_bytes = float(input_bytes)
+        self.extra = dict(extra or {})
+        self.explicit_edges = edges is not None
+        n = len(self.layers)
+        if n == 0:
+            raise InputError(file, "layers", "a graph needs at least one layer")
+        if edges is None:
+            edges = [(i, i + 1) for i in range(n - 1)]
+        self.edges: tuple[tuple[int, int], ...] = tuple((int(u), int(v)) for u, v in edges)
+        for i, (u, v) in enumerate(self.edges):
+            _check_edge(u, v, n, file, f"edges[{i}]")
+        seen: dict[str, int] = {}
+        for i, layer in enumerate(self.layers):
+            if layer.name in seen:
+                raise InputError(file, f"layers[{i}].name",
+                                 f"name {layer.name!r} is also used by layer {seen[layer.name]}; names must be unique")
+            seen[layer.name] = i
+            if layer.tied_to is not None and not (0 <= layer.tied_to < n and layer.tied_to != i):
+                raise InputError(file, f"layers[{i}].tied_to",
+                                 f"must be the index of another layer (0..{n - 1}), got {layer.tied_to}")
+
+    # ----------------------------------------------------------------- building
+    @classmethod
+    def chain(cls, name: str, layers: list[Layer], input_bytes: float = 0.0) -> "LayerGraph":
+        """A chain graph ``0 -> 1 -> ... -> L-1``."""
+        return cls(name, layers, None, input_bytes)
+
+    @classmethod
+    def from_dict(cls, data: Any, file: str = "-") -> "LayerGraph":
+        """Read a ``pipeplan.graph/1`` object; see :func:`load_graph`."""
+        top = Reader(data, file, "")
+        top.format(GRAPH_FORMAT)
+        name = top.string("name")
+        input_bytes = top.number("input_bytes")
+        raw_layers = top.array("layers", nonempty=True)
+        layers = [_read_layer(item, file, f"layers[{i}]")
+                  for i, item in enumerate(raw_layers)]
+        edges = None
+        if top.has("edges"):
+            edges = [_read_edge(item, len(layers), file, f"edges[{i}]")
+                     for i, item in enumerate(top.array("edges"))]
+        return cls(name, layers, edges, input_bytes, top.extras(_GRAPH_FIELDS), file)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``pipeplan.graph/1`` object (unknown fields of the source kept)."""
+        data: dict[str, Any] = dict(self.extra)
+        data.update({"format": GRAPH_FORMAT, "name": self.name, "input_bytes": self.input_bytes,
+                     "layers": [layer.to_dict() for layer in self.layers]})
+        if self.explicit_edges:
+            data["edges"] = [list(e) for e in self.edges]
+        return data
+
+    # ----------------------------------------------------------------- queries
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    @cached_property
+    def dag(self) -> nx.DiGraph:
+        """The graph as a networkx DiGraph over layer indices, with layer attributes."""
+        g = nx.DiGraph(name=self.name)
+        for i, layer in enumerate(self.layers):
+            g.add_node(i, name=layer.name, fwd=layer.fwd, bwd=layer.bwd,
+                       params=layer.params, act=layer.act, out=layer.out)
+        g.add_edges_from(self.edges)
+        return g
+
+    @cached_property
+    def _cut_bytes(self) -> tuple[float, ...]:
+        # Layer u crosses every cut c with u <= c < (its last consumer).  Each cut is
+        # summed afresh with fsum: a running sum would leave rounding residue (a cut
+        # that should carry 0 bytes showing -1e-7) after large values enter and leave.
+        last = {u: max(self.dag.successors(u)) for u in self.dag.nodes if self.dag.out_degree(u)}
+        return tuple(
+            math.fsum(self.layers[u].out for u, v in last.items() if u <= c < v)
+            for c in range(len(self.layers) - 1)
+        )
+
+    def cut_bytes(self, c: int) -> float:
+        """Bytes per sample crossing the cut after layer ``c``.
+
+        The sum of ``out`` over the distinct layers ``u <= c`` with a consumer
+        ``v > c``; a tensor skipping several stages is relayed across every cut.
+
+        Raises
+        ------
+        IndexError
+            If ``c`` is not in ``0 .. L-2``.
+        """
+        if not 0 <= c < len(self.layers) - 1:
+            raise IndexError(f"cut after layer {c} does not exist in a graph of {len(self.layers)} layers")
+        return self._cut_bytes[c]
+
+    def stage_input_bytes(self, lo: int) -> float:
+        """Input bytes per sample of a stage starting at layer ``lo``."""
+        return self.input_bytes if lo == 0 else self._cut_bytes[lo - 1]
+
+    def range_sum(self, attribute: str, lo: int, hi: int) -> float:
+        """Sum of ``attribute`` (``params``, ``act``, ``out``) over layers ``lo <= i < hi``."""
+        return float(sum(getattr(layer, attribute) for layer in self.layers[lo:hi]))
+
+    def range_time(self, lo: int, hi: int) -> tuple[float, float, float, float]:
+        """Summed ``(a_f, b_f, a_b, b_b)`` over layers ``lo <= i < hi``."""
+        af = bf = ab = bb = 0.0
+        for layer in self.layers[lo:hi]:
+            af += layer.fwd[0]
+            bf += layer.fwd[1]
+            ab += layer.bwd[0]
+            bb += layer.bwd[1]
+        return af, bf, ab, bb
+
+    def unique_params(self) -> float:
+        """Parameter bytes counting tied weights once."""
+        return float(sum(layer.params for layer in self.layers if layer.tied_to is None))
+
+
+def _check_edge(u: int, v: int, n: int, file: str, where: str) -> None:
+    if not (0 <= u < n and 0 <= v < n):
+        raise InputError(file, where, f"edge [{u}, {v}] names a layer that does not exist (layers are 0..{n - 1})")
+    if u >= v:
+        raise InputError(file, where, f"edge [{u}, {v}] must go forward (u < v): layers are listed in topological order")
+
+
+def _read_layer(item: Any, file: str, where: str) -> Layer:
+    r = Reader(item, file, where)
+    tied = None
+    if r.has("tied_to") and r.raw("tied_to") is not None:
+        tied = r.integer("tied_to", minimum=0)
+    return Layer(
+        name=r.string("name"),
+        fwd=number_list(r.raw("fwd"), file, r.path("fwd"), 2),  # type: ignore[arg-type]
+        bwd=number_list(r.raw("bwd"), file, r.path("bwd"), 2),  # type: ignore[arg-type]
+        params=r.number("params"),
+        act=r.number("act"),
+        out=r.number("out"),
+        tied_to=tied,
+        extra=r.extras(_LAYER_FIELDS),
+    )
+
+
+def _read_edge(item: Any, n: int, file: str, where: str) -> tuple[int, int]:
+    if not isinstance(item, list) or len(item) != 2:
+        raise InputError(file, where, "an edge is a list [u, v] of two layer indices")
+    u = check_integer(item[0], file, f"{where}[0]")
+    v = check_integer(item[1], file, f"{where}[1]")
+    _check_edge(u, v, n, file, where)
+    return u, v
+
+
+def load_graph(path: str) -> LayerGraph:
+    """Load a ``pipeplan.graph/1`` file.
+
+    Raises
+    ------
+    InputError
+        On a missing file, invalid JSON, a missing or mistyped field, an unknown
+        format version, a negative cost, or an edge that is not ``u < v``.
+    """
+    return LayerGraph.from_dict(load_json(path), str(path))

@@ -1,0 +1,207 @@
+"""Reading JSON input with exact error places, and writing files atomically.
+
+The readers below take a decoded JSON value and the path to it, and either return a
+value of the right type or raise :class:`~models.errors.InputError` naming the file
+and the path.  Only JSON is ever read: no pickles, no eval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from models.errors import InputError
+
+
+def load_json(path: str | os.PathLike) -> Any:
+    """Decode the JSON file at ``path``.
+
+    Raises
+    ------
+    InputError
+        If the file cannot be read or is not valid JSON (``NaN`` and ``Infinity``
+        included: they are not JSON).
+    """
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(name, "file", "no such file") from None
+    except IsADirectoryError:
+        raise InputError(name, "file", "is a directory, not a JSON file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(name, "file", f"cannot be read: {exc}") from None
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise InputError(name, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}") from None
+    except ValueError as exc:
+        raise InputError(name, "file", f"invalid JSON: {exc}") from None
+
+
+def _reject_constant(token: str) -> Any:
+    raise ValueError(f"{token} is not a JSON number")
+
+
+def dumps(obj: Any) -> str:
+    """Serialise ``obj`` as indented JSON with a trailing newline."""
+    return json.dumps(obj, indent=2, allow_nan=False) + "\n"
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file and a rename.
+
+    A reader never sees a half-written file, and a failure leaves no file behind.
+    """
+    target = Path(path)
+    directory = target.parent if str(target.parent) else Path(".")
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically; see :func:`atomic_write_bytes`."""
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+class Reader:
+    """Typed access to one JSON object, raising :class:`InputError` at the exact place.
+
+    Parameters
+    ----------
+    obj : Any
+        The decoded JSON value that should be an object.
+    file : str
+        File name for error messages.
+    where : str
+        JSON path of ``obj`` (``""`` for the top level).
+
+    Examples
+    --------
+    >>> r = Reader({"speed": 0.5}, "c.json", "devices[0]")
+    >>> r.number("speed", positive=True)
+    0.5
+    """
+
+    def __init__(self, obj: Any, file: str, where: str) -> None:
+        if not isinstance(obj, dict):
+            raise InputError(file, where or "top level", f"expected a JSON object, got {_kind(obj)}")
+        self.obj: dict[str, Any] = obj
+        self.file = file
+        self.where = where
+
+    def path(self, key: str | int) -> str:
+        """The JSON path of ``key`` inside this object (or of item ``key`` of a list)."""
+        if isinstance(key, int):
+            return f"{self.where}[{key}]"
+        return f"{self.where}.{key}" if self.where else key
+
+    def fail(self, key: str | int, what: str) -> InputError:
+        """An :class:`InputError` at ``key``."""
+        return InputError(self.file, self.path(key), what)
+
+    def has(self, key: str) -> bool:
+        return key in self.obj
+
+    def raw(self, key: str) -> Any:
+        if key not in self.obj:
+            raise InputError(self.file, self.path(key), "missing required field")
+        return self.obj[key]
+
+    def string(self, key: str) -> str:
+        value = self.raw(key)
+        if not isinstance(value, str):
+            raise self.fail(key, f"expected a string, got {_kind(value)}")
+        return value
+
+    def boolean(self, key: str) -> bool:
+        value = self.raw(key)
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {_kind(value)}")
+        return value
+
+    def number(self, key: str, *, positive: bool = False) -> float:
+        return check_number(self.raw(key), self.file, self.path(key), positive=positive)
+
+    def integer(self, key: str, *, minimum: int | None = None) -> int:
+        return check_integer(self.raw(key), self.file, self.path(key), minimum=minimum)
+
+    def array(self, key: str, *, nonempty: bool = False) -> list[Any]:
+        value = self.raw(key)
+        if not isinstance(value, list):
+            raise self.fail(key, f"expected a list, got {_kind(value)}")
+        if nonempty and not value:
+            raise self.fail(key, "must not be empty")
+        return value
+
+    def extras(self, known: set[str] | frozenset[str]) -> dict[str, Any]:
+        """Fields this reader does not know, kept so that a rewrite preserves them."""
+        return {k: v for k, v in self.obj.items() if k not in known}
+
+    def format(self, expected: str) -> None:
+        """Check the ``format`` field names ``expected`` (family and version)."""
+        found = self.string("format")
+        if found == expected:
+            return
+        family = expected.rsplit("/", 1)[0]
+        if found.startswith(family + "/"):
+            raise self.fail("format", f"unknown format version {found!r}; this pipeplan reads {expected!r}")
+        raise self.fail("format", f"expected {expected!r}, got {found!r}")
+
+
+def check_number(value: Any, file: str, where: str, *, positive: bool = False) -> float:
+    """``value`` as a finite float, >= 0 (or > 0 when ``positive``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InputError(file, where, f"expected a number, got {_kind(value)}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise InputError(file, where, f"expected a finite number, got {value!r}")
+    if positive and number <= 0:
+        raise InputError(file, where, f"must be positive, got {value!r}")
+    if number < 0:
+        raise InputError(file, where, f"must not be negative, got {value!r}")
+    return number
+
+
+def check_integer(value: Any, file: str, where: str, *, minimum: int | None = None) -> int:
+    """``value`` as an int (a float with an integral value is refused: it is a typo)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InputError(file, where, f"expected an integer, got {_kind(value)}")
+    if minimum is not None and value < minimum:
+        raise InputError(file, where, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, (int, float)):
+        return f"number {value!r}"
+    if isinstance(value, str):
+        return f"string {value!r}" if len(value) <= 40 else "a string"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "an object"
+    return type(value).__name__
+
+
+def number_list(value: Any, file: str, where: str, length: int) -> tuple[float, ...]:
+    """``value`` as a list of exactly ``length`` non-negative finite numbers."""
+    if not isinstance(value, list):
+        raise InputError(file, where, f"expected a list of {length} numbers, got {_kind(value)}")
+    if len(value) != length:
+        raise InputError(file, where, f"expected {length} numbers, got {len(value)}")
+    return tuple(check_number(v, file, f"{where}[{i}]") for i, v in enumerate(value))

@@ -1,0 +1,300 @@
+"""Measure a zoo model on this machine and turn it into a ``pipeplan.graph/1`` layer graph.
+
+Per unit: forward and backward seconds at several microbatch sizes (warm-up runs,
+then the median of repeats, with a fixed torch thread count), fitted to ``a + b*n``;
+saved-activation bytes per sample (``saved_tensors_hooks``, de-duplicated by storage,
+parameters and buffers left out); output bytes per sample; parameter bytes.  Results
+are cached as JSON, keyed by model, configuration, batch sizes, torch and machine.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import torch
+from torch import nn
+
+from models.cache import cache_key, load_cached, machine, store_cached
+from models.errors import InputError
+from models.fit import LinearFit, fit_linear
+from models.graph import Layer, LayerGraph
+from models.zoo import ZooModel, build_model
+
+#: Bumped when the measuring method changes, so old cache entries are not reused.
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How to measure."""
+
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    """Microbatch sizes to time (at least one; two or more to separate ``a`` from ``b``)."""
+    warmup: int = 2
+    """Untimed runs before timing each op (allocator and kernel warm-up)."""
+    repeats: int = 5
+    """Timed runs per op; their median is kept."""
+    threads: int = 1
+    """``torch.set_num_threads`` during the measurement, for repeatable timings."""
+    seed: int = 0
+    """Seed of the weights and of the example batches."""
+
+    def __post_init__(self) -> None:
+        if not self.batch_sizes or any(n < 1 for n in self.batch_sizes):
+            raise InputError("-", "batch_sizes", f"need one or more positive sizes, got {list(self.batch_sizes)}")
+        if self.warmup < 0 or self.repeats < 1 or self.threads < 1:
+            raise InputError("-", "measure", "need warmup >= 0, repeats >= 1 and threads >= 1, got "
+                             f"{self.warmup}, {self.repeats}, {self.threads}")
+
+
+@dataclass
+class UnitProfile:
+    """What was measured for one unit."""
+
+    fwd: LinearFit
+    """Forward seconds as ``a + b*n``."""
+    bwd: LinearFit
+    """Backward seconds as ``a + b*n``."""
+    params: int
+    """Bytes of the unit's parameters (a tied weight included)."""
+    act: float
+    """Saved-activation bytes per sample."""
+    out: float
+    """Output bytes per sample."""
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    """Raw median seconds per batch size: ``{"fwd": [...], "bwd": [...]}``."""
+
+
+# ------------------------------------------------------------------ helpers shared with the analytic profiler
+def leaf_args(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Detached copies of a unit's inputs; floating ones require grad as in a pipeline stage."""
+    leaves = []
+    for tensor in args:
+        leaf = tensor.detach()
+        if leaf.is_floating_point():
+            leaf.requires_grad_(True)
+        leaves.append(leaf)
+    return leaves
+
+
+def unit_args(model: ZooModel, inputs: torch.Tensor) -> list[list[torch.Tensor]]:
+    """Each unit's argument tensors for one batch (one gradient-free forward pass)."""
+    with torch.no_grad():
+        outputs = model.forward(inputs)
+    return [[outputs[j] for j in unit.inputs] for unit in model.units]
+
+
+def _storage_key(tensor: torch.Tensor) -> tuple[Any, int]:
+    # The storage object's C pointer identifies a storage on every device, meta
+    # included (where data_ptr() is 0 for all); views of one storage share it.
+    try:
+        storage = tensor.untyped_storage()
+        return storage._cdata, storage.nbytes()
+    except (RuntimeError, NotImplementedError):
+        return id(tensor), tensor.numel() * tensor.element_size()
+
+
+def saved_bytes(module: nn.Module, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Run ``module(*args)`` and count the bytes autograd saves for the backward pass.
+
+    Saved tensors are de-duplicated by storage (whole storages are kept alive, views
+    included); storages of the module's parameters and buffers are left out: they
+    are not activations.
+
+    Returns
+    -------
+    (output, bytes)
+    """
+    owned = {_storage_key(t)[0] for t in (*module.parameters(), *module.buffers())}
+    seen: dict[Any, int] = {}
+    kept: list[torch.Tensor] = []  # holding them keeps storage pointers unique
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        key, nbytes = _storage_key(tensor)
+        if key not in owned:
+            seen[key] = nbytes
+        kept.append(tensor)
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        output = module(*args)
+    return output, sum(seen.values())
+
+
+def per_sample(sizes: Sequence[int], values: Sequence[float]) -> float:
+    """Per-sample part of a quantity measured at several sizes: the slope between the
+    smallest and largest size (so per-call constants like a mask drop out), or
+    ``value / n`` when only one size was measured."""
+    lo, hi = min(range(len(sizes)), key=sizes.__getitem__), max(range(len(sizes)), key=sizes.__getitem__)
+    if sizes[lo] == sizes[hi]:
+        return max(values[hi] / sizes[hi], 0.0)
+    return max((values[hi] - values[lo]) / (sizes[hi] - sizes[lo]), 0.0)
+
+
+def param_bytes(module: nn.Module) -> int:
+    """Bytes of the module's (unique) parameters."""
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def out_bytes(output: torch.Tensor) -> int:
+    """Bytes of one tensor."""
+    return output.numel() * output.element_size()
+
+
+@contextmanager
+def torch_threads(threads: int) -> Iterator[None]:
+    """Run with ``torch.set_num_threads(threads)``, restoring the previous count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# ------------------------------------------------------------------ timing
+def _median_seconds(run: Callable[[], Any], warmup: int, repeats: int,
+                    prepare: Callable[[], Any] | None = None) -> float:
+    """Median wall seconds of ``run(prepare())`` over ``repeats`` after ``warmup`` runs."""
+    times = []
+    for i in range(warmup + repeats):
+        state = prepare() if prepare else None
+        start = time.perf_counter()
+        run() if prepare is None else run(state)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_unit(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int) -> tuple[float, float]:
+    """Median forward and backward seconds of ``module`` on ``args``.
+
+    The backward is timed alone: each repeat first runs an untimed forward.
+    Parameter gradients accumulate across repeats, as over a pipeline's microbatches.
+    """
+    leaves = leaf_args(args)
+    fwd = _median_seconds(lambda: module(*leaves), warmup, repeats)
+
+    def forward() -> torch.Tensor:
+        return module(*leaves)
+
+    def backward(output: torch.Tensor) -> None:
+        output.backward(torch.ones_like(output))
+
+    bwd = _median_seconds(backward, warmup, repeats, prepare=forward)
+    module.zero_grad(set_to_none=True)
+    return fwd, bwd
+
+
+# ------------------------------------------------------------------ the profiler
+def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = False) -> list[UnitProfile]:
+    """Measure every unit of a built (CPU) model; see :func:`profile_measured`."""
+    sizes = list(config.batch_sizes)
+    fwd_t: list[list[float]] = [[] for _ in model.units]
+    bwd_t: list[list[float]] = [[] for _ in model.units]
+    acts: list[list[float]] = [[] for _ in model.units]
+    outs: list[float] = [0.0] * len(model.units)
+    with torch_threads(config.threads), _progress(progress, len(sizes) * len(model.units)) as advance:
+        for n in sizes:
+            inputs, _ = model.example_batch(n, config.seed)
+            for i, (unit, args) in enumerate(zip(model.units, unit_args(model, inputs))):
+                output, nbytes = saved_bytes(unit.module, leaf_args(args))
+                acts[i].append(float(nbytes))
+                outs[i] = out_bytes(output) / n
+                del output
+                f, b = time_unit(unit.module, args, config.warmup, config.repeats)
+                fwd_t[i].append(f)
+                bwd_t[i].append(b)
+                advance(f"{unit.name} n={n}")
+    return [UnitProfile(fit_linear(sizes, fwd_t[i]), fit_linear(sizes, bwd_t[i]), param_bytes(unit.module),
+                        per_sample(sizes, acts[i]), outs[i], {"fwd": fwd_t[i], "bwd": bwd_t[i]})
+            for i, unit in enumerate(model.units)]
+
+
+@contextmanager
+def _progress(show: bool, total: int) -> Iterator[Callable[[str], None]]:
+    """A rich progress bar on stderr (a no-op when ``show`` is false)."""
+    if not show:
+        yield lambda _label: None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("", total=total)
+        yield lambda label: bar.update(task, advance=1, description=label)
+
+
+def to_graph(model: ZooModel, profiles: Sequence[UnitProfile], source: dict[str, Any]) -> LayerGraph:
+    """The layer graph of ``model`` with the given per-unit profiles.
+
+    The graph is named ``<model>-<units>`` (``gpt1-14``); ``source`` is stored as its
+    ``profile`` field, each layer's fit residuals as ``fit``.
+    """
+    layers = [Layer(unit.name, prof.fwd.as_pair(), prof.bwd.as_pair(), float(prof.params), float(prof.act),
+                    float(prof.out), unit.tied_to,
+                    extra={"fit": {"fwd_residual": prof.fwd.residual, "bwd_residual": prof.bwd.residual,
+                                   "fwd_relative_residual": prof.fwd.relative_residual,
+                                   "bwd_relative_residual": prof.bwd.relative_residual}})
+              for unit, prof in zip(model.units, profiles)]
+    return LayerGraph(f"{model.name}-{len(model.units)}", layers, model.edges(),
+                      float(model.input_bytes_per_sample), extra={"profile": source})
+
+
+def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len: int | None = None,
+                     dtype: torch.dtype = torch.float32, use_cache: bool = True,
+                     progress: bool = False) -> LayerGraph:
+    """Measure the zoo model ``name`` on this machine and return its layer graph.
+
+    Parameters
+    ----------
+    name : str
+        A zoo model name.
+    config : MeasureConfig, optional
+        Batch sizes, warm-up, repeats, threads, seed (defaults: 1,2,4,8; 2; 5; 1; 0).
+    seq_len : int, optional
+        Tokens per sample for sequence models.
+    dtype : torch.dtype
+        Parameter and activation dtype.
+    use_cache : bool
+        Reuse and store results under :func:`models.cache.cache_dir`.
+    progress : bool
+        Show a rich progress bar on stderr.
+
+    Returns
+    -------
+    LayerGraph
+        With ``edges`` from the units' inputs, ``tied_to`` for tied units, and a
+        ``profile`` field describing how it was measured.
+
+    Raises
+    ------
+    InputError
+        For an unknown model, a bad ``seq_len`` or a bad configuration.
+
+    Examples
+    --------
+    >>> g = profile_measured("gpt-tiny", config=MeasureConfig((1, 2), 0, 1), use_cache=False)
+    >>> g.name, len(g), g.layers[-1].tied_to
+    ('gpt-tiny-6', 6, 0)
+    """
+    config = config or MeasureConfig()
+    model = build_model(name, seq_len=seq_len, dtype=dtype, seed=config.seed)
+    source = {"method": "measured", "version": PROFILE_VERSION, "model": name, "config": model.config,
+              "measure": asdict(config), "machine": machine()}
+    source["measure"]["batch_sizes"] = list(config.batch_sizes)
+    key = cache_key("measured", {k: v for k, v in source.items() if k != "machine"})
+    if use_cache and (cached := load_cached("measured", key)) is not None:
+        try:
+            return LayerGraph.from_dict(cached)
+        except InputError:
+            pass  # a damaged entry: measure again and overwrite it
+    graph = to_graph(model, measure_model(model, config, progress=progress), source)
+    if use_cache:
+        store_cached("measured", key, graph.to_dict())
+    return graph

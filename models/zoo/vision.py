@@ -1,0 +1,31 @@
+"""Batches and dtype handling shared by the image models (VGG, ResNet, U-Net)."""
+
+from __future__ import annotations
+
+import torch
+
+from models.errors import InputError
+from models.zoo.base import generator
+
+
+def no_seq_len(name: str, seq_len: int | None) -> None:
+    """Image models have a fixed input size: refuse a sequence length."""
+    if seq_len is not None:
+        raise InputError("-", "seq_len", f"model {name!r} takes images; a sequence length does not apply")
+
+
+def image_batch(n: int, seed: int, device: torch.device, *, shape: tuple[int, ...], dtype: torch.dtype,
+                classes: int, target_shape: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+    """Normal images ``(n, *shape)`` and random labels ``(n, *target_shape)``."""
+    if device.type == "meta":
+        return (torch.empty(n, *shape, dtype=dtype, device=device),
+                torch.empty(n, *target_shape, dtype=torch.long, device=device))
+    gen = generator(seed)
+    images = torch.randn(n, *shape, generator=gen).to(device=device, dtype=dtype)
+    labels = torch.randint(0, classes, (n, *target_shape), generator=gen).to(device)
+    return images, labels
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.float32`` -> ``float32``."""
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,3 @@
+from pipeplan.cli import main
+
+raise SystemExit(main())

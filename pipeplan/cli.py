@@ -1,0 +1,62 @@
+"""The ``pipeplan`` command line: one sub-command per module under ``pipeplan/``.
+
+Each command module exposes ``register(subparsers)``, which adds its parser and sets
+``func`` to a handler ``(args) -> int``.  Bad input raises
+:class:`models.errors.InputError`; :func:`main` prints it as one ``error:`` line and
+returns 2, so no traceback ever reaches the user.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from models.errors import InputError
+
+#: Command modules, in the order ``pipeplan --help`` lists them.
+COMMAND_MODULES = (
+    "pipeplan.cmd_validate",
+    "pipeplan.cmd_simulate",
+    "pipeplan.cmd_plan",
+    "pipeplan.cmd_models",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with usage errors in pipeplan's one-line form (exit 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        sys.stderr.write(f"error: {self.prog}: arguments: {message}\n")
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="pipeplan", description="Plan, prove and run pipeline-parallel training.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as exc:
+            if exc.name == name:  # a command not built yet
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; returns the exit status (0 ok, 2 bad input, 3 no feasible plan)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except InputError as exc:
+        sys.stderr.write(exc.line() + "\n")
+        return 2
+    except KeyboardInterrupt:
+        sys.stderr.write("error: -: interrupted: stopped by the user\n")
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

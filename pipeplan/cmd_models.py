@@ -1,0 +1,138 @@
+"""``pipeplan models`` lists the model zoo; ``pipeplan profile`` turns a model into a layer graph.
+
+``profile`` measures the model on this machine (timings fitted to ``a + b*n``), or
+with ``--analytic`` estimates it from FLOPs for a device of given speed without
+allocating any weights.  The graph is written atomically as ``pipeplan.graph/1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+import torch
+
+from models.errors import InputError
+from models.jsonio import atomic_write_text, dumps
+from models.zoo import build_model, model_names
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``models`` and ``profile`` sub-commands."""
+    models = subparsers.add_parser("models", help="list the model zoo",
+                                   description="List the zoo: name, units, unique parameters.")
+    models.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
+    models.set_defaults(func=run_models)
+
+    profile = subparsers.add_parser("profile", help="profile a zoo model into a layer graph",
+                                    description="Measure (or with --analytic estimate) a zoo model "
+                                                "and write its pipeplan.graph/1 file.")
+    profile.add_argument("model", help=f"zoo model ({', '.join(model_names())})")
+    profile.add_argument("-o", "--output", required=True, metavar="GRAPH.json", help="graph file to write")
+    profile.add_argument("--batch-sizes", default="1,2,4,8", metavar="N,N,...",
+                         help="microbatch sizes to time (default 1,2,4,8)")
+    profile.add_argument("--analytic", action="store_true",
+                         help="estimate from FLOPs on the meta device instead of measuring")
+    profile.add_argument("--flops", metavar="F", help="peak FLOP/s of the device (--analytic; default 312e12)")
+    profile.add_argument("--efficiency", metavar="E", help="fraction of peak achieved (--analytic; default 0.4)")
+    profile.add_argument("--overhead", metavar="S", help="seconds per unit call (--analytic; default 2e-5)")
+    profile.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default float32)")
+    profile.add_argument("--seq-len", metavar="N", help="tokens per sample of sequence models")
+    profile.add_argument("--threads", default="1", metavar="N", help="torch threads while measuring (default 1)")
+    profile.add_argument("--warmup", default="2", metavar="N", help="untimed runs per op (default 2)")
+    profile.add_argument("--repeats", default="5", metavar="N", help="timed runs per op, median kept (default 5)")
+    profile.add_argument("--no-cache", action="store_true", help="measure again even if a cached result exists")
+    profile.set_defaults(func=run_profile)
+
+
+def run_models(args: argparse.Namespace) -> int:
+    """Print the zoo (on the meta device, so listing allocates no weights)."""
+    rows = []
+    for name in model_names():
+        model = build_model(name, device="meta")
+        rows.append({"name": name, "units": len(model.units), "parameters": model.num_parameters()})
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        return 0
+    sys.stdout.write(f"{'model':<14}{'units':>6}{'parameters':>16}\n")
+    for row in rows:
+        sys.stdout.write(f"{row['name']:<14}{row['units']:>6}{row['parameters']:>16,}\n")
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    """Profile ``args.model`` and write the graph to ``args.output``."""
+    if args.model not in model_names():
+        raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}")
+    dtype = _dtype(args.dtype)
+    seq_len = None if args.seq_len is None else _integer(args.seq_len, "--seq-len", 1)
+    if args.analytic:
+        graph = _analytic(args, dtype, seq_len)
+    else:
+        graph = _measured(args, dtype, seq_len)
+    try:
+        atomic_write_text(args.output, dumps(graph.to_dict()))
+    except OSError as exc:
+        raise InputError(args.output, "file", f"cannot be written: {exc.strerror or exc}") from None
+    sys.stderr.write(f"wrote {args.output}: {graph.name}, {len(graph)} layers\n")
+    return 0
+
+
+def _analytic(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
+    from models.profile_analytic import DeviceModel, profile_analytic
+
+    defaults = DeviceModel()
+    device = DeviceModel(
+        flops=defaults.flops if args.flops is None else _number(args.flops, "--flops"),
+        efficiency=defaults.efficiency if args.efficiency is None else _number(args.efficiency, "--efficiency"),
+        overhead=defaults.overhead if args.overhead is None else _number(args.overhead, "--overhead"))
+    return profile_analytic(args.model, device=device, seq_len=seq_len, dtype=dtype)
+
+
+def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
+    from models.profile_measured import MeasureConfig, profile_measured
+
+    for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead)):
+        if value is not None:
+            raise InputError("-", flag, "describes the device of --analytic; add --analytic or drop it")
+    config = MeasureConfig(batch_sizes=_batch_sizes(args.batch_sizes), warmup=_integer(args.warmup, "--warmup", 0),
+                           repeats=_integer(args.repeats, "--repeats", 1),
+                           threads=_integer(args.threads, "--threads", 1))
+    return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
+                            use_cache=not args.no_cache, progress=sys.stderr.isatty())
+
+
+def _batch_sizes(text: str) -> tuple[int, ...]:
+    sizes = tuple(_integer(part.strip(), "--batch-sizes", 1) for part in text.split(","))
+    return tuple(sorted(set(sizes)))
+
+
+def _integer(text: str, flag: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise InputError("-", flag, f"expected an integer, got {text!r}") from None
+    if value < minimum:
+        raise InputError("-", flag, f"must be at least {minimum}, got {value}")
+    return value
+
+
+def _number(text: str, flag: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError("-", flag, f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise InputError("-", flag, f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _dtype(text: str) -> torch.dtype:
+    if text not in DTYPES:
+        raise InputError("-", "--dtype", f"unknown dtype {text!r}; valid: {', '.join(DTYPES)}")
+    return DTYPES[text]

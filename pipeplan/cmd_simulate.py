@@ -1,0 +1,81 @@
+"""``pipeplan simulate GRAPH CLUSTER PLAN``: what a plan costs, as a table, JSON and pictures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from models.graph import load_graph
+from models.jsonio import atomic_write_text
+from solver.cluster import load_cluster
+from solver.gantt import write_gantt
+from solver.plan import Plan, load_plan
+from solver.simulator import SimulationResult, simulate
+from solver.trace import chrome_trace
+from pipeplan.loading import warn_names
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="time and memory of a plan", description=__doc__)
+    p.add_argument("graph", metavar="GRAPH")
+    p.add_argument("cluster", metavar="CLUSTER")
+    p.add_argument("plan", metavar="PLAN")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
+    p.add_argument("--gantt", metavar="OUT.png", help="write a Gantt chart")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    graph = load_graph(args.graph)
+    cluster = load_cluster(args.cluster)
+    plan = load_plan(args.plan, graph, cluster)
+    result = simulate(plan, graph, cluster, file=args.plan, validate=False)
+    for note in warn_names(plan, graph, cluster, args.plan):
+        print(note, file=sys.stderr)
+    if args.trace:
+        atomic_write_text(args.trace, json.dumps(chrome_trace(result, plan.graph)))
+    if args.gantt:
+        write_gantt(result, args.gantt, f"{plan.graph} on {plan.cluster} ({plan.schedule})")
+    if args.json:
+        print(json.dumps(result.summary()))
+    else:
+        print_table(plan, result, cluster)
+    return 0
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f} GB"
+
+
+def _split(sizes: tuple[int, ...]) -> str:
+    if len(set(sizes)) == 1:
+        return f"{len(sizes)} x {sizes[0]}"
+    text = ",".join(map(str, sizes))
+    return text if len(text) <= 24 else text[:21] + "..."
+
+
+def print_table(plan: Plan, result: SimulationResult, cluster) -> None:
+    """A readable per-stage table: layers, devices, busy time, bubble, memory vs capacity."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{plan.graph} on {plan.cluster}: {plan.schedule}, batch {plan.global_batch}")
+    for col in ("stage", "layers", "devices", "microbatches", "recompute", "busy (ms)", "bubble",
+                "all-reduce (ms)", "peak memory", "capacity", "fits"):
+        table.add_column(col, justify="right" if col not in ("devices",) else "left")
+    T = result.iteration_time
+    for s, (st, cost, busy) in enumerate(zip(plan.stages, result.stages, result.busy)):
+        lo, hi = st.layers
+        bubble = T - busy - cost.allreduce
+        table.add_row(str(s), f"{lo}..{hi - 1}", ",".join(st.devices), _split(st.microbatches),
+                      "yes" if st.recompute else "no", f"{busy * 1e3:.3f}",
+                      f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
+                      f"{cost.allreduce * 1e3:.3f}", _gb(cost.peak_memory), _gb(cost.capacity),
+                      "yes" if cost.peak_memory <= cost.capacity else "NO")
+    console = Console(width=160)
+    console.print(table)
+    console.print(f"iteration time {T * 1e3:.4f} ms  throughput {result.throughput:.2f} samples/s  "
+                  f"bubble {100 * result.bubble_fraction:.1f}%  fits: {'yes' if result.fits else 'NO'}")
+

@@ -1,0 +1,91 @@
+"""The planning problem: one frozen object that every solver takes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from models.graph import LayerGraph
+from solver.cluster import Cluster
+from solver.plan import Plan, Stage, equal_split
+from solver.simulator import SimulationResult, simulate
+
+
+@dataclass(frozen=True)
+class PlanningProblem:
+    """What to plan: a graph on a cluster, a batch, a schedule and the search space.
+
+    Examples
+    --------
+    >>> from models.graph import Layer, LayerGraph
+    >>> from solver.cluster import Cluster, Device, Link
+    >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 4, 8, 16)])
+    >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 1, 1e9),))
+    >>> p = PlanningProblem(g, c, global_batch=8, microbatches=4)
+    >>> p.split
+    (2, 2, 2, 2)
+    """
+
+    graph: LayerGraph
+    """The model."""
+    cluster: Cluster
+    """The devices and links."""
+    global_batch: int
+    """Samples per iteration."""
+    microbatches: int
+    """``M``: the number of equal microbatches every stage uses."""
+    schedule: str = "1f1b"
+    """``"gpipe"`` or ``"1f1b"``."""
+    state_factor: float = 4.0
+    """Bytes of training state per parameter byte (4 for fp32 Adam)."""
+    allow_replication: bool = True
+    """Whether a stage may have several devices (data parallelism)."""
+    allow_recompute: bool = True
+    """Whether a stage may recompute its activations."""
+    max_stages: int | None = None
+    """Largest number of stages, or ``None`` for as many as devices and layers allow."""
+
+    def __post_init__(self) -> None:
+        if self.global_batch < 1:
+            raise ValueError(f"global_batch must be positive, got {self.global_batch}")
+        if not 1 <= self.microbatches <= self.global_batch:
+            raise ValueError(f"microbatches must be in 1..{self.global_batch} (the batch), got {self.microbatches}; "
+                             f"each microbatch needs at least one sample")
+        if self.schedule not in ("gpipe", "1f1b"):
+            raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {self.schedule!r}")
+        if self.max_stages is not None and self.max_stages < 1:
+            raise ValueError(f"max_stages must be positive, got {self.max_stages}")
+
+    @property
+    def split(self) -> tuple[int, ...]:
+        """The microbatch sizes every stage uses."""
+        return equal_split(self.global_batch, self.microbatches)
+
+    @property
+    def stage_limit(self) -> int:
+        """Most stages a plan may have: bounded by layers, devices and ``max_stages``."""
+        limit = min(len(self.graph), len(self.cluster.devices))
+        return limit if self.max_stages is None else min(limit, self.max_stages)
+
+    def make_plan(self, bounds: Sequence[tuple[int, int]], devices: Sequence[Sequence[str]],
+                  recompute: Sequence[bool] | None = None) -> Plan:
+        """A plan with the given stage ranges, device groups and recompute flags."""
+        flags = list(recompute) if recompute is not None else [False] * len(bounds)
+        stages = tuple(Stage((lo, hi), tuple(devs), self.split, bool(rc))
+                       for (lo, hi), devs, rc in zip(bounds, devices, flags))
+        return Plan(self.graph.name, self.cluster.name, self.global_batch, self.state_factor,
+                    self.schedule, stages)
+
+    def evaluate(self, plan: Plan) -> SimulationResult:
+        """The simulator's verdict on ``plan`` (the one judge of every solver)."""
+        return simulate(plan, self.graph, self.cluster)
+
+    def in_search_space(self, plan: Plan) -> bool:
+        """Whether ``plan`` respects this problem's switches."""
+        if len(plan.stages) > self.stage_limit:
+            return False
+        if not self.allow_replication and any(len(st.devices) > 1 for st in plan.stages):
+            return False
+        if not self.allow_recompute and any(st.recompute for st in plan.stages):
+            return False
+        return all(st.microbatches == self.split for st in plan.stages) and plan.schedule == self.schedule

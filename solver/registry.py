@@ -1,0 +1,68 @@
+"""Solver names to solvers: every solver takes one problem and returns one record."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, Protocol
+
+from models.errors import InputError
+from solver.problem import PlanningProblem
+from solver.result import SolverResult
+
+
+class Solver(Protocol):
+    """What every solver provides."""
+
+    name: str
+    """Registry name."""
+    source: str
+    """Where the method comes from (paper, system), one line."""
+
+    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
+        """Plan ``problem`` within ``time_limit`` seconds; same seed, same plan."""
+        ...
+
+
+_SOLVERS: dict[str, Callable[[], Solver]] = {}
+
+#: Modules that register solvers when imported (a missing one is simply not built yet).
+SOLVER_MODULES = ("solver.baselines", "solver.ilp", "solver.cpsat")
+
+
+def register(name: str) -> Callable[[Callable[[], Solver]], Callable[[], Solver]]:
+    """Class decorator: make a solver available under ``name``."""
+    def wrap(factory: Callable[[], Solver]) -> Callable[[], Solver]:
+        if name in _SOLVERS:
+            raise ValueError(f"solver name {name!r} registered twice")
+        _SOLVERS[name] = factory
+        return factory
+    return wrap
+
+
+def _load_all() -> None:
+    for module in SOLVER_MODULES:
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+
+
+def solver_names() -> list[str]:
+    """Every registered solver, in registration order."""
+    _load_all()
+    return list(_SOLVERS)
+
+
+def get_solver(name: str) -> Solver:
+    """The solver called ``name``.
+
+    Raises
+    ------
+    InputError
+        For an unknown name, listing the valid ones.
+    """
+    _load_all()
+    if name not in _SOLVERS:
+        raise InputError("-", "--solver", f"unknown solver {name!r}; valid: {', '.join(_SOLVERS)}")
+    return _SOLVERS[name]()

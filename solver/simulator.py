@@ -1,0 +1,411 @@
+"""The exact simulator: what a plan costs (spec sections 4 and 5).
+
+Every stage runs its op list in order; forward activations and gradients cross each
+cut on two FIFO links; an op waits for the transfers of every sender microbatch whose
+samples overlap its own.  Since each resource (a stage, a link) serves its work in a
+fixed order, the timeline is the unique fixed point of "start = latest of the
+resource being free and the inputs having arrived", computed here by sweeping the
+stages and advancing each as far as its inputs allow.  If a sweep advances no stage
+before all ops ran, the dependencies form a cycle: a deadlock.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from functools import cached_property
+from itertools import accumulate
+from typing import TYPE_CHECKING
+
+from models.errors import DeadlockError
+from solver.memory import stage_peak_memory
+from solver.schedule import FORWARD, Op, format_op
+
+if TYPE_CHECKING:
+    from models.graph import LayerGraph
+    from solver.cluster import Cluster
+    from solver.plan import Plan
+
+
+@dataclass(frozen=True)
+class OpEvent:
+    """One forward or backward op on a stage."""
+
+    stage: int
+    """Stage index."""
+    kind: str
+    """``"F"`` or ``"B"``."""
+    microbatch: int
+    """The stage's microbatch index."""
+    samples: int
+    """Samples per replica, ``ceil(n / r)``."""
+    start: float
+    """Start time in seconds from the iteration start."""
+    end: float
+    """End time in seconds."""
+    recompute: float
+    """Seconds of the op spent recomputing the forward (at its start); 0 if none."""
+
+
+@dataclass(frozen=True)
+class TransferEvent:
+    """One transfer across a cut."""
+
+    cut: int
+    """The cut after stage ``cut`` (between stages ``cut`` and ``cut + 1``)."""
+    direction: str
+    """``"fwd"`` (activations, ``cut -> cut+1``) or ``"bwd"`` (gradients, back)."""
+    microbatch: int
+    """The sending stage's microbatch index."""
+    samples: int
+    """Samples carried."""
+    start: float
+    """Start time in seconds."""
+    end: float
+    """Arrival time in seconds."""
+
+
+@dataclass(frozen=True)
+class AllReduceEvent:
+    """The gradient all-reduce of a replicated stage."""
+
+    stage: int
+    """Stage index."""
+    start: float
+    """Start (the end of the stage's last op)."""
+    end: float
+    """End."""
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Everything the timing of one stage needs, precomputed from plan, graph and cluster."""
+
+    ops: tuple[Op, ...]
+    """The op list."""
+    fwd: tuple[float, ...]
+    """``TF`` per microbatch."""
+    bwd: tuple[float, ...]
+    """``TB`` per microbatch (recompute included)."""
+    recompute: tuple[float, ...]
+    """Recompute part of ``TB`` per microbatch (0 without recompute)."""
+    per_replica: tuple[int, ...]
+    """``ceil(n_k / r)`` per microbatch."""
+    sizes: tuple[int, ...]
+    """``n_k`` per microbatch."""
+    send_fwd: tuple[float, ...]
+    """Forward transfer time of each microbatch to the next stage (empty on the last)."""
+    send_bwd: tuple[float, ...]
+    """Backward transfer time of each microbatch to the previous stage (empty on the first)."""
+    wait_fwd: tuple[tuple[int, int], ...]
+    """Inclusive range of previous-stage microbatches each ``Fk`` waits for."""
+    wait_bwd: tuple[tuple[int, int], ...]
+    """Inclusive range of next-stage microbatches each ``Bk`` waits for."""
+    allreduce: float
+    """``AR_s``."""
+    peak_memory: float
+    """Peak bytes per device."""
+    capacity: float
+    """Smallest memory among the stage's devices."""
+
+
+@dataclass(frozen=True)
+class SimulationResult:
+    """What a plan costs: time, throughput, memory and the full timeline."""
+
+    iteration_time: float
+    """``T``: seconds per iteration."""
+    global_batch: int
+    """Samples per iteration."""
+    stages: tuple[StageCost, ...]
+    """Per-stage costs the timeline was computed from."""
+    op_times: tuple[tuple[tuple[float, float], ...], ...]
+    """``(start, end)`` of each stage's ops, in op-list order."""
+    transfer_times: tuple[tuple[tuple[float, float], ...], ...]
+    """Per cut ``c``: ``(start, end)`` of forward transfers by microbatch of stage ``c``."""
+    gradient_times: tuple[tuple[tuple[float, float], ...], ...]
+    """Per cut ``c``: ``(start, end)`` of backward transfers by microbatch of stage ``c+1``."""
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.global_batch / self.iteration_time if self.iteration_time > 0 else float("inf")
+
+    @property
+    def peak_memory(self) -> tuple[float, ...]:
+        """Peak bytes per device, one per stage."""
+        return tuple(st.peak_memory for st in self.stages)
+
+    @property
+    def fits(self) -> bool:
+        """Whether every stage's peak fits in each of its devices."""
+        return all(st.peak_memory <= st.capacity for st in self.stages)
+
+    @property
+    def busy(self) -> tuple[float, ...]:
+        """Seconds each stage spends running ops."""
+        return tuple(sum(st.fwd[k] if kind == FORWARD else st.bwd[k] for kind, k in st.ops)
+                     for st in self.stages)
+
+    @property
+    def stage_end(self) -> tuple[float, ...]:
+        """When each stage is done: its last op's end plus its all-reduce."""
+        return tuple(times[-1][1] + st.allreduce for st, times in zip(self.stages, self.op_times))
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Share of stage-time spent idle: ``1 - sum(busy) / (S * T)``."""
+        if self.iteration_time <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy) / (len(self.stages) * self.iteration_time)
+
+    @cached_property
+    def ops(self) -> tuple[OpEvent, ...]:
+        """Every op, stage by stage, in op-list order."""
+        events = []
+        for s, (st, times) in enumerate(zip(self.stages, self.op_times)):
+            for (kind, k), (start, end) in zip(st.ops, times):
+                rec = st.recompute[k] if kind != FORWARD else 0.0
+                events.append(OpEvent(s, kind, k, st.per_replica[k], start, end, rec))
+        return tuple(events)
+
+    @cached_property
+    def transfers(self) -> tuple[TransferEvent, ...]:
+        """Every transfer, cut by cut, forward then backward, by microbatch."""
+        events = []
+        for c, times in enumerate(self.transfer_times):
+            for j, (start, end) in enumerate(times):
+                events.append(TransferEvent(c, "fwd", j, self.stages[c].sizes[j], start, end))
+        for c, times in enumerate(self.gradient_times):
+            for j, (start, end) in enumerate(times):
+                events.append(TransferEvent(c, "bwd", j, self.stages[c + 1].sizes[j], start, end))
+        return tuple(events)
+
+    @cached_property
+    def allreduces(self) -> tuple[AllReduceEvent, ...]:
+        """The all-reduce of every replicated stage."""
+        return tuple(AllReduceEvent(s, times[-1][1], times[-1][1] + st.allreduce)
+                     for s, (st, times) in enumerate(zip(self.stages, self.op_times)) if st.allreduce > 0)
+
+    def summary(self) -> dict:
+        """The JSON object ``pipeplan simulate --json`` prints."""
+        return {
+            "iteration_time": self.iteration_time,
+            "throughput": self.throughput,
+            "peak_memory": list(self.peak_memory),
+            "memory_capacity": [st.capacity for st in self.stages],
+            "fits": self.fits,
+            "busy": list(self.busy),
+            "stage_end": list(self.stage_end),
+            "allreduce": [st.allreduce for st in self.stages],
+            "bubble_fraction": self.bubble_fraction,
+        }
+
+
+def _ceil_div(n: int, r: int) -> int:
+    return -(-n // r)
+
+
+def _overlaps(mine: tuple[int, ...], theirs: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
+    """For each of my microbatches, the inclusive range of theirs sharing a sample."""
+    their_ends = list(accumulate(theirs))
+    ranges, start = [], 0
+    for end in accumulate(mine):
+        ranges.append((bisect_right(their_ends, start), bisect_left(their_ends, end)))
+        start = end
+    return tuple(ranges)
+
+
+def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster") -> tuple[StageCost, ...]:
+    """Per-stage durations, transfer times, waits and memory of a validated plan."""
+    stages = plan.stages
+    count = len(stages)
+    op_lists = plan.op_lists()
+    costs = []
+    for s, st in enumerate(stages):
+        lo, hi = st.layers
+        r = len(st.devices)
+        devices = [cluster.device_index[d] for d in st.devices]
+        speed = min(d.speed for d in devices)
+        af, bf, ab, bb = graph.range_time(lo, hi)
+        per_replica = tuple(_ceil_div(n, r) for n in st.microbatches)
+        fwd = tuple((af + bf * q) / speed for q in per_replica)
+        recompute = fwd if st.recompute else tuple(0.0 for _ in per_replica)
+        bwd = tuple((ab + bb * q) / speed + rec for q, rec in zip(per_replica, recompute))
+        send_fwd: tuple[float, ...] = ()
+        if s < count - 1:
+            nxt = stages[s + 1]
+            lat = cluster.lat(st.devices, nxt.devices)
+            rate = min(r, len(nxt.devices)) * cluster.bw(st.devices, nxt.devices)
+            cut = graph.cut_bytes(hi - 1)
+            send_fwd = tuple(lat + n * cut / rate for n in st.microbatches)
+        send_bwd: tuple[float, ...] = ()
+        if s > 0:
+            prv = stages[s - 1]
+            lat = cluster.lat(st.devices, prv.devices)
+            rate = min(r, len(prv.devices)) * cluster.bw(st.devices, prv.devices)
+            cut = graph.cut_bytes(lo - 1)
+            send_bwd = tuple(lat + n * cut / rate for n in st.microbatches)
+        wait_fwd = _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else ()
+        wait_bwd = _overlaps(st.microbatches, stages[s + 1].microbatches) if s < count - 1 else ()
+        params = graph.range_sum("params", lo, hi)
+        allreduce = 0.0
+        if r >= 2:
+            allreduce = 2 * (r - 1) * (cluster.lat(st.devices) + params / (r * cluster.bw(st.devices)))
+        peak = stage_peak_memory(plan.state_factor, params, op_lists[s], per_replica,
+                                 graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo), st.recompute)
+        costs.append(StageCost(tuple(op_lists[s]), fwd, bwd, recompute, per_replica, st.microbatches,
+                               send_fwd, send_bwd, wait_fwd, wait_bwd, allreduce, peak,
+                               min(d.memory for d in devices)))
+    return tuple(costs)
+
+
+def simulate(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", *, file: str = "-",
+             validate: bool = True) -> SimulationResult:
+    """Time and memory of one iteration of ``plan``, exactly as the spec defines them.
+
+    Parameters
+    ----------
+    plan, graph, cluster
+        The plan and what it runs on.
+    file : str
+        The plan's file, for error messages.
+    validate : bool
+        Check the plan against the graph and cluster first (skip only for plans a
+        solver built and already checked).
+
+    Returns
+    -------
+    SimulationResult
+
+    Raises
+    ------
+    InputError
+        If the plan breaks a rule of the spec.
+    DeadlockError
+        If some op can never start; the message names the stage, the op and what it
+        waits for.
+
+    Examples
+    --------
+    See ``tests/test_simulator.py`` for hand-computed cases.
+    """
+    if validate:
+        plan.validate(graph, cluster, file)
+    costs = stage_costs(plan, graph, cluster)
+    return run_timeline(costs, plan.global_batch, file)
+
+
+def run_timeline(costs: tuple[StageCost, ...], global_batch: int, file: str = "-") -> SimulationResult:
+    """The timeline of precomputed stage costs; see :func:`simulate`."""
+    count = len(costs)
+    ptr = [0] * count  # next op position of each stage
+    clock = [0.0] * count  # end of each stage's previous op
+    op_times: list[list[tuple[float, float]]] = [[] for _ in range(count)]
+    fwd_arrival: list[list[float | None]] = [[None] * len(c.sizes) for c in costs]  # per sending stage
+    bwd_arrival: list[list[float | None]] = [[None] * len(c.sizes) for c in costs]  # per sending stage
+    fwd_link = [0.0] * count  # when the link after stage s is next free, forward direction
+    bwd_link = [0.0] * count  # ... and backward direction
+    fwd_tx: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(c.sizes) for c in costs[:-1]]
+    bwd_tx: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(c.sizes) for c in costs[1:]]
+    remaining = sum(len(c.ops) for c in costs)
+    last = count - 1
+    while remaining:
+        progressed = 0
+        for s in range(count):
+            cost = costs[s]
+            ops, p, now, times = cost.ops, ptr[s], clock[s], op_times[s]
+            incoming_fwd = fwd_arrival[s - 1] if s > 0 else None
+            incoming_bwd = bwd_arrival[s + 1] if s < last else None
+            while p < len(ops):
+                kind, k = ops[p]
+                ready = now
+                if kind == FORWARD:
+                    if incoming_fwd is not None:
+                        lo, hi = cost.wait_fwd[k]
+                        arrivals = incoming_fwd[lo:hi + 1]
+                        if None in arrivals:
+                            break
+                        ready = max(now, max(arrivals))  # type: ignore[type-var]
+                    now = ready + cost.fwd[k]
+                    if s < last:
+                        t0 = now if now > fwd_link[s] else fwd_link[s]
+                        t1 = t0 + cost.send_fwd[k]
+                        fwd_link[s] = t1
+                        fwd_arrival[s][k] = t1
+                        fwd_tx[s][k] = (t0, t1)
+                else:
+                    if incoming_bwd is not None:
+                        lo, hi = cost.wait_bwd[k]
+                        arrivals = incoming_bwd[lo:hi + 1]
+                        if None in arrivals:
+                            break
+                        ready = max(now, max(arrivals))  # type: ignore[type-var]
+                    now = ready + cost.bwd[k]
+                    if s > 0:
+                        t0 = now if now > bwd_link[s] else bwd_link[s]
+                        t1 = t0 + cost.send_bwd[k]
+                        bwd_link[s] = t1
+                        bwd_arrival[s][k] = t1
+                        bwd_tx[s - 1][k] = (t0, t1)
+                times.append((ready, now))
+                p += 1
+            progressed += p - ptr[s]
+            ptr[s], clock[s] = p, now
+        if not progressed:
+            raise _deadlock(costs, ptr, fwd_arrival, bwd_arrival, file)
+        remaining -= progressed
+    iteration = max(times[-1][1] + c.allreduce for c, times in zip(costs, op_times))
+    return SimulationResult(iteration, global_batch, costs,
+                            tuple(tuple(t) for t in op_times),
+                            tuple(tuple(t) for t in fwd_tx), tuple(tuple(t) for t in bwd_tx))
+
+
+def _blocker(costs, ptr, fwd_arrival, bwd_arrival, s: int) -> tuple[int, str, int]:
+    """What stage ``s``'s next op waits for: (sending stage, "F"/"B", its microbatch)."""
+    kind, k = costs[s].ops[ptr[s]]
+    if kind == FORWARD:
+        lo, hi = costs[s].wait_fwd[k]
+        j = next(j for j in range(lo, hi + 1) if fwd_arrival[s - 1][j] is None)
+        return s - 1, "F", j
+    lo, hi = costs[s].wait_bwd[k]
+    j = next(j for j in range(lo, hi + 1) if bwd_arrival[s + 1][j] is None)
+    return s + 1, "B", j
+
+
+def _deadlock(costs, ptr, fwd_arrival, bwd_arrival, file: str) -> DeadlockError:
+    """Follow the chain of waits from the first stuck stage until it closes a cycle."""
+    s = next(i for i, c in enumerate(costs) if ptr[i] < len(c.ops))
+    start, chain, visited = s, [], set()
+    while s not in visited:
+        visited.add(s)
+        sender, kind, j = _blocker(costs, ptr, fwd_arrival, bwd_arrival, s)
+        what = "activations" if kind == "F" else "gradients"
+        op = format_op(costs[s].ops[ptr[s]])
+        sender_op = format_op(costs[sender].ops[ptr[sender]]) if ptr[sender] < len(costs[sender].ops) else "end"
+        chain.append(f"stage {s} op {op} waits for the {what} of microbatch {j} of stage {sender}, "
+                     f"whose {kind}{j} has not run (stage {sender} is stuck at its op {sender_op})")
+        s = sender
+    where = f"stages[{start}].ops[{ptr[start]}]"
+    return DeadlockError(file, where, "deadlock: " + "; ".join(chain))
+
+
+def check_deadlock_free(plan: "Plan", file: str = "-") -> None:
+    """Raise :class:`DeadlockError` if ``plan``'s op lists and splits can deadlock.
+
+    Whether a plan deadlocks depends on op orders and splits only, not on durations,
+    so this needs neither the graph nor the cluster: it runs the timeline with zero
+    costs.
+    """
+    op_lists = plan.op_lists()
+    stages = plan.stages
+    costs = []
+    for s, st in enumerate(stages):
+        zeros = tuple(0.0 for _ in st.microbatches)
+        costs.append(StageCost(
+            tuple(op_lists[s]), zeros, zeros, zeros, tuple(st.microbatches), st.microbatches,
+            zeros if s < len(stages) - 1 else (), zeros if s > 0 else (),
+            _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else (),
+            _overlaps(st.microbatches, stages[s + 1].microbatches) if s < len(stages) - 1 else (),
+            0.0, 0.0, 0.0))
+    run_timeline(tuple(costs), plan.global_batch, file)

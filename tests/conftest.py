@@ -1,0 +1,69 @@
+"""Small builders shared by the tests: graphs, clusters and plans in a few words."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from models.graph import Layer, LayerGraph
+from solver.cluster import Cluster, Device, Link
+from solver.plan import Plan, Stage
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+FAST = 1e30  # a bandwidth at which transfers take no measurable time
+
+
+def make_layer(i: int, fwd=(0.0, 1.0), bwd=(0.0, 2.0), params=0.0, act=0.0, out=0.0, **kw) -> Layer:
+    return Layer(f"l{i}", tuple(fwd), tuple(bwd), params, act, out, **kw)
+
+
+def chain(n: int, **kw) -> LayerGraph:
+    """A chain of ``n`` identical layers (fwd a+b*n = 0+1*n, bwd 0+2*n by default)."""
+    input_bytes = kw.pop("input_bytes", 0.0)
+    return LayerGraph.chain("g", [make_layer(i, **kw) for i in range(n)], input_bytes=input_bytes)
+
+
+def cluster(n: int, *, speed=1.0, memory=1e12, bandwidth=FAST, latency=0.0, servers=1,
+            network_bw=FAST, network_lat=0.0) -> Cluster:
+    """``n`` devices ``d0..`` spread round-robin... in blocks over ``servers`` servers."""
+    speeds = speed if isinstance(speed, (list, tuple)) else [speed] * n
+    per_server = -(-n // servers)
+    return Cluster(
+        "c",
+        tuple(Link(bandwidth, latency, f"s{j}") for j in range(servers)),
+        Link(network_bw, network_lat),
+        tuple(Device(f"d{i}", f"s{i // per_server}", speeds[i], memory) for i in range(n)),
+    )
+
+
+def plan(stages, *, batch, schedule="gpipe", state_factor=4.0) -> Plan:
+    """``stages``: list of ``(lo, hi, devices, microbatches[, recompute[, ops]])``."""
+    built = []
+    for st in stages:
+        lo, hi, devices, split = st[:4]
+        recompute = st[4] if len(st) > 4 else False
+        ops = tuple(st[5]) if len(st) > 5 else None
+        built.append(Stage((lo, hi), tuple(devices), tuple(split), recompute, ops))
+    return Plan("g", "c", batch, state_factor, schedule, tuple(built))
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``pipeplan`` in-process; returns (status, stdout, stderr)."""
+    from pipeplan.cli import main
+
+    def run(*argv: str):
+        try:
+            status = main(list(argv))
+        except SystemExit as exc:  # argparse usage errors
+            status = exc.code
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+sys.path.insert(0, str(ROOT / "tests"))

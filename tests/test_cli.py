@@ -1,0 +1,174 @@
+"""``pipeplan validate`` and ``pipeplan simulate``: output, and bad input as one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import EXAMPLES
+
+GRAPH = str(EXAMPLES / "chain8.graph.json")
+CLUSTER = str(EXAMPLES / "two-servers.cluster.json")
+PLAN = str(EXAMPLES / "hetero.plan.json")
+
+
+def load(name):
+    return json.loads((EXAMPLES / name).read_text())
+
+
+class TestSimulateCommand:
+    def test_json(self, run_cli):
+        status, out, err = run_cli("simulate", GRAPH, CLUSTER, PLAN, "--json")
+        assert status == 0 and err == ""
+        data = json.loads(out)
+        assert set(data) >= {"iteration_time", "throughput", "peak_memory", "fits"}
+        assert len(data["peak_memory"]) == 3 and data["fits"] is True
+        assert data["throughput"] == pytest.approx(64 / data["iteration_time"])
+
+    def test_table_and_pictures(self, run_cli, tmp_path):
+        trace, gantt = tmp_path / "t.json", tmp_path / "g.png"
+        status, out, _ = run_cli("simulate", GRAPH, CLUSTER, PLAN, "--trace", str(trace), "--gantt", str(gantt))
+        assert status == 0 and "iteration time" in out and "peak memory" in out
+        events = json.loads(trace.read_text())["traceEvents"]
+        names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+        assert {"stage 0", "stage 2", "link 0->1 (activations)", "link 2->1 (gradients)"} <= names
+        assert {e["cat"] for e in events if e["ph"] == "X"} == {"forward", "backward", "recompute", "transfer",
+                                                                 "allreduce"}
+        assert gantt.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["g.png", "t.json"]  # no temporary left
+
+    def test_name_mismatch_is_a_warning(self, run_cli, tmp_path):
+        data = load("hetero.plan.json")
+        data["graph"] = "other"
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps(data))
+        status, _, err = run_cli("simulate", GRAPH, CLUSTER, str(path), "--json")
+        assert status == 0 and err.startswith("warning:")
+
+
+class TestValidateCommand:
+    def test_all_examples(self, run_cli):
+        files = [GRAPH, CLUSTER, PLAN, str(EXAMPLES / "custom.plan.json")]
+        status, out, _ = run_cli("validate", *files)
+        assert status == 0 and out.count("ok: ") == 4
+
+    def test_unknown_format(self, run_cli, tmp_path):
+        path = tmp_path / "x.json"
+        path.write_text('{"format": "something/1"}')
+        status, _, err = run_cli("validate", str(path))
+        assert status == 2 and err.startswith(f"error: {path}: format: unknown format")
+
+
+def _write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+def _graph(mutate):
+    data = load("chain8.graph.json")
+    mutate(data)
+    return data
+
+
+def _cluster(mutate):
+    data = load("two-servers.cluster.json")
+    mutate(data)
+    return data
+
+
+def _plan(mutate):
+    data = load("hetero.plan.json")
+    mutate(data)
+    return data
+
+
+def _deadlock(d):
+    d["stages"][0]["microbatches"] = [4] * 16
+    d["stages"][1]["microbatches"] = [64]
+    d["stages"][2]["microbatches"] = [64]
+
+
+def _custom_missing(d):
+    d["schedule"] = "custom"
+    for st in d["stages"]:
+        m = len(st["microbatches"])
+        st["ops"] = [f"F{k}" for k in range(m)] + [f"B{k}" for k in range(m)]
+    d["stages"][1]["ops"].pop()
+
+
+def _custom_b_first(d):
+    d["schedule"] = "custom"
+    for st in d["stages"]:
+        m = len(st["microbatches"])
+        st["ops"] = [f"F{k}" for k in range(m)] + [f"B{k}" for k in range(m)]
+    ops = d["stages"][2]["ops"]
+    ops.insert(0, ops.pop(ops.index("B0")))
+
+
+BAD_INPUTS = [
+    # (which file, content, where, what)
+    ("graph", None, "file", "no such file"),
+    ("graph", "{ not json", "line 1 column 3", "invalid JSON"),
+    ("graph", _graph(lambda d: d["layers"][2].pop("fwd")), "layers[2].fwd", "missing required field"),
+    ("graph", _graph(lambda d: d["layers"][2].update(out="x")), "layers[2].out", "expected a number"),
+    ("graph", _graph(lambda d: d.update(format="pipeplan.graph/9")), "format", "unknown format version"),
+    ("graph", _graph(lambda d: d["layers"][1].update(bwd=[0.1, -2e-5])), "layers[1].bwd[1]", "must not be negative"),
+    ("graph", _graph(lambda d: d.update(edges=[[3, 2]])), "edges[0]", "must go forward"),
+    ("graph", _graph(lambda d: d.update(edges=[[0, 8]])), "edges[0]", "does not exist"),
+    ("cluster", _cluster(lambda d: d["servers"][1].update(bandwidth=0)), "servers[1].bandwidth", "must be positive"),
+    ("cluster", _cluster(lambda d: d["network"].update(bandwidth=-1)), "network.bandwidth", "must be positive"),
+    ("plan", _plan(lambda d: d["stages"][1].update(layers=[4, 6])), "stages[1].layers", "gap"),
+    ("plan", _plan(lambda d: d["stages"][1].update(layers=[2, 6])), "stages[1].layers", "overlap"),
+    ("plan", _plan(lambda d: d["stages"][1].update(layers=[3, 3])), "stages[1].layers", "empty"),
+    ("plan", _plan(lambda d: d["stages"][2].update(devices=["g9"])), "stages[2].devices[0]", "unknown device"),
+    ("plan", _plan(lambda d: d["stages"][2].update(devices=["g2"])), "stages[2].devices[0]", "already used"),
+    ("plan", _plan(lambda d: d["stages"][1].update(microbatches=[8, 8, 16, 16, 15])), "stages[1].microbatches",
+     "sum to 63"),
+    ("plan", _plan(lambda d: d["stages"][1].update(microbatches=[0, 16, 16, 16, 16])), "stages[1].microbatches[0]",
+     "must be positive"),
+    ("plan", _plan(lambda d: d.update(schedule="interleaved")), "schedule", "unknown schedule"),
+    ("plan", _plan(_custom_missing), "stages[1].ops", "missing ops B4"),
+    ("plan", _plan(_custom_b_first), "stages[2].ops[0]", "B0 comes before F0"),
+    ("plan", _plan(_deadlock), "stages[0].ops[3]", "deadlock: stage 0 op B0 waits for the gradients"),
+    ("plan", _plan(lambda d: d.pop("stages")), "stages", "missing required field"),
+    ("plan", _plan(lambda d: d.update(global_batch="64")), "global_batch", "expected an integer"),
+]
+
+
+class TestBadInput:
+    @pytest.mark.parametrize("which, content, where, what", BAD_INPUTS)
+    def test_one_error_line_status_2_nothing_written(self, which, content, where, what, run_cli, tmp_path):
+        files = {"graph": GRAPH, "cluster": CLUSTER, "plan": PLAN}
+        bad = str(tmp_path / f"bad-{which}.json") if content is None else _write(tmp_path, f"bad-{which}.json", content)
+        files[which] = bad
+        out_dir = tmp_path / "out"
+        out_dir.mkdir()
+        status, out, err = run_cli("simulate", files["graph"], files["cluster"], files["plan"], "--json",
+                                   "--trace", str(out_dir / "t.json"), "--gantt", str(out_dir / "g.png"))
+        assert status == 2 and out == ""
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert err.startswith(f"error: {bad}: {where}: "), err
+        assert what in err
+        assert list(out_dir.iterdir()) == []
+
+    @pytest.mark.parametrize("which, content, where, what", BAD_INPUTS)
+    def test_validate_reports_the_same(self, which, content, where, what, run_cli, tmp_path):
+        bad = str(tmp_path / "bad.json") if content is None else _write(tmp_path, "bad.json", content)
+        files = {"graph": GRAPH, "cluster": CLUSTER, "plan": PLAN, which: bad}
+        status, _, err = run_cli("validate", files["graph"], files["cluster"], files["plan"])
+        assert status == 2 and err.startswith(f"error: {bad}: {where}: ") and what in err
+
+    def test_usage_error_is_one_line(self, run_cli):
+        status, _, err = run_cli("simulate", GRAPH)
+        assert status == 2 and err.startswith("error: ") and err.count("\n") == 1
+
+    def test_as_a_real_process(self, tmp_path):
+        """The installed console script, end to end: no traceback on stderr."""
+        env = dict(os.environ, PYTHONPATH=str(EXAMPLES.parent))
+        proc = subprocess.run([sys.executable, "-m", "pipeplan", "simulate", GRAPH, CLUSTER, str(tmp_path / "none.json")],
+                              capture_output=True, text=True, env=env, timeout=120)
+        assert proc.returncode == 2 and proc.stdout == ""
+        assert proc.stderr == f"error: {tmp_path / 'none.json'}: file: no such file\n"

@@ -1,0 +1,59 @@
+"""Cluster: links between device sets, round trip, bad input."""
+
+import json
+
+import pytest
+
+from conftest import EXAMPLES
+from models.errors import InputError
+from solver.cluster import Cluster, load_cluster
+
+
+@pytest.fixture
+def two_servers() -> Cluster:
+    return load_cluster(str(EXAMPLES / "two-servers.cluster.json"))
+
+
+class TestBwLat:
+    def test_same_server_uses_its_link(self, two_servers):
+        assert two_servers.bw(["g0"], ["g1"]) == 1.5e11
+        assert two_servers.lat(["g2"], ["g3"]) == 1e-5
+
+    def test_across_servers_uses_the_network(self, two_servers):
+        assert two_servers.bw(["g0"], ["g2"]) == 1.25e10
+        assert two_servers.lat(["g0"], ["g2"]) == 2e-5
+
+    def test_sets_take_the_worst_pair(self, two_servers):
+        # g0-g1 NVLink, g0-g2 network: smallest bandwidth, largest latency
+        assert two_servers.bw(["g0"], ["g1", "g2"]) == 1.25e10
+        assert two_servers.lat(["g0", "g1", "g2"]) == 2e-5
+        assert two_servers.bw(["g2", "g3", "g4"]) == 1.6e10
+
+
+class TestLoadCluster:
+    def test_round_trip_keeps_unknown_fields(self, two_servers):
+        data = json.loads((EXAMPLES / "two-servers.cluster.json").read_text())
+        assert two_servers.to_dict() == data
+        assert Cluster.from_dict(two_servers.to_dict()).to_dict() == data
+
+    @pytest.mark.parametrize("mutate, where, what", [
+        (lambda d: d.update(format="pipeplan.cluster/7"), "format", "unknown format version"),
+        (lambda d: d.update(format="pipeplan.graph/1"), "format", "expected 'pipeplan.cluster/1'"),
+        (lambda d: d["servers"][0].update(bandwidth=0), "servers[0].bandwidth", "must be positive"),
+        (lambda d: d["network"].update(bandwidth=-5), "network.bandwidth", "must be positive"),
+        (lambda d: d["network"].update(latency=-1e-6), "network.latency", "must not be negative"),
+        (lambda d: d["devices"][1].update(speed=0), "devices[1].speed", "must be positive"),
+        (lambda d: d["devices"][1].update(id="g0"), "devices[1].id", "also used"),
+        (lambda d: d["devices"][2].update(server="s9"), "devices[2].server", "unknown server"),
+        (lambda d: d["devices"][0].pop("memory"), "devices[0].memory", "missing required field"),
+        (lambda d: d.pop("network"), "network", "missing required field"),
+    ])
+    def test_bad_input_names_the_place(self, mutate, where, what, tmp_path):
+        data = json.loads((EXAMPLES / "two-servers.cluster.json").read_text())
+        mutate(data)
+        path = tmp_path / "c.json"
+        path.write_text(json.dumps(data))
+        with pytest.raises(InputError) as info:
+            load_cluster(str(path))
+        assert (info.value.where, info.value.file) == (where, str(path))
+        assert what in info.value.what
