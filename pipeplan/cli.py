@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "pipeplan.cmd_simulate",
     "pipeplan.cmd_plan",
     "pipeplan.cmd_models",
+    "pipeplan.cmd_run",
 )
 
 

@@ -1,0 +1,199 @@
+"""``pipeplan plan`` and ``pipeplan compare``: solve a planning problem with one solver, or all.
+
+``plan`` writes the best plan with a ``"solver"`` record; ``compare`` runs every
+solver and prints a table (or JSON, CSV, a bar chart).  Exit status 3 when no plan
+fits, with the tightest memory constraint named on stderr; 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from typing import Any
+
+from models.errors import InputError
+from models.graph import load_graph
+from models.jsonio import atomic_write_bytes, atomic_write_text, dumps
+from solver.cluster import load_cluster
+from solver.infeasibility import tightest_constraint
+from solver.problem import PlanningProblem
+from solver.registry import get_solver, solver_names
+from solver.result import SolverResult
+
+NO_PLAN = 3
+"""Exit status when no plan fits."""
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("graph", metavar="GRAPH")
+    p.add_argument("cluster", metavar="CLUSTER")
+    p.add_argument("--batch", type=int, required=True, help="global batch B (samples)")
+    p.add_argument("--microbatches", type=int, required=True, help="M equal microbatches (M <= B)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b")
+    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver (default 60)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-replication", action="store_true", help="one device per stage")
+    p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
+    p.add_argument("--max-stages", type=int, default=None, metavar="K")
+    p.add_argument("--state-factor", type=float, default=4.0, metavar="F",
+                   help="bytes of training state per parameter byte (default 4: fp32 Adam)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="plan with one solver and write the plan", description=__doc__)
+    _common(p)
+    p.add_argument("--solver", required=True, metavar="NAME", help="a registered solver (see compare)")
+    p.add_argument("-o", "--output", required=True, metavar="PLAN.json")
+    p.set_defaults(func=run_plan)
+    c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)
+    _common(c)
+    c.add_argument("--solvers", metavar="A,B,...", help="only these solvers (default: all)")
+    c.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
+    c.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
+    c.add_argument("--plot", metavar="OUT.png", help="also write a bar chart of iteration times")
+    c.set_defaults(func=run_compare)
+
+
+def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
+    """The planning problem the common options describe (files loaded and checked).
+
+    Raises
+    ------
+    InputError
+        On unreadable or invalid files or inconsistent numbers (``M > B``, ...).
+    """
+    graph = load_graph(args.graph)
+    cluster = load_cluster(args.cluster)
+    if args.time_limit is not None and args.time_limit <= 0:
+        raise InputError("-", "--time-limit", f"must be positive seconds, got {args.time_limit}")
+    try:
+        return PlanningProblem(graph, cluster, global_batch=args.batch, microbatches=args.microbatches,
+                               schedule=args.schedule, state_factor=args.state_factor,
+                               allow_replication=not args.no_replication, allow_recompute=not args.no_recompute,
+                               max_stages=args.max_stages)
+    except ValueError as exc:
+        raise InputError("-", "arguments", str(exc)) from None
+
+
+def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace) -> list[SolverResult]:
+    """Run the named solvers with a progress display on stderr."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    solvers = [get_solver(n) for n in names]     # unknown names fail before any work
+    results = []
+    console = Console(file=sys.stderr)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                  console=console, transient=True) as progress:
+        task = progress.add_task("solving", total=len(solvers))
+        for name, solver in zip(names, solvers):
+            progress.update(task, description=f"solving with {name}")
+            results.append(solver.solve(problem, time_limit=args.time_limit, seed=args.seed))
+            progress.advance(task)
+    return results
+
+
+def _no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
+    why = "; ".join(f"{r.name}: {r.message}" for r in results if r.message)
+    sys.stderr.write(f"no plan fits: {tightest_constraint(problem)}\n")
+    if why:
+        sys.stderr.write(f"  ({why})\n")
+    return NO_PLAN
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """``pipeplan plan``: solve with one solver and write the plan atomically."""
+    problem = problem_from_args(args)
+    result = _solve(problem, [args.solver], args)[0]
+    if result.plan is None:
+        return _no_plan(problem, [result])
+    atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
+    gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
+    print(f"{result.name}: {result.status}, {len(result.plan.stages)} stages, iteration time "
+          f"{result.iteration_time * 1e3:.4f} ms, throughput {problem.global_batch / result.iteration_time:.2f} "
+          f"samples/s, gap {gap}, {result.wall_time:.2f} s -> {args.output}")
+    return 0
+
+
+def comparison_rows(problem: PlanningProblem, results: list[SolverResult]) -> list[dict[str, Any]]:
+    """One row per solver: status, time, throughput, ratio to the best, bound, gap, wall time."""
+    times = [r.iteration_time for r in results if r.iteration_time is not None]
+    best = min(times) if times else None
+    rows = []
+    for r in results:
+        t = r.iteration_time
+        rows.append({"solver": r.name, "status": r.status, "iteration_time": t,
+                     "throughput": problem.global_batch / t if t else None,
+                     "ratio_to_best": t / best if t and best else None,
+                     "lower_bound": r.lower_bound, "gap": r.gap, "wall_time": r.wall_time,
+                     "stages": len(r.plan.stages) if r.plan else None, "message": r.message})
+    return rows
+
+
+def _fmt(value: Any, scale: float = 1.0, digits: int = 4) -> str:
+    return "-" if value is None else f"{value * scale:.{digits}f}"
+
+
+def _print_table(rows: list[dict[str, Any]], title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("solver", "status", "iteration (ms)", "throughput (samples/s)", "ratio to best",
+                "lower bound (ms)", "gap", "wall (s)"):
+        table.add_column(col, justify="left" if col in ("solver", "status") else "right")
+    for row in rows:
+        table.add_row(row["solver"], row["status"], _fmt(row["iteration_time"], 1e3),
+                      _fmt(row["throughput"], 1, 2), _fmt(row["ratio_to_best"], 1, 3),
+                      _fmt(row["lower_bound"], 1e3), "-" if row["gap"] is None else f"{100 * row['gap']:.2f}%",
+                      _fmt(row["wall_time"], 1, 2))
+    Console(width=160).print(table)
+
+
+def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=list(rows[0]))
+    writer.writeheader()
+    writer.writerows(rows)
+    atomic_write_text(path, buffer.getvalue())
+
+
+def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    solved = [r for r in rows if r["iteration_time"] is not None]
+    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(solved) + 2), 4))
+    ax.bar([r["solver"] for r in solved], [r["iteration_time"] * 1e3 for r in solved], color="tab:blue")
+    ax.set_ylabel("iteration time (ms)")
+    ax.set_title(title)
+    ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    """``pipeplan compare``: run every (or the chosen) solver and report side by side."""
+    problem = problem_from_args(args)
+    names = solver_names() if not args.solvers else [n.strip() for n in args.solvers.split(",") if n.strip()]
+    results = _solve(problem, names, args)
+    if all(r.plan is None for r in results):
+        return _no_plan(problem, results)
+    rows = comparison_rows(problem, results)
+    title = f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}, M={problem.microbatches}, {problem.schedule}"
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        _print_table(rows, title)
+    if args.csv:
+        _write_csv(args.csv, rows)
+    if args.plot:
+        _write_plot(args.plot, rows, title)
+    return 0

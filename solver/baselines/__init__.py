@@ -1,0 +1,60 @@
+"""The published baselines: one module per method, all judged by the simulator.
+
+Importing this package registers ``even``, ``deepspeed-uniform``,
+``deepspeed-parameters``, ``pipedream``, ``dapple``, ``alpa``, ``autopipe`` and
+``greedy-speed`` (see each module's docstring for its source and its heterogeneous
+adaptation).  :func:`best_baseline` gives the exact solvers their warm start.
+"""
+
+from __future__ import annotations
+
+import time
+
+# Import order is registration order (what ``pipeplan compare`` lists): cheapest first.
+from solver.baselines import even, deepspeed, greedy_speed, autopipe, pipedream, dapple, alpa  # noqa: F401,I001
+from solver.baselines.alpa import Alpa
+from solver.baselines.autopipe import AutoPipe
+from solver.baselines.dapple import Dapple
+from solver.baselines.deepspeed import DeepSpeedParameters, DeepSpeedUniform
+from solver.baselines.even import EvenSplit
+from solver.baselines.greedy_speed import GreedySpeed
+from solver.baselines.pipedream import PipeDream
+from solver.problem import PlanningProblem
+from solver.result import SolverResult
+
+BASELINES = (EvenSplit, DeepSpeedUniform, DeepSpeedParameters, GreedySpeed, AutoPipe, PipeDream, Dapple, Alpa)
+"""Every baseline class, cheapest first (the order :func:`best_baseline` runs them)."""
+
+
+def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float = 10.0) -> SolverResult | None:
+    """The best fitting plan over all baselines, or ``None`` if none fits.
+
+    Each baseline gets an equal share of what is left of ``time_limit``, cheapest
+    first, so the fast ones always run and a slow DP cannot starve them.
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+        The problem.
+    seed : int
+        Passed to every baseline.
+    time_limit : float
+        Seconds for all baselines together.
+
+    Returns
+    -------
+    SolverResult or None
+        The result (status ``feasible``) with the smallest simulated iteration time.
+
+    Examples
+    --------
+    >>> best_baseline(problem)  # doctest: +SKIP
+    """
+    end = time.perf_counter() + time_limit
+    best: SolverResult | None = None
+    for n, cls in enumerate(BASELINES):
+        share = max(0.0, end - time.perf_counter()) / (len(BASELINES) - n)
+        result = cls().solve(problem, time_limit=share, seed=seed)
+        if result.plan is not None and (best is None or result.iteration_time < best.iteration_time):
+            best = result
+    return best

@@ -1,0 +1,122 @@
+"""Why no plan fits: the tightest memory constraint, in words and numbers.
+
+For every layer we compute the smallest footprint any plan could give it, a lower
+bound over every stage that contains it: its own training state
+(``state_factor * params``, which replication does not shrink) plus the activations of
+one microbatch while its backward runs (``ceil(n / r) * act``, which neither recompute
+nor the schedule can avoid), with the most replicas ``r`` allowed that still fit devices.
+A layer whose bound exceeds every device is the tightest constraint; if every layer
+fits alone, the whole model's state against the memory of the devices is checked next.
+"""
+
+from __future__ import annotations
+
+import math
+
+from solver.problem import PlanningProblem
+
+
+def format_bytes(n: float) -> str:
+    """Bytes with a decimal unit and one decimal.
+
+    Examples
+    --------
+    >>> format_bytes(31.2e9)
+    '31.2 GB'
+    >>> format_bytes(512)
+    '512.0 B'
+    """
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n:.1f} B"
+
+
+def layer_footprint(problem: PlanningProblem, layer: int, replicas: int) -> float:
+    """Lower bound on the bytes per device of any stage holding ``layer`` with ``replicas`` replicas.
+
+    Examples
+    --------
+    A layer of 10 parameter bytes, state factor 4, 3 activation bytes per sample and
+    microbatches of 8 samples needs ``40 + 8 * 3 = 64`` bytes on one device.
+    """
+    l = problem.graph.layers[layer]
+    q = math.ceil(max(problem.split) / replicas)
+    return problem.state_factor * l.params + q * l.act
+
+
+def _layer_verdict(problem: PlanningProblem, layer: int, memories: list[float]) -> tuple[float, int, float]:
+    """``(ratio need/capacity, replicas, need)`` for the best replica count of ``layer``."""
+    max_r = len(memories) if problem.allow_replication else 1
+    best = None
+    for r in range(1, max_r + 1):
+        need = layer_footprint(problem, layer, r)
+        ratio = need / memories[r - 1] if memories[r - 1] > 0 else math.inf
+        if best is None or ratio < best[0]:
+            best = (ratio, r, need)
+    assert best is not None
+    return best
+
+
+def tightest_constraint(problem: PlanningProblem) -> str:
+    """The memory constraint that most clearly rules out every plan, as one sentence.
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+        A problem for which no plan fits (the text is still computed otherwise).
+
+    Returns
+    -------
+    str
+        For example ``"layer 'block.11' alone needs 31.2 GB at microbatch 8 (state
+        24.0 GB + activations 7.2 GB); the largest device has 24.0 GB"``.
+
+    Examples
+    --------
+    See ``tests/test_infeasibility.py``.
+    """
+    memories = sorted((d.memory for d in problem.cluster.devices), reverse=True)
+    verdicts = [_layer_verdict(problem, i, memories) for i in range(len(problem.graph))]
+    worst = max(range(len(verdicts)), key=lambda i: (verdicts[i][0], -i))
+    ratio, r, need = verdicts[worst]
+    if ratio > 1:
+        return _layer_text(problem, worst, r, need, memories)
+    return _model_text(problem, memories)
+
+
+def _layer_text(problem: PlanningProblem, i: int, r: int, need: float, memories: list[float]) -> str:
+    layer = problem.graph.layers[i]
+    n = max(problem.split)
+    q = math.ceil(n / r)
+    state = problem.state_factor * layer.params
+    parts = f"(state {format_bytes(state)} + activations {format_bytes(q * layer.act)})"
+    if r == 1:
+        where = f"at microbatch {n}"
+        tail = f"the largest device has {format_bytes(memories[0])}"
+    else:
+        where = f"at microbatch {n} over {r} replicas ({q} sample(s) each)"
+        tail = f"the smallest of the {r} largest devices has {format_bytes(memories[r - 1])}"
+    notes = []
+    if not problem.allow_replication:
+        notes.append("replication is off")
+    if problem.allow_recompute:
+        notes.append("recompute cannot shrink this")
+    else:
+        notes.append("recompute is off")
+    return f"layer '{layer.name}' alone needs {format_bytes(need)} {where} {parts}; {tail} ({', '.join(notes)})"
+
+
+def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
+    k = problem.stage_limit
+    state = problem.state_factor * sum(l.params for l in problem.graph.layers)
+    room = sum(memories[:k])
+    # Every parameter byte's state sits on some stage's devices; activations are left
+    # out, so this is a bound any plan must meet.
+    if state > room:
+        return (f"the model's training state alone needs {format_bytes(state)} (state factor "
+                f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} largest "
+                f"device(s) hold {format_bytes(room)} together")
+    return (f"every layer fits on a device alone, but no split into at most {k} stages fits: the "
+            f"model's state is {format_bytes(state)} and the {k} largest devices hold "
+            f"{format_bytes(room)} together, before activations of the in-flight microbatches")
