@@ -1,0 +1,268 @@
+"""The exact solvers (``ilp``, ``cpsat``) against a brute-force enumeration of every plan."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import time
+
+import pytest
+
+from models.graph import Layer, LayerGraph
+from solver.cluster import Cluster, Device, Link
+from solver.cpsat import CpSatSolver
+from solver.exact import (OPT_TOL, build_data, config_lower_bound, device_classes, greedy_plans, model_rows,
+                          placements)
+from solver.ilp import IlpSolver
+from solver.problem import PlanningProblem
+from solver.simulator import simulate
+
+REL = 1e-9  # float noise allowed when comparing iteration times
+
+
+# ------------------------------------------------------------------ instances
+def random_problem(seed: int, *, layers: int, devices: int, schedule: str, replication: bool = True,
+                   recompute: bool = True, max_stages: int | None = None) -> PlanningProblem:
+    """A chain of random layers on two device speeds over two servers, memory often tight."""
+    rng = random.Random(seed)
+    graph = LayerGraph.chain("g", [
+        Layer(f"l{i}", (rng.uniform(0, 1e-3), rng.uniform(1e-4, 1e-3)),
+              (rng.uniform(0, 2e-3), rng.uniform(2e-4, 2e-3)),
+              rng.uniform(1e6, 1e7), rng.uniform(1e5, 2e6), rng.uniform(1e4, 1e6))
+        for i in range(layers)], input_bytes=rng.uniform(1e3, 1e5))
+    batch = rng.choice([4, 6, 8])
+    microbatches = rng.choice([1, 2, 3, 4])
+    need = 4 * sum(l.params for l in graph.layers) + batch * sum(l.act for l in graph.layers)
+    fast_mem, slow_mem = (need * rng.uniform(0.35, 1.1) for _ in range(2))
+    speeds = [1.0, rng.choice([0.4, 0.7])]
+    devs = tuple(Device(f"d{i}", f"s{i % 2}", speeds[i % 2], fast_mem if i % 2 == 0 else slow_mem)
+                 for i in range(devices))
+    cluster = Cluster("c", (Link(rng.choice([5e9, 5e10]), 1e-6, "s0"), Link(rng.choice([5e9, 5e10]), 2e-6, "s1")),
+                      Link(rng.choice([1e9, 1e10]), 1e-5), devs)
+    return PlanningProblem(graph, cluster, global_batch=batch, microbatches=microbatches, schedule=schedule,
+                           allow_replication=replication, allow_recompute=recompute, max_stages=max_stages)
+
+
+def brute_force(problem: PlanningProblem) -> float:
+    """Best fitting iteration time over every plan of the search space (``inf`` if none)."""
+    L, ids = len(problem.graph), [d.id for d in problem.cluster.devices]
+    best = math.inf
+    for count in range(1, problem.stage_limit + 1):
+        for cuts in itertools.combinations(range(1, L), count - 1):
+            edges = (0,) + cuts + (L,)
+            bounds = list(zip(edges, edges[1:]))
+            for groups in _ordered_groups(ids, count, problem.allow_replication):
+                for flags in itertools.product((False, True) if problem.allow_recompute else (False,), repeat=count):
+                    sim = simulate(problem.make_plan(bounds, groups, flags), problem.graph, problem.cluster,
+                                   validate=False)
+                    if sim.fits:
+                        best = min(best, sim.iteration_time)
+    return best
+
+
+def _ordered_groups(ids, count, replication):
+    """Every sequence of ``count`` disjoint non-empty device groups."""
+    if count == 0:
+        yield []
+        return
+    sizes = range(1, len(ids) + 1) if replication else (1,)
+    for size in sizes:
+        for first in itertools.combinations(ids, size):
+            rest = [d for d in ids if d not in first]
+            for tail in _ordered_groups(rest, count - 1, replication):
+                yield [first] + tail
+
+
+CASES = [
+    # (seed, layers, devices, schedule, replication, recompute, max_stages)
+    (1, 4, 2, "gpipe", True, True, None),
+    (2, 5, 3, "1f1b", True, True, None),
+    (3, 6, 4, "1f1b", True, False, None),
+    (4, 6, 4, "gpipe", False, True, None),
+    (5, 5, 4, "1f1b", False, False, None),
+    (6, 6, 3, "gpipe", True, True, 2),
+    (7, 8, 3, "1f1b", True, True, None),
+    (8, 5, 4, "gpipe", True, True, None),
+    (9, 6, 4, "1f1b", True, True, 3),
+    (10, 4, 4, "1f1b", True, True, None),
+]
+_RNG = random.Random(2024)
+CASES += [(_RNG.randrange(10 ** 6), _RNG.randint(4, 8), _RNG.randint(3, 4), _RNG.choice(["gpipe", "1f1b"]),
+           _RNG.random() < 0.6, _RNG.random() < 0.6, _RNG.choice([None, None, 2, 3])) for _ in range(20)]
+_BRUTE: dict = {}
+
+
+def case_problem(case) -> tuple[PlanningProblem, float]:
+    seed, layers, devices, schedule, replication, recompute, max_stages = case
+    problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule, replication=replication,
+                             recompute=recompute, max_stages=max_stages)
+    if case not in _BRUTE:
+        _BRUTE[case] = brute_force(problem)
+    return problem, _BRUTE[case]
+
+
+def check_against_brute_force(solver, case) -> None:
+    problem, best = case_problem(case)
+    result = solver.solve(problem, time_limit=60, seed=0)
+    if math.isinf(best):
+        assert result.status == "infeasible" and result.plan is None
+        return
+    assert result.plan is not None and problem.in_search_space(result.plan)
+    sim = problem.evaluate(result.plan)
+    assert sim.fits
+    assert sim.iteration_time == pytest.approx(result.iteration_time, rel=REL)
+    assert result.iteration_time == pytest.approx(best, rel=1e-7)
+    assert result.lower_bound is not None and result.lower_bound <= best * (1 + REL)
+    assert result.status == "optimal"
+    for point in result.trace:
+        assert point.bound is None or point.bound <= best * (1 + REL)
+
+
+# ---------------------------------------------------------------------- tests
+class TestIlpSolve:
+    @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_matches_brute_force(self, case):
+        check_against_brute_force(IlpSolver(), case)
+
+    def test_cbc_backend(self):
+        check_against_brute_force(IlpSolver(backend="cbc"), CASES[1])
+
+    def test_unknown_backend(self):
+        with pytest.raises(ValueError, match="backend"):
+            IlpSolver(backend="gurobi")
+
+    def test_infeasible(self):
+        problem = infeasible_problem()
+        result = IlpSolver().solve(problem, time_limit=10)
+        assert result.status == "infeasible" and result.plan is None and result.message
+
+    def test_time_limit(self):
+        check_time_limit(IlpSolver())
+
+    def test_same_seed_same_plan(self):
+        problem = random_problem(11, layers=7, devices=4, schedule="1f1b")
+        assert IlpSolver().solve(problem, seed=3).plan == IlpSolver().solve(problem, seed=3).plan
+
+
+class TestCpSatSolve:
+    @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_matches_brute_force(self, case):
+        check_against_brute_force(CpSatSolver(), case)
+
+    def test_infeasible(self):
+        result = CpSatSolver().solve(infeasible_problem(), time_limit=10)
+        assert result.status == "infeasible" and result.plan is None
+
+    def test_time_limit(self):
+        check_time_limit(CpSatSolver())
+
+    def test_same_seed_same_plan(self):
+        problem = random_problem(12, layers=7, devices=4, schedule="gpipe")
+        assert CpSatSolver().solve(problem, seed=5).plan == CpSatSolver().solve(problem, seed=5).plan
+
+
+def infeasible_problem() -> PlanningProblem:
+    problem = random_problem(13, layers=4, devices=2, schedule="1f1b")
+    tiny = tuple(Device(d.id, d.server, d.speed, 1.0) for d in problem.cluster.devices)
+    cluster = Cluster("c", problem.cluster.servers, problem.cluster.network, tiny)
+    return PlanningProblem(problem.graph, cluster, 4, 2)
+
+
+def check_time_limit(solver) -> None:
+    """A large instance with a tiny limit returns soon, with an honest status and bound."""
+    problem = random_problem(14, layers=40, devices=8, schedule="1f1b")
+    start = time.perf_counter()
+    result = solver.solve(problem, time_limit=0.5, seed=0)
+    assert time.perf_counter() - start < 15  # arc enumeration and one placement may overrun a little
+    assert result.status in ("feasible", "optimal", "timeout-no-solution")
+    if result.plan is not None:
+        assert problem.evaluate(result.plan).iteration_time == pytest.approx(result.iteration_time)
+        assert result.lower_bound is None or result.lower_bound <= result.iteration_time * (1 + REL)
+
+
+class TestBuildData:
+    def test_every_arc_fits_and_bounds_its_stage(self):
+        problem = random_problem(15, layers=5, devices=4, schedule="1f1b")
+        data = build_data(problem)
+        assert data.arcs
+        for arc in data.arcs:
+            assert arc.lo < arc.hi and 0 <= arc.tau <= data.max_tau
+
+    def test_cutoff_drops_arcs(self):
+        problem = random_problem(15, layers=5, devices=4, schedule="gpipe")
+        assert len(build_data(problem, cutoff=0.0).arcs) == 0
+
+
+class TestConfigLowerBound:
+    def test_below_simulated_time_of_every_placement(self):
+        problem = random_problem(16, layers=6, devices=4, schedule="1f1b")
+        data = build_data(problem)
+        by_start = {}
+        for i, arc in enumerate(data.arcs):
+            by_start.setdefault(arc.lo, []).append(i)
+        rng = random.Random(0)
+        checked = 0
+        for _ in range(200):
+            config, lo = [], 0
+            while lo < len(problem.graph) and by_start.get(lo):
+                config.append(rng.choice(by_start[lo]))
+                lo = data.arcs[config[-1]].hi
+            if lo != len(problem.graph) or not _valid_labels(data, config):
+                continue
+            groups, _ = placements(data, config)
+            bound = config_lower_bound(data, config)
+            for devs in groups:
+                flags = [data.options[data.arcs[i].option].recompute for i in config]
+                plan = problem.make_plan([(data.arcs[i].lo, data.arcs[i].hi) for i in config], devs, flags)
+                assert bound <= problem.evaluate(plan).iteration_time * (1 + REL)
+                checked += 1
+        assert checked > 0
+
+
+def _valid_labels(data, config) -> bool:
+    count = len(config)
+    return all(data.arcs[i].tau == min(count - 1 - s, data.max_tau) for s, i in enumerate(config))
+
+
+class TestPlacements:
+    def test_distinct_and_disjoint(self):
+        problem = random_problem(17, layers=4, devices=4, schedule="gpipe")
+        data = build_data(problem)
+        config = [i for i, a in enumerate(data.arcs) if a.lo == 0 and a.hi == 4
+                  and data.options[a.option].replicas == 2][:1]
+        groups, exhaustive = placements(data, config)
+        assert exhaustive and groups
+        for devs in groups:
+            flat = [d for g in devs for d in g]
+            assert len(flat) == len(set(flat)) == 2
+
+
+class TestDeviceClasses:
+    def test_two_speeds_two_classes(self):
+        problem = random_problem(18, layers=2, devices=4, schedule="gpipe")
+        classes = device_classes(problem.cluster)
+        assert len(classes) == 2 and classes[0].speed >= classes[1].speed
+        assert sum(c.count for c in classes) == 4
+
+
+class TestModelRows:
+    def test_rows_reference_existing_arcs(self):
+        problem = random_problem(19, layers=5, devices=3, schedule="1f1b")
+        data = build_data(problem)
+        counts, times = model_rows(data)
+        ids = set(range(len(data.arcs)))
+        assert all(i in ids for row in counts for i, _ in row.terms)
+        assert all(i in ids for row in times for i, _ in row.terms)
+
+
+class TestGreedyPlans:
+    def test_plans_are_valid(self):
+        problem = random_problem(20, layers=6, devices=4, schedule="1f1b")
+        for plan in greedy_plans(problem):
+            plan.validate(problem.graph, problem.cluster)
+            assert problem.in_search_space(plan)
+
+
+def test_opt_tolerance_is_tight():
+    assert 0 < OPT_TOL <= 1e-6
