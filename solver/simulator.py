@@ -24,7 +24,7 @@ from solver.schedule import FORWARD, Op, format_op
 if TYPE_CHECKING:
     from models.graph import LayerGraph
     from solver.cluster import Cluster
-    from solver.plan import Plan
+    from solver.plan import Plan, Stage
 
 
 @dataclass(frozen=True)
@@ -216,6 +216,13 @@ def _overlaps(mine: tuple[int, ...], theirs: tuple[int, ...]) -> tuple[tuple[int
     return tuple(ranges)
 
 
+def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "Cluster") -> tuple[float, ...]:
+    """Seconds each of ``sender``'s microbatches takes across the cut to ``receiver``."""
+    lat = cluster.lat(sender.devices, receiver.devices)
+    rate = min(len(sender.devices), len(receiver.devices)) * cluster.bw(sender.devices, receiver.devices)
+    return tuple(lat + n * cut_bytes / rate for n in sender.microbatches)
+
+
 def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster") -> tuple[StageCost, ...]:
     """Per-stage durations, transfer times, waits and memory of a validated plan."""
     stages = plan.stages
@@ -232,20 +239,8 @@ def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster") -> tuple[
         fwd = tuple((af + bf * q) / speed for q in per_replica)
         recompute = fwd if st.recompute else tuple(0.0 for _ in per_replica)
         bwd = tuple((ab + bb * q) / speed + rec for q, rec in zip(per_replica, recompute))
-        send_fwd: tuple[float, ...] = ()
-        if s < count - 1:
-            nxt = stages[s + 1]
-            lat = cluster.lat(st.devices, nxt.devices)
-            rate = min(r, len(nxt.devices)) * cluster.bw(st.devices, nxt.devices)
-            cut = graph.cut_bytes(hi - 1)
-            send_fwd = tuple(lat + n * cut / rate for n in st.microbatches)
-        send_bwd: tuple[float, ...] = ()
-        if s > 0:
-            prv = stages[s - 1]
-            lat = cluster.lat(st.devices, prv.devices)
-            rate = min(r, len(prv.devices)) * cluster.bw(st.devices, prv.devices)
-            cut = graph.cut_bytes(lo - 1)
-            send_bwd = tuple(lat + n * cut / rate for n in st.microbatches)
+        send_fwd = _send_times(st, stages[s + 1], graph.cut_bytes(hi - 1), cluster) if s < count - 1 else ()
+        send_bwd = _send_times(st, stages[s - 1], graph.cut_bytes(lo - 1), cluster) if s > 0 else ()
         wait_fwd = _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else ()
         wait_bwd = _overlaps(st.microbatches, stages[s + 1].microbatches) if s < count - 1 else ()
         params = graph.range_sum("params", lo, hi)
