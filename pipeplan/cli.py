@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "pipeplan.cmd_plan",
     "pipeplan.cmd_models",
     "pipeplan.cmd_run",
+    "pipeplan.cmd_pareto",
 )
 
 

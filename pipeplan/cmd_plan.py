@@ -31,7 +31,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", metavar="GRAPH")
     p.add_argument("cluster", metavar="CLUSTER")
     p.add_argument("--batch", type=int, required=True, help="global batch B (samples)")
-    p.add_argument("--microbatches", type=int, required=True, help="M equal microbatches (M <= B)")
+    p.add_argument("--microbatches", type=_microbatches, required=True, metavar="M|auto",
+                   help="M equal microbatches (M <= B), or 'auto': split-aware solvers choose the count")
+    p.add_argument("--max-microbatches", type=int, default=None, metavar="K",
+                   help="most microbatches a split-aware solver may use (with auto; default: M, or 8)")
+    p.add_argument("--per-stage", action="store_true",
+                   help="split-aware solvers may give each stage its own split")
+    p.add_argument("--generations", type=int, default=None, metavar="G", help="nsga: generations (default 60)")
+    p.add_argument("--population", type=int, default=None, metavar="P", help="nsga: population (default 48)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver (default 60)")
     p.add_argument("--seed", type=int, default=0)
@@ -57,6 +64,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.set_defaults(func=run_compare)
 
 
+def _microbatches(text: str) -> int | str:
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of microbatches or 'auto', got {text!r}") from None
+
+
 def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     """The planning problem the common options describe (files loaded and checked).
 
@@ -69,11 +85,17 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     cluster = load_cluster(args.cluster)
     if args.time_limit is not None and args.time_limit <= 0:
         raise InputError("-", "--time-limit", f"must be positive seconds, got {args.time_limit}")
+    auto = args.microbatches == "auto"
+    top = getattr(args, "max_microbatches", None)
+    # with auto, the seeding baselines use the largest allowed equal split (most pipelining)
+    equal = min(args.batch, top or 8) if auto else args.microbatches
     try:
-        return PlanningProblem(graph, cluster, global_batch=args.batch, microbatches=args.microbatches,
+        return PlanningProblem(graph, cluster, global_batch=args.batch, microbatches=equal,
                                schedule=args.schedule, state_factor=args.state_factor,
                                allow_replication=not args.no_replication, allow_recompute=not args.no_recompute,
-                               max_stages=args.max_stages)
+                               max_stages=args.max_stages, auto_microbatches=auto,
+                               max_microbatches=top if top is not None else (equal if auto else None),
+                               per_stage=getattr(args, "per_stage", False))
     except ValueError as exc:
         raise InputError("-", "arguments", str(exc)) from None
 
@@ -84,6 +106,11 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace)
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     solvers = [get_solver(n) for n in names]     # unknown names fail before any work
+    for solver in solvers:  # the GA's own knobs, where given
+        if getattr(args, "generations", None) is not None and hasattr(solver, "generations"):
+            solver.generations = args.generations
+        if getattr(args, "population", None) is not None and hasattr(solver, "population"):
+            solver.population = args.population
     results = []
     console = Console(file=sys.stderr)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),

@@ -44,6 +44,13 @@ class PlanningProblem:
     """Whether a stage may recompute its activations."""
     max_stages: int | None = None
     """Largest number of stages, or ``None`` for as many as devices and layers allow."""
+    auto_microbatches: bool = False
+    """Split-aware solvers choose the number of microbatches (1 .. ``max_split_count``);
+    ``microbatches`` then only sets the equal split the seeding baselines use."""
+    max_microbatches: int | None = None
+    """``K``: most microbatches a split-aware solver may use (default ``microbatches``)."""
+    per_stage: bool = False
+    """Split-aware solvers may give every stage its own split (unequal data partitions)."""
 
     def __post_init__(self) -> None:
         if self.global_batch < 1:
@@ -55,6 +62,11 @@ class PlanningProblem:
             raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {self.schedule!r}")
         if self.max_stages is not None and self.max_stages < 1:
             raise ValueError(f"max_stages must be positive, got {self.max_stages}")
+        if self.max_microbatches is not None and not 1 <= self.max_microbatches:
+            raise ValueError(f"max_microbatches must be positive, got {self.max_microbatches}")
+        if self.max_microbatches is not None and self.max_microbatches < self.microbatches:
+            raise ValueError(f"max_microbatches ({self.max_microbatches}) is below microbatches "
+                             f"({self.microbatches}); the equal split must stay in the search space")
 
     @property
     def split(self) -> tuple[int, ...]:
@@ -75,6 +87,38 @@ class PlanningProblem:
                        for (lo, hi), devs, rc in zip(bounds, devices, flags))
         return Plan(self.graph.name, self.cluster.name, self.global_batch, self.state_factor,
                     self.schedule, stages)
+
+    @property
+    def split_counts(self) -> range:
+        """Microbatch counts a split-aware solver may use (``nsga``, ``cpsat-split``, ...).
+
+        ``1 .. K`` (``K`` = ``max_microbatches``, else ``microbatches``, at most the
+        batch) with ``auto_microbatches``; otherwise exactly ``microbatches``.
+        """
+        top = min(self.global_batch, self.max_microbatches or self.microbatches)
+        return range(1, top + 1) if self.auto_microbatches else range(self.microbatches, self.microbatches + 1)
+
+    def in_split_space(self, plan: Plan) -> bool:
+        """Whether ``plan`` is in the search space of the split-aware solvers.
+
+        As :meth:`in_search_space`, but each stage may use any split into a count of
+        :attr:`split_counts`, shared by all stages unless ``per_stage``.  The equal
+        split of ``microbatches`` is always inside, so such a solver is never worse
+        than the equal-split solvers on the same stages and devices.
+        """
+        if plan.schedule != self.schedule or len(plan.stages) > self.stage_limit:
+            return False
+        if not self.allow_replication and any(len(st.devices) > 1 for st in plan.stages):
+            return False
+        if not self.allow_recompute and any(st.recompute for st in plan.stages):
+            return False
+        counts = self.split_counts
+        for st in plan.stages:
+            if len(st.microbatches) not in counts or sum(st.microbatches) != self.global_batch:
+                return False
+            if min(st.microbatches) < 1:
+                return False
+        return self.per_stage or len({st.microbatches for st in plan.stages}) == 1
 
     def evaluate(self, plan: Plan) -> SimulationResult:
         """The simulator's verdict on ``plan`` (the one judge of every solver)."""

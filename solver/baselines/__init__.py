@@ -58,3 +58,12 @@ def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float 
         if result.plan is not None and (best is None or result.iteration_time < best.iteration_time):
             best = result
     return best
+
+# Split-aware baselines (unequal microbatches on the best equal-split pipeline): they
+# return plans outside the equal-split search space, so they stay out of BASELINES.
+from solver.baselines import umpipe, slicing  # noqa: E402,F401,I001
+from solver.baselines.slicing import AutoPipeSlicing  # noqa: E402
+from solver.baselines.umpipe import UmpipeDP, UmpipeLocal  # noqa: E402
+
+SPLIT_BASELINES = (UmpipeLocal, UmpipeDP, AutoPipeSlicing)
+"""Baselines that choose microbatch splits (``umpipe-local``, ``umpipe-dp``, ``autopipe-slicing``)."""

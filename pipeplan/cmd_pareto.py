@@ -1,0 +1,75 @@
+"""``pipeplan pareto``: the time / memory Pareto front of the ``nsga`` planner.
+
+Runs NSGA-II (``solver/nsga.py``) and writes every non-dominated fitting plan with its
+iteration time and peak memory as one JSON file (``pipeplan.pareto/1``), and with
+``--plot`` a scatter plot of the front.  Exit status 3 when no plan fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import sys
+
+from models.jsonio import atomic_write_bytes, atomic_write_text, dumps
+from pipeplan.cmd_plan import NO_PLAN, _common, problem_from_args
+from solver.nsga import NsgaRun, run_nsga
+
+PARETO_FORMAT = "pipeplan.pareto/1"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("pareto", help="NSGA-II time/memory Pareto front of plans", description=__doc__)
+    _common(p)
+    p.add_argument("-o", "--output", required=True, metavar="FRONT.json")
+    p.add_argument("--plot", metavar="FRONT.png", help="also write a plot of the front")
+    p.set_defaults(func=run_pareto)
+
+
+def front_document(run: NsgaRun, args: argparse.Namespace) -> dict:
+    """The JSON object: the problem's names, run facts, and the points fastest first."""
+    return {
+        "format": PARETO_FORMAT,
+        "objectives": ["iteration_time", "peak_memory"],
+        "generations": run.generations, "evaluations": run.evaluations,
+        "stopped_by_time_limit": run.stopped_by_time, "seed": args.seed, "seeds": list(run.seeds),
+        "points": [{"iteration_time": pt.iteration_time, "peak_memory": pt.peak_memory, "plan": pt.plan.to_dict()}
+                   for pt in run.front],
+    }
+
+
+def _plot(path: str, run: NsgaRun, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 4))
+    xs = [pt.iteration_time * 1e3 for pt in run.front]
+    ys = [pt.peak_memory / 2 ** 30 for pt in run.front]
+    ax.step(xs, ys, where="post", color="tab:gray", linewidth=0.8)
+    ax.scatter(xs, ys, color="tab:blue", zorder=3)
+    ax.set_xlabel("iteration time (ms)")
+    ax.set_ylabel("peak memory per device (GiB)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
+    plt.close(fig)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
+def run_pareto(args: argparse.Namespace) -> int:
+    """``pipeplan pareto``: run NSGA-II and write the front."""
+    problem = problem_from_args(args)
+    run = run_nsga(problem, generations=args.generations or 60, population=args.population or 48,
+                   seed=args.seed, time_limit=args.time_limit)
+    if not run.front:
+        sys.stderr.write("no plan fits: no evaluated plan fits in memory\n")
+        return NO_PLAN
+    atomic_write_text(args.output, dumps(front_document(run, args)))
+    if args.plot:
+        _plot(args.plot, run, f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}")
+    best = run.front[0]
+    print(f"nsga: {len(run.front)} non-dominated plans, fastest {best.iteration_time * 1e3:.4f} ms "
+          f"(peak {best.peak_memory / 2 ** 30:.2f} GiB), {run.generations} generations -> {args.output}")
+    return 0

@@ -1,0 +1,106 @@
+"""cpsat-split: the CP-SAT split search matches brute force over every split of the batch."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from models.errors import DeadlockError
+from models.graph import Layer, LayerGraph
+from solver.cluster import Cluster, Device, Link
+from solver.cpsat_split import CpSatSplit, optimize_splits
+from solver.plan import Plan, Stage, equal_split
+from solver.problem import PlanningProblem
+from solver.simulator import simulate
+
+
+def compositions(batch: int, counts: range):
+    """Every split of ``batch`` into a count of ``counts`` positive sizes."""
+    for m in counts:
+        for marks in itertools.combinations(range(1, batch), m - 1):
+            ends = (0, *marks, batch)
+            yield tuple(b - a for a, b in zip(ends[:-1], ends[1:]))
+
+
+def instance(seed: int, memory: float = 1e12):
+    rng = random.Random(seed)
+    n = rng.randint(2, 5)
+    layers = [Layer(f"l{i}", (rng.uniform(1e-4, 1e-3), rng.uniform(1e-4, 1e-3)),
+                    (rng.uniform(1e-4, 2e-3), rng.uniform(1e-4, 2e-3)), 1e6, rng.uniform(1e5, 1e6),
+                    rng.uniform(1e4, 1e6)) for i in range(n)]
+    graph = LayerGraph.chain("g", layers, 1e4)
+    cluster = Cluster("c", (Link(1e9, 1e-5, "s0"), Link(1e9, 2e-5, "s1")), Link(1e8, 1e-4),
+                      tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([1.0, 0.5]), memory) for i in range(4)))
+    stages = rng.randint(1, min(3, n))
+    batch, top = rng.choice([4, 6, 8]), rng.choice([3, 4])
+    per_stage, schedule = rng.random() < 0.5, rng.choice(["gpipe", "1f1b"])
+    problem = PlanningProblem(graph, cluster, global_batch=batch, microbatches=2, schedule=schedule,
+                              auto_microbatches=True, max_microbatches=top, per_stage=per_stage)
+    cuts = [0, *sorted(rng.sample(range(1, n), stages - 1)), n]
+    groups = [("d0",), ("d1", "d2"), ("d3",)]
+    base = Plan("g", "c", batch, 4.0, schedule, tuple(
+        Stage((cuts[s], cuts[s + 1]), groups[s], equal_split(batch, 2), rng.random() < 0.3) for s in range(stages)))
+    return problem, base
+
+
+def brute_force(problem: PlanningProblem, base: Plan) -> float:
+    """Fastest fitting iteration time over every split (shared or per stage) of the base pipeline."""
+    splits = list(compositions(problem.global_batch, problem.split_counts))
+    stages = len(base.stages)
+    combos = itertools.product(splits, repeat=stages) if problem.per_stage else ((sp,) * stages for sp in splits)
+    best = float("inf")
+    for combo in combos:
+        plan = Plan("g", "c", base.global_batch, 4.0, base.schedule,
+                    tuple(Stage(st.layers, st.devices, combo[s], st.recompute) for s, st in enumerate(base.stages)))
+        try:
+            result = simulate(plan, problem.graph, problem.cluster)
+        except DeadlockError:
+            continue
+        if result.fits:
+            best = min(best, result.iteration_time)
+    return best
+
+
+class TestOptimizeSplits:
+    @pytest.mark.parametrize("seed", range(10))
+    def test_matches_brute_force(self, seed):
+        problem, base = instance(seed)
+        best = brute_force(problem, base)
+        found = optimize_splits(problem, base, time_limit=20)
+        assert found.status == "optimal"
+        assert found.iteration_time == pytest.approx(best, rel=1e-6)
+        assert found.lower_bound <= best * (1 + 1e-12)
+        assert simulate(found.plan, problem.graph, problem.cluster).iteration_time == found.iteration_time
+        assert problem.in_split_space(found.plan)
+
+    @pytest.mark.parametrize("seed", [2, 5])
+    def test_memory_limits_respected(self, seed):
+        problem, base = instance(seed)
+        # room for the equal split only: the stash of a larger microbatch must not fit
+        peak = max(simulate(base, problem.graph, problem.cluster).peak_memory)
+        tight = Cluster("c", problem.cluster.servers, problem.cluster.network,
+                        tuple(Device(d.id, d.server, d.speed, peak * 1.0001) for d in problem.cluster.devices))
+        problem = PlanningProblem(problem.graph, tight, global_batch=problem.global_batch, microbatches=2,
+                                  schedule=problem.schedule, auto_microbatches=True,
+                                  max_microbatches=max(problem.split_counts), per_stage=problem.per_stage)
+        found = optimize_splits(problem, base, time_limit=20)
+        assert simulate(found.plan, problem.graph, problem.cluster).fits
+        assert found.iteration_time == pytest.approx(brute_force(problem, base), rel=1e-6)
+
+    def test_never_worse_than_equal(self):
+        problem, base = instance(3)
+        found = optimize_splits(problem, base, time_limit=10)
+        assert found.iteration_time <= simulate(base, problem.graph, problem.cluster).iteration_time
+
+
+class TestCpSatSplit:
+    def test_solver_result(self):
+        problem, _ = instance(1)
+        result = CpSatSplit(use_exact=False).solve(problem, time_limit=10, seed=0)
+        assert result.status == "feasible" and result.lower_bound is None
+        assert result.details["split_lower_bound"] <= result.iteration_time * (1 + 1e-12)
+        assert problem.in_split_space(result.plan)
+        again = CpSatSplit(use_exact=False).solve(problem, time_limit=10, seed=0)
+        assert again.plan == result.plan

@@ -1,0 +1,86 @@
+"""nsga: valid fitting plans, a non-dominated front that simulates to its objectives, determinism."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from models.graph import load_graph
+from solver.cluster import load_cluster
+from solver.nsga import Codec, Nsga, run_nsga
+from solver.plan import Plan
+from solver.problem import PlanningProblem
+from solver.simulator import simulate
+from test_cpsat_split import instance
+from conftest import EXAMPLES
+
+
+def gpt_problem(per_stage=False) -> PlanningProblem:
+    return PlanningProblem(load_graph(str(EXAMPLES / "gpt1.graph.json")),
+                           load_cluster(str(EXAMPLES / "two-servers.cluster.json")), global_batch=16,
+                           microbatches=4, auto_microbatches=True, max_microbatches=8, per_stage=per_stage)
+
+
+class TestCodec:
+    @pytest.mark.parametrize("per_stage", [False, True])
+    def test_repair_gives_valid_plans(self, per_stage):
+        problem = gpt_problem(per_stage)
+        codec = Codec(problem)
+        xl, xu = codec.bounds()
+        rng = np.random.default_rng(0)
+        for _ in range(200):
+            x = codec.repair(rng.integers(xl - 2, xu + 3))
+            assert np.array_equal(codec.repair(x), x)  # repair is idempotent
+            cand = codec.decode(x)
+            plan = Plan("gpt1-14", "two-servers", 16, 4.0, "1f1b", tuple(
+                __import__("solver.plan", fromlist=["Stage"]).Stage(b, g, sp, rc)
+                for b, g, sp, rc in zip(cand.bounds, cand.groups, cand.splits, cand.recompute)))
+            plan.validate(problem.graph, problem.cluster)
+            assert problem.in_split_space(plan)
+
+
+class TestRunNsga:
+    def test_front_non_dominated_and_simulates(self):
+        problem = gpt_problem()
+        run = run_nsga(problem, generations=8, population=16, seed=1, time_limit=60)
+        assert run.front
+        pts = [(p.iteration_time, p.peak_memory) for p in run.front]
+        for a in pts:
+            assert not any(b[0] <= a[0] and b[1] <= a[1] and b != a for b in pts)
+        for p in run.front:
+            r = simulate(p.plan, problem.graph, problem.cluster)
+            assert r.fits and r.iteration_time == pytest.approx(p.iteration_time, rel=1e-9)
+            assert max(r.peak_memory) == pytest.approx(p.peak_memory, rel=1e-9)
+
+
+class TestNsga:
+    def test_same_seed_same_plan_and_not_worse_than_seeds(self):
+        problem = gpt_problem()
+        a = Nsga(generations=5, population=12).solve(problem, time_limit=200, seed=3)
+        b = Nsga(generations=5, population=12).solve(problem, time_limit=200, seed=3)
+        assert a.status == "feasible" and a.lower_bound is None
+        assert a.plan == b.plan and a.iteration_time == b.iteration_time
+        from solver.baselines import best_baseline
+        assert a.iteration_time <= best_baseline(problem, time_limit=5).iteration_time
+
+    @pytest.mark.parametrize("seed", [0, 1])
+    def test_within_two_percent_of_cpsat(self, seed):
+        from solver.cpsat_split import optimize_splits
+        problem, base = instance(seed)
+        best = optimize_splits(problem, base, time_limit=20).iteration_time
+        result = Nsga(generations=15, population=24).solve(problem, time_limit=60, seed=0)
+        assert result.iteration_time <= best * 1.02
+
+
+class TestParetoCommand:
+    def test_writes_front(self, run_cli, tmp_path):
+        out, png = tmp_path / "front.json", tmp_path / "front.png"
+        status, stdout, _ = run_cli("pareto", str(EXAMPLES / "gpt1.graph.json"),
+                                    str(EXAMPLES / "two-servers.cluster.json"), "--batch", "16",
+                                    "--microbatches", "auto", "--max-microbatches", "8", "--generations", "4",
+                                    "--population", "12", "-o", str(out), "--plot", str(png))
+        assert status == 0, stdout
+        doc = json.loads(out.read_text())
+        assert doc["format"] == "pipeplan.pareto/1" and doc["points"] and png.stat().st_size > 0
