@@ -1,0 +1,98 @@
+"""Joint exact search over pipelines and splits against brute force over everything."""
+
+import random
+from itertools import combinations, product
+
+import pytest
+
+from conftest import make_layer
+from models.errors import DeadlockError
+from models.graph import LayerGraph
+from solver.cluster import Cluster, Device, Link
+from solver.joint_split import pipeline_bound, pipelines, solve_joint
+from solver.plan import Plan, Stage
+from solver.problem import PlanningProblem
+from solver.simulator import simulate
+
+
+def compositions(total, max_parts):
+    for parts in range(1, max_parts + 1):
+        for cuts in combinations(range(1, total), parts - 1):
+            edges = (0, *cuts, total)
+            yield tuple(b - a for a, b in zip(edges, edges[1:]))
+
+
+def every_plan(problem):
+    """All plans of the split search space, with no symmetry reduction."""
+    n, ids = len(problem.graph), [d.id for d in problem.cluster.devices]
+    splits = list(compositions(problem.global_batch, max(problem.split_counts)))
+    for stages in range(1, problem.stage_limit + 1):
+        for cuts in combinations(range(1, n), stages - 1):
+            edges = (0, *cuts, n)
+            for labels in product(range(stages + 1), repeat=len(ids)):  # 0 = unused
+                groups = [tuple(d for d, lab in zip(ids, labels) if lab == s + 1) for s in range(stages)]
+                if any(not g for g in groups) or (not problem.allow_replication and any(len(g) > 1 for g in groups)):
+                    continue
+                split_sets = product(splits, repeat=stages) if problem.per_stage else ((s,) * stages for s in splits)
+                for chosen in split_sets:
+                    for rc in product((False, True), repeat=stages):
+                        yield Plan("g", "c", problem.global_batch, problem.state_factor, problem.schedule,
+                                   tuple(Stage((edges[s], edges[s + 1]), groups[s], chosen[s], rc[s])
+                                         for s in range(stages)))
+
+
+def brute_force(problem):
+    best = float("inf")
+    for plan in every_plan(problem):
+        try:
+            result = simulate(plan, problem.graph, problem.cluster, validate=False)
+        except DeadlockError:
+            continue
+        if result.fits:
+            best = min(best, result.iteration_time)
+    return best
+
+
+def instance(seed, per_stage, schedule):
+    rng = random.Random(seed)
+    layers = [make_layer(i, fwd=(rng.choice([0, 0.5, 2]), rng.choice([0.5, 1])),
+                         bwd=(rng.choice([0, 1, 3]), rng.choice([1, 2])),
+                         params=rng.choice([0, 4]), act=rng.choice([1, 3]), out=rng.choice([1, 4]))
+              for i in range(3)]
+    graph = LayerGraph.chain("g", layers, input_bytes=1)
+    cluster = Cluster("c", (Link(8.0, 0.1, "s0"), Link(4.0, 0.2, "s1")), Link(2.0, 0.3),
+                      (Device("d0", "s0", 1.0, rng.choice([40, 1e9])), Device("d1", "s0", 1.0, 1e9),
+                       Device("d2", "s1", 0.5, rng.choice([30, 1e9]))))
+    return PlanningProblem(graph, cluster, 4, 2, schedule, auto_microbatches=True, max_microbatches=3,
+                           per_stage=per_stage)
+
+
+class TestSolveJoint:
+    @pytest.mark.parametrize("seed", range(3))
+    @pytest.mark.parametrize("per_stage", [False, True])
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_matches_brute_force(self, seed, per_stage, schedule):
+        problem = instance(seed, per_stage, schedule)
+        expected = brute_force(problem)
+        result = solve_joint(problem, name="cpsat", time_limit=60)
+        assert result.status == "optimal"
+        assert result.iteration_time == pytest.approx(expected, rel=1e-6)
+        assert result.lower_bound <= expected * (1 + 1e-9)
+        assert problem.in_split_space(result.plan)
+        check = simulate(result.plan, problem.graph, problem.cluster)
+        assert check.fits and check.iteration_time == pytest.approx(result.iteration_time)
+
+    def test_too_many_pipelines_hands_over(self):
+        problem = instance(0, False, "gpipe")
+        assert pipelines(problem, limit=5) is None
+
+
+class TestPipelineBound:
+    def test_never_above_any_split(self):
+        problem = instance(1, True, "1f1b")
+        for pipeline in pipelines(problem)[:40]:
+            bound = pipeline_bound(problem, pipeline)
+            bounds, groups, rc = pipeline
+            for split in compositions(4, 3):
+                plan = Plan("g", "c", 4, 4.0, "1f1b", tuple(Stage(b, g, split, r) for b, g, r in zip(bounds, groups, rc)))
+                assert simulate(plan, problem.graph, problem.cluster).iteration_time >= bound - 1e-9
