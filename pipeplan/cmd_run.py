@@ -1,0 +1,69 @@
+"""``pipeplan run GRAPH CLUSTER PLAN --model NAME``: train with a plan on local processes.
+
+One process per device of the plan, on loopback (gloo on CPU, NCCL with CUDA).
+Prints the measured iteration time next to the simulator's prediction; with
+``--verify`` also checks every parameter against one-process training.  The same
+workers run across machines under ``torchrun -m runtime.worker`` (see
+:mod:`runtime.worker`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from runtime.checks import load_inputs
+from runtime.launch import WorkerError, launch_local
+from runtime.report import present
+from runtime.routing import rank_of
+from runtime.worker import add_arguments
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="train with a plan on local processes and measure it",
+                       description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
+    """The workers' command line: the run's own arguments, reporting to ``result``."""
+    argv = [args.graph, args.cluster, args.plan, "--model", args.model, "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
+            "--timeout", repr(args.timeout), "--result", str(result)]
+    return argv + [flag for flag, on in (("--verify", args.verify), ("--emulate", args.emulate)) if on]
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise_usage("--steps", f"must be at least 1, got {args.steps}")
+    # Everything that can be refused is refused here, before any process starts.
+    inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
+    plan = inputs.plan
+    ranks = rank_of(plan)
+
+    def describe(rank: int) -> str:
+        s, j = ranks[rank]
+        return f"stage {s} replica {j}, device {plan.stages[s].devices[j]}"
+
+    with tempfile.TemporaryDirectory(prefix="pipeplan-run-") as tmp:
+        result_file = Path(tmp) / "result.json"
+        try:
+            launch_local(worker_args(args, result_file), len(ranks), Path(tmp), timeout=args.timeout,
+                         describe=describe)
+        except WorkerError as exc:
+            print(f"error: {args.plan}: run: {exc}; all workers stopped", file=sys.stderr)
+            if exc.log_tail:
+                print("  last lines of its log:\n    " + exc.log_tail.replace("\n", "\n    "), file=sys.stderr)
+            return 1
+        result = json.loads(result_file.read_text())
+    return present(args, inputs, result)
+
+
+def raise_usage(where: str, what: str) -> None:
+    from models.errors import InputError
+
+    raise InputError("-", where, what)

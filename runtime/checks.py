@@ -1,0 +1,114 @@
+"""Everything a run needs, loaded and cross-checked before any process starts.
+
+A plan is run on a zoo model through its layer graph: the graph's layers must be
+the model's units (same count, same names, same edges and ties), the plan must be
+valid on the graph and the cluster, and its dependencies must not deadlock (the
+simulator's prediction, computed here, proves that).  Any mismatch is an
+:class:`~models.errors.InputError`, so the CLI refuses the run with one ``error:``
+line and exit status 2.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from models.errors import InputError
+from models.graph import LayerGraph, load_graph
+from models.zoo import ZooModel, build_model, model_names
+from solver.cluster import Cluster, load_cluster
+from solver.plan import Plan, load_plan
+from solver.simulator import SimulationResult, simulate
+
+
+@dataclass(frozen=True)
+class RunInputs:
+    """The checked inputs of a run."""
+
+    graph: LayerGraph
+    """The profiled layer graph."""
+    cluster: Cluster
+    """The cluster the plan was made for."""
+    plan: Plan
+    """The plan, valid on both."""
+    plan_file: str
+    """Its path, for messages."""
+    model_name: str
+    """The zoo model."""
+    seq_len: int | None
+    """Tokens per sample for sequence models (the graph's profile), else ``None``."""
+    dtype: torch.dtype
+    """float64 with ``--verify``, else float32."""
+    prediction: SimulationResult
+    """The simulator's timeline of the plan on graph and cluster."""
+    model: ZooModel
+    """The model, built on the CPU with the run's dtype and seed."""
+
+
+def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: str,
+                verify: bool, seed: int = 0) -> RunInputs:
+    """Load and cross-check graph, cluster, plan and model.
+
+    The model is built for real on the CPU: the zoo models a CPU box can train are
+    small, and a ``meta`` build costs more (its initialisers load torch's compiler).
+
+    Raises
+    ------
+    InputError
+        On the first mismatch, naming the file and field.
+    """
+    graph = load_graph(graph_file)
+    cluster = load_cluster(cluster_file)
+    plan = load_plan(plan_file, graph, cluster)
+    if model_name not in model_names():
+        raise InputError("-", "--model", f"unknown model {model_name!r}; valid: {', '.join(model_names())}")
+    seq_len = _profiled_seq_len(graph, model_name)
+    dtype = torch.float64 if verify else torch.float32
+    model = build_model(model_name, seq_len=seq_len, dtype=dtype, seed=seed)
+    check_model_matches(model, graph, graph_file)
+    prediction = simulate(plan, graph, cluster, file=plan_file, validate=False)
+    return RunInputs(graph, cluster, plan, plan_file, model_name, seq_len, dtype, prediction, model)
+
+
+def _profiled_seq_len(graph: LayerGraph, model_name: str) -> int | None:
+    profile = graph.extra.get("profile")
+    if isinstance(profile, dict) and profile.get("model") == model_name:
+        seq_len = (profile.get("config") or {}).get("seq_len")
+        return seq_len if isinstance(seq_len, int) else None
+    return None
+
+
+def check_model_matches(model: ZooModel, graph: LayerGraph, graph_file: str) -> None:
+    """The graph's layers must be the model's units: count, names, edges, ties.
+
+    Raises
+    ------
+    InputError
+        Naming the first layer that differs.
+    """
+    units = model.units
+    if len(units) != len(graph.layers):
+        raise InputError(graph_file, "layers", f"the graph has {len(graph.layers)} layers but model "
+                                               f"{model.name!r} has {len(units)} units; run a graph profiled "
+                                               f"from this model (pipeplan profile {model.name})")
+    for i, (unit, layer) in enumerate(zip(units, graph.layers)):
+        if unit.name != layer.name:
+            raise InputError(graph_file, f"layers[{i}].name", f"layer {i} is {layer.name!r} but unit {i} of "
+                                                              f"model {model.name!r} is {unit.name!r}")
+        if unit.tied_to != layer.tied_to:
+            raise InputError(graph_file, f"layers[{i}].tied_to", f"layer {i} is tied to {layer.tied_to} but "
+                                                                 f"unit {unit.name!r} to {unit.tied_to}")
+    want, have = set(model.edges()), set(graph.edges)
+    if want != have:
+        extra, missing = sorted(have - want), sorted(want - have)
+        raise InputError(graph_file, "edges", f"the graph's edges differ from model {model.name!r}: "
+                                              f"missing {missing or 'none'}, extra {extra or 'none'}")
+
+
+def check_world(plan: Plan, world: int, plan_file: str) -> None:
+    """The number of processes must be the number of devices the plan uses."""
+    devices = sum(len(st.devices) for st in plan.stages)
+    if world != devices:
+        raise InputError(plan_file, "stages", f"the plan uses {devices} devices but {world} processes run it; "
+                                              f"start one process per device (ranks in plan order)")

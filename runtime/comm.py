@@ -1,0 +1,169 @@
+"""Activations and gradients between the ranks of neighbouring stages.
+
+Every receive of an iteration is posted when the iteration starts, into a buffer
+sized from the plan (``samples x features`` of the cut, see :mod:`runtime.routing`),
+so a transfer proceeds as soon as its sender posts it, as the spec's timing assumes,
+and a rank only blocks when it needs data that has not arrived.  Each cut and
+direction has its own process group, and both ends post a cut's messages in the
+sender's op order: with NCCL (which matches point-to-point messages in order per
+group, ignoring tags) the two directions can then never block each other.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+import torch.distributed as dist
+
+from runtime.emulate import Emulator, sleep_until
+from runtime.routing import Message, cut_messages, grad_order
+from runtime.stage import CutLayout
+from solver.plan import Plan
+from solver.schedule import Op
+
+STAMP_TAG = 1 << 20
+"""Added to a message's tag for its emulated-arrival stamp."""
+
+
+@dataclass
+class Inbound:
+    """A posted receive."""
+
+    message: Message
+    """What arrives."""
+    buffer: torch.Tensor
+    """``(samples, features)`` it arrives into."""
+    work: dist.Work
+    """The pending receive."""
+    stamp: torch.Tensor | None = None
+    """Emulated arrival time (``--emulate`` only)."""
+    stamp_work: dist.Work | None = None
+    """Its pending receive."""
+
+
+@dataclass
+class Direction:
+    """One direction across one cut, as seen by this rank."""
+
+    group: dist.ProcessGroup | None
+    """The cut's process group for this direction."""
+    layout: CutLayout | None
+    """Buffer layout of the cut."""
+    incoming: list[Message] = field(default_factory=list)
+    """Messages this rank receives, in the sender's order."""
+    outgoing: list[Message] = field(default_factory=list)
+    """Messages this rank sends, in its own op order."""
+
+
+class Channels:
+    """Send and receive the boundary buffers of one rank.
+
+    Parameters
+    ----------
+    rank : int
+        This process's global rank.
+    stage : int
+        Its stage.
+    plan : Plan
+    op_lists : sequence of list of Op
+        Every stage's op list.
+    layouts : (CutLayout or None, CutLayout or None)
+        Layout of the cut before and after the stage.
+    groups : dict
+        ``(cut, "fwd" | "bwd") -> ProcessGroup`` for every cut.
+    device : torch.device
+        Where buffers live.
+    emulator : Emulator, optional
+        Delays transfers to the cluster's links when given.
+    """
+
+    def __init__(self, rank: int, stage: int, plan: Plan, op_lists: Sequence[Sequence[Op]],
+                 layouts: tuple[CutLayout | None, CutLayout | None], groups: dict, device: torch.device,
+                 emulator: Emulator | None = None) -> None:
+        self.rank, self.device, self.emulator = rank, device, emulator
+        last = len(plan.stages) - 1
+        before = cut_messages(plan, stage - 1, op_lists) if stage > 0 else []
+        after = cut_messages(plan, stage, op_lists) if stage < last else []
+        # Activations come in over the cut before the stage and leave over the one after;
+        # gradients the other way round, in the order the later stage runs its backwards.
+        self.act_in = Direction(groups.get((stage - 1, "fwd")), layouts[0], [m for m in before if m.dst == rank])
+        self.act_out = Direction(groups.get((stage, "fwd")), layouts[1], outgoing=[m for m in after if m.src == rank])
+        self.grad_in = Direction(groups.get((stage, "bwd")), layouts[1],
+                                 [m for m in grad_order(after, op_lists) if m.src == rank])
+        self.grad_out = Direction(groups.get((stage - 1, "bwd")), layouts[0],
+                                  outgoing=[m for m in grad_order(before, op_lists) if m.dst == rank])
+        self._acts: dict[int, list[Inbound]] = {}
+        self._grads: dict[int, list[Inbound]] = {}
+        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+
+    # ----------------------------------------------------------------- receiving
+    def post_receives(self) -> None:
+        """Post every receive of the coming iteration."""
+        self._acts = self._post(self.act_in, peer=lambda m: m.src, key=lambda m: m.dst_mb)
+        self._grads = self._post(self.grad_in, peer=lambda m: m.dst, key=lambda m: m.src_mb)
+
+    def _post(self, direction: Direction, peer, key) -> dict[int, list[Inbound]]:
+        posted: dict[int, list[Inbound]] = {}
+        for m in direction.incoming:
+            layout = direction.layout
+            assert layout is not None
+            buffer = torch.empty(m.size, layout.features, dtype=layout.dtype, device=self.device)
+            item = Inbound(m, buffer, dist.irecv(buffer, peer(m), group=direction.group, tag=m.tag))
+            if self.emulator is not None:
+                item.stamp = torch.zeros(1, dtype=torch.float64, device=self.device)
+                item.stamp_work = dist.irecv(item.stamp, peer(m), group=direction.group, tag=m.tag + STAMP_TAG)
+            posted.setdefault(key(m), []).append(item)
+        return posted
+
+    def receive_activations(self, k: int) -> torch.Tensor:
+        """The ``(samples, features)`` input of this rank's piece of microbatch ``k``."""
+        return self._wait(self._acts.pop(k))
+
+    def receive_gradients(self, k: int) -> torch.Tensor:
+        """The output gradients of this rank's piece of microbatch ``k``."""
+        return self._wait(self._grads.pop(k))
+
+    def _wait(self, items: list[Inbound]) -> torch.Tensor:
+        for item in items:
+            item.work.wait()
+        if self.emulator is not None:
+            for item in items:
+                item.stamp_work.wait()  # type: ignore[union-attr]
+            sleep_until(max(float(item.stamp) for item in items))  # type: ignore[arg-type]
+        items.sort(key=lambda item: item.message.start)  # regroup samples in order
+        if len(items) == 1:
+            return items[0].buffer
+        return torch.cat([item.buffer for item in items])
+
+    # ----------------------------------------------------------------- sending
+    def send_activations(self, k: int, buffer: torch.Tensor, first_sample: int) -> None:
+        """Send the rows of microbatch ``k``'s output to every piece that needs them."""
+        self._send(self.act_out, [m for m in self.act_out.outgoing if m.src_mb == k],
+                   buffer, first_sample, "fwd", peer=lambda m: m.dst)
+
+    def send_gradients(self, k: int, buffer: torch.Tensor, first_sample: int) -> None:
+        """Send the input gradients of microbatch ``k`` back to the pieces they came from."""
+        self._send(self.grad_out, [m for m in self.grad_out.outgoing if m.dst_mb == k],
+                   buffer, first_sample, "bwd", peer=lambda m: m.src)
+
+    def _send(self, direction: Direction, messages: list[Message], buffer: torch.Tensor,
+              first_sample: int, link: str, peer) -> None:
+        stamp = None
+        if self.emulator is not None and messages:
+            nbytes = buffer.element_size() * buffer.shape[1] * sum(m.size for m in messages)
+            arrival = self.emulator.links[link].arrival(time.perf_counter(), nbytes)
+            stamp = torch.tensor([arrival], dtype=torch.float64, device=self.device)
+        for m in messages:
+            rows = buffer[m.start - first_sample:m.stop - first_sample].contiguous()
+            self._sends.append((dist.isend(rows, peer(m), group=direction.group, tag=m.tag), rows))
+            if stamp is not None:
+                self._sends.append((dist.isend(stamp, peer(m), group=direction.group, tag=m.tag + STAMP_TAG), stamp))
+
+    def finish(self) -> None:
+        """Wait until every send of the iteration has completed."""
+        for work, _ in self._sends:
+            work.wait()
+        self._sends.clear()

@@ -1,0 +1,93 @@
+"""Gradient synchronisation after a rank's last backward.
+
+Each replica's gradients are partial sums (its pieces' losses are already scaled by
+their share of the global batch), so summing them gives the whole batch's gradient.
+
+[Note: tied weights]  A Parameter shared by units in different stages (GPT's head
+and embedding) exists once per stage holding it.  As DeepSpeed's TiedLayerSpec
+does, the copies are kept identical by summing their gradients over every rank that
+holds one, then applying the same update everywhere.  That sum runs over the
+*partial* gradients of all those ranks (the replicas of each stage included), so a
+tied Parameter skips the stage's own all-reduce: summing twice would count the
+replicas' share ``r`` times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from models.zoo import ZooModel
+from runtime.routing import stage_ranks
+from solver.plan import Plan
+
+
+def tied_holders(model: ZooModel, plan: Plan) -> dict[int, tuple[int, ...]]:
+    """``id(parameter) -> stages holding it`` for every Parameter held by two or more stages."""
+    stage_of_unit = {i: s for s, st in enumerate(plan.stages) for i in range(*st.layers)}
+    holders: dict[int, set[int]] = {}
+    for i, unit in enumerate(model.units):
+        for p in unit.module.parameters():
+            holders.setdefault(id(p), set()).add(stage_of_unit[i])
+    return {pid: tuple(sorted(stages)) for pid, stages in holders.items() if len(stages) > 1}
+
+
+def make_groups(plan: Plan, model: ZooModel) -> dict:
+    """Every process group of the run, created in the same order on every rank.
+
+    Keys: ``(cut, "fwd" | "bwd")`` for the two directions of each cut,
+    ``("stage", s)`` for each replicated stage, ``("tied", stages)`` for each set of
+    stages sharing a Parameter.  ``dist.new_group`` must be called by all ranks, even
+    those outside the group.
+    """
+    ranks = stage_ranks(plan)
+    groups: dict = {}
+    for c in range(len(plan.stages) - 1):
+        for direction in ("fwd", "bwd"):
+            groups[(c, direction)] = dist.new_group(ranks[c] + ranks[c + 1])
+    for s, members in enumerate(ranks):
+        if len(members) > 1:
+            groups[("stage", s)] = dist.new_group(members)
+    for stages in sorted(set(tied_holders(model, plan).values())):
+        groups[("tied", stages)] = dist.new_group(sorted(r for s in stages for r in ranks[s]))
+    return groups
+
+
+@dataclass
+class GradSync:
+    """The all-reduces one rank takes part in, each over one flat buffer."""
+
+    buckets: list[tuple[dist.ProcessGroup, list[nn.Parameter]]] = field(default_factory=list)
+    """``(group, parameters)`` to sum over ``group``."""
+
+    @classmethod
+    def for_stage(cls, stage: int, params: list[nn.Parameter], model: ZooModel, plan: Plan,
+                  groups: dict) -> "GradSync":
+        """The buckets of a rank of ``stage`` holding ``params``."""
+        tied = tied_holders(model, plan)
+        by_group: dict = {}
+        for p in params:
+            key = ("tied", tied[id(p)]) if id(p) in tied else ("stage", stage)
+            if key in groups:
+                by_group.setdefault(key, []).append(p)
+        # One global order (the groups' creation order): two ranks sharing two groups
+        # must reduce them in the same order or wait on each other forever.
+        order = list(groups)
+        return cls([(groups[key], by_group[key]) for key in sorted(by_group, key=order.index)])
+
+    def __bool__(self) -> bool:
+        return bool(self.buckets)
+
+    def all_reduce(self) -> None:
+        """Sum every bucket's gradients over its group, in place."""
+        for group, params in self.buckets:
+            for p in params:
+                if p.grad is None:  # a replica that got no sample still takes part
+                    p.grad = torch.zeros_like(p)
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            dist.all_reduce(flat, group=group)
+            for p, part in zip(params, flat.split([p.numel() for p in params])):
+                p.grad.copy_(part.view_as(p))

@@ -1,0 +1,175 @@
+"""Start one worker process per device on this machine, over loopback, and watch them.
+
+Each worker runs ``python -m runtime.worker`` with the environment ``torchrun`` would
+give it.  The launcher is their watchdog:
+
+- a worker that exits with an error or a signal stops the run at once;
+- a worker whose heartbeat (:mod:`runtime.heartbeat`) stands still for ``timeout``
+  seconds is hung: the rank named is the one that stopped on its own, not one
+  merely blocked waiting for it;
+- every worker is killed when the run ends, however it ends (each runs in its own
+  session, is killed by process group, and dies with the launcher through
+  ``PR_SET_PDEATHSIG`` should the launcher itself be killed).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from runtime import heartbeat
+
+ROOT = Path(__file__).resolve().parents[1]
+_PEER_ERRORS = ("connection", "gloo", "timed out", "timeout", "broken pipe", "peer", "remote", "nccl")
+
+
+class WorkerError(RuntimeError):
+    """A worker died or hung; the message names the rank and the cause."""
+
+    def __init__(self, rank: int, message: str, log_tail: str = "") -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.log_tail = log_tail
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    # Runs in the child before exec: if the launcher dies, the kernel kills the worker.
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+
+
+def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: float,
+                 describe: Callable[[int], str], extra_env: dict[str, str] | None = None) -> None:
+    """Run ``world`` workers to completion.
+
+    Parameters
+    ----------
+    worker_args : list of str
+        Arguments of ``python -m runtime.worker``.
+    world : int
+        Number of processes (one per device of the plan).
+    workdir : Path
+        Where logs and the heartbeat map go.
+    timeout : float
+        Seconds without a heartbeat before a worker counts as hung.
+    describe : callable
+        ``rank -> "stage 0 replica 1, device g1"`` for messages.
+    extra_env : dict, optional
+        More environment for the workers.
+
+    Raises
+    ------
+    WorkerError
+        If a worker fails or hangs; every worker has been killed by then.
+    """
+    beat_file = workdir / "heartbeat"
+    table = heartbeat.create(str(beat_file), world)
+    env = dict(os.environ, WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               **{heartbeat.ENV: str(beat_file)}, **(extra_env or {}))
+    procs: list[subprocess.Popen] = []
+    logs = [workdir / f"rank{r}.log" for r in range(world)]
+    try:
+        for rank in range(world):
+            with open(logs[rank], "wb") as log:
+                procs.append(subprocess.Popen(
+                    [sys.executable, "-m", "runtime.worker", *worker_args],
+                    env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=ROOT,
+                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                    start_new_session=True, preexec_fn=_die_with_parent))
+        _watch(procs, table, timeout, describe, logs)
+    finally:
+        _kill_all(procs)
+
+
+def _watch(procs: list[subprocess.Popen], table, timeout: float, describe: Callable[[int], str],
+           logs: list[Path]) -> None:
+    started = time.perf_counter()
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
+        if failed:
+            rank = min(failed, key=lambda r: _blame(codes[r], logs[r]))
+            raise WorkerError(rank, f"rank {rank} ({describe(rank)}): {_cause(codes[rank], logs[rank])}",
+                              _tail(logs[rank]))
+        if all(code == 0 for code in codes):
+            return
+        now = time.perf_counter()
+        running = [r for r, code in enumerate(codes) if code is None]
+        beats = {r: heartbeat.read(table, r) for r in running}
+        stale = [r for r in running if now - max(beats[r].time, started) > timeout]
+        if stale:
+            # Blame a rank not blocked on peers (it stopped on its own), then the quietest:
+            # the ranks waiting for it may have gone quiet first.
+            rank = min(running, key=lambda r: (beats[r].waiting, max(beats[r].time, started)))
+            raise WorkerError(rank, f"rank {rank} ({describe(rank)}): made no progress for {timeout:g} s "
+                                    f"({_where(beats[rank])}); presumed hung", _tail(logs[rank]))
+        time.sleep(0.05)
+
+
+def _blame(code: int, log: Path) -> tuple[int, int]:
+    """Sort key: a worker killed by a signal, then one failing on its own, before peers' knock-on errors."""
+    if code < 0:
+        return (0, 0)
+    last = _last_line(log).lower()
+    return (1 if not any(word in last for word in _PEER_ERRORS) else 2, 0)
+
+
+def _cause(code: int, log: Path) -> str:
+    if code < 0:
+        return f"killed by signal {signal.Signals(-code).name}"
+    last = _last_line(log)
+    return last.split(": ", 1)[1] if last.startswith("rank ") and ": " in last else \
+        (last or f"exited with status {code}")
+
+
+def _where(beat: heartbeat.Beat) -> str:
+    if beat.time == 0:
+        return "never started"
+    if beat.step == -1:
+        return "setting up"
+    if beat.step == -2:
+        return "verifying"
+    state = "waiting for peers" if beat.waiting else "working"
+    return f"step {beat.step}, op {beat.position}, {state}"
+
+
+def _last_line(log: Path) -> str:
+    lines = _tail(log).splitlines()
+    return lines[-1].strip() if lines else ""
+
+
+def _tail(log: Path, count: int = 6) -> str:
+    try:
+        text = log.read_bytes()[-4000:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join([line for line in text.splitlines() if line.strip()][-count:])
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)  # the worker and anything it started
+            except ProcessLookupError:
+                pass
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()

@@ -1,0 +1,82 @@
+"""What a run prints and writes: measured vs predicted, memory, verification."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from models.jsonio import atomic_write_text
+from runtime.checks import RunInputs
+from runtime.measure import align, chrome_trace, idle_spans, iteration_times, median_step, write_gantt
+from runtime.verify import TOLERANCE
+
+
+def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
+    """The JSON object of ``pipeplan run --json``."""
+    align(result)
+    measured, step = median_step(result)
+    predicted = inputs.prediction.iteration_time
+    ranks = result["ranks"]
+    summary: dict[str, Any] = {
+        "model": result["model"], "plan": inputs.plan_file, "processes": len(ranks),
+        "dtype": result["dtype"], "emulate": result["emulate"],
+        "steps": result["steps"], "warmup": result["warmup"],
+        "measured_iteration_time": measured,
+        "predicted_iteration_time": predicted,
+        "ratio": measured / predicted if predicted > 0 else None,
+        "iteration_times": iteration_times(result),
+        "peak_memory": [r["peak_memory"] for r in ranks],
+        "peak_memory_kind": ranks[0]["peak_memory_kind"],
+        "predicted_peak_memory": [inputs.prediction.peak_memory[r["stage"]] for r in ranks],
+        "rss_peak": [r["rss_peak"] for r in ranks],
+        "idle": [sum(b - a for a, b in idle_spans(r["steps"][step]["events"], r["steps"][step]["end"]))
+                 for r in ranks],
+        "devices": [r["device"] for r in ranks],
+    }
+    if "max_param_diff" in result:
+        summary.update(max_param_diff=result["max_param_diff"], max_param_diff_at=result["max_param_diff_at"],
+                       verified=result["max_param_diff"] <= TOLERANCE)
+    return summary
+
+
+def present(args, inputs: RunInputs, result: dict) -> int:
+    """Write the trace and Gantt chart, print the summary; exit status 1 if verification failed."""
+    align(result)
+    summary = summarize(inputs, result)
+    _, step = median_step(result)
+    plan = inputs.plan
+    title = (f"measured {plan.graph} ({plan.schedule}, {summary['processes']} processes"
+             f"{', emulated' if result['emulate'] else ''}): iteration "
+             f"{summary['measured_iteration_time'] * 1e3:.3f} ms (median step {step})")
+    if args.trace:
+        atomic_write_text(args.trace, json.dumps(chrome_trace(result, step, title)))
+    if args.gantt:
+        write_gantt(result, step, args.gantt, title,
+                    inputs.prediction if args.side_by_side else None, f"simulated {plan.graph}")
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_text(summary)
+    if summary.get("verified") is False:
+        print(f"error: {inputs.plan_file}: verify: max relative parameter difference "
+              f"{summary['max_param_diff']:.3g} at {summary['max_param_diff_at']} exceeds {TOLERANCE:g}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_text(summary: dict[str, Any]) -> None:
+    ratio = summary["ratio"]
+    print(f"measured iteration {summary['measured_iteration_time'] * 1e3:.3f} ms "
+          f"(median of steps {summary['warmup']}..{summary['steps'] - 1}), predicted "
+          f"{summary['predicted_iteration_time'] * 1e3:.3f} ms, ratio {ratio:.3f}" if ratio is not None else "")
+    print(f"{'rank':>4}  {'device':<8}{'peak memory':>14}  {'predicted':>12}  {'idle (ms)':>10}")
+    for i, device in enumerate(summary["devices"]):
+        print(f"{i:>4}  {device:<8}{summary['peak_memory'][i] / 1e6:>11.2f} MB  "
+              f"{summary['predicted_peak_memory'][i] / 1e6:>9.2f} MB  {summary['idle'][i] * 1e3:>10.3f}")
+    print(f"peak memory: {summary['peak_memory_kind']}")
+    if "max_param_diff" in summary:
+        verdict = "ok" if summary["verified"] else "FAILED"
+        print(f"verify: max relative parameter difference {summary['max_param_diff']:.3g} "
+              f"({summary['dtype']}, at {summary['max_param_diff_at']}): {verdict}")

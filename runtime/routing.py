@@ -1,0 +1,169 @@
+"""Who computes which samples, and which messages cross each cut (pure data).
+
+Every rank serves one replica of one stage.  Microbatch ``k`` of stage ``s`` covers
+the global samples ``[C_s(k-1), C_s(k))`` (spec section 3); its ``r_s`` replicas split
+it into contiguous parts of at most ``q = ceil(n / r_s)`` samples (spec section 4).
+
+[Note: replica remainders]  The parts are as equal as integers allow, larger first
+(``n = 5, r = 2`` gives 3 and 2; ``n = 5, r = 4`` gives 2, 1, 1, 1), so the largest part
+is exactly the spec's ``q`` and no replica idles while another holds two extra
+samples.  When ``n < r`` some replicas get no sample of that microbatch: they skip
+its ops (nothing to compute, nothing to send).
+
+A message carries the samples that one sending piece and one receiving piece have in
+common, so a stage regroups what it receives into its own microbatches by
+concatenating the messages of a piece in sample order.  Both ends derive the same
+message list from the plan, so receive buffers are sized from it: no shape
+handshake is ever sent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import accumulate
+from typing import Sequence
+
+from solver.plan import Plan
+from solver.schedule import Op
+
+
+@dataclass(frozen=True)
+class Piece:
+    """The samples one rank handles in one microbatch of its stage."""
+
+    stage: int
+    """Stage index."""
+    replica: int
+    """Replica index inside the stage (position in the stage's ``devices``)."""
+    rank: int
+    """Global rank of that replica."""
+    microbatch: int
+    """The stage's microbatch index ``k``."""
+    start: int
+    """First global sample index."""
+    stop: int
+    """One past the last global sample index (``start == stop``: no sample)."""
+
+    @property
+    def size(self) -> int:
+        """Number of samples."""
+        return self.stop - self.start
+
+
+@dataclass(frozen=True)
+class Message:
+    """The samples two pieces on either side of a cut have in common."""
+
+    cut: int
+    """The cut after stage ``cut``."""
+    src: int
+    """Sending rank (stage ``cut`` for activations)."""
+    dst: int
+    """Receiving rank (stage ``cut + 1`` for activations)."""
+    src_mb: int
+    """Microbatch of the sending stage (stage ``cut``)."""
+    dst_mb: int
+    """Microbatch of the receiving stage (stage ``cut + 1``)."""
+    start: int
+    """First global sample."""
+    stop: int
+    """One past the last global sample."""
+    tag: int
+    """Index of the message in its cut's list: the same at both ends."""
+
+    @property
+    def size(self) -> int:
+        """Number of samples."""
+        return self.stop - self.start
+
+
+def replica_split(n: int, r: int) -> list[int]:
+    """Samples per replica for a microbatch of ``n``: as equal as possible, larger first.
+
+    Examples
+    --------
+    >>> replica_split(5, 2), replica_split(2, 3)
+    ([3, 2], [1, 1, 0])
+    """
+    q, rem = divmod(n, r)
+    return [q + 1 if j < rem else q for j in range(r)]
+
+
+def stage_ranks(plan: Plan) -> list[list[int]]:
+    """Global ranks of each stage's replicas: devices numbered in plan order."""
+    ranks, nxt = [], 0
+    for st in plan.stages:
+        ranks.append(list(range(nxt, nxt + len(st.devices))))
+        nxt += len(st.devices)
+    return ranks
+
+
+def rank_of(plan: Plan) -> list[tuple[int, int]]:
+    """``(stage, replica)`` of every global rank."""
+    return [(s, j) for s, st in enumerate(plan.stages) for j in range(len(st.devices))]
+
+
+def pieces(plan: Plan, stage: int) -> list[Piece]:
+    """Every piece of ``stage``, by microbatch then replica."""
+    st = plan.stages[stage]
+    ranks = stage_ranks(plan)[stage]
+    out, start = [], 0
+    for k, n in enumerate(st.microbatches):
+        lo = start
+        for j, part in enumerate(replica_split(n, len(st.devices))):
+            out.append(Piece(stage, j, ranks[j], k, lo, lo + part))
+            lo += part
+        start += n
+    return out
+
+
+def cut_messages(plan: Plan, cut: int, op_lists: Sequence[Sequence[Op]]) -> list[Message]:
+    """Activation messages across the cut after stage ``cut``, in sending order.
+
+    Sending order: by the position of the sender's ``Fk`` in its op list, then by
+    sample.  Gradients travel the same pieces backwards (see :func:`grad_order`).
+    """
+    senders = [p for p in pieces(plan, cut) if p.size]
+    receivers = [p for p in pieces(plan, cut + 1) if p.size]
+    position = {k: i for i, (kind, k) in enumerate(op_lists[cut]) if kind == "F"}
+    pairs = []
+    for a in senders:
+        for b in receivers:
+            lo, hi = max(a.start, b.start), min(a.stop, b.stop)
+            if lo < hi:
+                pairs.append((position[a.microbatch], lo, a, b, hi))
+    pairs.sort(key=lambda item: (item[0], item[1], item[3].rank))
+    return [Message(cut, a.rank, b.rank, a.microbatch, b.microbatch, lo, hi, i)
+            for i, (_, lo, a, b, hi) in enumerate(pairs)]
+
+
+def grad_order(messages: Sequence[Message], op_lists: Sequence[Sequence[Op]]) -> list[Message]:
+    """The messages of one cut in the order their gradients are sent back.
+
+    By the position of the receiving stage's ``Bk`` in its op list, then by sample.
+    """
+    if not messages:
+        return []
+    cut = messages[0].cut
+    position = {k: i for i, (kind, k) in enumerate(op_lists[cut + 1]) if kind == "B"}
+    return sorted(messages, key=lambda m: (position[m.dst_mb], m.start, m.src))
+
+
+def boundary(inputs: Sequence[Sequence[int]], cut_after: int) -> list[int]:
+    """Units ``u <= cut_after`` whose output some unit ``v > cut_after`` consumes.
+
+    ``inputs[v]`` lists the units unit ``v`` consumes (``-1`` is the model input, which
+    every rank draws itself and never crosses a cut).  These are the tensors crossing
+    the cut, relayed ones included, as in the spec's boundary bytes.
+
+    Examples
+    --------
+    >>> boundary([(-1,), (0,), (1,), (2, 0)], 1)
+    [0, 1]
+    """
+    return sorted({u for v in range(cut_after + 1, len(inputs)) for u in inputs[v] if 0 <= u <= cut_after})
+
+
+def sample_offsets(sizes: Sequence[int]) -> list[int]:
+    """Start of each microbatch: ``[0, C(0), C(1), ...]`` without the total."""
+    return [0, *accumulate(sizes)][:-1]

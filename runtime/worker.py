@@ -1,0 +1,222 @@
+"""The worker entry point: one process per device of the plan.
+
+Reads the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``); rank ``i`` runs the ``i``-th device of the plan
+(devices numbered stage by stage, in each stage's order).  The local launcher
+(:mod:`runtime.launch`) sets the same variables, so across machines::
+
+    torchrun --nnodes=2 --nproc-per-node=2 --node-rank=N \\
+        --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
+        -m runtime.worker GRAPH CLUSTER PLAN --model gpt-tiny --verify --json
+
+Rank 0 gathers every rank's timings (and parameters with ``--verify``), checks them
+against single-process training and writes the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import socket
+import signal
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from models.errors import InputError
+from models.jsonio import atomic_write_text, dumps
+from runtime.checks import RunInputs, check_world, load_inputs
+from runtime.comm import Channels
+from runtime.emulate import make_emulator
+from runtime.executor import Executor
+from runtime.gradsync import GradSync, make_groups
+from runtime.heartbeat import Heartbeat
+from runtime.memory import rss_peak_bytes
+from runtime.routing import pieces, rank_of
+from runtime.stage import Stage, cut_layout, unit_shapes
+from runtime.verify import batch_seed, max_difference, reference_parameters
+
+FAULT_ENV = "PIPEPLAN_FAULT"
+"""Test hook: ``RANK:STEP:kill|hang|raise`` makes that rank fail at that step."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The run's arguments, shared by ``pipeplan run`` and this entry point."""
+    p.add_argument("graph", metavar="GRAPH", help="layer graph profiled from the model")
+    p.add_argument("cluster", metavar="CLUSTER", help="cluster file the plan was made for")
+    p.add_argument("plan", metavar="PLAN", help="plan to run")
+    p.add_argument("--model", required=True, metavar="NAME", help="zoo model whose units are the graph's layers")
+    p.add_argument("--steps", type=int, default=6, metavar="N", help="training steps (default 6)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N",
+                   help="first steps left out of the measured median (default 2, at most steps-1)")
+    p.add_argument("--verify", action="store_true",
+                   help="train in float64 and compare every parameter with one-process training (fails above 1e-6)")
+    p.add_argument("--emulate", action="store_true",
+                   help="stretch compute to each device's speed and delay transfers to the cluster's links")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--trace", metavar="OUT.json", help="write the measured Chrome trace")
+    p.add_argument("--gantt", metavar="OUT.png", help="write the measured Gantt chart")
+    p.add_argument("--side-by-side", action="store_true", help="draw the simulated Gantt chart above the measured one")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="seconds without progress before a worker counts as hung (default 60)")
+    p.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)  # set by the local launcher
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run this rank; on rank 0 also verify and report.  Returns the exit status."""
+    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        return run_rank(args, rank, int(os.environ.get("WORLD_SIZE", "1")))
+    except InputError as exc:
+        print(exc.line(), file=sys.stderr)
+        return 2
+    except BaseException as exc:  # the last line names the rank and the cause for the launcher
+        traceback.print_exc()
+        print(f"rank {rank}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # Leave at once: a graceful teardown could let a peer's knock-on error exit first.
+        os._exit(1)
+
+
+def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
+    torch.set_num_threads(1)  # one busy core per rank
+    beat = Heartbeat(rank, world)
+    beat(-1, 0)
+    inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
+    plan = inputs.plan
+    check_world(plan, world, inputs.plan_file)
+    cuda = torch.cuda.is_available()
+    device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0')) % torch.cuda.device_count()}") \
+        if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=args.timeout))
+    control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
+    executor, need_data = _build(args, inputs, rank, device, beat)
+    records = _train(args, inputs, executor, need_data, rank, device, control, beat)
+    status = _finish(args, inputs, executor, records, rank, world, control, beat)
+    dist.destroy_process_group()
+    return status
+
+
+def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat) -> tuple[Executor, bool]:
+    """This rank's executor, and whether it needs the batch (model input or targets)."""
+    plan = inputs.plan
+    stage_index, replica = rank_of(plan)[rank]
+    st = plan.stages[stage_index]
+    lo, hi = st.layers
+    model = inputs.model  # every rank builds it with the same seed: the same weights everywhere
+    shapes = unit_shapes(model)
+    for unit in model.units[lo:hi]:
+        unit.module.to(device)
+    groups = make_groups(plan, model)
+    last = len(plan.stages) - 1
+    layouts = (cut_layout(model, lo - 1, shapes) if stage_index > 0 else None,
+               cut_layout(model, hi - 1, shapes) if stage_index < last else None)
+    stage = Stage(model, lo, hi, st.recompute, *layouts)
+    op_lists = plan.op_lists()
+    emulator = None
+    if args.emulate:
+        param_bytes = sum(p.numel() * p.element_size() for p in stage.parameters())
+        emulator = make_emulator(plan, inputs.cluster, stage_index, replica, param_bytes)
+    channels = Channels(rank, stage_index, plan, op_lists, layouts, groups, device, emulator)
+    sync = GradSync.for_stage(stage_index, stage.parameters(), model, plan, groups)
+    mine = [p for p in pieces(plan, stage_index) if p.rank == rank]
+    executor = Executor(stage, op_lists[stage_index], mine, plan.global_batch, channels, sync,
+                        args.lr, emulator, beat)
+    need_data = stage_index in (0, last) or any(-1 in u.inputs for u in model.units[lo:hi])
+    return executor, need_data
+
+
+def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
+           control, beat: Heartbeat) -> list[dict]:
+    model, batch = executor.stage.model, inputs.plan.global_batch
+    fault = _fault(rank)
+    records = []
+    # A garbage collection pass inside an iteration stalls this rank for milliseconds
+    # and every rank waiting on it: collect between iterations only.
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        for step in range(args.steps):
+            if fault is not None and fault[0] == step:
+                _inject(fault[1])
+            if need_data:
+                x, y = model.example_batch(batch, batch_seed(args.seed, step))
+                x, y = x.to(device), y.to(device)
+            else:
+                x = y = torch.empty(0)
+            executor.memory.enabled = step < max(args.warmup, 1)  # see runtime.memory
+            events, end = executor.train_step(step, x, y, start=lambda: dist.barrier(group=control))
+            records.append({"t0": executor.started, "end": end,
+                            "events": [[e.kind, e.label, e.start, e.end] for e in events]})
+            gc.collect(1)
+    finally:
+        gc.enable()
+    return records
+
+
+def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], rank: int, world: int,
+            control, beat: Heartbeat) -> int:
+    """Gather everything on rank 0, verify, and write or print the report; the exit status."""
+    plan = inputs.plan
+    stage_index, replica = rank_of(plan)[rank]
+    mine = {"rank": rank, "stage": stage_index, "replica": replica, "host": socket.gethostname(),
+            "device": plan.stages[stage_index].devices[replica], "steps": records,
+            "peak_memory": executor.memory.peak_bytes, "peak_memory_kind": executor.memory.kind,
+            "rss_peak": rss_peak_bytes()}
+    params = {name: p.detach().cpu() for name, p in executor.stage.named_parameters().items()} \
+        if args.verify else {}
+    gathered: list = [None] * world if rank == 0 else None  # type: ignore[assignment]
+    beat(args.steps, 0, waiting=True)
+    dist.gather_object((mine, params), gathered, dst=0, group=control)
+    beat(args.steps, 0)
+    if rank != 0:
+        return 0
+    result = {"model": inputs.model_name, "dtype": str(inputs.dtype).removeprefix("torch."),
+              "steps": args.steps, "warmup": args.warmup, "emulate": args.emulate,
+              "ranks": [item[0] for item in gathered]}
+    if args.verify:
+        reference = reference_parameters(inputs.model_name, steps=args.steps, global_batch=plan.global_batch,
+                                         lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
+                                         beat=lambda step: beat(-2, step))
+        diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
+        result.update(max_param_diff=diff, max_param_diff_at=where)
+    if args.result:
+        atomic_write_text(args.result, dumps(result))
+        return 0
+    from runtime.report import present  # under torchrun: report from here
+
+    return present(args, inputs, result)
+
+
+def _fault(rank: int) -> tuple[int, str] | None:
+    spec = os.environ.get(FAULT_ENV, "")
+    parts = spec.split(":")
+    if len(parts) == 3 and parts[0] == str(rank):
+        return int(parts[1]), parts[2]
+    return None
+
+
+def _inject(kind: str) -> None:
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        time.sleep(10 ** 6)
+    raise RuntimeError("injected fault")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,225 @@
+"""The runtime: plans train exactly like one process; faults end cleanly; bad plans are refused.
+
+Every multi-process test runs ``pipeplan run`` as a subprocess under a hard timeout
+(2 to 4 workers, one torch thread each, a few float64 steps on tiny models).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from models.graph import Layer, LayerGraph
+from models.jsonio import dumps
+from models.zoo import build_model
+from runtime.routing import cut_messages, grad_order, pieces, replica_split
+from solver.plan import Plan, Stage
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = str(ROOT / "examples" / "two-servers.cluster.json")
+LIMIT = 60  # seconds per run, hard
+
+
+# ----------------------------------------------------------------- helpers
+def model_graph(name: str) -> LayerGraph:
+    """A graph whose layers are the zoo model's units (costs made up, shapes real)."""
+    model = build_model(name, device="meta")
+    x, _ = model.example_batch(1)
+    outs = model.forward(x)
+    layers = [Layer(u.name, (1e-4, 1e-5), (2e-4, 2e-5), 4.0 * sum(p.numel() for p in u.module.parameters()),
+                    4.0 * outs[i].numel(), 4.0 * outs[i].numel(), u.tied_to)
+              for i, u in enumerate(model.units)]
+    return LayerGraph(f"{name}-{len(layers)}", layers, model.edges(), float(model.input_bytes_per_sample))
+
+
+@pytest.fixture(scope="module")
+def graphs(tmp_path_factory) -> dict[str, str]:
+    folder = tmp_path_factory.mktemp("graphs")
+    paths = {}
+    for name in ("gpt-tiny", "unet"):
+        path = folder / f"{name}.graph.json"
+        path.write_text(dumps(model_graph(name).to_dict()))
+        paths[name] = str(path)
+    return paths
+
+
+def write_plan(folder: Path, stages: list[tuple], batch: int, schedule: str = "gpipe", name: str = "plan") -> str:
+    """``stages``: ``(lo, hi, devices, microbatches[, recompute[, ops]])``."""
+    built = tuple(Stage((lo, hi), tuple(devs), tuple(split), *(rest[:1] or [False]),
+                        tuple(rest[1]) if len(rest) > 1 else None)
+                  for lo, hi, devs, split, *rest in stages)
+    path = folder / f"{name}.plan.json"
+    path.write_text(dumps(Plan("g", "two-servers", batch, 4.0, schedule, built).to_dict()))
+    return str(path)
+
+
+def pipeplan(*argv: str, env: dict | None = None, timeout: float = LIMIT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pipeplan.cli", *argv], cwd=ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def run_verify(graph: str, plan: str, model: str, *extra: str) -> dict:
+    done = pipeplan("run", graph, CLUSTER, plan, "--model", model, "--steps", "2", "--warmup", "1",
+                    "--verify", "--json", "--timeout", "30", *extra)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["verified"] and summary["max_param_diff"] <= 1e-6, summary
+    assert summary["measured_iteration_time"] > 0 and summary["predicted_iteration_time"] > 0
+    assert math.isclose(summary["ratio"], summary["measured_iteration_time"] / summary["predicted_iteration_time"])
+    assert len(summary["peak_memory"]) == summary["processes"]
+    return summary
+
+
+def workers_alive(token: str) -> list[int]:
+    """Pids of live processes whose command line mentions ``token``."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State"))
+            except (OSError, StopIteration):
+                continue
+            if token in cmdline and "runtime.worker" in cmdline and "zombie" not in state:
+                pids.append(int(entry.name))
+    return pids
+
+
+# ----------------------------------------------------------------- routing (pure data)
+def test_replica_split_is_balanced_larger_first():
+    assert replica_split(7, 3) == [3, 2, 2]
+    assert replica_split(2, 3) == [1, 1, 0]
+    for n in range(1, 12):
+        for r in range(1, 5):
+            parts = replica_split(n, r)
+            assert sum(parts) == n and max(parts) == -(-n // r)
+
+
+def test_messages_cover_every_sample_once_in_both_directions():
+    plan = Plan("g", "c", 11, 4.0, "1f1b", (
+        Stage((0, 1), ("a", "b"), (5, 1, 5)),
+        Stage((1, 2), ("c",), (2, 2, 7)),
+        Stage((2, 3), ("d", "e", "f"), (4, 4, 3)),
+    ))
+    ops = plan.op_lists()
+    for cut in range(2):
+        msgs = cut_messages(plan, cut, ops)
+        for side, key in ((cut, "src"), (cut + 1, "dst")):
+            for p in pieces(plan, side):
+                mine = sorted((m.start, m.stop) for m in msgs if getattr(m, key) == p.rank
+                              and (m.src_mb if key == "src" else m.dst_mb) == p.microbatch)
+                covered = [s for a, b in mine for s in range(a, b)]
+                assert covered == list(range(p.start, p.stop))
+        assert sorted(m.tag for m in grad_order(msgs, ops)) == list(range(len(msgs)))
+
+
+# ----------------------------------------------------------------- exact training
+def test_gpipe_gpt_tied_weights_across_stages(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2, 2]), (3, 6, ["g1"], [2, 2, 2])], 6, "gpipe")
+    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+
+
+def test_1f1b_gpt_unequal_per_stage_splits(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 2, ["g0"], [3, 5]), (2, 4, ["g1"], [2, 2, 1, 3]), (4, 6, ["g2"], [2, 2, 2, 2])],
+                      8, "1f1b")
+    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+
+
+def test_custom_gpt(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 4, ["g0"], [2, 2, 2], False, ["F0", "F1", "B0", "F2", "B1", "B2"]),
+                                 (4, 6, ["g1"], [3, 3], False, ["F0", "B0", "F1", "B1"])], 6, "custom")
+    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+
+
+def test_replication_with_remainders_and_tied_weights(graphs, tmp_path):
+    # Stage 0's replicas split 3 as 2+1 and 1 as 1+0; the tied embedding lives on 3 ranks.
+    plan = write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 3, 1]), (3, 6, ["g2"], [4, 3])], 7, "1f1b")
+    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+
+
+def test_recompute_replication_unequal_gpt_four_processes(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 2, ["g0"], [4, 4], True),
+                                 (2, 5, ["g2", "g3"], [3, 2, 3], True),
+                                 (5, 6, ["g1"], [1, 7])], 8, "gpipe")
+    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+
+
+def test_unet_skips_relayed_through_middle_stage(graphs, tmp_path):
+    # enc1 (unit 0) feeds dec1 (unit 6): its output crosses stage 1 untouched.
+    plan = write_plan(tmp_path, [(0, 2, ["g0"], [2, 2]), (2, 5, ["g1"], [1, 3]), (5, 8, ["g2"], [2, 2])], 4, "gpipe")
+    run_verify(graphs["unet"], plan, "unet")
+
+
+def test_unet_replication_recompute_unequal_1f1b(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 1, 1], False),
+                                 (3, 8, ["g2", "g3"], [3, 1], True)], 4, "1f1b")
+    run_verify(graphs["unet"], plan, "unet")
+
+
+def test_trace_gantt_and_emulation(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g2"], [2, 2])], 4, "1f1b")
+    trace, gantt = tmp_path / "run.trace.json", tmp_path / "run.png"
+    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "3",
+                    "--warmup", "1", "--emulate", "--json", "--trace", str(trace), "--gantt", str(gantt),
+                    "--side-by-side")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["emulate"] and "max_param_diff" not in summary
+    kinds = {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]}
+    assert {"forward", "backward", "send", "receive"} <= kinds
+    assert gantt.read_bytes()[:4] == b"\x89PNG"
+    # g2 runs at 0.45x: its compute is stretched, so the iteration is slower than the graph's costs alone.
+    assert summary["measured_iteration_time"] > 0.5 * summary["predicted_iteration_time"]
+
+
+# ----------------------------------------------------------------- faults
+@pytest.mark.parametrize("kind, expect", [("kill", "killed by signal SIGKILL"), ("hang", "no progress"),
+                                          ("raise", "injected fault")])
+def test_worker_fault_ends_run_and_leaves_no_process(graphs, tmp_path, kind, expect):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b")
+    started = time.monotonic()
+    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "4",
+                    "--timeout", "5", env={"PIPEPLAN_FAULT": f"1:2:{kind}"})
+    assert done.returncode == 1
+    assert "error:" in done.stderr and "rank 1 (stage 1 replica 0, device g1)" in done.stderr
+    assert expect in done.stderr
+    assert time.monotonic() - started < LIMIT
+    assert workers_alive(str(tmp_path)) == []
+
+
+# ----------------------------------------------------------------- refusals
+def test_plan_for_another_model_is_refused(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 4, ["g0"], [2]), (4, 8, ["g1"], [2])], 2)
+    done = pipeplan("run", graphs["unet"], CLUSTER, plan, "--model", "gpt-tiny")
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and "units" in done.stderr
+
+
+def test_renamed_layer_is_refused(graphs, tmp_path):
+    data = json.loads(Path(graphs["gpt-tiny"]).read_text())
+    data["layers"][2]["name"] = "block.9"
+    graph = tmp_path / "renamed.graph.json"
+    graph.write_text(json.dumps(data))
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
+    done = pipeplan("run", str(graph), CLUSTER, plan, "--model", "gpt-tiny")
+    assert done.returncode == 2 and "layers[2].name" in done.stderr and "block.1" in done.stderr
+
+
+def test_plan_with_unknown_device_is_refused(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["gpu9"], [2])], 2)
+    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny")
+    assert done.returncode == 2 and "unknown device 'gpu9'" in done.stderr
+
+
+def test_deadlocking_custom_plan_is_refused(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [1, 1], False, ["F0", "B0", "F1", "B1"]),
+                                 (3, 6, ["g1"], [1, 1], False, ["F0", "F1", "B1", "B0"])], 2, "custom")
+    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny")
+    assert done.returncode == 2 and "deadlock" in done.stderr
