@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job end to end on the built-in examples, as far as pipeplan goes today.
+# The main job end to end on the built-in examples: check, simulate, plan with every
+# solver, draw, profile a real model, plan it and run the plan on local processes.
 # Usage: examples/demo.sh PATH/TO/pipeplan   (make demo passes the venv's script)
 set -euo pipefail
 PIPEPLAN=${1:-pipeplan}
@@ -7,20 +8,29 @@ cd "$(dirname "$0")/.."
 mkdir -p out
 EX=examples
 
-echo "== 1. check the example graph, cluster and plans"
+echo "== 1. check the example graphs, cluster and plans"
 "$PIPEPLAN" validate $EX/chain8.graph.json $EX/two-servers.cluster.json $EX/hetero.plan.json $EX/custom.plan.json
 "$PIPEPLAN" validate $EX/skip8.graph.json $EX/two-servers.cluster.json $EX/skip8.plan.json
 
 echo
-echo "== 2. simulate the example plan (replication, per-stage unequal microbatches, recompute)"
+echo "== 2. simulate a hand-written plan (replication, per-stage unequal microbatches, recompute)"
 "$PIPEPLAN" simulate $EX/chain8.graph.json $EX/two-servers.cluster.json $EX/hetero.plan.json \
     --gantt out/hetero.gantt.png --trace out/hetero.trace.json
-echo "wrote out/hetero.gantt.png and out/hetero.trace.json (open the trace in https://ui.perfetto.dev)"
 
-if "$PIPEPLAN" models >/dev/null 2>&1; then
-  echo
-  echo "== 3. the model zoo, and a measured profile of gpt-tiny on this machine"
-  "$PIPEPLAN" models
-  "$PIPEPLAN" profile gpt-tiny --batch-sizes 1,2,4,8 -o out/gpt-tiny.graph.json
-  "$PIPEPLAN" validate out/gpt-tiny.graph.json
-fi
+echo
+echo "== 3. plan chain8 on the two-server cluster with every solver"
+"$PIPEPLAN" compare $EX/chain8.graph.json $EX/two-servers.cluster.json --batch 64 --microbatches 8 \
+    --schedule 1f1b --time-limit 10 --plot out/compare.png --best out/best.plan.json --gantt out/best.gantt.png
+"$PIPEPLAN" simulate $EX/chain8.graph.json $EX/two-servers.cluster.json out/best.plan.json
+
+echo
+echo "== 4. the model zoo; profile gpt-tiny on this machine, plan it for two local processes, run it"
+"$PIPEPLAN" models
+"$PIPEPLAN" profile gpt-tiny --batch-sizes 1,2,4,8 -o out/gpt-tiny.graph.json
+"$PIPEPLAN" plan out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json --batch 16 --microbatches 4 \
+    --schedule 1f1b --solver cpsat --time-limit 20 -o out/gpt-tiny.plan.json
+"$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
+    --steps 6 --verify --gantt out/gpt-tiny.run.png --side-by-side
+echo
+echo "pictures: out/hetero.gantt.png out/compare.png out/best.gantt.png out/gpt-tiny.run.png;"
+echo "traces: out/hetero.trace.json (open in https://ui.perfetto.dev)"

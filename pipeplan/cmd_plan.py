@@ -18,6 +18,7 @@ from models.errors import InputError
 from models.graph import load_graph
 from models.jsonio import atomic_write_bytes, atomic_write_text, dumps
 from solver.cluster import load_cluster
+from solver.gantt import write_gantt
 from solver.infeasibility import tightest_constraint
 from solver.problem import PlanningProblem
 from solver.registry import get_solver, solver_names
@@ -61,6 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     c.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
     c.add_argument("--plot", metavar="OUT.png", help="also write a bar chart of iteration times")
+    c.add_argument("--best", metavar="PLAN.json", help="also write the fastest fitting plan, with its record")
+    c.add_argument("--gantt", metavar="OUT.png", help="also write the Gantt chart of the fastest plan")
     c.set_defaults(func=run_compare)
 
 
@@ -223,4 +226,20 @@ def run_compare(args: argparse.Namespace) -> int:
         _write_csv(args.csv, rows)
     if args.plot:
         _write_plot(args.plot, rows, title)
+    _write_best(problem, results, args)
     return 0
+
+
+def _write_best(problem: PlanningProblem, results: list[SolverResult], args: argparse.Namespace) -> None:
+    """Write the fastest plan (``--best``) and its Gantt chart (``--gantt``), if asked."""
+    if not (args.best or args.gantt):
+        return
+    best = min((r for r in results if r.plan is not None), key=lambda r: r.iteration_time)
+    if args.best:
+        atomic_write_text(args.best, dumps(best.plan_with_record().to_dict()))
+    if args.gantt:
+        write_gantt(problem.evaluate(best.plan), args.gantt, f"{problem.graph.name} on {problem.cluster.name}, "
+                                                             f"best: {best.name}")
+    print(f"best: {best.name}, {best.iteration_time * 1e3:.4f} ms"
+          + (f" -> {args.best}" if args.best else "") + (f", {args.gantt}" if args.gantt else ""),
+          file=sys.stderr if args.json else sys.stdout)  # --json keeps stdout one JSON value

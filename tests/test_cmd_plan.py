@@ -113,6 +113,17 @@ class TestRunCompare:
         assert len(list(csv.DictReader(open(csv_path)))) == 3
         assert png.read_bytes()[:4] == b"\x89PNG"
 
+    def test_best_plan_and_gantt(self, tmp_path, capsys):
+        best, png = tmp_path / "best.json", tmp_path / "best.png"
+        assert run(base("compare") + ["--json", "--solvers", "even,alpa", "--best", str(best),
+                                      "--gantt", str(png)]) == 0
+        rows = json.loads(capsys.readouterr().out)
+        winner = min(rows, key=lambda r: r["iteration_time"])
+        plan = load_plan(str(best))
+        assert plan.extra["solver"]["name"] == winner["solver"]
+        assert plan.extra["solver"]["iteration_time"] == pytest.approx(winner["iteration_time"])
+        assert png.read_bytes()[:4] == b"\x89PNG"
+
     def test_table_all_baselines(self, capsys):
         # Only the baselines: the exact solvers have their own tests and time budgets.
         names = ",".join(cls.name for cls in BASELINES)
