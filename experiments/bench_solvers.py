@@ -4,6 +4,12 @@ For each (layers, devices) pair: solve time, status and gap of ``ilp`` and ``cps
 and the ratio of each baseline's iteration time to the best plan found by anyone.
 Prints a markdown table; ``--out FILE`` also writes every result as JSON.
 
+The grid pairs layers with devices as the issue asks: (16, 4), (32, 8), (64, 16),
+(96, 32), (96, 64), (128, 64); ``--all`` runs the full cross product.  Baselines get
+``--baseline-limit`` seconds each; the pure-Python DPs (``dapple``, ``alpa``,
+``pipedream``) give up on the large instances, and the table shows ``-`` for a
+baseline that returned no plan.  HiGHS's banner is silenced at the fd level.
+
 Usage::
 
     python -m experiments.bench_solvers [--quick] [--time-limit 60] [--out bench.json]
@@ -23,12 +29,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from models.graph import Layer, LayerGraph  # noqa: E402
 from solver.cluster import Cluster, Device, Link  # noqa: E402
 from solver.problem import PlanningProblem  # noqa: E402
+from solver.ilp import quiet_stdout  # noqa: E402
 from solver.registry import get_solver, solver_names  # noqa: E402
 
 LAYERS = (16, 32, 64, 96, 128)
 DEVICES = (4, 8, 16, 32, 64)
 SERVERS = {4: 2, 8: 2, 16: 4, 32: 4, 64: 8}
 QUICK = [(16, 4), (32, 8), (64, 16)]
+PAIRS = [(16, 4), (32, 8), (64, 16), (96, 32), (96, 64), (128, 64)]
 EXACT = ("ilp", "cpsat")
 
 
@@ -63,7 +71,8 @@ def bench_one(layers: int, devices: int, time_limit: float, baseline_limit: floa
     for name in solver_names():
         limit = time_limit if name in EXACT else baseline_limit
         start = time.perf_counter()
-        result = get_solver(name).solve(problem, time_limit=limit, seed=0)
+        with quiet_stdout():
+            result = get_solver(name).solve(problem, time_limit=limit, seed=0)
         rows[name] = {"status": result.status, "iteration_time": result.iteration_time,
                       "lower_bound": result.lower_bound, "gap": result.gap,
                       "wall_time": time.perf_counter() - start,
@@ -101,13 +110,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a small subset: " + ", ".join(f"{l}x{d}" for l, d in QUICK))
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per exact solve (default 60)")
     parser.add_argument("--baseline-limit", type=float, default=10.0, help="seconds per baseline (default 10)")
+    parser.add_argument("--all", action="store_true", help="every (layers, devices) pair, not the paired grid")
+    parser.add_argument("--pairs", help="explicit pairs, e.g. 16x4,32x8")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     args = parser.parse_args(argv)
-    pairs = QUICK if args.quick else [(l, d) for l in LAYERS for d in DEVICES]
+    if args.pairs:
+        pairs = [tuple(int(v) for v in p.split("x")) for p in args.pairs.split(",")]
+    else:
+        pairs = QUICK if args.quick else [(l, d) for l in LAYERS for d in DEVICES] if args.all else PAIRS
     results = []
     for layers, devices in pairs:
         results.append(bench_one(layers, devices, args.time_limit, args.baseline_limit))
         print(f"done {layers} x {devices}", file=sys.stderr, flush=True)
+        if args.out:  # keep partial results of a long run
+            args.out.write_text(json.dumps(results, indent=1))
     print(markdown(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))

@@ -1,23 +1,30 @@
 """``cpsat``: the exact planner as a CP-SAT model (OR-Tools).
 
 The lower-bound model of :mod:`solver.exact` in integers: times are scaled to
-``unit`` seconds and every bound coefficient is floored, so the integer optimum
-times ``unit`` never exceeds the real lower bound (the rounding only loosens it, by
-at most one unit per term).  The greedy or baseline configuration is passed as a
+``unit`` seconds and every arc's time is floored, so the integer optimum times
+``unit`` never exceeds the real lower bound (the rounding only loosens it, by at
+most one unit per arc of a path).  The auxiliary time variables of
+:func:`solver.exact.model_rows` are integers defined by equalities over the same
+floored values (a difference row subtracts exactly the value it once added), so
+they equal the floored sums exactly.  The greedy or baseline configuration is passed as a
 hint; :func:`solver.exact.solve_exact` runs the cut loop.
 """
 
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import replace
 from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from solver.cpsat_split import optimize_splits
 from solver.exact import ExactData, model_rows, solve_exact
+from solver.joint_split import solve_joint
 from solver.problem import PlanningProblem
 from solver.registry import register
-from solver.result import SolverResult
+from solver.result import SolverResult, TracePoint
 
 RESOLUTION = 1e7
 """Integer units per reference time: the rounding loosens the bound by about 1e-7 per term."""
@@ -28,36 +35,48 @@ class CpSatModel:
 
     def __init__(self, data: ExactData, seed: int = 0, workers: int = 1) -> None:
         self.seed, self.workers = seed, workers
-        arcs = data.arcs
-        reference = max(max((a.busy_path for a in arcs), default=0.0), data.static_bound, 1e-12)
+        tab = data.table
+        reference = max(float(tab["busy_path"].max()) if len(data) else 0.0, data.static_bound, 1e-12)
         self.unit = reference / RESOLUTION
         self.model = cp_model.CpModel()
         # x[i]: candidate stage (arc) i is in the configuration
-        self.x = {i: self.model.new_bool_var(f"x_{i}") for i in range(len(arcs))}
+        self.x = [self.model.new_bool_var(f"x_{i}") for i in range(len(data))]
         count_rows, time_rows = model_rows(data)
-        horizon = sum(self._floor(a.pass_cost) for a in arcs) + max(self._floor(a.pivot_extra) for a in arcs)
-        horizon = max(horizon, max(self._floor(a.busy_path) for a in arcs)) + 1
-        # T: the lower bound on the iteration time, in units
-        self.T = self.model.new_int_var(0, horizon, "T")
-        # D: the pivot stage's critical ops beyond one microbatch, in units
-        self.D = self.model.new_int_var(0, horizon, "D")
+        # every time variable is a sum of floored arc times along one path (at most the total of all of them)
+        horizon = sum(self._floor(float(tab[k].sum())) for k in ("busy", "allreduce", "head_fb", "pass_cost",
+                                                                   "pivot_extra", "work")) + 1
+        self.aux: dict[str, cp_model.IntVar] = {}
+        x = self.x
         for row in count_rows:
-            expr = sum(coef * self.x[i] for i, coef in row.terms)
+            expr = sum(coef * x[i] for i, coef in row.terms)
             self.model.add(expr == row.rhs if row.sense == "==" else expr <= row.rhs)
         for row in time_rows:
-            target = self.T if row.target == "T" else self.D
-            expr = sum(self._floor(coef) * self.x[i] for i, coef in row.terms)
-            self.model.add(target >= expr + (self.D if row.with_pivot else 0))
+            # aux combination (>= or ==) floored arc times: ">=" rows stay valid, "==" rows define aux exactly
+            left = sum(coef * self._aux(name, horizon) for name, coef in row.aux)
+            right = cp_model.LinearExpr.weighted_sum([x[i] for i, _ in row.terms],
+                                                     [self._trunc(c) for _, c in row.terms]) if row.terms else 0
+            self.model.add(left == right if row.sense == "==" else left >= right)
+        # T: the lower bound on the iteration time, in units
+        self.T = self._aux("T", horizon)
         self.model.minimize(self.T)
         self.cutoff = None
+
+    def _aux(self, name: str, horizon: int = 0):
+        if name not in self.aux:
+            self.aux[name] = self.model.new_int_var(-horizon, horizon, name)
+        return self.aux[name]
 
     def _floor(self, seconds: float) -> int:
         return math.floor(seconds / self.unit)
 
+    def _trunc(self, seconds: float) -> int:
+        """An arc's time in units, floored towards zero: a difference row subtracts exactly what it added."""
+        return self._floor(seconds) if seconds >= 0 else -self._floor(-seconds)
+
     def hint(self, arc_ids: Sequence[int]) -> None:
         chosen = set(arc_ids)
         self.model.clear_hints()
-        for i, var in self.x.items():
+        for i, var in enumerate(self.x):
             self.model.add_hint(var, i in chosen)
 
     def exclude(self, arc_ids: Sequence[int]) -> None:
@@ -81,7 +100,7 @@ class CpSatModel:
             return "infeasible", None, None
         bound = solver.best_objective_bound * self.unit
         if code in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            chosen = [i for i, v in self.x.items() if solver.value(v)]
+            chosen = [i for i, v in enumerate(self.x) if solver.value(v)]
             self.hint(chosen)
             return ("optimal" if code == cp_model.OPTIMAL else "feasible"), chosen, bound
         return "unknown", None, bound
@@ -98,6 +117,39 @@ class CpSatSolver:
         self.workers = workers
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
-        """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof."""
+        """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof.
+
+        With ``auto_microbatches`` or ``per_stage`` the splits are decisions too: see
+        :meth:`solve_splits`.
+        """
+        if problem.auto_microbatches or problem.per_stage:
+            return self.solve_splits(problem, time_limit=time_limit, seed=seed)
         return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers),
                            time_limit=time_limit, seed=seed, details={"workers": self.workers})
+
+    def solve_splits(self, problem: PlanningProblem, *, time_limit: float, seed: int) -> SolverResult:
+        """Pipelines and microbatch splits together.
+
+        Small instances: the exact branch and bound of :mod:`solver.joint_split`
+        (``optimal`` when proved over every pipeline and split).  Larger ones: the
+        decomposition of :mod:`solver.cpsat_split`, the best equal-split plan of this
+        solver with its split then chosen by CP-SAT; that is reported ``feasible`` with
+        no lower bound, since the bound it proves covers one pipeline only.
+        """
+        start = time.perf_counter()
+        joint = solve_joint(problem, name=self.name, time_limit=time_limit, seed=seed)
+        if joint is not None:
+            return joint
+        base = self.solve(problem.equal_split_problem(), time_limit=0.5 * time_limit, seed=seed)
+        if base.plan is None:
+            return replace(base, wall_time=time.perf_counter() - start)
+        left = max(0.5, time_limit - (time.perf_counter() - start))
+        search = optimize_splits(problem, base.plan, time_limit=left, seed=seed, workers=self.workers)
+        wall = time.perf_counter() - start
+        details = {"method": "decomposition: exact equal-split pipeline, then CP-SAT over its splits",
+                   "equal_split_status": base.status, "equal_split_time": base.iteration_time,
+                   "split_status": search.status, "split_lower_bound": search.lower_bound}
+        trace = (TracePoint(base.wall_time, base.iteration_time, None), TracePoint(wall, search.iteration_time, None))
+        return SolverResult(self.name, "feasible", search.plan, search.iteration_time, None, wall, seed, trace,
+                            "too many pipelines for the joint proof; the split is optimised for one pipeline",
+                            details)

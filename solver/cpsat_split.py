@@ -366,7 +366,7 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> lis
         if name not in solver_names():
             continue
         try:
-            result = get_solver(name).solve(problem, time_limit=share, seed=seed)
+            result = get_solver(name).solve(problem.equal_split_problem(), time_limit=share, seed=seed)
         except Exception:  # an exact solver under construction must not break this one
             continue
         if result.plan is not None and result.iteration_time is not None:

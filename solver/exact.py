@@ -26,17 +26,23 @@ real one; since every op starts no earlier than its predecessors on any such pat
 each term is ``<= T``.  ``n_min`` is the smallest microbatch, ``q = ceil(n / r)``.
 
 1. **Busy path** ``c1``: stage ``s`` cannot start ``F0`` before ``F0`` ran on every
-   earlier stage (``head``), then runs all its ops one at a time (``busy``), and after
-   its last op ``B_{M-1}`` either all-reduces (``AR_s``) or ``B_{M-1}`` still runs on
-   every earlier stage (``tail``).  ``head`` and ``tail`` are bounded below by the
-   layers ``[0, lo)`` at the largest speed and replication, plus one latency each
-   if ``lo > 0``.  Linear form: ``T >= sum over arcs covering layer l of c1 * x`` for
-   every layer ``l`` (exactly one chosen arc covers ``l``).
+   earlier stage and crossed every earlier cut (``head``), then runs all its ops one at
+   a time (``busy``), and after its last op ``B_{M-1}`` either all-reduces (``AR_s``)
+   or ``B_{M-1}`` still crosses every earlier cut and runs on every earlier stage
+   (``tail``).  Each earlier stage ``j`` adds its exact ``TF_j`` of microbatch 0
+   (``head_f``) and ``TB_j`` of microbatch ``M-1`` (``head_fb`` adds both), each cut a
+   transfer of at least ``lat_min + n * cut / (r_j * bw_send)`` (``min(r_j, r_{j+1})
+   <= r_j``; ``bw_send`` of term 3).  Linear form, for every layer ``l`` (exactly one
+   chosen arc covers it; the chosen arcs ending at or before ``l`` are exactly the
+   earlier stages): ``T >= sum_{hi <= l} head_fb x + sum_{a covers l} busy x`` and
+   ``T >= sum_{hi <= l} head_f x + sum_{a covers l} (busy + AR) x``.  For pruning, a
+   standalone form bounds ``head``/``tail`` by the layers ``[0, lo)`` at the largest
+   speed and replication plus one latency.
 2. **Pivot path** ``U + D``: microbatch 0 (or ``M-1``) crosses every stage ``j != s``
    once forward and once backward, and stage ``s`` runs the ops on its critical path.
    Each stage ``j != s`` contributes at least ``u_j = TF_j(n_min) + TB_j(n_min)``, and
    each cut is crossed once each way, at least ``lat_min + n_min * cut / (r_j *
-   bw_max)`` (``min(r_j, r_{j+1}) <= r_j``).  Stage ``s`` contributes ``u_s + delta_s``:
+   bw_send)`` (term 3) (``min(r_j, r_{j+1}) <= r_j``).  Stage ``s`` contributes ``u_s + delta_s``:
    under GPipe all its ops (``F_{M-1}`` ends, the last forward reaches the last stage,
    ``B0`` comes back, then all backwards run), so ``delta = busy - u``; under 1F1B with
    ``w = min(S-1-s, M)`` warm-up forwards, ``F0``, then after ``B0`` returns every
@@ -44,20 +50,39 @@ each term is ``<= T``.  ``n_min`` is the smallest microbatch, ``q = ceil(n / r)`
    - u``.  The path ends at the end of stage 0's last op, so ``AR_0`` adds on top.
    Linear form: ``T >= U + D`` with ``U = sum u' x`` and ``D >= sum over arcs covering
    l of delta * x`` for every layer ``l``.
-3. **All-reduce**: ``AR_s >= 2 (r-1) (lat_lb + P_s / (r bw_ub))`` with ``bw_ub`` the
-   network bandwidth when the composition fits on no single server (some pair then
-   crosses servers), else the largest link bandwidth; ``lat_lb`` likewise.
+3. **All-reduce and links**: ``AR_s >= 2 (r-1) (lat_lb + P_s / (r bw_ub))``.  If all
+   of a group's devices share a server, ``bw(D)``/``lat(D)`` are that server's link,
+   and that server holds the whole composition; otherwise some pair crosses servers
+   and they are the network's.  So ``bw_ub`` is the largest of the network bandwidth
+   and the bandwidths of the servers able to hold the composition, ``lat_lb`` the
+   smallest such latency.  Between two groups, for any device ``x`` of class ``c`` in
+   the first, each pair ``(x, y)`` is ``x``'s server link or the network: ``bw_send``
+   is the smallest over the classes used of the largest such bandwidth.
 
 4. **Work**: stage ``s`` keeps its ``r_s`` devices busy for ``busy_s <= T``, so
    ``T * sum_s r_s v_s >= sum_s busy_s r_s v_s``; the chosen devices' speeds sum to at
-   most ``V``, the sum over the cluster, hence ``T >= sum_s busy_s r_s v_s / V``.
+   most ``V``, the sum over the cluster, hence ``T >= sum_s busy_s r_s v_s / V``.  For
+   pruning: the stages other than an arc use devices of total speed at most ``V -
+   V_a`` (``V_a``: the arc's devices' speeds) and need at least ``W_rest = M (a_f +
+   a_b) + B (b_f + b_b)`` over the other layers, so ``T >= W_rest / (V - V_a)``.
+
+Pruning (standalone bound of an arc, valid for every configuration holding it): the
+maximum of the standalone busy path, ``work + W_rest / V``, ``W_rest / (V - V_a)`` and
+the pivot path with the other layers' ``u`` at the largest speed and replication
+(communication left out).  ``max_l min`` over arcs covering ``l`` of it is the static
+bound.
+
+Model size: each per-layer sum above is an auxiliary variable defined by differences
+from layer to layer (``C_l = C_{l-1} + sum_{lo=l} c x - sum_{hi=l} c x``), so every
+arc appears in O(1) rows per term; the relaxation is the same as with the expanded
+rows.
 
 Memory is exact: each arc's peak is :func:`solver.memory.stage_peak_memory` of its op
 list, which under 1F1B depends on the stage only through ``w = min(tau, M)``.
 
 Exactness of the loop
 ---------------------
-An arc is dropped when its own terms already reach the incumbent, and a recomputing
+An arc is dropped when its standalone bound already reaches the incumbent, and a recomputing
 arc when the same arc without recompute fits (recompute only lengthens ops, and the
 simulator is monotone in durations).  The model also carries the cutoff ``T <=
 incumbent * (1 - OPT_TOL)``.  A configuration is cut after all its placements were
@@ -70,16 +95,19 @@ valid lower bound, and an infeasible model proves the incumbent optimal to withi
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from itertools import product
 from typing import Callable, Iterator, Protocol, Sequence
+
+import numpy as np
 
 from solver.cluster import Cluster
 from solver.memory import stage_peak_memory
 from solver.plan import Plan
 from solver.problem import PlanningProblem
 from solver.result import SolverResult, TracePoint
-from solver.schedule import gpipe_ops, one_f_one_b_ops
+from solver.schedule import FORWARD, gpipe_ops, one_f_one_b_ops
 from solver.simulator import simulate
 from solver.termination import TimeLimit
 
@@ -124,6 +152,8 @@ class Option:
     """Smallest memory of its devices."""
     allreduce_params_coef: tuple[float, float]
     """``(fixed, per param byte)`` of the all-reduce lower bound."""
+    send_bandwidth: float = math.inf
+    """Upper bound on the bandwidth between this stage's devices and any other group."""
 
 
 @dataclass(frozen=True)
@@ -135,37 +165,61 @@ class Arc:
     tau: int
     option: int
     busy_path: float
-    """``c1``: head + busy + max(all-reduce, tail) lower bound."""
+    """Standalone ``c1``: fastest conceivable head + busy + max(all-reduce, tail)."""
     pass_cost: float
     """``u'``: one microbatch through the stage, its outgoing cut, and ``AR_0`` if first."""
     pivot_extra: float
     """``delta``: the pivot's critical ops beyond ``u``."""
     work: float = 0.0
     """``busy * r * v / V``: the stage's share of the work bound (``V`` = all speeds summed)."""
+    busy: float = 0.0
+    """All the stage's ops, one after the other."""
+    allreduce: float = 0.0
+    """Lower bound on ``AR_s``."""
+    head_f: float = 0.0
+    """``F0`` and its forward transfer: what the stage adds to a later stage's head."""
+    head_fb: float = 0.0
+    """``head_f`` plus ``B_{M-1}`` and the backward transfer reaching this stage."""
+    standalone: float = 0.0
+    """A bound on every configuration holding this arc (used to prune it)."""
+
+
+ARC_FIELDS = ("lo", "hi", "tau", "option", "busy_path", "pass_cost", "pivot_extra", "work", "busy", "allreduce",
+              "head_f", "head_fb", "standalone")
 
 
 @dataclass
 class ExactData:
-    """Everything the models need, as plain numbers."""
+    """Everything the models need, as plain numbers (one numpy column per arc field)."""
 
     problem: PlanningProblem
     classes: tuple[DeviceClass, ...]
     options: tuple[Option, ...]
-    arcs: list[Arc]
+    table: dict[str, np.ndarray]
+    """Column ``name`` of every arc, for each name of :data:`ARC_FIELDS`."""
     max_tau: int
     stage_limit: int
     static_bound: float
-    """A lower bound needing no model: ``max_l min over arcs covering l of c1``."""
+    """A lower bound needing no model: ``max_l min over arcs covering l`` of their standalone bound."""
     complete: bool = True
     """Whether every candidate arc was enumerated (the time limit may stop it early)."""
+    _arcs: list[Arc] | None = None
+
+    def __len__(self) -> int:
+        return len(self.table["lo"])
+
+    @property
+    def arcs(self) -> list[Arc]:
+        """The arcs as objects (built on first use)."""
+        if self._arcs is None:
+            cols = [self.table[name].tolist() for name in ARC_FIELDS]
+            self._arcs = [Arc(*row) for row in zip(*cols)]
+        return self._arcs
 
     def covering(self) -> list[list[int]]:
         """Arc indices covering each layer."""
-        cover: list[list[int]] = [[] for _ in range(len(self.problem.graph))]
-        for i, arc in enumerate(self.arcs):
-            for layer in range(arc.lo, arc.hi):
-                cover[layer].append(i)
-        return cover
+        lo, hi = self.table["lo"], self.table["hi"]
+        return [np.flatnonzero((lo <= layer) & (hi > layer)).tolist() for layer in range(len(self.problem.graph))]
 
 
 # ---------------------------------------------------------------------------- data
@@ -192,10 +246,31 @@ def _fits_one_server(classes: Sequence[DeviceClass], composition: Sequence[int])
     return False
 
 
+def _link_bounds(cluster: Cluster, classes: Sequence[DeviceClass], composition: Sequence[int]
+                 ) -> tuple[float, float, float]:
+    """``(bw_ub, lat_lb, send_bw_ub)`` for a stage of this composition, wherever it is placed.
+
+    ``bw(D)``/``lat(D)`` of the group: if all its devices share a server ``S`` they are
+    ``S``'s link, which must hold the whole composition; otherwise some pair crosses
+    servers, so ``bw(D) <= network bandwidth`` and ``lat(D) >= network latency``.
+    ``send_bw_ub`` bounds ``bw(D, D')`` for any other group ``D'``: for a device ``x``
+    of a class ``c`` in ``D``, every pair ``(x, y)`` is ``x``'s server link or the
+    network, so it is at most the best of those over the servers holding class ``c``.
+    """
+    net = cluster.network
+    links = {s.id: s for s in cluster.servers}
+    holding = [s for s in links if all(len(dict(c.ids_by_server).get(s, ())) >= n
+                                       for c, n in zip(classes, composition))]
+    bw_ub = max([net.bandwidth] + [links[s].bandwidth for s in holding])
+    lat_lb = min([net.latency] + [links[s].latency for s in holding])
+    send = min(max([net.bandwidth] + [links[s].bandwidth for s, _ in c.ids_by_server])
+               for c, n in zip(classes, composition) if n)
+    return bw_ub, lat_lb, send
+
+
 def stage_options(problem: PlanningProblem, classes: Sequence[DeviceClass]) -> tuple[Option, ...]:
     """Every composition (respecting ``allow_replication``) times recompute flags."""
     cluster = problem.cluster
-    bw_max, lat_min = _link_extremes(cluster)
     max_r = len(cluster.devices) if problem.allow_replication else 1
     flags = (False, True) if problem.allow_recompute else (False,)
     options = []
@@ -204,40 +279,34 @@ def stage_options(problem: PlanningProblem, classes: Sequence[DeviceClass]) -> t
         if not 1 <= r <= max_r:
             continue
         used = [c for c, n in zip(classes, composition) if n]
-        ar = (0.0, 0.0)
-        if r >= 2:
-            if _fits_one_server(classes, composition):
-                bw_ub, lat_lb = bw_max, lat_min
-            else:  # some pair crosses servers: the network link bounds the ring
-                bw_ub, lat_lb = cluster.network.bandwidth, cluster.network.latency
-            ar = (2 * (r - 1) * lat_lb, 2 * (r - 1) / (r * bw_ub))
+        bw_ub, lat_lb, send_bw = _link_bounds(cluster, classes, composition)
+        ar = (2 * (r - 1) * lat_lb, 2 * (r - 1) / (r * bw_ub)) if r >= 2 else (0.0, 0.0)
         for rc in flags:
             options.append(Option(tuple(composition), rc, r, min(c.speed for c in used),
-                                  min(c.memory for c in used), ar))
+                                  min(c.memory for c in used), ar, send_bw))
     return tuple(options)
-
-
-class _Prefix:
-    """Prefix sums of the graph's per-layer numbers, for O(1) range queries."""
-
-    def __init__(self, problem: PlanningProblem) -> None:
-        layers = problem.graph.layers
-        self.cols = {}
-        for name, get in (("af", lambda l: l.fwd[0]), ("bf", lambda l: l.fwd[1]), ("ab", lambda l: l.bwd[0]),
-                          ("bb", lambda l: l.bwd[1]), ("params", lambda l: l.params), ("act", lambda l: l.act)):
-            acc = [0.0]
-            for layer in layers:
-                acc.append(acc[-1] + get(layer))
-            self.cols[name] = acc
-
-    def __call__(self, name: str, lo: int, hi: int) -> float:
-        col = self.cols[name]
-        return col[hi] - col[lo]
 
 
 def _op_list(schedule: str, m: int, tau: int):
     # Under 1F1B the list depends on the stage only through w = min(S-1-s, m) = min(tau, m).
     return gpipe_ops(m) if schedule == "gpipe" else one_f_one_b_ops(m, 0, tau + 1)
+
+
+def _stash_points(ops, per_replica: Sequence[int]) -> np.ndarray:
+    """``(inputs, working)`` sample counts at every point where the stash may peak.
+
+    The peak of :func:`solver.memory.stash_peak` is ``max(a * stash + b * working)``
+    over these rows (``stash``, ``working`` per sample), exactly.
+    """
+    stash, points = 0, set()
+    for kind, k in ops:
+        if kind == FORWARD:
+            stash += per_replica[k]
+            points.add((stash, 0))
+        else:
+            points.add((stash, per_replica[k]))
+            stash -= per_replica[k]
+    return np.array(sorted(points), dtype=float)
 
 
 def work_bound(problem: PlanningProblem) -> float:
@@ -252,115 +321,160 @@ def work_bound(problem: PlanningProblem) -> float:
     return (fixed + per_sample) / sum(d.speed for d in problem.cluster.devices)
 
 
+def _prefix(values: Sequence[float]) -> np.ndarray:
+    return np.concatenate(([0.0], np.cumsum(np.asarray(values, dtype=float))))
+
+
 def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLimit | None = None) -> ExactData:
-    """Enumerate the candidate arcs that fit in memory and whose own bound is below ``cutoff``.
+    """Enumerate the candidate arcs that fit in memory and whose standalone bound is below ``cutoff``.
+
+    Vectorised over the layer ranges ``[lo, hi)``; one pass per (option, ``tau``).
 
     Parameters
     ----------
     problem : PlanningProblem
     cutoff : float
-        Arcs whose busy-path or pivot-path terms alone reach it are dropped (they
-        cannot be part of a configuration better than the incumbent).
+        Arcs whose standalone bound (any term of the module docstring that holds for
+        every configuration holding the arc) reaches it are dropped.
+    clock : TimeLimit, optional
+        Enumeration stops (``complete = False``) when it expires.
     """
     graph, cluster = problem.graph, problem.cluster
     classes = device_classes(cluster)
     options = stage_options(problem, classes)
-    pre = _Prefix(problem)
+    layers = graph.layers
     L, K, sizes = len(graph), problem.stage_limit, problem.split
-    M, n_min, devices = len(sizes), min(sizes), len(cluster.devices)
+    M, devices = len(sizes), len(cluster.devices)
+    n_min, n_first, n_last = min(sizes), sizes[0], sizes[-1]
     bw_max, lat_min = _link_extremes(cluster)
     v_max = max(d.speed for d in cluster.devices)
+    V = sum(d.speed for d in cluster.devices)
     r_max = devices if problem.allow_replication else 1
     q_best = -(-n_min // r_max)
     max_tau = min(K - 1, M) if problem.schedule == "1f1b" else 0
-    ops_by_tau = {tau: _op_list(problem.schedule, M, tau) for tau in range(max_tau + 1)}
-
-    def head(lo: int) -> float:  # F0 of the earlier stages, fastest conceivable
-        return 0.0 if lo == 0 else lat_min + (pre("af", 0, lo) + pre("bf", 0, lo) * q_best) / v_max
-
-    def tail(lo: int) -> float:  # B_{M-1} of the earlier stages, fastest conceivable
-        return 0.0 if lo == 0 else lat_min + (pre("ab", 0, lo) + pre("bb", 0, lo) * q_best) / v_max
-
-    arcs: list[Arc] = []
-    for lo in range(L):
+    sf = problem.state_factor
+    # per-layer prefix sums
+    P_af, P_bf = _prefix([l.fwd[0] for l in layers]), _prefix([l.fwd[1] for l in layers])
+    P_ab, P_bb = _prefix([l.bwd[0] for l in layers]), _prefix([l.bwd[1] for l in layers])
+    P_par, P_act = _prefix([l.params for l in layers]), _prefix([l.act for l in layers])
+    lo_all, hi_all = np.triu_indices(L + 1, 1)
+    lo_all, hi_all = lo_all.astype(np.int64), hi_all.astype(np.int64)
+    AF, BF = P_af[hi_all] - P_af[lo_all], P_bf[hi_all] - P_bf[lo_all]
+    AB, BB = P_ab[hi_all] - P_ab[lo_all], P_bb[hi_all] - P_bb[lo_all]
+    PAR, ACT = P_par[hi_all] - P_par[lo_all], P_act[hi_all] - P_act[lo_all]
+    inputs = np.array([graph.stage_input_bytes(lo) for lo in range(L)] + [0.0])
+    cuts = np.array([graph.cut_bytes(c) for c in range(L - 1)] + [0.0])
+    INP, CUT = inputs[lo_all], cuts[hi_all - 1]
+    last = hi_all == L
+    first = lo_all == 0
+    # fastest conceivable head / tail / pass of a layer range (other stages, unknown devices)
+    head_min = np.where(first, 0.0, lat_min + (P_af[lo_all] + P_bf[lo_all] * q_best) / v_max)
+    tail_min = np.where(first, 0.0, lat_min + (P_ab[lo_all] + P_bb[lo_all] * q_best) / v_max)
+    u_layer = _prefix([(l.fwd[0] + l.bwd[0] + (l.fwd[1] + l.bwd[1]) * q_best) / v_max for l in layers])
+    rest_pass = u_layer[L] - (u_layer[hi_all] - u_layer[lo_all])
+    w_layer = _prefix([M * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1]) for l in layers])
+    rest_work = w_layer[L] - (w_layer[hi_all] - w_layer[lo_all])
+    if problem.schedule == "gpipe":
+        tau_of = [np.zeros_like(lo_all)]
+        tau_ok = [np.ones_like(last)]
+    else:  # a stage followed by tau stages needs tau layers after it; tau = 0 only for the last stage
+        tau_of = [np.full_like(lo_all, t) for t in range(max_tau + 1)]
+        tau_ok = [last if t == 0 else (~last) & (L - hi_all >= t) for t in range(max_tau + 1)]
+    ops_by_tau = {t: _op_list(problem.schedule, M, t) for t in range(max_tau + 1)}
+    speed_of = [c.speed for c in classes]
+    columns: dict[str, list[np.ndarray]] = {name: [] for name in ARC_FIELDS}
+    plain_fits: dict[tuple, np.ndarray] = {}
+    complete = True
+    for index, opt in enumerate(options):
         if clock is not None and clock.expired():
-            return ExactData(problem, classes, options, arcs, max_tau, K, work_bound(problem), complete=False)
-        for hi in range(lo + 1, L + 1):
-            af, bf, ab, bb = (pre(k, lo, hi) for k in ("af", "bf", "ab", "bb"))
-            params, act = pre("params", lo, hi), pre("act", lo, hi)
-            inp = graph.stage_input_bytes(lo)
-            cut = graph.cut_bytes(hi - 1) if hi < L else 0.0
-            for tau in _taus(problem, lo, hi, max_tau):
-                fitting_plain: set[tuple[int, ...]] = set()
-                for index, opt in enumerate(options):
-                    if opt.replicas + tau > devices:  # every later stage needs a device
-                        continue
-                    if opt.recompute and opt.composition in fitting_plain:
-                        continue  # dominated: the same devices without recompute fit
-                    per_replica = [-(-n // opt.replicas) for n in sizes]
-                    peak = stage_peak_memory(problem.state_factor, params, ops_by_tau[tau], per_replica,
-                                             act, inp, opt.recompute)
-                    if peak > opt.memory:
-                        continue
-                    if not opt.recompute:
-                        fitting_plain.add(opt.composition)
-                    arc = _arc(problem, lo, hi, tau, index, opt, (af, bf, ab, bb), params, cut,
-                               per_replica, head(lo), tail(lo), bw_max, lat_min)
-                    if arc.busy_path < cutoff and arc.pass_cost + arc.pivot_extra < cutoff:
-                        arcs.append(arc)
-    data = ExactData(problem, classes, options, arcs, max_tau, K, 0.0)
-    data.static_bound = max(_static_bound(data), work_bound(problem))
+            complete = False
+            break
+        r, v = opt.replicas, opt.speed
+        q = [-(-n // r) for n in sizes]
+        Q, q0, ql, qm = sum(q), q[0], q[-1], -(-n_min // r)
+        fwd_sum = (M * AF + BF * Q) / v
+        bwd_sum = (M * AB + BB * Q) / v + (fwd_sum if opt.recompute else 0.0)
+        busy = fwd_sum + bwd_sum
+        f_min = (AF + BF * qm) / v
+        u = 2 * f_min + (AB + BB * qm) / v if opt.recompute else f_min + (AB + BB * qm) / v
+        f0 = (AF + BF * q0) / v
+        b_last = (AB + BB * ql) / v + ((AF + BF * ql) / v if opt.recompute else 0.0)
+        ar = np.where(PAR > 0, opt.allreduce_params_coef[0] + opt.allreduce_params_coef[1] * PAR, 0.0) \
+            if r > 1 else np.zeros_like(PAR)
+        def send(n):  # one transfer of n samples across the stage's outgoing cut, fastest conceivable
+            return np.where(last, 0.0, lat_min + n * CUT / (r * min(bw_max, opt.send_bandwidth)))
+        pass_cost = u + 2 * send(n_min) + np.where(first, ar, 0.0)
+        head_f = f0 + send(n_first)
+        head_fb = head_f + b_last + send(n_last)
+        work = busy * r * v / V
+        busy_path = head_min + busy + np.maximum(ar, tail_min)
+        vsum = sum(n * s for n, s in zip(opt.composition, speed_of))
+        rest_share = np.where(rest_work > 0, rest_work / max(V - vsum, 1e-300), 0.0) if V - vsum > 1e-12 * V \
+            else np.where(rest_work > 0, np.inf, 0.0)
+        base = np.maximum.reduce([busy_path, rest_share, work + rest_work / V])
+        for t in range(max_tau + 1):
+            if r + t > devices:
+                continue
+            ok = tau_ok[t]
+            points = _stash_points(ops_by_tau[t], q)
+            if opt.recompute:
+                peak = sf * PAR + np.max(np.outer(INP, points[:, 0]) + np.outer(ACT, points[:, 1]), axis=1)
+            else:
+                peak = sf * PAR + ACT * points[:, 0].max()
+            fits = ok & (peak <= opt.memory)
+            key = (opt.composition, t)
+            if opt.recompute:
+                fits &= ~plain_fits.get(key, np.zeros_like(fits))  # dominated: the same devices without recompute fit
+            else:
+                plain_fits[key] = fits
+            if problem.schedule == "gpipe":
+                critical = busy
+            else:
+                w = min(t, M)
+                tail_q = sum(q[w + 1:])
+                critical = f0 + bwd_sum + ((M - 1 - w) * AF + BF * tail_q) / v if w + 1 < M else f0 + bwd_sum
+            delta = critical - u
+            standalone = np.maximum(base, pass_cost + delta + rest_pass)
+            keep = np.flatnonzero(fits & (standalone < cutoff))
+            if not len(keep):
+                continue
+            for name, col in (("lo", lo_all), ("hi", hi_all), ("busy_path", busy_path), ("pass_cost", pass_cost),
+                              ("pivot_extra", delta), ("work", work), ("busy", busy), ("allreduce", ar),
+                              ("head_f", head_f), ("head_fb", head_fb), ("standalone", standalone)):
+                columns[name].append(col[keep])
+            columns["tau"].append(np.full(len(keep), t, dtype=np.int64))
+            columns["option"].append(np.full(len(keep), index, dtype=np.int64))
+    table = {name: (np.concatenate(cols) if cols else np.zeros(0, dtype=np.int64 if name in ("lo", "hi", "tau",
+                                                                                                 "option") else float))
+             for name, cols in columns.items()}
+    order = np.lexsort((table["option"], table["tau"], table["hi"], table["lo"]))
+    table = {name: col[order] for name, col in table.items()}
+    data = ExactData(problem, classes, options, table, max_tau, K, 0.0, complete)
+    data.static_bound = max(_static_bound(data, cutoff), work_bound(problem)) if complete else work_bound(problem)
     return data
 
 
-def _taus(problem: PlanningProblem, lo: int, hi: int, max_tau: int) -> range:
-    L = len(problem.graph)
-    if hi == L:
-        return range(0, 1)
-    if problem.schedule == "gpipe":
-        return range(0, 1)  # GPipe memory and bounds do not depend on the stage index
-    # a stage followed by tau stages needs tau layers after it; tau = 0 only for the last stage
-    return range(1, min(max_tau, L - hi) + 1)
-
-
-def _arc(problem, lo, hi, tau, index, opt: Option, coeffs, params, cut, per_replica, head, tail,
-         bw_max, lat_min) -> Arc:
-    af, bf, ab, bb = coeffs
-    sizes = problem.split
-    M, n_min = len(sizes), min(sizes)
-    fwd = [(af + bf * q) / opt.speed for q in per_replica]
-    bwd = [(ab + bb * q) / opt.speed + (f if opt.recompute else 0.0) for q, f in zip(per_replica, fwd)]
-    busy = sum(fwd) + sum(bwd)
-    q_min = -(-n_min // opt.replicas)
-    f_min = (af + bf * q_min) / opt.speed
-    u = f_min + (ab + bb * q_min) / opt.speed + (f_min if opt.recompute else 0.0)
-    allreduce = opt.allreduce_params_coef[0] + opt.allreduce_params_coef[1] * params if opt.replicas > 1 else 0.0
-    if problem.schedule == "gpipe":
-        critical = busy
-    else:
-        w = min(tau, M)
-        critical = fwd[0] + sum(bwd) + sum(fwd[w + 1:])
-    send = 0.0
-    if hi < len(problem.graph):  # the cut after the stage, once each way
-        send = 2 * (lat_min + n_min * cut / (opt.replicas * bw_max))
-    pass_cost = u + send + (allreduce if lo == 0 else 0.0)
-    speed_sum = sum(d.speed for d in problem.cluster.devices)
-    work = busy * opt.replicas * opt.speed / speed_sum
-    return Arc(lo, hi, tau, index, head + busy + max(allreduce, tail), pass_cost, critical - u, work)
-
-
-def _static_bound(data: ExactData) -> float:
+def _static_bound(data: ExactData, cutoff: float) -> float:
+    """``max_l min`` over arcs covering layer ``l`` of their standalone bound (``cutoff`` for pruned ones)."""
+    L = len(data.problem.graph)
+    lo, hi, value = data.table["lo"], data.table["hi"], data.table["standalone"]
+    best = np.full((L + 1, L + 1), np.inf)
+    np.minimum.at(best, (lo, hi), value)
     bound = 0.0
-    for arcs in data.covering():
-        if arcs:
-            bound = max(bound, min(data.arcs[i].busy_path for i in arcs))
+    for layer in range(L):
+        covering = best[:layer + 1, layer + 1:]
+        bound = max(bound, min(float(covering.min()) if covering.size else math.inf, cutoff))
     return bound
 
 
 def config_lower_bound(data: ExactData, arc_ids: Sequence[int]) -> float:
-    """The model's objective at the configuration made of ``arc_ids``."""
-    arcs = [data.arcs[i] for i in arc_ids]
-    busy = max(a.busy_path for a in arcs)
+    """The model's objective at the configuration made of ``arc_ids`` (terms 1-4 of the docstring)."""
+    arcs = sorted((Arc(*(data.table[name][i].item() for name in ARC_FIELDS)) for i in arc_ids), key=lambda a: a.lo)
+    busy = head_f = head_fb = 0.0
+    for a in arcs:
+        busy = max(busy, head_fb + a.busy, head_f + a.busy + a.allreduce, a.busy_path)
+        head_f += a.head_f
+        head_fb += a.head_fb
     pivot = sum(a.pass_cost for a in arcs) + max(a.pivot_extra for a in arcs)
     return max(busy, pivot, sum(a.work for a in arcs))
 
@@ -378,11 +492,16 @@ class CountRow:
 
 @dataclass(frozen=True)
 class TimeRow:
-    """``target >= sum coef * x[arc] (+ D if with_pivot)`` in seconds; ``target`` is ``"T"`` or ``"D"``."""
+    """``sum coef * aux (sense) sum seconds * x[arc]``: aux are time variables (``T``, ``D``, ...).
 
-    target: str
+    ``aux`` holds ``(name, integer coefficient)``; ``terms`` holds ``(arc, seconds)``;
+    ``sense`` is ``">="`` or ``"=="``.  A backend that floors the seconds (CP-SAT) keeps
+    every ``>=`` row valid and every ``==`` row an exact definition of its aux variable.
+    """
+
+    aux: tuple[tuple[str, int], ...]
     terms: tuple[tuple[int, float], ...]
-    with_pivot: bool = False
+    sense: str = ">="
 
 
 def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
@@ -390,16 +509,24 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
 
     Count rows: a path of arcs from layer 0 to layer ``L`` whose ``tau`` labels count the
     later stages (capped at ``max_tau``), at most ``stage_limit`` stages, and at most
-    the available devices of each class.  Time rows: the busy-path and pivot-path
-    bounds of the module docstring.
+    the available devices of each class.  Time rows: terms 1, 2 and 4 of the module
+    docstring, with auxiliary time variables so that each arc appears in O(1) rows per
+    term: ``C{k}_l = sum over arcs covering l of c_k x`` (defined by differences from
+    layer to layer), ``H{k}_l = sum over arcs ending at or before l of h_k x``.
     """
-    L, arcs = len(data.problem.graph), data.arcs
-    rows: list[CountRow] = [CountRow(tuple((i, 1) for i, a in enumerate(arcs) if a.lo == 0), "==", 1)]
+    L, tab = len(data.problem.graph), data.table
+    n = len(data)
+    lo, hi, tau, opt = (tab[k].tolist() for k in ("lo", "hi", "tau", "option"))
+    rows: list[CountRow] = [CountRow(tuple((i, 1) for i in range(n) if lo[i] == 0), "==", 1)]
     starts: dict[tuple[int, int], list[int]] = {}  # (layer, label) -> arcs starting there
     ends: dict[tuple[int, int], list[int]] = {}  # (layer, label) -> arcs ending there
-    for i, a in enumerate(arcs):
-        starts.setdefault((a.lo, a.tau), []).append(i)
-        ends.setdefault((a.hi, a.tau), []).append(i)
+    by_lo: list[list[int]] = [[] for _ in range(L + 1)]
+    by_hi: list[list[int]] = [[] for _ in range(L + 1)]
+    for i in range(n):
+        starts.setdefault((lo[i], tau[i]), []).append(i)
+        ends.setdefault((hi[i], tau[i]), []).append(i)
+        by_lo[lo[i]].append(i)
+        by_hi[hi[i]].append(i)
     capped = data.problem.schedule == "1f1b" and data.max_tau < data.stage_limit - 1
     for b in range(1, L):
         if data.problem.schedule == "gpipe":
@@ -413,17 +540,32 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
             elif capped and label == data.max_tau:
                 continue
             rows.append(_balance(inflow, outflow))
-    rows.append(CountRow(tuple((i, 1) for i in range(len(arcs))), "<=", data.stage_limit))
+    rows.append(CountRow(tuple((i, 1) for i in range(n)), "<=", data.stage_limit))
+    comps = [o.composition for o in data.options]
     for c, cls in enumerate(data.classes):
-        terms = tuple((i, data.options[a.option].composition[c]) for i, a in enumerate(arcs)
-                      if data.options[a.option].composition[c])
+        terms = tuple((i, comps[opt[i]][c]) for i in range(n) if comps[opt[i]][c])
         rows.append(CountRow(terms, "<=", cls.count))
     times: list[TimeRow] = []
-    for cover in data.covering():
-        times.append(TimeRow("T", tuple((i, arcs[i].busy_path) for i in cover)))
-        times.append(TimeRow("D", tuple((i, arcs[i].pivot_extra) for i in cover)))
-    times.append(TimeRow("T", tuple((i, a.pass_cost) for i, a in enumerate(arcs)), with_pivot=True))
-    times.append(TimeRow("T", tuple((i, a.work) for i, a in enumerate(arcs))))
+    cover = {"Cb": tab["busy"].tolist(), "Ca": (tab["busy"] + tab["allreduce"]).tolist(),
+             "Cd": tab["pivot_extra"].tolist()}
+    heads = {"Hf": tab["head_f"].tolist(), "Hb": tab["head_fb"].tolist()}
+    for name, c in cover.items():  # C_l - C_{l-1} = sum_{lo=l} c x - sum_{hi=l} c x
+        for layer in range(L):
+            aux = ((f"{name}{layer}", 1),) + (((f"{name}{layer - 1}", -1),) if layer else ())
+            terms = tuple((i, c[i]) for i in by_lo[layer]) + tuple((i, -c[i]) for i in by_hi[layer])
+            times.append(TimeRow(aux, terms, "=="))
+    for name, h in heads.items():  # H_l - H_{l-1} = sum_{hi=l} h x, H_0 = 0
+        for layer in range(1, L):
+            aux = ((f"{name}{layer}", 1),) + (((f"{name}{layer - 1}", -1),) if layer > 1 else ())
+            times.append(TimeRow(aux, tuple((i, h[i]) for i in by_hi[layer]), "=="))
+    for layer in range(L):
+        hb = ((f"Hb{layer}", -1),) if layer else ()
+        hf = ((f"Hf{layer}", -1),) if layer else ()
+        times.append(TimeRow((("T", 1), (f"Cb{layer}", -1)) + hb, ()))  # head + busy + tail
+        times.append(TimeRow((("T", 1), (f"Ca{layer}", -1)) + hf, ()))  # head + busy + all-reduce
+        times.append(TimeRow((("D", 1), (f"Cd{layer}", -1)), ()))  # the pivot's extra ops
+    times.append(TimeRow((("T", 1), ("D", -1)), tuple((i, c) for i, c in enumerate(tab["pass_cost"].tolist()))))
+    times.append(TimeRow((("T", 1),), tuple((i, c) for i, c in enumerate(tab["work"].tolist()))))
     return [r for r in rows if r.terms or r.rhs], times
 
 
@@ -452,7 +594,7 @@ def placements(data: ExactData, arc_ids: Sequence[int], limit: int = PLACEMENT_L
         Whether every placement (up to symmetry) is in ``groups``.
     """
     classes, cluster = data.classes, data.problem.cluster
-    compositions = [data.options[data.arcs[i].option].composition for i in arc_ids]
+    compositions = [data.options[int(data.table['option'][i])].composition for i in arc_ids]
     signature = _server_signature(cluster, classes)
     pools = {(c, s): list(ids) for c, cls in enumerate(classes) for s, ids in cls.ids_by_server}
     servers = [s.id for s in cluster.servers]
@@ -589,17 +731,34 @@ class _Search:
         return self.best_plan is not None and self.bound >= self.best_time * (1 - OPT_TOL) * (1 - 1e-12)
 
 
-def warm_start_plans(problem: PlanningProblem, seed: int, time_limit: float) -> list[Plan]:
-    """The best baseline's plan (if the baselines are available) and a greedy plan."""
-    plans = []
+SLOW_BASELINES = ("Dapple", "Alpa")
+"""Baselines (class names) with slow pure-Python DPs: run after the others, with their own time share."""
+
+
+def warm_start_plans(problem: PlanningProblem, seed: int, time_limit: float, slow: bool = False) -> list[Plan]:
+    """Baseline plans within ``time_limit`` seconds, and the greedy plans.
+
+    Like :func:`solver.baselines.best_baseline`, each baseline gets an equal share of
+    what is left, cheapest first.  ``slow=False`` runs every baseline but those of
+    :data:`SLOW_BASELINES` (and adds :func:`greedy_plans`); ``slow=True`` runs only those.
+    """
+    plans = [] if slow else greedy_plans(problem)
     try:
-        from solver.baselines import best_baseline  # written separately; may be missing
-        result = best_baseline(problem, seed=seed, time_limit=time_limit)
-        if result is not None and result.plan is not None:
-            plans.append(result.plan)
+        from solver.baselines import BASELINES  # written separately; may be missing
     except Exception:  # noqa: BLE001 - a broken baseline must not break an exact solver
-        pass
-    plans.extend(greedy_plans(problem))
+        return plans
+    chosen = [cls for cls in BASELINES if (cls.__name__ in SLOW_BASELINES) == slow]
+    end = time.perf_counter() + time_limit
+    for n, cls in enumerate(chosen):
+        share = (end - time.perf_counter()) / (len(chosen) - n)
+        if share <= 0.005:
+            break
+        try:
+            result = cls().solve(problem, time_limit=share, seed=seed)
+        except Exception:  # noqa: BLE001
+            continue
+        if result.plan is not None:
+            plans.append(result.plan)
     return plans
 
 
@@ -631,7 +790,9 @@ def greedy_plans(problem: PlanningProblem) -> list[Plan]:
 
 def plan_config(data: ExactData, plan: Plan) -> list[int] | None:
     """Arc ids of ``plan``'s configuration, if all its arcs are in the model."""
-    index = {(a.lo, a.hi, a.tau, a.option): i for i, a in enumerate(data.arcs)}
+    tab = data.table
+    index = {key: i for i, key in enumerate(zip(tab["lo"].tolist(), tab["hi"].tolist(), tab["tau"].tolist(),
+                                                 tab["option"].tolist()))}
     class_of = {d: c for c, cls in enumerate(data.classes) for _, ids in cls.ids_by_server for d in ids}
     option_of = {(o.composition, o.recompute): i for i, o in enumerate(data.options)}
     S, ids = len(plan.stages), []
@@ -653,16 +814,20 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     """Run the cut loop described in the module docstring and report the result."""
     clock = TimeLimit(time_limit).start()
     search = _Search(problem, clock)
-    for plan in warm_start_plans(problem, seed, min(2.0, 0.1 * time_limit)):
+    for plan in warm_start_plans(problem, seed, min(1.0, 0.03 * time_limit)):
+        search.offer(plan)
+    # The slow DP baselines too, before the model: an exact solver must never return a
+    # plan worse than a baseline would, even when the model does not reach a solution.
+    for plan in warm_start_plans(problem, seed, min(5.0, 0.1 * time_limit), slow=True):
         search.offer(plan)
     data = build_data(problem, search.cutoff(), clock)
-    if not data.complete or clock.expired() or len(data.arcs) > MAX_MODEL_ARCS:
+    if not data.complete or clock.expired() or len(data) > MAX_MODEL_ARCS:
         # out of time, or a model too large to build in time: only the model-free bound holds
         search.raise_bound(data.static_bound)
         return _result(name, search, data, clock, seed, "unknown", 0, 0, details or {})
-    search.raise_bound(data.static_bound if data.arcs else search.best_time)
+    search.raise_bound(data.static_bound if len(data) else search.best_time)
     L = len(problem.graph)
-    if not any(a.lo == 0 for a in data.arcs) or not any(a.hi == L for a in data.arcs):
+    if not (data.table["lo"] == 0).any() or not (data.table["hi"] == L).any():
         # no candidate stage can start or end the pipeline below the cutoff
         search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
         return _result(name, search, data, clock, seed, "infeasible", 0, 0, details or {})
@@ -692,9 +857,10 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
 def _evaluate(data: ExactData, search: _Search, arc_ids: Sequence[int], clock: TimeLimit) -> None:
     """Simulate a configuration's placements; pool its bound if not all were tried."""
     problem = data.problem
-    ordered = sorted(arc_ids, key=lambda i: data.arcs[i].lo)
-    bounds = [(data.arcs[i].lo, data.arcs[i].hi) for i in ordered]
-    flags = [data.options[data.arcs[i].option].recompute for i in ordered]
+    lo, hi, opt = data.table["lo"], data.table["hi"], data.table["option"]
+    ordered = sorted(arc_ids, key=lambda i: int(lo[i]))
+    bounds = [(int(lo[i]), int(hi[i])) for i in ordered]
+    flags = [data.options[int(opt[i])].recompute for i in ordered]
     groups, exhaustive = placements(data, ordered)
     for k, devs in enumerate(groups):
         if k and clock.remaining() <= 0:
@@ -707,10 +873,10 @@ def _evaluate(data: ExactData, search: _Search, arc_ids: Sequence[int], clock: T
 
 def _result(name, search: _Search, data: ExactData, clock: TimeLimit, seed, status, iterations, cuts,
             details) -> SolverResult:
-    details = dict(details, iterations=iterations, cuts=cuts, arcs=len(data.arcs), classes=len(data.classes),
+    details = dict(details, iterations=iterations, cuts=cuts, arcs=len(data), classes=len(data.classes),
                    options=len(data.options), last_model_status=status)
     if search.best_plan is None:
-        if data.complete and (status == "infeasible" or not data.arcs):
+        if data.complete and (status == "infeasible" or not len(data)):
             search.raise_bound(math.inf)
             return SolverResult(name, "infeasible", None, None, None, clock.elapsed(), seed, tuple(search.trace),
                                 _infeasible_message(data), details)

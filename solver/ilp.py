@@ -2,23 +2,51 @@
 
 The model is the lower-bound model of :mod:`solver.exact`: one binary ``x[arc]`` per
 candidate stage, a path of arcs over the layers, device counts per class, and the
-busy-path and pivot-path bounds; :func:`solver.exact.solve_exact` iterates it with
-no-good cuts until its optimum meets the simulated incumbent.
+busy-path, pivot-path and work bounds (:func:`solver.exact.model_rows`);
+:func:`solver.exact.solve_exact` iterates it with no-good cuts until its optimum meets
+the simulated incumbent.
+
+The model is written once in PuLP.  With HiGHS it is handed to an in-process
+``highspy.Highs`` once (PuLP's own translation), and every later iteration only adds
+its no-good row and moves the cutoff (the upper bound of ``T``) in that HiGHS model,
+instead of rebuilding it.  With CBC, PuLP solves the whole model each iteration.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from typing import Sequence
 
 import pulp
 
+from models.errors import InputError
 from solver.exact import ExactData, model_rows, solve_exact
 from solver.problem import PlanningProblem
 from solver.registry import register
 from solver.result import SolverResult
 
 BACKENDS = ("highs", "cbc")
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Silence fd 1 (HiGHS prints its banner from C++ when a model is created)."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no real stdout (captured or closed): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class MilpModel:
@@ -29,59 +57,83 @@ class MilpModel:
         self.unit = max(data.static_bound, 1e-12)  # scale times to about 1 for the solver's tolerances
         self.prob = pulp.LpProblem("pipeplan_bound", pulp.LpMinimize)
         # x[i]: candidate stage (arc) i is in the configuration
-        self.x = {i: pulp.LpVariable(f"x_{i}", cat=pulp.LpBinary) for i in range(len(data.arcs))}
-        # T: the lower bound on the iteration time, in units
-        self.T = pulp.LpVariable("T", lowBound=0)
-        # D: the pivot stage's critical ops beyond one microbatch, in units
-        self.D = pulp.LpVariable("D", lowBound=0)
+        self.x = [pulp.LpVariable(f"x_{i}", cat=pulp.LpBinary) for i in range(len(data))]
+        # T: the lower bound on the iteration time, in units; D: the pivot's extra ops; others: see model_rows
+        self.aux: dict[str, pulp.LpVariable] = {}
+        self.T = self._aux("T")
         self.prob += self.T
         count_rows, time_rows = model_rows(data)
-        for row in count_rows:
-            expr = pulp.lpSum(coef * self.x[i] for i, coef in row.terms)
-            self.prob += (expr == row.rhs) if row.sense == "==" else (expr <= row.rhs)
-        for row in time_rows:
-            target = self.T if row.target == "T" else self.D
-            expr = pulp.lpSum((coef / self.unit) * self.x[i] for i, coef in row.terms)
-            self.prob += target >= expr + (self.D if row.with_pivot else 0)
-        self.cutoff_row = None
+        x, unit = self.x, self.unit
+        for k, row in enumerate(count_rows):
+            expr = pulp.LpAffineExpression([(x[i], coef) for i, coef in row.terms])
+            sense = pulp.LpConstraintEQ if row.sense == "==" else pulp.LpConstraintLE
+            self.prob.addConstraint(pulp.LpConstraint(expr, sense, f"count_{k}", row.rhs))
+        for k, row in enumerate(time_rows):
+            # sum aux - sum (seconds / unit) x  (sense) 0
+            items = [(self._aux(name), coef) for name, coef in row.aux] + [(x[i], -c / unit) for i, c in row.terms]
+            expr = pulp.LpAffineExpression(items)
+            sense = pulp.LpConstraintEQ if row.sense == "==" else pulp.LpConstraintGE
+            self.prob.addConstraint(pulp.LpConstraint(expr, sense, f"time_{k}", 0))
         self.cuts = 0
+        self.highs = None
+
+    def _aux(self, name: str) -> pulp.LpVariable:
+        if name not in self.aux:
+            self.aux[name] = pulp.LpVariable(name, lowBound=0)
+        return self.aux[name]
 
     def exclude(self, arc_ids: Sequence[int]) -> None:
         self.cuts += 1
-        self.prob += pulp.lpSum(self.x[i] for i in arc_ids) <= len(arc_ids) - 1, f"nogood_{self.cuts}"
+        row = pulp.LpConstraint(pulp.LpAffineExpression([(self.x[i], 1) for i in arc_ids]), pulp.LpConstraintLE,
+                                f"nogood_{self.cuts}", len(arc_ids) - 1)
+        self.prob.addConstraint(row)
+        if self.highs is not None:
+            self.highs.addRow(-math.inf, len(arc_ids) - 1, len(arc_ids), [self.x[i].index for i in arc_ids],
+                              [1.0] * len(arc_ids))
 
     def solve(self, cutoff: float, time_limit: float):
-        if "cutoff" in self.prob.constraints:
-            del self.prob.constraints["cutoff"]
-        if math.isfinite(cutoff):
-            self.prob += self.T <= cutoff / self.unit, "cutoff"
         limit = max(time_limit, 0.01)
+        upper = cutoff / self.unit if math.isfinite(cutoff) else None
         if self.backend == "cbc":
+            self.T.upBound = upper
             return self._solve_cbc(limit)
-        return self._solve_highs(limit)
+        return self._solve_highs(limit, upper)
 
     def _chosen(self) -> list[int]:
-        return [i for i, v in self.x.items() if (v.value() or 0) > 0.5]
+        return [i for i, v in enumerate(self.x) if (v.value() or 0) > 0.5]
 
-    def _solve_highs(self, limit: float):
-        solver = pulp.HiGHS(msg=False, timeLimit=limit, gapRel=0.0, gapAbs=0.0, threads=1,
-                            random_seed=self.seed)
-        self.prob.solve(solver)
+    def _solve_highs(self, limit: float, upper: float | None):
         import highspy
-        h = self.prob.solverModel
+        if self.highs is None:
+            with quiet_stdout():
+                h = highspy.Highs()
+            h.setOptionValue("output_flag", False)
+            self.prob.solverModel = h
+            pulp.HiGHS(msg=False).buildSolverModel(self.prob)  # PuLP's translation, once
+            h.setOptionValue("mip_rel_gap", 0.0)
+            h.setOptionValue("mip_abs_gap", 0.0)
+            h.setOptionValue("threads", 1)
+            h.setOptionValue("random_seed", self.seed)
+            self.highs = h
+        h = self.highs
+        h.setOptionValue("time_limit", float(max(0.01, 0.9 * limit - 0.05)))  # HiGHS overruns a little
+        h.changeColBounds(self.T.index, 0.0, highspy.kHighsInf if upper is None else upper)
+        h.run()
         status = h.getModelStatus()
         info = h.getInfo()
         has_solution = info.primal_solution_status == 2
-        # PuLP reports a time-limited solve as "Optimal": read HiGHS's own status instead
-        if status == highspy.HighsModelStatus.kOptimal:
-            chosen = self._chosen()
-            return "optimal", chosen, self.T.value() * self.unit
+        chosen = None
+        if has_solution:
+            values = h.getSolution().col_value
+            chosen = [i for i, v in enumerate(self.x) if values[v.index] > 0.5]
+        if status == highspy.HighsModelStatus.kOptimal and chosen is not None:
+            return "optimal", chosen, info.objective_function_value * self.unit
         if status in (highspy.HighsModelStatus.kInfeasible, highspy.HighsModelStatus.kUnboundedOrInfeasible):
             return "infeasible", None, None
         bound = info.mip_dual_bound
         bound = bound * self.unit if math.isfinite(bound) else None
-        if has_solution:
-            return "feasible", self._chosen(), bound
+        if chosen is not None:
+            return "feasible", chosen, bound
         return "unknown", None, bound
 
     def _solve_cbc(self, limit: float):
@@ -111,6 +163,16 @@ class IlpSolver:
         self.backend = backend
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
-        """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof."""
+        """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof.
+
+        Raises
+        ------
+        InputError
+            With ``auto_microbatches`` or ``per_stage``: the MILP plans equal
+            microbatches only (use ``cpsat``, ``cpsat-split`` or ``nsga``).
+        """
+        if problem.auto_microbatches or problem.per_stage:
+            raise InputError("-", "--solver", "ilp plans M equal microbatches only; for --microbatches auto "
+                                              "or --per-stage use cpsat (exact), cpsat-split or nsga")
         return solve_exact(problem, self.name, lambda data: MilpModel(data, self.backend, seed),
                            time_limit=time_limit, seed=seed, details={"backend": self.backend})

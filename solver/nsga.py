@@ -396,7 +396,7 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     for name in ("cpsat", "ilp"):
         if name in solver_names():
             try:
-                result = get_solver(name).solve(problem, time_limit=share, seed=seed)
+                result = get_solver(name).solve(problem.equal_split_problem(), time_limit=share, seed=seed)
             except Exception:  # an exact solver under construction must not break this one
                 continue
             # only a proved plan: a time-limited one depends on the machine's speed, and

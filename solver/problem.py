@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from models.graph import LayerGraph
@@ -67,6 +67,10 @@ class PlanningProblem:
         if self.max_microbatches is not None and self.max_microbatches < self.microbatches:
             raise ValueError(f"max_microbatches ({self.max_microbatches}) is below microbatches "
                              f"({self.microbatches}); the equal split must stay in the search space")
+
+    def equal_split_problem(self) -> "PlanningProblem":
+        """The same problem with the split fixed to ``microbatches`` equal microbatches."""
+        return replace(self, auto_microbatches=False, per_stage=False)
 
     @property
     def split(self) -> tuple[int, ...]:

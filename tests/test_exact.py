@@ -255,6 +255,63 @@ class TestModelRows:
         assert all(i in ids for row in counts for i, _ in row.terms)
         assert all(i in ids for row in times for i, _ in row.terms)
 
+    def test_aux_rows_equal_expanded_sums(self):
+        """The difference rows define C_l and H_l as the per-layer sums of the docstring."""
+        problem = random_problem(21, layers=6, devices=4, schedule="1f1b")
+        data = build_data(problem)
+        _, times = model_rows(data)
+        rng = random.Random(1)
+        x = [rng.random() for _ in range(len(data))]  # any point, fractional too
+        values: dict[str, float] = {}
+        for row in times:  # definitions come in layer order: solve each for its new variable
+            if row.sense != "==":
+                continue
+            (name, coef), rest = row.aux[0], row.aux[1:]
+            values[name] = (sum(c * x[i] for i, c in row.terms) - sum(k * values[n] for n, k in rest)) / coef
+        tab = data.table
+        for layer in range(len(problem.graph)):
+            cover = [i for i in range(len(data)) if tab["lo"][i] <= layer < tab["hi"][i]]
+            before = [i for i in range(len(data)) if tab["hi"][i] <= layer]
+            assert values[f"Cb{layer}"] == pytest.approx(sum(tab["busy"][i] * x[i] for i in cover))
+            assert values[f"Cd{layer}"] == pytest.approx(sum(tab["pivot_extra"][i] * x[i] for i in cover))
+            if layer:
+                assert values[f"Hb{layer}"] == pytest.approx(sum(tab["head_fb"][i] * x[i] for i in before))
+
+
+class TestStandaloneBound:
+    def test_standalone_below_every_placement(self):
+        """An arc's standalone bound (used for pruning) never exceeds a plan holding it."""
+        problem = random_problem(22, layers=6, devices=4, schedule="1f1b")
+        data = build_data(problem)
+        by_start = {}
+        for i, arc in enumerate(data.arcs):
+            by_start.setdefault(arc.lo, []).append(i)
+        rng = random.Random(2)
+        checked = 0
+        for _ in range(200):
+            config, lo = [], 0
+            while lo < len(problem.graph) and by_start.get(lo):
+                config.append(rng.choice(by_start[lo]))
+                lo = data.arcs[config[-1]].hi
+            if lo != len(problem.graph) or not _valid_labels(data, config):
+                continue
+            groups, _ = placements(data, config)
+            flags = [data.options[data.arcs[i].option].recompute for i in config]
+            for devs in groups:
+                plan = problem.make_plan([(data.arcs[i].lo, data.arcs[i].hi) for i in config], devs, flags)
+                t = problem.evaluate(plan).iteration_time
+                assert max(data.arcs[i].standalone for i in config) <= t * (1 + REL)
+                checked += 1
+        assert checked > 0
+
+    def test_pruned_data_keeps_only_arcs_below_cutoff(self):
+        problem = random_problem(23, layers=6, devices=4, schedule="gpipe")
+        full = build_data(problem)
+        cutoff = float(sorted(full.table["standalone"])[len(full) // 2])
+        pruned = build_data(problem, cutoff=cutoff)
+        assert 0 < len(pruned) < len(full)
+        assert (pruned.table["standalone"] < cutoff).all()
+
 
 class TestGreedyPlans:
     def test_plans_are_valid(self):
