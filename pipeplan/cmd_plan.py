@@ -40,6 +40,8 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="split-aware solvers may give each stage its own split")
     p.add_argument("--generations", type=int, default=None, metavar="G", help="nsga: generations (default 60)")
     p.add_argument("--population", type=int, default=None, metavar="P", help="nsga: population (default 48)")
+    p.add_argument("--backend", choices=("highs", "cbc"), default=None,
+                   help="ilp: the MILP solver (default highs, in-process)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver (default 60)")
     p.add_argument("--seed", type=int, default=0)
@@ -114,6 +116,8 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace)
             solver.generations = args.generations
         if getattr(args, "population", None) is not None and hasattr(solver, "population"):
             solver.population = args.population
+        if getattr(args, "backend", None) is not None and hasattr(solver, "backend"):
+            solver.backend = args.backend
     results = []
     console = Console(file=sys.stderr)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),

@@ -393,6 +393,14 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
         # a baseline cut short by its time share depends on the machine's speed: skip it
         if result.plan is not None and not result.details.get("stopped_by_time_limit"):
             out.append((cls.name, result.plan))
+    if "cpsat" in solver_names() and (problem.auto_microbatches or problem.per_stage):
+        # on small instances cpsat proves the best plan over every pipeline and split
+        try:
+            result = get_solver("cpsat").solve(problem, time_limit=share, seed=seed)
+        except Exception:  # noqa: BLE001 - a failing seed must not break the GA
+            result = None
+        if result is not None and result.plan is not None and result.status == "optimal":
+            out.append(("cpsat", result.plan))
     for name in ("cpsat", "ilp"):
         if name in solver_names():
             try:

@@ -96,3 +96,15 @@ class TestPipelineBound:
             for split in compositions(4, 3):
                 plan = Plan("g", "c", 4, 4.0, "1f1b", tuple(Stage(b, g, split, r) for b, g, r in zip(bounds, groups, rc)))
                 assert simulate(plan, problem.graph, problem.cluster).iteration_time >= bound - 1e-9
+
+
+class TestNsgaNearTheJointOptimum:
+    @pytest.mark.parametrize("seed", range(2))
+    def test_within_two_percent(self, seed):
+        from solver.registry import get_solver
+
+        problem = instance(seed, True, "1f1b")
+        exact = solve_joint(problem, name="cpsat", time_limit=60)
+        ga = get_solver("nsga").solve(problem, time_limit=60, seed=0)
+        assert ga.status == "feasible" and problem.in_split_space(ga.plan)
+        assert ga.iteration_time <= exact.iteration_time * 1.02
