@@ -56,10 +56,18 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write ``data`` to ``path`` through a temporary file and a rename.
 
     A reader never sees a half-written file, and a failure leaves no file behind.
+
+    Raises
+    ------
+    InputError
+        If the folder does not exist or cannot be written.
     """
     target = Path(path)
     directory = target.parent if str(target.parent) else Path(".")
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise InputError(str(path), "output", f"cannot write here: {exc.strerror or exc}") from None
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -205,3 +213,26 @@ def number_list(value: Any, file: str, where: str, length: int) -> tuple[float, 
     if len(value) != length:
         raise InputError(file, where, f"expected {length} numbers, got {len(value)}")
     return tuple(check_number(v, file, f"{where}[{i}]") for i, v in enumerate(value))
+
+
+def check_writable(*paths: str | os.PathLike | None) -> None:
+    """Check, before any work, that every output path given can be written.
+
+    Commands call this first so that a bad output path fails before anything is
+    computed or written (and so never leaves some outputs written and others not).
+
+    Raises
+    ------
+    InputError
+        Naming the first path whose folder is missing or not writable.
+    """
+    for path in paths:
+        if path is None:
+            continue
+        folder = Path(path).parent if str(Path(path).parent) else Path(".")
+        if not folder.is_dir():
+            raise InputError(str(path), "output", f"folder {str(folder)!r} does not exist")
+        if not os.access(folder, os.W_OK):
+            raise InputError(str(path), "output", f"folder {str(folder)!r} is not writable")
+        if Path(path).is_dir():
+            raise InputError(str(path), "output", "is a folder, not a file name")

@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as exc:
         sys.stderr.write(exc.line() + "\n")
         return 2
+    except OSError as exc:  # a file that vanished or a full disk mid-run: still one line
+        sys.stderr.write(f"error: {exc.filename or '-'}: io: {exc.strerror or exc}\n")
+        return 2
     except KeyboardInterrupt:
         sys.stderr.write("error: -: interrupted: stopped by the user\n")
         return 130

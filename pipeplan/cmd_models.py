@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from models.errors import InputError
-from models.jsonio import atomic_write_text, dumps
+from models.jsonio import atomic_write_text, check_writable, dumps
 from models.zoo import build_model, model_names
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -69,6 +69,7 @@ def run_profile(args: argparse.Namespace) -> int:
     """Profile ``args.model`` and write the graph to ``args.output``."""
     if args.model not in model_names():
         raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}")
+    check_writable(args.output)
     dtype = _dtype(args.dtype)
     seq_len = None if args.seq_len is None else _integer(args.seq_len, "--seq-len", 1)
     if args.analytic:

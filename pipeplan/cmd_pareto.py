@@ -11,7 +11,7 @@ import argparse
 import io
 import sys
 
-from models.jsonio import atomic_write_bytes, atomic_write_text, dumps
+from models.jsonio import atomic_write_bytes, atomic_write_text, check_writable, dumps
 from pipeplan.cmd_plan import NO_PLAN, _common, problem_from_args
 from solver.nsga import NsgaRun, run_nsga
 
@@ -60,6 +60,7 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
+    check_writable(args.output, args.plot)
     problem = problem_from_args(args)
     run = run_nsga(problem, generations=args.generations or 60, population=args.population or 48,
                    seed=args.seed, time_limit=args.time_limit)

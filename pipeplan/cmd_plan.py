@@ -16,7 +16,7 @@ from typing import Any
 
 from models.errors import InputError
 from models.graph import load_graph
-from models.jsonio import atomic_write_bytes, atomic_write_text, dumps
+from models.jsonio import atomic_write_bytes, atomic_write_text, check_writable, dumps
 from solver.cluster import load_cluster
 from solver.gantt import write_gantt
 from solver.infeasibility import tightest_constraint
@@ -146,6 +146,7 @@ def _no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     """``pipeplan plan``: solve with one solver and write the plan atomically."""
+    check_writable(args.output)
     problem = problem_from_args(args)
     result = _solve(problem, [args.solver], args)[0]
     if result.plan is None:
@@ -221,6 +222,7 @@ def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     """``pipeplan compare``: run every (or the chosen) solver and report side by side."""
+    check_writable(args.csv, args.plot, args.best, args.gantt)
     problem = problem_from_args(args)
     names = solver_names() if not args.solvers else [n.strip() for n in args.solvers.split(",") if n.strip()]
     results = _solve(problem, names, args)

@@ -15,6 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from models.jsonio import check_writable
 from runtime.checks import load_inputs
 from runtime.launch import WorkerError, launch_local
 from runtime.report import present
@@ -41,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise_usage("--steps", f"must be at least 1, got {args.steps}")
     # Everything that can be refused is refused here, before any process starts.
+    check_writable(args.trace, args.gantt)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
     plan = inputs.plan
     ranks = rank_of(plan)

@@ -7,7 +7,7 @@ import json
 import sys
 
 from models.graph import load_graph
-from models.jsonio import atomic_write_text
+from models.jsonio import atomic_write_text, check_writable
 from solver.cluster import load_cluster
 from solver.gantt import write_gantt
 from solver.plan import Plan, load_plan
@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_writable(args.trace, args.gantt)
     graph = load_graph(args.graph)
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan, graph, cluster)

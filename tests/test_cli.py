@@ -172,3 +172,17 @@ class TestBadInput:
                               capture_output=True, text=True, env=env, timeout=120)
         assert proc.returncode == 2 and proc.stdout == ""
         assert proc.stderr == f"error: {tmp_path / 'none.json'}: file: no such file\n"
+
+
+class TestOutputPaths:
+    @pytest.mark.parametrize("argv", [
+        ["simulate", GRAPH, CLUSTER, PLAN, "--trace", "{tmp}/t.json", "--gantt", "{tmp}/no/g.png"],
+        ["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "2", "--solver", "even", "-o", "{tmp}/no/p.json"],
+        ["compare", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "2", "--solvers", "even",
+         "--csv", "{tmp}/c.csv", "--best", "{tmp}/no/b.json"],
+        ["profile", "gpt-tiny", "-o", "{tmp}/no/g.json"],
+    ])
+    def test_a_bad_output_folder_fails_first_and_writes_nothing(self, argv, run_cli, tmp_path):
+        status, out, err = run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in argv])
+        assert status == 2 and err.startswith("error: ") and "output: folder" in err and "does not exist" in err
+        assert list(tmp_path.iterdir()) == []
