@@ -174,6 +174,9 @@ class _SplitModel:
                 if k + 1 < K:
                     m.add_implication(self.p[t, k + 1], self.p[t, k])  # present slots form a prefix
             m.add(sum(self.n[t, k] for k in range(K)) == B)
+            if not self.problem.free_sizes:  # --microbatches M without auto/per-stage: M equal
+                for k, size in enumerate(self.problem.split):
+                    m.add(self.n[t, k] == size)
             m.add_linear_constraint(sum(self.p[t, k] for k in range(K)), counts.start, counts.stop - 1)
         row = (lambda s: s) if self.problem.per_stage else (lambda s: 0)
         self.row = row

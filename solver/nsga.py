@@ -155,7 +155,7 @@ class Codec:
             lo = self.a_len + t * self.slots
             genes = [max(0, int(g)) for g in x[lo:lo + self.slots]]
             split = _fit_sum(_fit_count([g for g in genes if g > 0] or [1], counts.start, counts.stop - 1),
-                             p.global_batch)
+                             p.global_batch) if p.free_sizes else list(p.split)  # M fixed: M equal
             x[lo:lo + self.slots] = 0
             x[lo:lo + len(split)] = split
         return x

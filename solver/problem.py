@@ -102,6 +102,15 @@ class PlanningProblem:
         top = min(self.global_batch, self.max_microbatches or self.microbatches)
         return range(1, top + 1) if self.auto_microbatches else range(self.microbatches, self.microbatches + 1)
 
+    @property
+    def free_sizes(self) -> bool:
+        """Whether microbatch sizes are decisions (``auto_microbatches`` or ``per_stage``).
+
+        Otherwise ``--microbatches M`` means ``M`` equal microbatches (:attr:`split`)
+        for every solver, split-aware ones included.
+        """
+        return self.auto_microbatches or self.per_stage
+
     def in_split_space(self, plan: Plan) -> bool:
         """Whether ``plan`` is in the search space of the split-aware solvers.
 
@@ -116,6 +125,8 @@ class PlanningProblem:
             return False
         if not self.allow_recompute and any(st.recompute for st in plan.stages):
             return False
+        if not self.free_sizes:
+            return all(st.microbatches == self.split for st in plan.stages)
         counts = self.split_counts
         for st in plan.stages:
             if len(st.microbatches) not in counts or sum(st.microbatches) != self.global_batch:

@@ -108,3 +108,19 @@ class TestNsgaNearTheJointOptimum:
         ga = get_solver("nsga").solve(problem, time_limit=60, seed=0)
         assert ga.status == "feasible" and problem.in_split_space(ga.plan)
         assert ga.iteration_time <= exact.iteration_time * 1.02
+
+
+class TestFixedMicrobatchCount:
+    """``--microbatches M`` without auto or per-stage means M equal microbatches, for every solver."""
+
+    @pytest.mark.parametrize("name", ["nsga", "cpsat-split", "umpipe-local", "umpipe-dp", "cpsat"])
+    def test_split_aware_solvers_keep_the_equal_split(self, name):
+        from dataclasses import replace
+
+        from solver.registry import get_solver
+
+        problem = replace(instance(0, False, "1f1b"), auto_microbatches=False, max_microbatches=None)
+        result = get_solver(name).solve(problem, time_limit=30, seed=0)
+        assert result.plan is not None
+        assert all(st.microbatches == problem.split for st in result.plan.stages)
+        assert problem.in_split_space(result.plan)
