@@ -44,7 +44,7 @@ class CpSatModel:
         count_rows, time_rows = model_rows(data)
         # every time variable is a sum of floored arc times along one path (at most the total of all of them)
         horizon = sum(self._floor(float(tab[k].sum())) for k in ("busy", "allreduce", "head_fb", "pass_cost",
-                                                                   "pivot_extra", "work")) + 1
+                                                                   "pivot_extra", "work", "pivot_ar")) + 1
         self.aux: dict[str, cp_model.IntVar] = {}
         x = self.x
         for row in count_rows:

@@ -50,6 +50,20 @@ each term is ``<= T``.  ``n_min`` is the smallest microbatch, ``q = ceil(n / r)`
    - u``.  The path ends at the end of stage 0's last op, so ``AR_0`` adds on top.
    Linear form: ``T >= U + D`` with ``U = sum u' x`` and ``D >= sum over arcs covering
    l of delta * x`` for every layer ``l``.
+
+   **2b. Pivot path ending in the pivot's all-reduce.**  The same path, but after stage
+   ``s``'s last op it takes ``AR_s`` instead of carrying ``B_{M-1}`` back to stage 0.
+   ``F0`` of stage ``s`` starts after ``F0`` ran on every earlier stage ``j`` and crossed
+   its cut (the sample 0 lies in microbatch 0 of every stage): at least ``head_f_j`` each
+   (term 1).  Then stage ``s`` runs ``F0``, microbatch 0 goes through every later stage
+   and back, each later stage ``j`` adding at least ``u_j`` and its outgoing cut two
+   transfers (its ``u'``; never first, so no ``AR_0``), stage ``s`` runs its critical
+   ops from ``B0`` on (``delta``, as in term 2; its own outgoing cut is crossed once
+   each way), and ``AR_s`` follows its last op.  So ``T >= sum_{j<s} head_f_j + (u_s +
+   2 send_s + delta_s + AR_s) + sum_{j>s} u'_j``.  Linear form, for every layer ``l``:
+   ``T >= Hf_l + sum_{a covers l} pivot_ar x + R_l`` with ``R_l = sum_{lo > l} u' x``.
+   For pruning: the earlier stages' heads are at least ``head_min`` of term 1 and each
+   later layer adds its ``u`` at the largest speed and replication.
 3. **All-reduce and links**: ``AR_s >= 2 (r-1) (lat_lb + P_s / (r bw_ub))``.  If all
    of a group's devices share a server, ``bw(D)``/``lat(D)`` are that server's link,
    and that server holds the whole composition; otherwise some pair crosses servers
@@ -182,10 +196,12 @@ class Arc:
     """``head_f`` plus ``B_{M-1}`` and the backward transfer reaching this stage."""
     standalone: float = 0.0
     """A bound on every configuration holding this arc (used to prune it)."""
+    pivot_ar: float = 0.0
+    """The arc as the pivot of term 2b: ``u + its outgoing transfers + delta + AR`` (no ``AR_0``)."""
 
 
 ARC_FIELDS = ("lo", "hi", "tau", "option", "busy_path", "pass_cost", "pivot_extra", "work", "busy", "allreduce",
-              "head_f", "head_fb", "standalone")
+              "head_f", "head_fb", "standalone", "pivot_ar")
 
 
 @dataclass
@@ -372,6 +388,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
     tail_min = np.where(first, 0.0, lat_min + (P_ab[lo_all] + P_bb[lo_all] * q_best) / v_max)
     u_layer = _prefix([(l.fwd[0] + l.bwd[0] + (l.fwd[1] + l.bwd[1]) * q_best) / v_max for l in layers])
     rest_pass = u_layer[L] - (u_layer[hi_all] - u_layer[lo_all])
+    after_pass = u_layer[L] - u_layer[hi_all]
     w_layer = _prefix([M * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1]) for l in layers])
     rest_work = w_layer[L] - (w_layer[hi_all] - w_layer[lo_all])
     if problem.schedule == "gpipe":
@@ -404,6 +421,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
         def send(n):  # one transfer of n samples across the stage's outgoing cut, fastest conceivable
             return np.where(last, 0.0, lat_min + n * CUT / (r * min(bw_max, opt.send_bandwidth)))
         pass_cost = u + 2 * send(n_min) + np.where(first, ar, 0.0)
+        pass_plain = u + 2 * send(n_min)
         head_f = f0 + send(n_first)
         head_fb = head_f + b_last + send(n_last)
         work = busy * r * v / V
@@ -435,12 +453,15 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
                 critical = f0 + bwd_sum + ((M - 1 - w) * AF + BF * tail_q) / v if w + 1 < M else f0 + bwd_sum
             delta = critical - u
             standalone = np.maximum(base, pass_cost + delta + rest_pass)
+            pivot_ar = pass_plain + delta + ar
+            standalone = np.maximum(standalone, head_min + pivot_ar + after_pass)
             keep = np.flatnonzero(fits & (standalone < cutoff))
             if not len(keep):
                 continue
             for name, col in (("lo", lo_all), ("hi", hi_all), ("busy_path", busy_path), ("pass_cost", pass_cost),
                               ("pivot_extra", delta), ("work", work), ("busy", busy), ("allreduce", ar),
-                              ("head_f", head_f), ("head_fb", head_fb), ("standalone", standalone)):
+                              ("head_f", head_f), ("head_fb", head_fb), ("standalone", standalone),
+                              ("pivot_ar", pivot_ar)):
                 columns[name].append(col[keep])
             columns["tau"].append(np.full(len(keep), t, dtype=np.int64))
             columns["option"].append(np.full(len(keep), index, dtype=np.int64))
@@ -476,7 +497,13 @@ def config_lower_bound(data: ExactData, arc_ids: Sequence[int]) -> float:
         head_f += a.head_f
         head_fb += a.head_fb
     pivot = sum(a.pass_cost for a in arcs) + max(a.pivot_extra for a in arcs)
-    return max(busy, pivot, sum(a.work for a in arcs))
+    # term 2b: heads of the earlier stages, the pivot with its all-reduce, passes of the later ones
+    pivot_ar, before, after = 0.0, 0.0, sum(a.pass_cost for a in arcs)
+    for a in arcs:
+        after -= a.pass_cost
+        pivot_ar = max(pivot_ar, before + a.pivot_ar + after)
+        before += a.head_f
+    return max(busy, pivot, pivot_ar, sum(a.work for a in arcs))
 
 
 # ------------------------------------------------------------------- model rows
@@ -510,9 +537,10 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
     Count rows: a path of arcs from layer 0 to layer ``L`` whose ``tau`` labels count the
     later stages (capped at ``max_tau``), at most ``stage_limit`` stages, and at most
     the available devices of each class.  Time rows: terms 1, 2 and 4 of the module
-    docstring, with auxiliary time variables so that each arc appears in O(1) rows per
+    docstring (and 2b), with auxiliary time variables so that each arc appears in O(1) rows per
     term: ``C{k}_l = sum over arcs covering l of c_k x`` (defined by differences from
-    layer to layer), ``H{k}_l = sum over arcs ending at or before l of h_k x``.
+    layer to layer), ``H{k}_l = sum over arcs ending at or before l of h_k x``,
+    ``R_l = sum over arcs starting after l of u' x`` (defined from the last layer down).
     """
     L, tab = len(data.problem.graph), data.table
     n = len(data)
@@ -547,7 +575,7 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
         rows.append(CountRow(terms, "<=", cls.count))
     times: list[TimeRow] = []
     cover = {"Cb": tab["busy"].tolist(), "Ca": (tab["busy"] + tab["allreduce"]).tolist(),
-             "Cd": tab["pivot_extra"].tolist()}
+             "Cd": tab["pivot_extra"].tolist(), "Cr": tab["pivot_ar"].tolist()}
     heads = {"Hf": tab["head_f"].tolist(), "Hb": tab["head_fb"].tolist()}
     for name, c in cover.items():  # C_l - C_{l-1} = sum_{lo=l} c x - sum_{hi=l} c x
         for layer in range(L):
@@ -558,6 +586,14 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
         for layer in range(1, L):
             aux = ((f"{name}{layer}", 1),) + (((f"{name}{layer - 1}", -1),) if layer > 1 else ())
             times.append(TimeRow(aux, tuple((i, h[i]) for i in by_hi[layer]), "=="))
+    pass_cost = tab["pass_cost"].tolist()
+    for layer in range(L - 2, -1, -1):  # R_l - R_{l+1} = sum_{lo=l+1} pass_cost x, R_{L-1} = 0
+        aux = ((f"R{layer}", 1),) + (((f"R{layer + 1}", -1),) if layer < L - 2 else ())
+        times.append(TimeRow(aux, tuple((i, pass_cost[i]) for i in by_lo[layer + 1]), "=="))
+    for layer in range(L):
+        hf = ((f"Hf{layer}", -1),) if layer else ()
+        rr = ((f"R{layer}", -1),) if layer < L - 1 else ()
+        times.append(TimeRow((("T", 1), (f"Cr{layer}", -1)) + hf + rr, ()))  # term 2b: pivot + all-reduce
     for layer in range(L):
         hb = ((f"Hb{layer}", -1),) if layer else ()
         hf = ((f"Hf{layer}", -1),) if layer else ()
@@ -816,12 +852,27 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     search = _Search(problem, clock)
     for plan in warm_start_plans(problem, seed, min(1.0, 0.03 * time_limit)):
         search.offer(plan)
-    # The slow DP baselines too, before the model: an exact solver must never return a
-    # plan worse than a baseline would, even when the model does not reach a solution.
-    for plan in warm_start_plans(problem, seed, min(5.0, 0.1 * time_limit), slow=True):
-        search.offer(plan)
+    # The slow DP baselines too: an exact solver must never return a plan worse than a
+    # baseline would, even when the model does not reach a solution.  They keep their
+    # time share, but run after the model when it is built (a proof makes them moot).
+    slow_share = min(5.0, 0.1 * time_limit)
+    slow_done = False
+
+    def run_slow(share: float) -> None:
+        nonlocal slow_done
+        slow_done = True
+        for slow_plan in warm_start_plans(problem, seed, share, slow=True):
+            search.offer(slow_plan)
+
     data = build_data(problem, search.cutoff(), clock)
+    if not data.complete or len(data) > MAX_MODEL_ARCS:
+        run_slow(slow_share)  # the model may not run: their plans first, and a tighter cutoff
+        if data.complete and not clock.expired():
+            data = build_data(problem, search.cutoff(), clock)
+    reserve = 0.0 if slow_done else min(slow_share, 0.5 * clock.remaining())
     if not data.complete or clock.expired() or len(data) > MAX_MODEL_ARCS:
+        if not slow_done:
+            run_slow(min(slow_share, clock.remaining()))
         # out of time, or a model too large to build in time: only the model-free bound holds
         search.raise_bound(data.static_bound)
         return _result(name, search, data, clock, seed, "unknown", 0, 0, details or {})
@@ -830,6 +881,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     if not (data.table["lo"] == 0).any() or not (data.table["hi"] == L).any():
         # no candidate stage can start or end the pipeline below the cutoff
         search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
+        if not search.proved() and not slow_done:
+            run_slow(min(slow_share, clock.remaining()))
         return _result(name, search, data, clock, seed, "infeasible", 0, 0, details or {})
     model = make_model(data)
     iterations = cuts = 0
@@ -837,9 +890,9 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     if hint is not None and hasattr(model, "hint"):
         model.hint(hint)
     status = "unknown"
-    while not search.proved() and clock.remaining() > 0:
+    while not search.proved() and clock.remaining() - reserve > 0:
         iterations += 1
-        status, arc_ids, model_bound = model.solve(search.cutoff(), clock.remaining())
+        status, arc_ids, model_bound = model.solve(search.cutoff(), clock.remaining() - reserve)
         if status == "infeasible":
             # no configuration left below the cutoff: the incumbent is optimal
             search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
@@ -851,6 +904,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         _evaluate(data, search, arc_ids, clock)
         model.exclude(arc_ids)  # valid whatever the model's status: the configuration was simulated
         cuts += 1
+    if not search.proved() and not slow_done:
+        run_slow(min(slow_share, max(clock.remaining(), 0.0)))
     return _result(name, search, data, clock, seed, status, iterations, cuts, details or {})
 
 
