@@ -845,6 +845,28 @@ def plan_config(data: ExactData, plan: Plan) -> list[int] | None:
     return ids
 
 
+def improve_with_ga(problem: PlanningProblem, search: "_Search", clock: TimeLimit, seed: int) -> None:
+    """Spend time no model can use on NSGA-II, seeded with the incumbent.
+
+    With a fixed microbatch count the GA keeps the equal split, so its plans lie in this
+    search space; they only improve the incumbent and never touch the bound.  The GA is
+    given its own seeds, so it does not call back into the exact solvers.
+    """
+    if search.best_plan is None or problem.free_sizes or clock.remaining() < 1.0:
+        return
+    from solver.nsga import run_nsga  # the GA imports the registry; import it only when needed
+
+    seeds = [("incumbent", search.best_plan)]
+    for round_ in range(4):  # restart from the best front while time is left and it helps
+        before = search.best_time
+        run = run_nsga(problem, seed=seed + round_, time_limit=0.9 * clock.remaining(), seeds=seeds)
+        for point in run.front:
+            search.offer(point.plan)
+        seeds = [("incumbent", search.best_plan)] + [("front", p.plan) for p in run.front[:8]]
+        if search.best_time >= before or clock.remaining() < 2.0:
+            break
+
+
 def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[ExactData], LowerBoundModel], *,
                 time_limit: float, seed: int, details: dict | None = None) -> SolverResult:
     """Run the cut loop described in the module docstring and report the result."""
@@ -875,6 +897,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             run_slow(min(slow_share, clock.remaining()))
         # out of time, or a model too large to build in time: only the model-free bound holds
         search.raise_bound(data.static_bound)
+        improve_with_ga(problem, search, clock, seed)
         return _result(name, search, data, clock, seed, "unknown", 0, 0, details or {})
     search.raise_bound(data.static_bound if len(data) else search.best_time)
     L = len(problem.graph)
