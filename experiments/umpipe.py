@@ -23,7 +23,6 @@ a few minutes on two cores).
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import time
 from pathlib import Path
@@ -31,12 +30,13 @@ from pathlib import Path
 import numpy as np
 
 from models.graph import LayerGraph, load_graph
-from models.jsonio import atomic_write_bytes, atomic_write_text
+from models.jsonio import atomic_write_text
 from models.synthetic import synthetic_graph
 from solver.baselines import best_baseline
 from solver.cluster import Cluster, Device, Link, load_cluster
 from solver.problem import PlanningProblem
 from solver.cpsat_split import optimize_splits
+from solver.figures import pyplot, save_png
 from solver.registry import get_solver
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -126,9 +126,7 @@ def _table(rows: list[dict], batch: int, m: int, per_stage: bool) -> str:
 
 
 def _plot(path: Path, rows: list[dict]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels = [f"{r['net']}\n{r['cluster'][:6]} {r['schedule']}" for r in rows]
     fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows)), 4))
@@ -140,10 +138,7 @@ def _plot(path: Path, rows: list[dict]) -> None:
     ax.set_title("Unequal microbatches vs equal, per network, cluster and schedule")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(fig, str(path))
 
 
 def main() -> None:

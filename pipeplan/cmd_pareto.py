@@ -8,10 +8,10 @@ iteration time and peak memory as one JSON file (``pipeplan.pareto/1``), and wit
 from __future__ import annotations
 
 import argparse
-import io
 import sys
 
-from models.jsonio import atomic_write_bytes, atomic_write_text, check_writable, dumps
+from models.jsonio import atomic_write_text, check_writable, dumps
+from solver.figures import pyplot, save_png
 from pipeplan.cmd_plan import NO_PLAN, _common, problem_from_args
 from solver.nsga import NsgaRun, run_nsga
 
@@ -39,9 +39,7 @@ def front_document(run: NsgaRun, args: argparse.Namespace) -> dict:
 
 
 def _plot(path: str, run: NsgaRun, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 4))
     xs = [pt.iteration_time * 1e3 for pt in run.front]
@@ -52,10 +50,7 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
     ax.set_ylabel("peak memory per device (GiB)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(fig, path)
 
 
 def run_pareto(args: argparse.Namespace) -> int:

@@ -16,8 +16,9 @@ from typing import Any
 
 from models.errors import InputError
 from models.graph import load_graph
-from models.jsonio import atomic_write_bytes, atomic_write_text, check_writable, dumps
+from models.jsonio import atomic_write_text, check_writable, dumps
 from solver.cluster import load_cluster
+from solver.figures import pyplot, save_png
 from solver.gantt import write_gantt
 from solver.infeasibility import tightest_constraint
 from solver.problem import PlanningProblem
@@ -203,10 +204,7 @@ def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
 
 
 def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     solved = [r for r in rows if r["iteration_time"] is not None]
     fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(solved) + 2), 4))
     ax.bar([r["solver"] for r in solved], [r["iteration_time"] * 1e3 for r in solved], color="tab:blue")
@@ -214,10 +212,7 @@ def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     ax.set_title(title)
     ax.tick_params(axis="x", rotation=45)
     fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=100)
-    plt.close(fig)
-    atomic_write_bytes(path, buffer.getvalue())
+    save_png(fig, path)
 
 
 def run_compare(args: argparse.Namespace) -> int:

@@ -7,11 +7,10 @@ bubble fraction.  The runtime draws measured timelines with the same function.
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Sequence
 
-from models.jsonio import atomic_write_bytes
+from solver.figures import pyplot, save_png
 from solver.simulator import SimulationResult
 
 COLOURS = {
@@ -70,11 +69,9 @@ def draw_gantt(rows: Sequence[str], bars: Sequence[Bar], title: str, path: str |
 
     Returns the matplotlib figure.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
+
+    plt = pyplot()
 
     index = {r: i for i, r in enumerate(rows)}
     fig = None
@@ -98,10 +95,7 @@ def draw_gantt(rows: Sequence[str], bars: Sequence[Bar], title: str, path: str |
     fig = fig or ax.figure
     fig.tight_layout()
     if path is not None:
-        buffer = io.BytesIO()
-        fig.savefig(buffer, format="png", dpi=120)
-        atomic_write_bytes(path, buffer.getvalue())
-        plt.close(fig)
+        save_png(fig, path, dpi=120)
     return fig
 
 
