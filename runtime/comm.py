@@ -95,6 +95,13 @@ class Channels:
                                  [m for m in grad_order(after, op_lists) if m.src == rank])
         self.grad_out = Direction(groups.get((stage - 1, "bwd")), layouts[0],
                                   outgoing=[m for m in grad_order(before, op_lists) if m.dst == rank])
+        # Each op's outgoing messages, looked up once rather than filtered per op.
+        self._act_sends: dict[int, list[Message]] = {}
+        for m in self.act_out.outgoing:
+            self._act_sends.setdefault(m.src_mb, []).append(m)
+        self._grad_sends: dict[int, list[Message]] = {}
+        for m in self.grad_out.outgoing:
+            self._grad_sends.setdefault(m.dst_mb, []).append(m)
         self._acts: dict[int, list[Inbound]] = {}
         self._grads: dict[int, list[Inbound]] = {}
         self._sends: list[tuple[dist.Work, torch.Tensor]] = []
@@ -141,13 +148,11 @@ class Channels:
     # ----------------------------------------------------------------- sending
     def send_activations(self, k: int, buffer: torch.Tensor, first_sample: int) -> None:
         """Send the rows of microbatch ``k``'s output to every piece that needs them."""
-        self._send(self.act_out, [m for m in self.act_out.outgoing if m.src_mb == k],
-                   buffer, first_sample, "fwd", peer=lambda m: m.dst)
+        self._send(self.act_out, self._act_sends.get(k, []), buffer, first_sample, "fwd", peer=lambda m: m.dst)
 
     def send_gradients(self, k: int, buffer: torch.Tensor, first_sample: int) -> None:
         """Send the input gradients of microbatch ``k`` back to the pieces they came from."""
-        self._send(self.grad_out, [m for m in self.grad_out.outgoing if m.dst_mb == k],
-                   buffer, first_sample, "bwd", peer=lambda m: m.src)
+        self._send(self.grad_out, self._grad_sends.get(k, []), buffer, first_sample, "bwd", peer=lambda m: m.src)
 
     def _send(self, direction: Direction, messages: list[Message], buffer: torch.Tensor,
               first_sample: int, link: str, peer) -> None:
@@ -157,7 +162,8 @@ class Channels:
             arrival = self.emulator.links[link].arrival(time.perf_counter(), nbytes)
             stamp = torch.tensor([arrival], dtype=torch.float64, device=self.device)
         for m in messages:
-            rows = buffer[m.start - first_sample:m.stop - first_sample].contiguous()
+            rows = buffer if m.size == buffer.shape[0] else \
+                buffer[m.start - first_sample:m.stop - first_sample].contiguous()
             self._sends.append((dist.isend(rows, peer(m), group=direction.group, tag=m.tag), rows))
             if stamp is not None:
                 self._sends.append((dist.isend(stamp, peer(m), group=direction.group, tag=m.tag + STAMP_TAG), stamp))

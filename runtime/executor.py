@@ -102,11 +102,12 @@ class Executor:
         """One iteration on the global batch ``(inputs, targets)``.
 
         ``start`` runs after the receives are posted and before the clock starts (the
-        caller's barrier).  Returns the events and the time the gradients were
+        caller's start line: every rank leaves it together).  Returns the events and the time the gradients were
         synchronised (the iteration's end in the spec's sense; the optimizer step
         after it is not timed).
         """
         self.channels.post_receives()
+        self.sync.post()
         if self.emulator is not None:
             self.emulator.new_iteration()
         self.beat(step, 0, waiting=True)

@@ -57,11 +57,41 @@ def make_groups(plan: Plan, model: ZooModel) -> dict:
 
 
 @dataclass
-class GradSync:
-    """The all-reduces one rank takes part in, each over one flat buffer."""
+class Bucket:
+    """One set of gradients summed over one group."""
 
-    buckets: list[tuple[dist.ProcessGroup, list[nn.Parameter]]] = field(default_factory=list)
-    """``(group, parameters)`` to sum over ``group``."""
+    group: dist.ProcessGroup
+    """The group summing them."""
+    params: list[nn.Parameter]
+    """The parameters whose gradients are summed (in a fixed order)."""
+    peer: int | None = None
+    """The other member's global rank when the group has two members (summed by one
+    exchange, see [Note: pairwise exchange]); ``None``: ``dist.all_reduce``."""
+    incoming: torch.Tensor | None = None
+    """The peer's flat gradients (posted by :meth:`GradSync.post`)."""
+    work: dist.Work | None = None
+    """Its pending receive."""
+
+
+@dataclass
+class GradSync:
+    """The gradient sums one rank takes part in, each over one flat buffer.
+
+    [Note: pairwise exchange]  Most groups here have two members (two replicas, or
+    the two stages holding GPT's tied embedding and head).  For them a sum is one
+    message each way: the receive of the peer's flat gradients is posted with the
+    iteration's other receives, and each side sends its own as soon as its last
+    backward ends, so the member that finishes first (the last stage, for tied
+    weights) has its part delivered by the time the other one needs it.  The
+    exposed cost is one message latency instead of gloo's all-reduce (several
+    rounds, each handed between gloo's worker and I/O threads).  Both members add
+    the same two buffers, ``a + b`` and ``b + a``, which floating-point addition
+    makes bitwise equal, so the copies stay identical.  Larger groups use
+    ``dist.all_reduce`` (a ring moves less data than sending everything to everyone).
+    """
+
+    buckets: list[Bucket] = field(default_factory=list)
+    """The sums, in one global order."""
 
     @classmethod
     def for_stage(cls, stage: int, params: list[nn.Parameter], model: ZooModel, plan: Plan,
@@ -76,18 +106,41 @@ class GradSync:
         # One global order (the groups' creation order): two ranks sharing two groups
         # must reduce them in the same order or wait on each other forever.
         order = list(groups)
-        return cls([(groups[key], by_group[key]) for key in sorted(by_group, key=order.index)])
+        me = dist.get_rank()
+        buckets = []
+        for key in sorted(by_group, key=order.index):
+            members = dist.get_process_group_ranks(groups[key])
+            peer = next(r for r in members if r != me) if len(members) == 2 else None
+            buckets.append(Bucket(groups[key], by_group[key], peer))
+        return cls(buckets)
 
     def __bool__(self) -> bool:
         return bool(self.buckets)
 
+    def post(self) -> None:
+        """Post the receives of the peers' gradients (before the iteration starts)."""
+        for b in self.buckets:
+            if b.peer is not None:
+                first = b.params[0]
+                b.incoming = torch.empty(sum(p.numel() for p in b.params), dtype=first.dtype, device=first.device)
+                b.work = dist.irecv(b.incoming, b.peer, group=b.group)
+
     def all_reduce(self) -> None:
         """Sum every bucket's gradients over its group, in place."""
-        for group, params in self.buckets:
-            for p in params:
+        for b in self.buckets:
+            for p in b.params:
                 if p.grad is None:  # a replica that got no sample still takes part
                     p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in params])
-            dist.all_reduce(flat, group=group)
-            for p, part in zip(params, flat.split([p.numel() for p in params])):
+            flat = torch.cat([p.grad.reshape(-1) for p in b.params]) if len(b.params) > 1 \
+                else b.params[0].grad.reshape(-1)
+            if b.peer is None:
+                dist.all_reduce(flat, group=b.group)
+            else:
+                assert b.work is not None and b.incoming is not None, "GradSync.post() was not called"
+                sent = dist.isend(flat, b.peer, group=b.group)
+                b.work.wait()
+                flat = flat + b.incoming  # a new tensor: the sent one stays untouched until sent
+                sent.wait()
+                b.work = b.incoming = None
+            for p, part in zip(b.params, flat.split([p.numel() for p in b.params])):
                 p.grad.copy_(part.view_as(p))

@@ -1,7 +1,7 @@
 """Measured timelines: iteration times, a Chrome trace and a Gantt chart.
 
-Each rank times its work from its own iteration start (right after a barrier that
-every rank leaves together), so the ranks' timelines line up without comparing
+Each rank times its work from its own iteration start (right after a start line
+that every rank leaves together, see ``runtime.worker._start_together``), so the ranks' timelines line up without comparing
 clocks across machines.  An iteration ends when the last rank has synchronised its
 gradients, as the spec's ``T``; the optimizer step after it is not counted.
 Gaps between a rank's timed work are its *idle* time.
@@ -24,10 +24,10 @@ _COMPUTE = {"forward": "forward", "backward": "backward", "recompute": "recomput
 def align(result: dict) -> dict:
     """Put every rank's times on one clock when all ranks ran on one machine.
 
-    Ranks leave the start-of-iteration barrier a little apart (up to a message
+    Ranks leave the start-of-iteration line a little apart (up to a message
     latency), so per-rank clocks are shifted to the earliest start, using
     ``time.perf_counter`` (system-wide on one machine).  Across machines each rank
-    keeps its own barrier exit as time 0.  Idempotent.
+    keeps its own start as time 0.  Idempotent.
     """
     ranks = result["ranks"]
     if result.get("aligned") or len({r.get("host") for r in ranks}) != 1 or "t0" not in ranks[0]["steps"][0]:

@@ -33,11 +33,40 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         "idle": [sum(b - a for a, b in idle_spans(r["steps"][step]["events"], r["steps"][step]["end"]))
                  for r in ranks],
         "devices": [r["device"] for r in ranks],
+        **breakdown(ranks, step, inputs.prediction.busy),
     }
     if "max_param_diff" in result:
         summary.update(max_param_diff=result["max_param_diff"], max_param_diff_at=result["max_param_diff_at"],
                        verified=result["max_param_diff"] <= TOLERANCE)
     return summary
+
+
+def breakdown(ranks: list[dict], step: int, predicted_busy) -> dict[str, Any]:
+    """Where a rank's time went in ``step``, next to what the spec charges for it.
+
+    ``busy``: seconds in forward, backward and recompute spans (the spec's op times,
+    ``predicted_busy``, are profiled per unit in isolation: what a rank adds on top,
+    e.g. the loss on the last stage or caches gone cold while it waited, shows here);
+    ``send_cpu``: seconds the rank spent posting sends (packing and handing buffers
+    to the backend, which the spec does not charge to the sender: a transfer only
+    occupies its link); ``waits``: seconds blocked on receives; ``sync``: the
+    gradient sums after the last op (all-reduce and tied weights; the spec has no
+    time for tied weights).
+    """
+    out: dict[str, list[float]] = {"busy": [], "predicted_busy": [], "send_cpu": [], "waits": [], "sync": []}
+    for r in ranks:
+        spent = {"forward": 0.0, "backward": 0.0, "recompute": 0.0, "send": 0.0, "receive": 0.0, "allreduce": 0.0}
+        for kind, label, a, b in r["steps"][step]["events"]:
+            if kind == "send" and label == "wait sends":
+                spent["receive"] += b - a  # waiting for the last sends to leave
+            else:
+                spent[kind] = spent.get(kind, 0.0) + b - a
+        out["busy"].append(spent["forward"] + spent["backward"] + spent["recompute"])
+        out["predicted_busy"].append(float(predicted_busy[r["stage"]]))
+        out["send_cpu"].append(spent["send"])
+        out["waits"].append(spent["receive"])
+        out["sync"].append(spent["allreduce"])
+    return out
 
 
 def present(args, inputs: RunInputs, result: dict) -> int:

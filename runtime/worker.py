@@ -103,8 +103,10 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.timeout))
     control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
+    starter = dist.new_group(backend="gloo")  # the start of each iteration, see _start_together
     executor, need_data = _build(args, inputs, rank, device, beat)
-    records = _train(args, inputs, executor, need_data, rank, device, control, beat)
+    _pin_main_thread(device)
+    records = _train(args, inputs, executor, need_data, rank, device, starter, beat)
     status = _finish(args, inputs, executor, records, rank, world, control, beat)
     dist.destroy_process_group()
     return status
@@ -139,9 +141,56 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     return executor, need_data
 
 
+def _pin_main_thread(device: torch.device) -> None:
+    """With ``PIPEPLAN_PIN=1``: pin this rank's main thread to a core of its own.
+
+    [Note: core pinning]  A rank's main thread does all its compute and blocks for
+    messages; gloo's I/O threads hand the messages over.  Left to the scheduler, a
+    send from rank ``a`` can wake rank ``b``'s threads on ``a``'s core (wake-affine
+    placement), where ``b``'s compute then runs while ``a``'s main thread waits in
+    the run queue, until the load balancer moves one of them: on a loaded 2-core box
+    a gloo ``isend`` was seen to take 1.3 ms instead of 40 us.  One core per main
+    thread rules that out (gloo's threads, created with the process groups before
+    this call, stay free to run anywhere).  It is opt-in: when other work shares the
+    machine, a pinned rank cannot leave a core that another process keeps busy,
+    which measured worse than leaving placement to the scheduler; on an idle machine
+    the two measured alike.  Skipped when there are more local ranks than usable
+    cores, and on GPUs.
+    """
+    if device.type != "cpu" or os.environ.get("PIPEPLAN_PIN", "0") != "1" or not hasattr(os, "sched_setaffinity"):
+        return
+    cores = sorted(os.sched_getaffinity(0))
+    local_rank, local_world = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "0"))
+    if 0 < local_world <= len(cores):
+        try:
+            os.sched_setaffinity(0, {cores[local_rank]})  # pid 0: the calling thread only
+        except OSError:
+            pass
+
+
+def _start_together(group, rank: int, world: int) -> None:
+    """Return on every rank at (nearly) the same moment: the start of an iteration.
+
+    Each rank sends a token to every other one and waits for theirs, so the last rank
+    to arrive leaves at once (the others' tokens are there) and the others leave one
+    message latency later.  ``dist.barrier`` on gloo was measured to release one of two
+    ranks about 2 ms after the other in one iteration out of ten or so, which then
+    counted as pipeline time.  One token per pair and iteration: fine for the few
+    ranks of a pipeline.
+    """
+    peers = [r for r in range(world) if r != rank]
+    tokens = [torch.zeros(1) for _ in peers]
+    recvs = [dist.irecv(t, peer, group=group) for t, peer in zip(tokens, peers)]
+    mine = torch.zeros(1)
+    sends = [dist.isend(mine, peer, group=group) for peer in peers]
+    for work in recvs + sends:
+        work.wait()
+
+
 def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
-           control, beat: Heartbeat) -> list[dict]:
+           starter, beat: Heartbeat) -> list[dict]:
     model, batch = executor.stage.model, inputs.plan.global_batch
+    world = dist.get_world_size()
     fault = _fault(rank)
     records = []
     # A garbage collection pass inside an iteration stalls this rank for milliseconds
@@ -159,7 +208,7 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
             else:
                 x = y = torch.empty(0)
             executor.memory.enabled = step < max(args.warmup, 1)  # see runtime.memory
-            events, end = executor.train_step(step, x, y, start=lambda: dist.barrier(group=control))
+            events, end = executor.train_step(step, x, y, start=lambda: _start_together(starter, rank, world))
             records.append({"t0": executor.started, "end": end,
                             "events": [[e.kind, e.label, e.start, e.end] for e in events]})
             gc.collect(1)
