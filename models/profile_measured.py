@@ -25,7 +25,7 @@ from models.graph import Layer, LayerGraph
 from models.zoo import ZooModel, build_model
 
 #: Bumped when the measuring method changes, so old cache entries are not reused.
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: the last unit is timed with the loss
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,19 @@ def time_unit(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repe
     return fwd, bwd
 
 
+class _WithLoss(nn.Module):
+    """A unit followed by the model's loss: what the last stage runs per microbatch."""
+
+    def __init__(self, unit: nn.Module, model: ZooModel, targets: torch.Tensor) -> None:
+        super().__init__()
+        self.unit = unit
+        self.model = model
+        self.targets = targets
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.model.loss(self.unit(*args), self.targets)
+
+
 # ------------------------------------------------------------------ the profiler
 def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = False) -> list[UnitProfile]:
     """Measure every unit of a built (CPU) model; see :func:`profile_measured`."""
@@ -200,13 +213,17 @@ def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = Fa
     outs: list[float] = [0.0] * len(model.units)
     with torch_threads(config.threads), _progress(progress, len(sizes) * len(model.units)) as advance:
         for n in sizes:
-            inputs, _ = model.example_batch(n, config.seed)
+            inputs, targets = model.example_batch(n, config.seed)
+            last = len(model.units) - 1
             for i, (unit, args) in enumerate(zip(model.units, unit_args(model, inputs))):
                 output, nbytes = saved_bytes(unit.module, leaf_args(args))
                 acts[i].append(float(nbytes))
                 outs[i] = out_bytes(output) / n
                 del output
-                f, b = time_unit(unit.module, args, config.warmup, config.repeats)
+                # Training computes the loss right after the last unit, on the same stage:
+                # time it as part of that unit, as the runtime runs it.
+                timed = _WithLoss(unit.module, model, targets) if i == last else unit.module
+                f, b = time_unit(timed, args, config.warmup, config.repeats)
                 fwd_t[i].append(f)
                 bwd_t[i].append(b)
                 advance(f"{unit.name} n={n}")
