@@ -90,16 +90,16 @@ def _fmt(value, spec):
 
 def markdown(results: list[dict]) -> str:
     baselines = [n for n in results[0]["solvers"] if n not in EXACT] if results else []
-    head = ["L x D", *(f"{n} time / status / gap" for n in EXACT if n in results[0]["solvers"]),
+    head = ["L x D (servers)", *(f"{n} time / status / gap / ratio" for n in EXACT if n in results[0]["solvers"]),
             *(f"{n} ratio" for n in baselines)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for res in results:
-        cells = [f"{res['layers']} x {res['devices']}"]
+        cells = [f"{res['layers']} x {res['devices']} ({res['servers']})"]
         for n in EXACT:
             r = res["solvers"].get(n)
             if r is not None:
                 gap = f"{100 * r['gap']:.2f} %" if r["gap"] is not None else "-"
-                cells.append(f"{r['wall_time']:.2f} s / {r['status']} / {gap}")
+                cells.append(f"{r['wall_time']:.2f} s / {r['status']} / {gap} / {_fmt(r['ratio'], '.3f')}")
         cells += [_fmt(res["solvers"][n]["ratio"], ".3f") for n in baselines]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
