@@ -5,7 +5,8 @@
    speed 1, then runs a set of plans with as many busy ranks as cores (two) through
    ``pipeplan run`` and compares the median measured iteration time with the
    simulator's prediction for the same plan, graph and cluster.  Every plan shape
-   runs at a global batch of 32 and of 64 (see :func:`plans`), each ``--repeats``
+   runs at a global batch of 32 and of 64 (see :func:`plans`), and the same shapes
+   run on ``unet`` (:func:`unet_plans`, ops of 2-10 ms), each ``--repeats``
    times round-robin; a plan's time is the median over its runs.  Each row also
    says where the time went per rank (the run's ``busy``/``predicted_busy``,
    ``send_cpu`` and ``sync`` fields, see ``runtime.report.breakdown``), so the
@@ -48,10 +49,10 @@ MODEL = "gpt-tiny"
 
 
 # ----------------------------------------------------------------- set-up
-def profile_graph(out: Path) -> Path:
-    """Profile the model on this machine (cached by the profiler)."""
-    path = out / f"{MODEL}.graph.json"
-    _pipeplan("profile", MODEL, "--batch-sizes", "1,2,4,8,16,32", "--repeats", "7", "-o", str(path))
+def profile_graph(out: Path, model: str = MODEL, sizes: str = "1,2,4,8,16,32") -> Path:
+    """Profile ``model`` on this machine (cached by the profiler)."""
+    path = out / f"{model}.graph.json"
+    _pipeplan("profile", model, "--batch-sizes", sizes, "--repeats", "7", "-o", str(path))
     return path
 
 
@@ -107,9 +108,36 @@ def plans() -> dict[str, dict]:
     return out
 
 
+def unet_plans() -> dict[str, dict]:
+    """The same shapes on ``unet`` (8 units, skip connections relayed across the cut), batch 16.
+
+    Its ops last 2 to 10 ms on this machine, so fixed per-op costs of the executor
+    (Python dispatch, posting messages: tens of microseconds) weigh little: this is
+    the regime a pipeline is used in.
+    """
+    def plan(schedule, stages):
+        return {"format": "pipeplan.plan/1", "graph": "unet-8", "cluster": "local-2cpu", "global_batch": 16,
+                "state_factor": 4, "schedule": schedule,
+                "stages": [{"layers": list(layers), "devices": devs, "microbatches": split, "recompute": rec}
+                           for layers, devs, split, rec in stages]}
+
+    half = ((0, 4), (4, 8))
+    return {
+        "unet 1f1b 4|4 4x4": plan("1f1b", [(half[0], ["c0"], [4] * 4, False), (half[1], ["c1"], [4] * 4, False)]),
+        "unet gpipe 4|4 4x4": plan("gpipe", [(half[0], ["c0"], [4] * 4, False), (half[1], ["c1"], [4] * 4, False)]),
+        "unet 1f1b 4|4 8x2": plan("1f1b", [(half[0], ["c0"], [2] * 8, False), (half[1], ["c1"], [2] * 8, False)]),
+        "unet 1f1b 3|5 4x4": plan("1f1b", [((0, 3), ["c0"], [4] * 4, False), ((3, 8), ["c1"], [4] * 4, False)]),
+        "unet 1f1b 5|3 4x4": plan("1f1b", [((0, 5), ["c0"], [4] * 4, False), ((5, 8), ["c1"], [4] * 4, False)]),
+        "unet 1f1b 4|4 recompute": plan("1f1b", [(half[0], ["c0"], [4] * 4, True), (half[1], ["c1"], [4] * 4, True)]),
+        "unet gpipe 4|4 unequal": plan("gpipe", [(half[0], ["c0"], [6, 6, 4], False),
+                                                 (half[1], ["c1"], [4] * 4, False)]),
+        "unet data-parallel r=2": plan("gpipe", [((0, 8), ["c0", "c1"], [8, 8], False)]),
+    }
+
+
 # ----------------------------------------------------------------- runs
-def run_ours(graph: Path, cluster: Path, plan_path: Path, steps: int) -> dict:
-    done = _pipeplan("run", str(graph), str(cluster), str(plan_path), "--model", MODEL, "--steps", str(steps),
+def run_ours(graph: Path, cluster: Path, plan_path: Path, steps: int, model: str = MODEL) -> dict:
+    done = _pipeplan("run", str(graph), str(cluster), str(plan_path), "--model", model, "--steps", str(steps),
                      "--warmup", "3", "--json")
     return json.loads(done.stdout)
 
@@ -226,17 +254,18 @@ def _load() -> str:
     return "load %.2f %.2f %.2f" % os.getloadavg()
 
 
-def measured_vs_predicted(graph: Path, cluster: Path, out: Path, steps: int, repeats: int) -> list[dict]:
+def measured_vs_predicted(graph: Path, cluster: Path, out: Path, steps: int, repeats: int,
+                          model: str = MODEL, plan_set: dict[str, dict] | None = None) -> list[dict]:
     """Every plan ``repeats`` times, round-robin (a burst of load elsewhere spreads over plans)."""
     paths = {}
-    for name, plan in plans().items():
+    for name, plan in (plans() if plan_set is None else plan_set).items():
         path = out / (name.replace(" ", "_").replace("|", "-").replace("=", "") + ".plan.json")
         path.write_text(json.dumps(plan, indent=1))
         paths[name] = path
     runs: dict[str, list[dict]] = {name: [] for name in paths}
     for _ in range(repeats):
         for name, path in paths.items():
-            runs[name].append(run_ours(graph, cluster, path, steps))
+            runs[name].append(run_ours(graph, cluster, path, steps, model))
     rows = []
     for name, got in runs.items():
         got.sort(key=lambda s: s["measured_iteration_time"])
@@ -309,10 +338,12 @@ def main() -> None:
 
     if args.only != "torch":
         rows = measured_vs_predicted(graph, cluster, out, args.steps, args.repeats)
+        unet = profile_graph(out, "unet", "1,2,4,8")
+        rows += measured_vs_predicted(unet, cluster, out, max(6, args.steps // 2), args.repeats, "unet", unet_plans())
         median_error = statistics.median(abs(r["error"]) for r in rows)
-        for b in (32, 64):
-            mine = [abs(r["error"]) for r in rows if r["plan"].startswith(f"b{b} ")]
-            print(f"median |error|, batch {b}: {100 * statistics.median(mine):.1f} % over {len(mine)} plans")
+        for prefix, label in (("b32 ", "gpt-tiny, batch 32"), ("b64 ", "gpt-tiny, batch 64"), ("unet ", "unet, batch 16")):
+            mine = [abs(r["error"]) for r in rows if r["plan"].startswith(prefix)]
+            print(f"median |error|, {label}: {100 * statistics.median(mine):.1f} % over {len(mine)} plans")
         print(f"median |error| over all {len(rows)} plans: {100 * median_error:.1f} % (target <= 10 %)  [{_load()}]")
         records += [{"bench": "measured-vs-predicted", **r, **meta} for r in rows]
         records.append({"bench": "measured-vs-predicted-summary", "median_abs_error": median_error, **meta})
