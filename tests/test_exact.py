@@ -194,22 +194,27 @@ class TestBuildData:
         assert len(build_data(problem, cutoff=0.0).arcs) == 0
 
 
+def random_configs(data, rng, tries: int = 200):
+    """Random valid paths of arcs from layer 0 to the last layer (configurations)."""
+    by_start = {}
+    for i, arc in enumerate(data.arcs):
+        by_start.setdefault(arc.lo, []).append(i)
+    layers = len(data.problem.graph)
+    for _ in range(tries):
+        config, lo = [], 0
+        while lo < layers and by_start.get(lo):
+            config.append(rng.choice(by_start[lo]))
+            lo = data.arcs[config[-1]].hi
+        if lo == layers and _valid_labels(data, config):
+            yield config
+
+
 class TestConfigLowerBound:
     def test_below_simulated_time_of_every_placement(self):
         problem = random_problem(16, layers=6, devices=4, schedule="1f1b")
         data = build_data(problem)
-        by_start = {}
-        for i, arc in enumerate(data.arcs):
-            by_start.setdefault(arc.lo, []).append(i)
-        rng = random.Random(0)
         checked = 0
-        for _ in range(200):
-            config, lo = [], 0
-            while lo < len(problem.graph) and by_start.get(lo):
-                config.append(rng.choice(by_start[lo]))
-                lo = data.arcs[config[-1]].hi
-            if lo != len(problem.graph) or not _valid_labels(data, config):
-                continue
+        for config in random_configs(data, random.Random(0)):
             groups, _ = placements(data, config)
             bound = config_lower_bound(data, config)
             for devs in groups:
@@ -287,18 +292,8 @@ class TestStandaloneBound:
         """An arc's standalone bound (used for pruning) never exceeds a plan holding it."""
         problem = random_problem(22, layers=6, devices=4, schedule="1f1b")
         data = build_data(problem)
-        by_start = {}
-        for i, arc in enumerate(data.arcs):
-            by_start.setdefault(arc.lo, []).append(i)
-        rng = random.Random(2)
         checked = 0
-        for _ in range(200):
-            config, lo = [], 0
-            while lo < len(problem.graph) and by_start.get(lo):
-                config.append(rng.choice(by_start[lo]))
-                lo = data.arcs[config[-1]].hi
-            if lo != len(problem.graph) or not _valid_labels(data, config):
-                continue
+        for config in random_configs(data, random.Random(2)):
             groups, _ = placements(data, config)
             flags = [data.options[data.arcs[i].option].recompute for i in config]
             for devs in groups:
