@@ -26,11 +26,15 @@ echo "== 3. plan chain8 on the two-server cluster with every solver"
 echo
 echo "== 4. the model zoo; profile gpt-tiny on this machine, plan it for two local processes, run it"
 "$PIPEPLAN" models
-"$PIPEPLAN" profile gpt-tiny --batch-sizes 1,2,4,8 -o out/gpt-tiny.graph.json
-"$PIPEPLAN" plan out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json --batch 16 --microbatches 4 \
+"$PIPEPLAN" profile gpt-tiny --batch-sizes 1,2,4,8,16 -o out/gpt-tiny.graph.json
+"$PIPEPLAN" plan out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json --batch 64 --microbatches 4 \
     --schedule 1f1b --solver cpsat --time-limit 20 -o out/gpt-tiny.plan.json
+echo "-- measured against the prediction (float32, as profiled):"
 "$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
-    --steps 6 --verify --gantt out/gpt-tiny.run.png --side-by-side
+    --steps 10 --gantt out/gpt-tiny.run.png --side-by-side
+echo "-- trained exactly like one process (float64):"
+"$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
+    --steps 4 --verify
 echo
 echo "pictures: out/hetero.gantt.png out/compare.png out/best.gantt.png out/gpt-tiny.run.png;"
 echo "traces: out/hetero.trace.json (open in https://ui.perfetto.dev)"

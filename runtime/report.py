@@ -100,6 +100,9 @@ def _print_text(summary: dict[str, Any]) -> None:
     print(f"measured iteration {summary['measured_iteration_time'] * 1e3:.3f} ms "
           f"(median of steps {summary['warmup']}..{summary['steps'] - 1}), predicted "
           f"{summary['predicted_iteration_time'] * 1e3:.3f} ms, ratio {ratio:.3f}" if ratio is not None else "")
+    if "max_param_diff" in summary:  # --verify trains in float64: times are not those of the profile
+        print("note: --verify trains in float64, so these times are not comparable with a float32 profile; "
+              "run without --verify to measure")
     print(f"{'rank':>4}  {'device':<8}{'peak memory':>14}  {'predicted':>12}  {'idle (ms)':>10}")
     for i, device in enumerate(summary["devices"]):
         print(f"{i:>4}  {device:<8}{summary['peak_memory'][i] / 1e6:>11.2f} MB  "
