@@ -9,11 +9,10 @@ Gaps between a rank's timed work are its *idle* time.
 
 from __future__ import annotations
 
-import io
 import statistics
 from typing import Any
 
-from models.jsonio import atomic_write_bytes
+from solver.figures import pyplot, save_png
 from solver.gantt import Bar, bars_of, draw_gantt, gantt_title
 from solver.simulator import SimulationResult
 
@@ -123,11 +122,7 @@ def measured_bars(result: dict, step: int) -> tuple[list[str], list[Bar]]:
 def write_gantt(result: dict, step: int, path: str, title: str,
                 prediction: SimulationResult | None = None, name: str = "simulated") -> None:
     """The measured Gantt chart of ``step``; the simulated one above it when ``prediction`` is given."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows, bars = measured_bars(result, step)
     if prediction is None:
         draw_gantt(rows, bars, title, path)
@@ -140,7 +135,4 @@ def write_gantt(result: dict, step: int, path: str, title: str,
     span = max(prediction.iteration_time, max((b.end for b in bars), default=0.0))
     for ax in (top, bottom):  # one time axis for both, so lengths compare at a glance
         ax.set_xlim(0, span * 1.02)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    atomic_write_bytes(path, buffer.getvalue())
-    plt.close(fig)
+    save_png(fig, path, dpi=120)

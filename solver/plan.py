@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from models.errors import InputError
 from models.jsonio import Reader, check_integer, load_json
-from solver.schedule import SCHEDULES, Op, check_ops, format_op, stage_ops
+from solver.schedule import SCHEDULES, Op, check_ops, stage_ops
 
 if TYPE_CHECKING:
     from models.graph import LayerGraph
@@ -256,7 +256,3 @@ def equal_split(batch: int, m: int) -> tuple[int, ...]:
     q, rem = divmod(batch, m)
     return tuple(q + 1 if k < rem else q for k in range(m))
 
-
-def ops_as_text(ops: Sequence[Op]) -> tuple[str, ...]:
-    """Op tuples as the plan's strings."""
-    return tuple(format_op(op) for op in ops)

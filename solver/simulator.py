@@ -141,7 +141,7 @@ class SimulationResult:
         """Whether every stage's peak fits in each of its devices."""
         return all(st.peak_memory <= st.capacity for st in self.stages)
 
-    @property
+    @cached_property
     def busy(self) -> tuple[float, ...]:
         """Seconds each stage spends running ops."""
         return tuple(sum(st.fwd[k] if kind == FORWARD else st.bwd[k] for kind, k in st.ops)
