@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
+import numpy as np
 from ortools.sat.python import cp_model
 
 from solver.cpsat_split import optimize_splits
@@ -43,8 +44,9 @@ class CpSatModel:
         self.x = [self.model.new_bool_var(f"x_{i}") for i in range(len(data))]
         count_rows, time_rows = model_rows(data)
         # every time variable is a sum of floored arc times along one path (at most the total of all of them)
-        horizon = sum(self._floor(float(tab[k].sum())) for k in ("busy", "allreduce", "head_fb", "pass_cost",
-                                                                   "pivot_extra", "work", "pivot_ar")) + 1
+        horizon = sum(self._floor(float(np.abs(tab[k]).sum())) for k in (
+            "busy", "allreduce", "head_fb", "pass_cost", "pass_cost", "pass_cost", "pivot_extra", "work", "pivot_ar",
+            "pivot2_extra", "pivot2_ar")) + 1
         self.aux: dict[str, cp_model.IntVar] = {}
         x = self.x
         for row in count_rows:

@@ -64,6 +64,22 @@ each term is ``<= T``.  ``n_min`` is the smallest microbatch, ``q = ceil(n / r)`
    ``T >= Hf_l + sum_{a covers l} pivot_ar x + R_l`` with ``R_l = sum_{lo > l} u' x``.
    For pruning: the earlier stages' heads are at least ``head_min`` of term 1 and each
    later layer adds its ``u`` at the largest speed and replication.
+   **2c. Two round trips.**  Under 1F1B with ``w <= M - 2`` warm-up forwards on the
+   pivot, ``F_{w+1} .. F_{M-1}`` come after ``B_0`` in its op list, so the path of term 2
+   can leave the pivot a second time: ``F_0`` on the pivot, microbatch 0's round trip
+   through every later stage and back (``R``), the pivot's ops from ``B_0`` through
+   ``F_{M-1}`` (``B_0 .. B_{M-w-2}`` and ``F_{w+1} .. F_{M-1}``), microbatch ``M-1``'s round
+   trip (``R`` again), then ``B_{M-1}``.  It skips the backwards ``B_{M-w-1} .. B_{M-2}``
+   that term 2 counts and adds a second ``R``: tighter whenever the later stages take
+   longer than ``w`` backwards of the pivot, which is where 1F1B idles between nearly
+   equal neighbours.  Each later stage adds at least its ``u'`` per trip, and the pivot's
+   own outgoing cut is crossed twice more (``delta2`` carries those two transfers).  Both
+   endings of terms 2 and 2b apply: ``T >= U + R_l + sum_{a covers l} delta2 x`` and
+   ``T >= Hf_l + sum_{a covers l} pivot2_ar x + 2 R_l``.  An arc without a second trip
+   (GPipe, or ``w >= M - 1``) takes its term-2/2b coefficient minus ``R_max(hi)``, the
+   longest path of ``u'`` over the arcs from its end to the last layer, which no
+   configuration holding it exceeds, so the rows stay valid (the integer model loses
+   nothing; only the relaxation is weaker there).
 3. **All-reduce and links**: ``AR_s >= 2 (r-1) (lat_lb + P_s / (r bw_ub))``.  If all
    of a group's devices share a server, ``bw(D)``/``lat(D)`` are that server's link,
    and that server holds the whole composition; otherwise some pair crosses servers
@@ -83,7 +99,7 @@ each term is ``<= T``.  ``n_min`` is the smallest microbatch, ``q = ceil(n / r)`
 Pruning (standalone bound of an arc, valid for every configuration holding it): the
 maximum of the standalone busy path, ``work + W_rest / V``, ``W_rest / (V - V_a)`` and
 the pivot path with the other layers' ``u`` at the largest speed and replication
-(communication left out).  ``max_l min`` over arcs covering ``l`` of it is the static
+(communication left out; term 2c counts the later layers twice).  ``max_l min`` over arcs covering ``l`` of it is the static
 bound.
 
 Model size: each per-layer sum above is an auxiliary variable defined by differences
@@ -198,10 +214,14 @@ class Arc:
     """A bound on every configuration holding this arc (used to prune it)."""
     pivot_ar: float = 0.0
     """The arc as the pivot of term 2b: ``u + its outgoing transfers + delta + AR`` (no ``AR_0``)."""
+    pivot2_extra: float = 0.0
+    """Term 2c: the pivot's ops on the two-round-trip path beyond ``u``, plus its cut crossed twice more."""
+    pivot2_ar: float = 0.0
+    """Term 2c ending in the pivot's all-reduce: ``u + 4 transfers + delta2 + AR``."""
 
 
 ARC_FIELDS = ("lo", "hi", "tau", "option", "busy_path", "pass_cost", "pivot_extra", "work", "busy", "allreduce",
-              "head_f", "head_fb", "standalone", "pivot_ar")
+              "head_f", "head_fb", "standalone", "pivot_ar", "pivot2_extra", "pivot2_ar")
 
 
 @dataclass
@@ -455,13 +475,22 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
             standalone = np.maximum(base, pass_cost + delta + rest_pass)
             pivot_ar = pass_plain + delta + ar
             standalone = np.maximum(standalone, head_min + pivot_ar + after_pass)
+            twice = two_round_trips(problem.schedule, M, t)
+            if twice:  # term 2c: a second round trip (of the last microbatch)
+                critical2 = _two_trip_ops(q, t, AF, BF, AB, BB, v, opt.recompute)
+                delta2 = critical2 - u + (pass_plain - u)  # the own cut is crossed twice more
+                pivot2_ar = pass_plain + delta2 + ar
+                standalone = np.maximum.reduce([standalone, pass_cost + delta2 + rest_pass + after_pass,
+                                                head_min + pivot2_ar + 2 * after_pass])
+            else:  # placeholders, made valid once the largest later round trip is known (see below)
+                delta2, pivot2_ar = delta, pivot_ar
             keep = np.flatnonzero(fits & (standalone < cutoff))
             if not len(keep):
                 continue
             for name, col in (("lo", lo_all), ("hi", hi_all), ("busy_path", busy_path), ("pass_cost", pass_cost),
                               ("pivot_extra", delta), ("work", work), ("busy", busy), ("allreduce", ar),
                               ("head_f", head_f), ("head_fb", head_fb), ("standalone", standalone),
-                              ("pivot_ar", pivot_ar)):
+                              ("pivot_ar", pivot_ar), ("pivot2_extra", delta2), ("pivot2_ar", pivot2_ar)):
                 columns[name].append(col[keep])
             columns["tau"].append(np.full(len(keep), t, dtype=np.int64))
             columns["option"].append(np.full(len(keep), index, dtype=np.int64))
@@ -470,9 +499,57 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
              for name, cols in columns.items()}
     order = np.lexsort((table["option"], table["tau"], table["hi"], table["lo"]))
     table = {name: col[order] for name, col in table.items()}
+    _relax_single_trip_arcs(table, problem, L, M)
     data = ExactData(problem, classes, options, table, max_tau, K, 0.0, complete)
     data.static_bound = max(_static_bound(data, cutoff), work_bound(problem)) if complete else work_bound(problem)
     return data
+
+
+def two_round_trips(schedule: str, m: int, tau: int) -> bool:
+    """Whether a pivot with ``tau`` later stages runs ``F_{M-1}`` after ``B_0`` (term 2c applies).
+
+    Under 1F1B with ``w = tau <= M - 2`` warm-up forwards, ``F_{w+1} .. F_{M-1}`` follow
+    ``B_0``; under GPipe, or with ``w >= M - 1``, every forward precedes ``B_0``.
+    """
+    return schedule == "1f1b" and tau <= m - 2
+
+
+def _two_trip_ops(q: Sequence[int], w: int, AF, BF, AB, BB, v: float, recompute: bool):
+    """The pivot's ops on the path of term 2c, per layer range.
+
+    ``F_0``, then everything from ``B_0`` through ``F_{M-1}`` (``B_0 .. B_{M-w-2}`` and
+    ``F_{w+1} .. F_{M-1}``), then ``B_{M-1}``; the warm-up forwards ``F_1 .. F_w`` and the
+    backwards ``B_{M-w-1} .. B_{M-2}`` run while the microbatch makes its round trips.
+    """
+    m = len(q)
+    forwards = [0] + list(range(w + 1, m))
+    backwards = list(range(0, m - w - 1)) + [m - 1]
+    qf, qb = sum(q[k] for k in forwards), sum(q[k] for k in backwards)
+    fwd = (len(forwards) * AF + BF * qf) / v
+    bwd = (len(backwards) * AB + BB * qb) / v + ((len(backwards) * AF + BF * qb) / v if recompute else 0.0)
+    return fwd + bwd
+
+
+def _relax_single_trip_arcs(table: dict[str, np.ndarray], problem: PlanningProblem, L: int, M: int) -> None:
+    """Term 2c coefficients for arcs whose pivot path has one round trip only.
+
+    The rows of term 2c add ``2 R_l`` (or ``R_l`` once more): for an arc without a second
+    round trip they hold if its coefficient is its term-2/2b value minus the largest
+    ``R`` any configuration holding it can have, ``R_max(hi)``: the longest path of
+    ``pass_cost`` over the arcs from layer ``hi`` to ``L`` (tau and devices ignored, so
+    it is an upper bound).
+    """
+    lo, hi, tau, cost = table["lo"], table["hi"], table["tau"], table["pass_cost"]
+    single = np.array([not two_round_trips(problem.schedule, M, int(t)) for t in tau], dtype=bool)
+    if not single.any():
+        return
+    longest = np.zeros(L + 1)
+    for start in range(L - 1, -1, -1):
+        mine = np.flatnonzero(lo == start)
+        longest[start] = float(np.max(cost[mine] + longest[hi[mine]])) if len(mine) else -np.inf
+    reach = np.where(np.isfinite(longest), longest, 0.0)[hi]
+    table["pivot2_extra"] = np.where(single, table["pivot_extra"] - reach, table["pivot2_extra"])
+    table["pivot2_ar"] = np.where(single, table["pivot_ar"] - reach, table["pivot2_ar"])
 
 
 def _static_bound(data: ExactData, cutoff: float) -> float:
@@ -489,7 +566,7 @@ def _static_bound(data: ExactData, cutoff: float) -> float:
 
 
 def config_lower_bound(data: ExactData, arc_ids: Sequence[int]) -> float:
-    """The model's objective at the configuration made of ``arc_ids`` (terms 1-4 of the docstring)."""
+    """The model's objective at the configuration made of ``arc_ids`` (every term of the docstring)."""
     arcs = sorted((Arc(*(data.table[name][i].item() for name in ARC_FIELDS)) for i in arc_ids), key=lambda a: a.lo)
     busy = head_f = head_fb = 0.0
     for a in arcs:
@@ -498,10 +575,13 @@ def config_lower_bound(data: ExactData, arc_ids: Sequence[int]) -> float:
         head_fb += a.head_fb
     pivot = sum(a.pass_cost for a in arcs) + max(a.pivot_extra for a in arcs)
     # term 2b: heads of the earlier stages, the pivot with its all-reduce, passes of the later ones
+    # term 2c: the same with a second round trip (both endings)
     pivot_ar, before, after = 0.0, 0.0, sum(a.pass_cost for a in arcs)
+    total = after
     for a in arcs:
         after -= a.pass_cost
-        pivot_ar = max(pivot_ar, before + a.pivot_ar + after)
+        pivot_ar = max(pivot_ar, before + a.pivot_ar + after, before + a.pivot2_ar + 2 * after,
+                       total + a.pivot2_extra + after)
         before += a.head_f
     return max(busy, pivot, pivot_ar, sum(a.work for a in arcs))
 
@@ -536,11 +616,12 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
 
     Count rows: a path of arcs from layer 0 to layer ``L`` whose ``tau`` labels count the
     later stages (capped at ``max_tau``), at most ``stage_limit`` stages, and at most
-    the available devices of each class.  Time rows: terms 1, 2 and 4 of the module
-    docstring (and 2b), with auxiliary time variables so that each arc appears in O(1) rows per
+    the available devices of each class.  Time rows: terms 1, 2 (2b, 2c) and 4 of the
+    module docstring, with auxiliary time variables so that each arc appears in O(1) rows per
     term: ``C{k}_l = sum over arcs covering l of c_k x`` (defined by differences from
     layer to layer), ``H{k}_l = sum over arcs ending at or before l of h_k x``,
-    ``R_l = sum over arcs starting after l of u' x`` (defined from the last layer down).
+    ``R_l = sum over arcs starting after l of u' x`` (defined from the last layer down);
+    term 2c reuses ``R_l`` twice (``E >= Ce_l + R_l``, ``T >= U + E``).
     """
     L, tab = len(data.problem.graph), data.table
     n = len(data)
@@ -575,7 +656,8 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
         rows.append(CountRow(terms, "<=", cls.count))
     times: list[TimeRow] = []
     cover = {"Cb": tab["busy"].tolist(), "Ca": (tab["busy"] + tab["allreduce"]).tolist(),
-             "Cd": tab["pivot_extra"].tolist(), "Cr": tab["pivot_ar"].tolist()}
+             "Cd": tab["pivot_extra"].tolist(), "Cr": tab["pivot_ar"].tolist(),
+             "Ce": tab["pivot2_extra"].tolist(), "Cs": tab["pivot2_ar"].tolist()}
     heads = {"Hf": tab["head_f"].tolist(), "Hb": tab["head_fb"].tolist()}
     for name, c in cover.items():  # C_l - C_{l-1} = sum_{lo=l} c x - sum_{hi=l} c x
         for layer in range(L):
@@ -594,6 +676,9 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
         hf = ((f"Hf{layer}", -1),) if layer else ()
         rr = ((f"R{layer}", -1),) if layer < L - 1 else ()
         times.append(TimeRow((("T", 1), (f"Cr{layer}", -1)) + hf + rr, ()))  # term 2b: pivot + all-reduce
+        rr2 = ((f"R{layer}", -2),) if layer < L - 1 else ()
+        times.append(TimeRow((("T", 1), (f"Cs{layer}", -1)) + hf + rr2, ()))  # term 2c, ending in the all-reduce
+        times.append(TimeRow((("E", 1), (f"Ce{layer}", -1)) + rr, ()))  # term 2c: second trip + pivot's ops
     for layer in range(L):
         hb = ((f"Hb{layer}", -1),) if layer else ()
         hf = ((f"Hf{layer}", -1),) if layer else ()
@@ -601,6 +686,7 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
         times.append(TimeRow((("T", 1), (f"Ca{layer}", -1)) + hf, ()))  # head + busy + all-reduce
         times.append(TimeRow((("D", 1), (f"Cd{layer}", -1)), ()))  # the pivot's extra ops
     times.append(TimeRow((("T", 1), ("D", -1)), tuple((i, c) for i, c in enumerate(tab["pass_cost"].tolist()))))
+    times.append(TimeRow((("T", 1), ("E", -1)), tuple((i, c) for i, c in enumerate(tab["pass_cost"].tolist()))))
     times.append(TimeRow((("T", 1),), tuple((i, c) for i, c in enumerate(tab["work"].tolist()))))
     return [r for r in rows if r.terms or r.rhs], times
 
@@ -857,13 +943,12 @@ def improve_with_ga(problem: PlanningProblem, search: "_Search", clock: TimeLimi
     from solver.nsga import run_nsga  # the GA imports the registry; import it only when needed
 
     seeds = [("incumbent", search.best_plan)]
-    for round_ in range(4):  # restart from the best front while time is left and it helps
-        before = search.best_time
+    for round_ in range(8):  # restart from the best front (a new seed each time) while time is left
         run = run_nsga(problem, seed=seed + round_, time_limit=0.9 * clock.remaining(), seeds=seeds)
         for point in run.front:
             search.offer(point.plan)
         seeds = [("incumbent", search.best_plan)] + [("front", p.plan) for p in run.front[:8]]
-        if search.best_time >= before or clock.remaining() < 2.0:
+        if clock.remaining() < 2.0:
             break
 
 
@@ -888,7 +973,9 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
 
     data = build_data(problem, search.cutoff(), clock)
     if not data.complete or len(data) > MAX_MODEL_ARCS:
-        run_slow(slow_share)  # the model may not run: their plans first, and a tighter cutoff
+        # The model may not run: their plans first (with a larger share, at least what a
+        # baseline run on its own usually gets), and a tighter cutoff.
+        run_slow(max(slow_share, min(0.4 * time_limit, 0.5 * clock.remaining())))
         if data.complete and not clock.expired():
             data = build_data(problem, search.cutoff(), clock)
     reserve = 0.0 if slow_done else min(slow_share, 0.5 * clock.remaining())

@@ -82,7 +82,8 @@ class MilpModel:
 
     def _aux(self, name: str) -> pulp.LpVariable:
         if name not in self.aux:
-            self.aux[name] = pulp.LpVariable(name, lowBound=0)
+            # term 2c's per-layer sums (Ce, Cs) may be negative (see solver.exact); the others are times
+            self.aux[name] = pulp.LpVariable(name, lowBound=None if name[:2] in ("Ce", "Cs") else 0)
         return self.aux[name]
 
     def exclude(self, arc_ids: Sequence[int]) -> None:

@@ -13,7 +13,7 @@ from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
 from solver.cpsat import CpSatSolver
 from solver.exact import (OPT_TOL, build_data, config_lower_bound, device_classes, greedy_plans, model_rows,
-                          placements)
+                          placements, plan_config, two_round_trips)
 from solver.ilp import IlpSolver
 from solver.problem import PlanningProblem
 from solver.simulator import simulate
@@ -225,6 +225,43 @@ class TestConfigLowerBound:
         assert checked > 0
 
 
+    def test_two_round_trips_hand_computed(self):
+        """Term 2c on three stages of F = 1 s, B = 2 s, 1 s per transfer, 4 microbatches.
+
+        Stage 0 (w = 2) runs F0, waits for microbatch 0's round trip ``R = 3 + 3 + 4 x 1``,
+        runs B0 and F3, waits for microbatch 3's round trip, runs B3: ``1 + 10 + 3 + 10 + 2
+        = 26 = T``.  Without the second trip the best term is the last stage's busy path,
+        ``(1 + 1 + 1 + 1) + 12 + (1 + 2 + 1 + 2) = 22``, as is term 2 with it as the pivot.
+        """
+        graph = LayerGraph.chain("three", [Layer(f"l{i}", (1.0, 0.0), (2.0, 0.0), 0.0, 0.0, 0.0)
+                                           for i in range(3)], input_bytes=0.0)
+        cluster = Cluster("one", (Link(1e12, 1.0, "s"),), Link(1e12, 1.0),
+                          tuple(Device(f"d{i}", "s", 1.0, 1e12) for i in range(3)))
+        problem = PlanningProblem(graph, cluster, global_batch=4, microbatches=4, schedule="1f1b",
+                                  allow_replication=False, allow_recompute=False)
+        plan = problem.make_plan([(0, 1), (1, 2), (2, 3)], [("d0",), ("d1",), ("d2",)])
+        data = build_data(problem)
+        config = plan_config(data, plan)
+        assert problem.evaluate(plan).iteration_time == pytest.approx(26.0)
+        assert config_lower_bound(data, config) == pytest.approx(26.0)
+        arcs = [data.arcs[i] for i in config]
+        passes = sum(a.pass_cost for a in arcs)  # u' = 3 + 2 transfers, 3 + 2, 3
+        assert passes == pytest.approx(13.0)
+        # term 2 (one trip): stage 0's extra ops B0..B3 + F3 - u = 7, the last stage's 12 - 3 = 9
+        assert [a.pivot_extra for a in arcs] == pytest.approx([7.0, 8.0, 9.0])
+        # term 2c for stage 0: F0 + B0 + F3 + B3 - u + its cut twice more = 5, and R = 5 + 3 once more
+        assert arcs[0].pivot2_extra == pytest.approx(5.0)
+        assert passes + arcs[0].pivot2_extra + arcs[1].pass_cost + arcs[2].pass_cost == pytest.approx(26.0)
+
+
+class TestTwoRoundTrips:
+    def test_only_1f1b_with_a_forward_after_the_first_backward(self):
+        assert two_round_trips("1f1b", 4, 2) and two_round_trips("1f1b", 4, 0)
+        assert not two_round_trips("1f1b", 4, 3)  # F3 is a warm-up forward
+        assert not two_round_trips("1f1b", 1, 0)
+        assert not two_round_trips("gpipe", 8, 0)
+
+
 def _valid_labels(data, config) -> bool:
     count = len(config)
     return all(data.arcs[i].tau == min(count - 1 - s, data.max_tau) for s, i in enumerate(config))
@@ -285,6 +322,8 @@ class TestModelRows:
                 after = [i for i in range(len(data)) if tab["lo"][i] > layer]
                 assert values[f"R{layer}"] == pytest.approx(sum(tab["pass_cost"][i] * x[i] for i in after))
             assert values[f"Cr{layer}"] == pytest.approx(sum(tab["pivot_ar"][i] * x[i] for i in cover))
+            assert values[f"Ce{layer}"] == pytest.approx(sum(tab["pivot2_extra"][i] * x[i] for i in cover))
+            assert values[f"Cs{layer}"] == pytest.approx(sum(tab["pivot2_ar"][i] * x[i] for i in cover))
 
 
 class TestStandaloneBound:
