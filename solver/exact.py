@@ -979,6 +979,10 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         if data.complete and not clock.expired():
             data = build_data(problem, search.cutoff(), clock)
     reserve = 0.0 if slow_done else min(slow_share, 0.5 * clock.remaining())
+    # When the cut loop cannot prove the incumbent in time, a share of the limit goes to
+    # NSGA-II from the incumbent (a slow MILP leaves the loop only a few configurations).
+    ga_share = 0.2 * time_limit if time_limit >= 10.0 else 0.0
+    reserve += ga_share
     if not data.complete or clock.expired() or len(data) > MAX_MODEL_ARCS:
         if not slow_done:
             run_slow(min(slow_share, clock.remaining()))
@@ -1015,7 +1019,9 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         model.exclude(arc_ids)  # valid whatever the model's status: the configuration was simulated
         cuts += 1
     if not search.proved() and not slow_done:
-        run_slow(min(slow_share, max(clock.remaining(), 0.0)))
+        run_slow(min(slow_share, max(clock.remaining() - ga_share, 0.0)))
+    if not search.proved():
+        improve_with_ga(problem, search, clock, seed)
     return _result(name, search, data, clock, seed, status, iterations, cuts, details or {})
 
 
