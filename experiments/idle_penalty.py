@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from models.jsonio import atomic_write_text  # noqa: E402
-from models.profile_measured import leaf_args, unit_args  # noqa: E402
+from models.profile_measured import time_unit, unit_args  # noqa: E402
 from models.zoo import build_model  # noqa: E402
 
 
@@ -41,41 +41,19 @@ def spin(seconds: float) -> None:
         pass
 
 
-def time_after_waits(module, args, gap: float, wait, repeats: int, warmup: int = 5) -> tuple[float, float]:
-    """Median forward and backward seconds when each follows ``wait(gap)``."""
-    fwd, bwd = [], []
-    for i in range(warmup + repeats):
-        leaves = leaf_args(args)
-        if gap:
-            wait(gap)
-        start = time.perf_counter()
-        out = module(*leaves)
-        middle = time.perf_counter()
-        if gap:
-            wait(gap)
-        middle2 = time.perf_counter()
-        out.backward(torch.ones_like(out))
-        end = time.perf_counter()
-        if i >= warmup:
-            fwd.append(middle - start)
-            bwd.append(end - middle2)
-    module.zero_grad(set_to_none=True)
-    return statistics.median(fwd), statistics.median(bwd)
-
-
 def measure(model_name: str, unit: int, batch: int, gaps: list[float], repeats: int) -> list[dict]:
     torch.set_num_threads(1)  # as a pipeline rank runs
     model = build_model(model_name, seed=0)
     x, _ = model.example_batch(batch, 0)
     args = unit_args(model, x)[unit]
     module = model.units[unit].module
-    time_after_waits(module, args, 0.0, time.sleep, repeats)  # warm the allocator and caches once
+    time_unit(module, args, 5, repeats)  # warm the allocator and caches once
     rows = []
     for gap in sorted(set(gaps)):
         for way, wait in (("idle", time.sleep), ("spin", spin)):
             if gap == 0 and way == "spin":
                 continue
-            f, b = time_after_waits(module, args, gap, wait, repeats)
+            f, b = time_unit(module, args, 5, repeats, pause=(lambda: wait(gap)) if gap else None)
             rows.append({"gap": gap, "wait": way if gap else "back to back", "fwd": f, "bwd": b})
             print(f"gap {gap * 1e3:5.2f} ms {rows[-1]['wait']:<12} F {f * 1e3:.3f} ms  B {b * 1e3:.3f} ms",
                   file=sys.stderr, flush=True)

@@ -157,25 +157,32 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 
 # ------------------------------------------------------------------ timing
-def time_unit(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int) -> tuple[float, float]:
+def time_unit(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
+              pause: Callable[[], None] | None = None) -> tuple[float, float]:
     """Median forward and backward seconds of ``module`` on ``args``.
 
     Each repeat runs a forward and then its backward, both timed, as a pipeline stage
     runs them: timing each in a tight loop of its own measured caches that stay warm
     only in a benchmark, and came out 10-15 % below what the runtime sees.  Parameter
-    gradients accumulate across repeats, as over a pipeline's microbatches.
+    gradients accumulate across repeats, as over a pipeline's microbatches.  ``pause``,
+    if given, runs untimed before every forward and every backward (a wait, say).
     """
     leaves = leaf_args(args)
     fwd, bwd = [], []
     for i in range(warmup + repeats):
+        if pause is not None:
+            pause()
         start = time.perf_counter()
         output = module(*leaves)
-        middle = time.perf_counter()
+        f = time.perf_counter() - start
+        if pause is not None:
+            pause()
+        start = time.perf_counter()
         output.backward(torch.ones_like(output))
-        end = time.perf_counter()
+        b = time.perf_counter() - start
         if i >= warmup:
-            fwd.append(middle - start)
-            bwd.append(end - middle)
+            fwd.append(f)
+            bwd.append(b)
     module.zero_grad(set_to_none=True)
     return statistics.median(fwd), statistics.median(bwd)
 

@@ -44,9 +44,10 @@ class CpSatModel:
         self.x = [self.model.new_bool_var(f"x_{i}") for i in range(len(data))]
         count_rows, time_rows = model_rows(data)
         # every time variable is a sum of floored arc times along one path (at most the total of all of them)
+        # (pass_cost three times: once in U, twice in term 2c's 2 R_l)
         horizon = sum(self._floor(float(np.abs(tab[k]).sum())) for k in (
-            "busy", "allreduce", "head_fb", "pass_cost", "pass_cost", "pass_cost", "pivot_extra", "work", "pivot_ar",
-            "pivot2_extra", "pivot2_ar")) + 1
+            "busy", "allreduce", "head_fb", "pivot_extra", "work", "pivot_ar", "pivot2_extra", "pivot2_ar")) \
+            + 3 * self._floor(float(tab["pass_cost"].sum())) + 1
         self.aux: dict[str, cp_model.IntVar] = {}
         x = self.x
         for row in count_rows:

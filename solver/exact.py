@@ -99,8 +99,8 @@ each term is ``<= T``.  ``n_min`` is the smallest microbatch, ``q = ceil(n / r)`
 Pruning (standalone bound of an arc, valid for every configuration holding it): the
 maximum of the standalone busy path, ``work + W_rest / V``, ``W_rest / (V - V_a)`` and
 the pivot path with the other layers' ``u`` at the largest speed and replication
-(communication left out; term 2c counts the later layers twice).  ``max_l min`` over arcs covering ``l`` of it is the static
-bound.
+(communication left out; term 2c counts the later layers twice).  ``max_l min`` over
+arcs covering ``l`` of it is the static bound.
 
 Model size: each per-layer sum above is an auxiliary variable defined by differences
 from layer to layer (``C_l = C_{l-1} + sum_{lo=l} c x - sum_{hi=l} c x``), so every
@@ -540,13 +540,15 @@ def _relax_single_trip_arcs(table: dict[str, np.ndarray], problem: PlanningProbl
     it is an upper bound).
     """
     lo, hi, tau, cost = table["lo"], table["hi"], table["tau"], table["pass_cost"]
-    single = np.array([not two_round_trips(problem.schedule, M, int(t)) for t in tau], dtype=bool)
+    one_trip = [t for t in np.unique(tau).tolist() if not two_round_trips(problem.schedule, M, t)]
+    single = np.isin(tau, one_trip)
     if not single.any():
         return
+    first = np.searchsorted(lo, np.arange(L + 1))  # the table is sorted by lo: arcs from layer l are first[l]:first[l+1]
     longest = np.zeros(L + 1)
     for start in range(L - 1, -1, -1):
-        mine = np.flatnonzero(lo == start)
-        longest[start] = float(np.max(cost[mine] + longest[hi[mine]])) if len(mine) else -np.inf
+        mine = slice(first[start], first[start + 1])
+        longest[start] = float(np.max(cost[mine] + longest[hi[mine]])) if first[start + 1] > first[start] else -np.inf
     reach = np.where(np.isfinite(longest), longest, 0.0)[hi]
     table["pivot2_extra"] = np.where(single, table["pivot_extra"] - reach, table["pivot2_extra"])
     table["pivot2_ar"] = np.where(single, table["pivot_ar"] - reach, table["pivot2_ar"])
@@ -609,6 +611,10 @@ class TimeRow:
     aux: tuple[tuple[str, int], ...]
     terms: tuple[tuple[int, float], ...]
     sense: str = ">="
+
+
+SIGNED_AUX = ("Ce", "Cs")
+"""Prefixes of the aux variables of :func:`model_rows` that may be negative (term 2c's relaxed sums)."""
 
 
 def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
@@ -978,11 +984,6 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         run_slow(max(slow_share, min(0.4 * time_limit, 0.5 * clock.remaining())))
         if data.complete and not clock.expired():
             data = build_data(problem, search.cutoff(), clock)
-    reserve = 0.0 if slow_done else min(slow_share, 0.5 * clock.remaining())
-    # When the cut loop cannot prove the incumbent in time, a share of the limit goes to
-    # NSGA-II from the incumbent (a slow MILP leaves the loop only a few configurations).
-    ga_share = 0.2 * time_limit if time_limit >= 10.0 else 0.0
-    reserve += ga_share
     if not data.complete or clock.expired() or len(data) > MAX_MODEL_ARCS:
         if not slow_done:
             run_slow(min(slow_share, clock.remaining()))
@@ -998,6 +999,10 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         if not search.proved() and not slow_done:
             run_slow(min(slow_share, clock.remaining()))
         return _result(name, search, data, clock, seed, "infeasible", 0, 0, details or {})
+    # When the cut loop cannot prove the incumbent in time, a share of the limit goes to
+    # NSGA-II from the incumbent (a slow MILP leaves the loop only a few configurations).
+    ga_share = 0.2 * time_limit if time_limit >= 10.0 else 0.0
+    reserve = ga_share + (0.0 if slow_done else min(slow_share, 0.5 * clock.remaining()))
     model = make_model(data)
     iterations = cuts = 0
     hint = plan_config(data, search.best_plan) if search.best_plan is not None else None

@@ -24,7 +24,7 @@ from typing import Sequence
 import pulp
 
 from models.errors import InputError
-from solver.exact import ExactData, model_rows, solve_exact
+from solver.exact import SIGNED_AUX, ExactData, model_rows, solve_exact
 from solver.problem import PlanningProblem
 from solver.registry import register
 from solver.result import SolverResult
@@ -82,8 +82,9 @@ class MilpModel:
 
     def _aux(self, name: str) -> pulp.LpVariable:
         if name not in self.aux:
-            # term 2c's per-layer sums (Ce, Cs) may be negative (see solver.exact); the others are times
-            self.aux[name] = pulp.LpVariable(name, lowBound=None if name[:2] in ("Ce", "Cs") else 0)
+            # times are >= 0 (a bound HiGHS profits from); term 2c's per-layer sums may be negative
+            signed = name.startswith(SIGNED_AUX)
+            self.aux[name] = pulp.LpVariable(name, lowBound=None if signed else 0)
         return self.aux[name]
 
     def exclude(self, arc_ids: Sequence[int]) -> None:
