@@ -544,7 +544,8 @@ def _relax_single_trip_arcs(table: dict[str, np.ndarray], problem: PlanningProbl
     single = np.isin(tau, one_trip)
     if not single.any():
         return
-    first = np.searchsorted(lo, np.arange(L + 1))  # the table is sorted by lo: arcs from layer l are first[l]:first[l+1]
+    # the table is sorted by lo: the arcs starting at layer l are first[l]:first[l+1]
+    first = np.searchsorted(lo, np.arange(L + 1))
     longest = np.zeros(L + 1)
     for start in range(L - 1, -1, -1):
         mine = slice(first[start], first[start + 1])
