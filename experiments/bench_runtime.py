@@ -1,8 +1,9 @@
 """Benchmark: the runtime's measured iteration times against the simulator, and against torch.
 
 1. *Measured vs predicted.*  Profiles ``gpt-tiny`` on this machine, measures the
-   loopback link (gloo ping-pong) into a one-server cluster of two CPU "devices" of
-   speed 1, then runs a set of plans with as many busy ranks as cores (two) through
+   loopback link (ping-pong over the runs' transport) into a one-server cluster of
+   two CPU "devices" of speed 1, then runs a set of plans with as many busy ranks as
+   cores (two) through
    ``pipeplan run`` and compares the median measured iteration time with the
    simulator's prediction for the same plan, graph and cluster.  Every plan shape
    runs at a global batch of 32 and of 64 (see :func:`plans`), and the same shapes
@@ -23,9 +24,18 @@
 The machine is shared: every line carries the load average, and bursts of other
 work show up as outliers, which the medians absorb.
 
+Each row also has the run's *replayed* time (``runtime.replay``: the simulator's
+timeline on the op times the run measured), which splits the error into the
+timeline's part (measured vs replayed) and the op costs' part (replayed vs
+predicted).
+
+Runs use ``pipeplan run --transport`` as given (default ``auto``: the
+rank-driven TCP sockets on CPU), and the loopback link is measured over the same
+transport.
+
 Usage: ``python experiments/bench_runtime.py [--steps 12] [--repeats 3] [--rounds 5]
-[--only predicted|torch] [--out out/bench_runtime]``; prints tables and writes
-``results.jsonl`` in ``--out``.
+[--only predicted|torch] [--transport auto|tcp|dist] [--out out/bench_runtime]``;
+prints tables and writes ``results.jsonl`` in ``--out``.
 """
 
 from __future__ import annotations
@@ -136,9 +146,13 @@ def unet_plans() -> dict[str, dict]:
 
 
 # ----------------------------------------------------------------- runs
+TRANSPORT = "auto"
+"""``pipeplan run --transport`` of every run (set by ``--transport``)."""
+
+
 def run_ours(graph: Path, cluster: Path, plan_path: Path, steps: int, model: str = MODEL) -> dict:
     done = _pipeplan("run", str(graph), str(cluster), str(plan_path), "--model", model, "--steps", str(steps),
-                     "--warmup", "3", "--json")
+                     "--warmup", "3", "--json", "--transport", TRANSPORT)
     return json.loads(done.stdout)
 
 
@@ -178,15 +192,32 @@ def _rank_main(rank: int, task: str, result: str, kw: dict) -> None:
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
-    data = _ping_pong(rank) if task == "loopback" else _torch_1f1b(rank, **kw)
+    data = _ping_pong(rank, **kw) if task == "loopback" else _torch_1f1b(rank, **kw)
     if rank == 0:
         Path(result).write_text(json.dumps(data))
     dist.destroy_process_group()
 
 
-def _ping_pong(rank: int) -> dict:
-    """Loopback latency (1-element round trips) and bandwidth (8 MB one way), gloo."""
+def _ping_pong(rank: int, transport: str) -> dict:
+    """Loopback latency (1-element round trips) and bandwidth (8 MB one way) over ``transport``.
+
+    The runs' own transport (``runtime.transport``): gloo for ``dist``, the rank-driven
+    sockets for ``tcp`` (and ``auto`` on CPU), so the cluster's link is the one the
+    runs use.
+    """
     import torch.distributed as dist
+
+    from runtime.transport import DistTransport, TcpTransport
+
+    key = ("ping",)
+    if transport == "dist":
+        link = DistTransport({key: None})
+    else:
+        def gather(obj):
+            out: list = [None, None]
+            dist.all_gather_object(out, obj)
+            return out
+        link = TcpTransport(rank, [(key, 0, 1)], gather)
 
     def one_way(nbytes: int, rounds: int) -> float:
         buf = torch.zeros(max(nbytes // 4, 1))
@@ -195,11 +226,11 @@ def _ping_pong(rank: int) -> dict:
             dist.barrier()
             t = time.perf_counter()
             if rank == 0:
-                dist.send(buf, 1)
-                dist.recv(buf, 1)
+                link.isend(buf, 1, key).wait()
+                link.irecv(buf, 1, key).wait()
             else:
-                dist.recv(buf, 0)
-                dist.send(buf, 0)
+                link.irecv(buf, 0, key).wait()
+                link.isend(buf, 0, key).wait()
             times.append((time.perf_counter() - t) / 2)
         return statistics.median(times)
 
@@ -272,13 +303,18 @@ def measured_vs_predicted(graph: Path, cluster: Path, out: Path, steps: int, rep
         s = got[(len(got) - 1) // 2]  # the run with the (lower) median time, for its breakdown
         measured = statistics.median(r["measured_iteration_time"] for r in got)
         error = measured / s["predicted_iteration_time"] - 1
+        replayed = statistics.median(r["replayed_iteration_time"] for r in got)
         row = {"plan": name, "measured": measured, "predicted": s["predicted_iteration_time"], "error": error,
+               "replayed": replayed, "timeline_error": measured / replayed - 1,
+               "op_cost_error": replayed / s["predicted_iteration_time"] - 1,
                "runs": [r["measured_iteration_time"] for r in got],
                **{key: s[key] for key in ("busy", "predicted_busy", "send_cpu", "waits", "sync")}}
         rows.append(row)
         busy = " ".join(f"{b * 1e3:.2f}/{p * 1e3:.2f}" for b, p in zip(row["busy"], row["predicted_busy"]))
         print(f"{name:<26} measured {measured * 1e3:8.3f} ms  predicted {row['predicted'] * 1e3:8.3f} ms  "
-              f"error {100 * error:+6.1f} %  | per rank: compute meas/pred {busy} ms, send cpu "
+              f"error {100 * error:+6.1f} %  replayed {replayed * 1e3:8.3f} ms (timeline "
+              f"{100 * row['timeline_error']:+5.1f} %, op costs {100 * row['op_cost_error']:+5.1f} %)"
+              f"  | per rank: compute meas/pred {busy} ms, send cpu "
               f"{' '.join(f'{x * 1e3:.2f}' for x in row['send_cpu'])} ms, grad sync "
               f"{' '.join(f'{x * 1e3:.2f}' for x in row['sync'])} ms", flush=True)
     return rows
@@ -316,19 +352,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="runs per plan (their median is reported)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating ours/torch rounds per comparison")
     parser.add_argument("--only", choices=("predicted", "torch"), help="run one of the two benchmarks")
+    parser.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
+                        help="pipeplan run --transport of every run, and of the link measurement")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench_runtime"))
     args = parser.parse_args()
+    global TRANSPORT
+    TRANSPORT = args.transport
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sys.path.insert(0, str(ROOT))
 
     graph = profile_graph(out)
-    link = _spawn("loopback", out)
+    link = _spawn("loopback", out, transport=args.transport)
     cluster = local_cluster(out, link["latency"], link["bandwidth"])
     print(f"loopback link: latency {link['latency'] * 1e6:.1f} us, bandwidth {link['bandwidth'] / 1e9:.2f} GB/s "
           f"[{_load()}]")
     meta = {"machine": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__, "steps": args.steps,
-            "link": link}
+            "link": link, "transport": args.transport}
     records: list[dict] = []
 
     def save() -> None:  # after each part, so a later failure keeps what was measured
@@ -345,6 +385,9 @@ def main() -> None:
             mine = [abs(r["error"]) for r in rows if r["plan"].startswith(prefix)]
             print(f"median |error|, {label}: {100 * statistics.median(mine):.1f} % over {len(mine)} plans")
         print(f"median |error| over all {len(rows)} plans: {100 * median_error:.1f} % (target <= 10 %)  [{_load()}]")
+        for key, label in (("timeline_error", "measured vs replayed (the timeline)"),
+                           ("op_cost_error", "replayed vs predicted (the op costs)")):
+            print(f"median |{label}|: {100 * statistics.median(abs(r[key]) for r in rows):.1f} %")
         records += [{"bench": "measured-vs-predicted", **r, **meta} for r in rows]
         records.append({"bench": "measured-vs-predicted-summary", "median_abs_error": median_error, **meta})
         save()

@@ -1,6 +1,7 @@
 """``pipeplan run GRAPH CLUSTER PLAN --model NAME``: train with a plan on local processes.
 
-One process per device of the plan, on loopback (gloo on CPU, NCCL with CUDA).
+One process per device of the plan, on loopback (messages over TCP sockets on CPU,
+see :mod:`runtime.transport`; NCCL with CUDA).
 Prints the measured iteration time next to the simulator's prediction; with
 ``--verify`` also checks every parameter against one-process training.  The same
 workers run across machines under ``torchrun -m runtime.worker`` (see
@@ -34,7 +35,7 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
     """The workers' command line: the run's own arguments, reporting to ``result``."""
     argv = [args.graph, args.cluster, args.plan, "--model", args.model, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
-            "--timeout", repr(args.timeout), "--result", str(result)]
+            "--timeout", repr(args.timeout), "--transport", args.transport, "--result", str(result)]
     return argv + [flag for flag, on in (("--verify", args.verify), ("--emulate", args.emulate)) if on]
 
 

@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
 from runtime.emulate import Emulator, sleep_until
 from runtime.routing import Message, cut_messages, grad_order
 from runtime.stage import CutLayout
+from runtime.transport import Transport, Work
 from solver.plan import Plan
 from solver.schedule import Op
 
@@ -36,11 +36,11 @@ class Inbound:
     """What arrives."""
     buffer: torch.Tensor
     """``(samples, features)`` it arrives into."""
-    work: dist.Work
+    work: Work
     """The pending receive."""
     stamp: torch.Tensor | None = None
     """Emulated arrival time (``--emulate`` only)."""
-    stamp_work: dist.Work | None = None
+    stamp_work: Work | None = None
     """Its pending receive."""
 
 
@@ -48,8 +48,8 @@ class Inbound:
 class Direction:
     """One direction across one cut, as seen by this rank."""
 
-    group: dist.ProcessGroup | None
-    """The cut's process group for this direction."""
+    key: tuple
+    """The key of the cut's process group for this direction (see ``runtime.gradsync.group_members``)."""
     layout: CutLayout | None
     """Buffer layout of the cut."""
     incoming: list[Message] = field(default_factory=list)
@@ -72,8 +72,8 @@ class Channels:
         Every stage's op list.
     layouts : (CutLayout or None, CutLayout or None)
         Layout of the cut before and after the stage.
-    groups : dict
-        ``(cut, "fwd" | "bwd") -> ProcessGroup`` for every cut.
+    transport : Transport
+        Moves the messages (see :mod:`runtime.transport`).
     device : torch.device
         Where buffers live.
     emulator : Emulator, optional
@@ -81,19 +81,19 @@ class Channels:
     """
 
     def __init__(self, rank: int, stage: int, plan: Plan, op_lists: Sequence[Sequence[Op]],
-                 layouts: tuple[CutLayout | None, CutLayout | None], groups: dict, device: torch.device,
+                 layouts: tuple[CutLayout | None, CutLayout | None], transport: Transport, device: torch.device,
                  emulator: Emulator | None = None) -> None:
-        self.rank, self.device, self.emulator = rank, device, emulator
+        self.rank, self.device, self.emulator, self.transport = rank, device, emulator, transport
         last = len(plan.stages) - 1
         before = cut_messages(plan, stage - 1, op_lists) if stage > 0 else []
         after = cut_messages(plan, stage, op_lists) if stage < last else []
         # Activations come in over the cut before the stage and leave over the one after;
         # gradients the other way round, in the order the later stage runs its backwards.
-        self.act_in = Direction(groups.get((stage - 1, "fwd")), layouts[0], [m for m in before if m.dst == rank])
-        self.act_out = Direction(groups.get((stage, "fwd")), layouts[1], outgoing=[m for m in after if m.src == rank])
-        self.grad_in = Direction(groups.get((stage, "bwd")), layouts[1],
+        self.act_in = Direction((stage - 1, "fwd"), layouts[0], [m for m in before if m.dst == rank])
+        self.act_out = Direction((stage, "fwd"), layouts[1], outgoing=[m for m in after if m.src == rank])
+        self.grad_in = Direction((stage, "bwd"), layouts[1],
                                  [m for m in grad_order(after, op_lists) if m.src == rank])
-        self.grad_out = Direction(groups.get((stage - 1, "bwd")), layouts[0],
+        self.grad_out = Direction((stage - 1, "bwd"), layouts[0],
                                   outgoing=[m for m in grad_order(before, op_lists) if m.dst == rank])
         # Each op's outgoing messages, looked up once rather than filtered per op.
         self._act_sends: dict[int, list[Message]] = {}
@@ -104,7 +104,7 @@ class Channels:
             self._grad_sends.setdefault(m.dst_mb, []).append(m)
         self._acts: dict[int, list[Inbound]] = {}
         self._grads: dict[int, list[Inbound]] = {}
-        self._sends: list[tuple[dist.Work, torch.Tensor]] = []
+        self._sends: list[tuple[Work, torch.Tensor]] = []
 
     # ----------------------------------------------------------------- receiving
     def post_receives(self) -> None:
@@ -118,10 +118,10 @@ class Channels:
             layout = direction.layout
             assert layout is not None
             buffer = torch.empty(m.size, layout.features, dtype=layout.dtype, device=self.device)
-            item = Inbound(m, buffer, dist.irecv(buffer, peer(m), group=direction.group, tag=m.tag))
+            item = Inbound(m, buffer, self.transport.irecv(buffer, peer(m), direction.key, m.tag))
             if self.emulator is not None:
                 item.stamp = torch.zeros(1, dtype=torch.float64, device=self.device)
-                item.stamp_work = dist.irecv(item.stamp, peer(m), group=direction.group, tag=m.tag + STAMP_TAG)
+                item.stamp_work = self.transport.irecv(item.stamp, peer(m), direction.key, m.tag + STAMP_TAG)
             posted.setdefault(key(m), []).append(item)
         return posted
 
@@ -164,9 +164,9 @@ class Channels:
         for m in messages:
             rows = buffer if m.size == buffer.shape[0] else \
                 buffer[m.start - first_sample:m.stop - first_sample].contiguous()
-            self._sends.append((dist.isend(rows, peer(m), group=direction.group, tag=m.tag), rows))
+            self._sends.append((self.transport.isend(rows, peer(m), direction.key, m.tag), rows))
             if stamp is not None:
-                self._sends.append((dist.isend(stamp, peer(m), group=direction.group, tag=m.tag + STAMP_TAG), stamp))
+                self._sends.append((self.transport.isend(stamp, peer(m), direction.key, m.tag + STAMP_TAG), stamp))
 
     def finish(self) -> None:
         """Wait until every send of the iteration has completed."""

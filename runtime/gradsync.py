@@ -22,6 +22,7 @@ from torch import nn
 
 from models.zoo import ZooModel
 from runtime.routing import stage_ranks
+from runtime.transport import Transport, Work
 from solver.plan import Plan
 
 
@@ -35,31 +36,46 @@ def tied_holders(model: ZooModel, plan: Plan) -> dict[int, tuple[int, ...]]:
     return {pid: tuple(sorted(stages)) for pid, stages in holders.items() if len(stages) > 1}
 
 
-def make_groups(plan: Plan, model: ZooModel) -> dict:
-    """Every process group of the run, created in the same order on every rank.
+def group_members(plan: Plan, model: ZooModel) -> dict:
+    """The ranks of every process group of the run, in one order on every rank.
 
     Keys: ``(cut, "fwd" | "bwd")`` for the two directions of each cut,
     ``("stage", s)`` for each replicated stage, ``("tied", stages)`` for each set of
-    stages sharing a Parameter.  ``dist.new_group`` must be called by all ranks, even
-    those outside the group.
+    stages sharing a Parameter.
     """
     ranks = stage_ranks(plan)
-    groups: dict = {}
+    members: dict = {}
     for c in range(len(plan.stages) - 1):
         for direction in ("fwd", "bwd"):
-            groups[(c, direction)] = dist.new_group(ranks[c] + ranks[c + 1])
-    for s, members in enumerate(ranks):
-        if len(members) > 1:
-            groups[("stage", s)] = dist.new_group(members)
+            members[(c, direction)] = ranks[c] + ranks[c + 1]
+    for s, stage in enumerate(ranks):
+        if len(stage) > 1:
+            members[("stage", s)] = list(stage)
     for stages in sorted(set(tied_holders(model, plan).values())):
-        groups[("tied", stages)] = dist.new_group(sorted(r for s in stages for r in ranks[s]))
-    return groups
+        members[("tied", stages)] = sorted(r for s in stages for r in ranks[s])
+    return members
+
+
+def make_groups(members: dict) -> dict:
+    """A process group for every entry of :func:`group_members`.
+
+    ``dist.new_group`` must be called by all ranks, even those outside the group.
+    """
+    return {key: dist.new_group(ranks) for key, ranks in members.items()}
+
+
+def links(members: dict) -> list[tuple]:
+    """``(key, a, b)`` for every two ranks ``a < b`` of a group: the point-to-point links."""
+    return [(key, a, b) for key, ranks in members.items() for i, a in enumerate(sorted(ranks))
+            for b in sorted(ranks)[i + 1:]]
 
 
 @dataclass
 class Bucket:
     """One set of gradients summed over one group."""
 
+    key: tuple
+    """The group's key (see :func:`group_members`)."""
     group: dist.ProcessGroup
     """The group summing them."""
     params: list[nn.Parameter]
@@ -69,7 +85,7 @@ class Bucket:
     exchange, see [Note: pairwise exchange]); ``None``: ``dist.all_reduce``."""
     incoming: torch.Tensor | None = None
     """The peer's flat gradients (posted by :meth:`GradSync.post`)."""
-    work: dist.Work | None = None
+    work: Work | None = None
     """Its pending receive."""
 
 
@@ -92,10 +108,12 @@ class GradSync:
 
     buckets: list[Bucket] = field(default_factory=list)
     """The sums, in one global order."""
+    transport: Transport | None = None
+    """Moves the two-member sums' messages."""
 
     @classmethod
     def for_stage(cls, stage: int, params: list[nn.Parameter], model: ZooModel, plan: Plan,
-                  groups: dict) -> "GradSync":
+                  groups: dict, transport: Transport) -> "GradSync":
         """The buckets of a rank of ``stage`` holding ``params``."""
         tied = tied_holders(model, plan)
         by_group: dict = {}
@@ -111,8 +129,8 @@ class GradSync:
         for key in sorted(by_group, key=order.index):
             members = dist.get_process_group_ranks(groups[key])
             peer = next(r for r in members if r != me) if len(members) == 2 else None
-            buckets.append(Bucket(groups[key], by_group[key], peer))
-        return cls(buckets)
+            buckets.append(Bucket(key, groups[key], by_group[key], peer))
+        return cls(buckets, transport)
 
     def __bool__(self) -> bool:
         return bool(self.buckets)
@@ -123,7 +141,7 @@ class GradSync:
             if b.peer is not None:
                 first = b.params[0]
                 b.incoming = torch.empty(sum(p.numel() for p in b.params), dtype=first.dtype, device=first.device)
-                b.work = dist.irecv(b.incoming, b.peer, group=b.group)
+                b.work = self.transport.irecv(b.incoming, b.peer, b.key)
 
     def all_reduce(self) -> None:
         """Sum every bucket's gradients over its group, in place."""
@@ -137,7 +155,7 @@ class GradSync:
                 dist.all_reduce(flat, group=b.group)
             else:
                 assert b.work is not None and b.incoming is not None, "GradSync.post() was not called"
-                sent = dist.isend(flat, b.peer, group=b.group)
+                sent = self.transport.isend(flat, b.peer, b.key)
                 b.work.wait()
                 flat = flat + b.incoming  # a new tensor: the sent one stays untouched until sent
                 sent.wait()

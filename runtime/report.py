@@ -8,7 +8,8 @@ from typing import Any
 
 from models.jsonio import atomic_write_text
 from runtime.checks import RunInputs
-from runtime.measure import align, chrome_trace, idle_spans, iteration_times, median_step, write_gantt
+from runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
+from runtime.replay import replay
 from runtime.verify import TOLERANCE
 
 
@@ -25,6 +26,8 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         "measured_iteration_time": measured,
         "predicted_iteration_time": predicted,
         "ratio": measured / predicted if predicted > 0 else None,
+        # The spec's timeline on the measured op times: see runtime.replay.
+        "replayed_iteration_time": replay(ranks, measured_steps(result), inputs.prediction).iteration_time,
         "iteration_times": iteration_times(result),
         "peak_memory": [r["peak_memory"] for r in ranks],
         "peak_memory_kind": ranks[0]["peak_memory_kind"],
@@ -100,6 +103,8 @@ def _print_text(summary: dict[str, Any]) -> None:
     print(f"measured iteration {summary['measured_iteration_time'] * 1e3:.3f} ms "
           f"(median of steps {summary['warmup']}..{summary['steps'] - 1}), predicted "
           f"{summary['predicted_iteration_time'] * 1e3:.3f} ms, ratio {ratio:.3f}" if ratio is not None else "")
+    print(f"replayed {summary['replayed_iteration_time'] * 1e3:.3f} ms: the spec's timeline on the measured op "
+          f"times (measured / replayed: the timeline's error; replayed / predicted: the op costs')")
     if "max_param_diff" in summary:  # --verify trains in float64: times are not those of the profile
         print("note: --verify trains in float64, so these times are not comparable with a float32 profile; "
               "run without --verify to measure")

@@ -34,11 +34,12 @@ from runtime.checks import RunInputs, check_world, load_inputs
 from runtime.comm import Channels
 from runtime.emulate import make_emulator
 from runtime.executor import Executor
-from runtime.gradsync import GradSync, make_groups
+from runtime.gradsync import GradSync, group_members, links, make_groups
 from runtime.heartbeat import Heartbeat
 from runtime.memory import rss_peak_bytes
 from runtime.routing import pieces, rank_of
 from runtime.stage import Stage, cut_layout, unit_shapes
+from runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
 from runtime.verify import batch_seed, max_difference, reference_parameters
 
 FAULT_ENV = "PIPEPLAN_FAULT"
@@ -64,6 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--side-by-side", action="store_true", help="draw the simulated Gantt chart above the measured one")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
+    p.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
+                   help="point-to-point messages: tcp (sockets moved by each rank's own thread, CPU only), "
+                        "dist (torch.distributed: gloo or NCCL); auto (default): tcp on CPU, dist on GPUs")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="seconds without progress before a worker counts as hung (default 60)")
     p.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)  # set by the local launcher
@@ -104,15 +108,45 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
                             timeout=timedelta(seconds=args.timeout))
     control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
     starter = dist.new_group(backend="gloo")  # the start of each iteration, see _start_together
-    executor, need_data = _build(args, inputs, rank, device, beat)
+    members = group_members(plan, inputs.model)
+    groups = make_groups(members)
+    transport = _transport(args, device, rank, members, groups, starter, control)
+    executor, need_data = _build(args, inputs, rank, device, beat, groups, transport)
     _pin_main_thread(device)
-    records = _train(args, inputs, executor, need_data, rank, device, starter, beat)
+    records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
     status = _finish(args, inputs, executor, records, rank, world, control, beat)
+    if isinstance(transport, TcpTransport):
+        transport.close()
     dist.destroy_process_group()
     return status
 
 
-def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat) -> tuple[Executor, bool]:
+def _transport(args, device: torch.device, rank: int, members: dict, groups: dict, starter,
+               control) -> Transport:
+    """The point-to-point transport ``--transport`` asks for; see :mod:`runtime.transport`."""
+    world = dist.get_world_size()
+    if args.transport == "tcp" and device.type != "cpu":
+        raise InputError("-", "--transport", "tcp moves CPU tensors only; use --transport dist on GPUs")
+    if args.transport == "dist" or (args.transport == "auto" and device.type != "cpu"):
+        return DistTransport({**groups, START: starter})
+    everyone = {**members, START: list(range(world))}
+
+    def gather(obj):
+        out: list = [None] * world
+        dist.all_gather_object(out, obj, group=control)
+        return out
+
+    # Twice --timeout: a rank waiting on a hung peer must not fail before the launcher,
+    # which presumes a rank hung after --timeout without progress, has named that peer.
+    return TcpTransport(rank, links(everyone), gather, host=reachable_host(), timeout=2 * args.timeout)
+
+
+START = ("start",)
+"""The key of the start-of-iteration tokens (every pair of ranks)."""
+
+
+def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, groups: dict,
+           transport: Transport) -> tuple[Executor, bool]:
     """This rank's executor, and whether it needs the batch (model input or targets)."""
     plan = inputs.plan
     stage_index, replica = rank_of(plan)[rank]
@@ -122,7 +156,6 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     shapes = unit_shapes(model)
     for unit in model.units[lo:hi]:
         unit.module.to(device)
-    groups = make_groups(plan, model)
     last = len(plan.stages) - 1
     layouts = (cut_layout(model, lo - 1, shapes) if stage_index > 0 else None,
                cut_layout(model, hi - 1, shapes) if stage_index < last else None)
@@ -132,8 +165,8 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     if args.emulate:
         param_bytes = sum(p.numel() * p.element_size() for p in stage.parameters())
         emulator = make_emulator(plan, inputs.cluster, stage_index, replica, param_bytes)
-    channels = Channels(rank, stage_index, plan, op_lists, layouts, groups, device, emulator)
-    sync = GradSync.for_stage(stage_index, stage.parameters(), model, plan, groups)
+    channels = Channels(rank, stage_index, plan, op_lists, layouts, transport, device, emulator)
+    sync = GradSync.for_stage(stage_index, stage.parameters(), model, plan, groups, transport)
     mine = [p for p in pieces(plan, stage_index) if p.rank == rank]
     executor = Executor(stage, op_lists[stage_index], mine, plan.global_batch, channels, sync,
                         args.lr, emulator, beat)
@@ -145,7 +178,8 @@ def _pin_main_thread(device: torch.device) -> None:
     """With ``PIPEPLAN_PIN=1``: pin this rank's main thread to a core of its own.
 
     [Note: core pinning]  A rank's main thread does all its compute and blocks for
-    messages; gloo's I/O threads hand the messages over.  Left to the scheduler, a
+    messages; with ``--transport dist``, gloo's I/O threads hand the messages over
+    (the tcp transport has no such threads, see [Note: tcp transport]).  Left to the scheduler, a
     send from rank ``a`` can wake rank ``b``'s threads on ``a``'s core (wake-affine
     placement), where ``b``'s compute then runs while ``a``'s main thread waits in
     the run queue, until the load balancer moves one of them: on a loaded 2-core box
@@ -168,7 +202,7 @@ def _pin_main_thread(device: torch.device) -> None:
             pass
 
 
-def _start_together(group, rank: int, world: int) -> None:
+def _start_together(transport: Transport, rank: int, world: int) -> None:
     """Return on every rank at (nearly) the same moment: the start of an iteration.
 
     Each rank sends a token to every other one and waits for theirs, so the last rank
@@ -180,15 +214,15 @@ def _start_together(group, rank: int, world: int) -> None:
     """
     peers = [r for r in range(world) if r != rank]
     tokens = [torch.zeros(1) for _ in peers]
-    recvs = [dist.irecv(t, peer, group=group) for t, peer in zip(tokens, peers)]
+    recvs = [transport.irecv(t, peer, START) for t, peer in zip(tokens, peers)]
     mine = torch.zeros(1)
-    sends = [dist.isend(mine, peer, group=group) for peer in peers]
+    sends = [transport.isend(mine, peer, START) for peer in peers]
     for work in recvs + sends:
         work.wait()
 
 
 def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
-           starter, beat: Heartbeat) -> list[dict]:
+           transport: Transport, beat: Heartbeat) -> list[dict]:
     model, batch = executor.stage.model, inputs.plan.global_batch
     world = dist.get_world_size()
     fault = _fault(rank)
@@ -208,7 +242,7 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
             else:
                 x = y = torch.empty(0)
             executor.memory.enabled = step < max(args.warmup, 1)  # see runtime.memory
-            events, end = executor.train_step(step, x, y, start=lambda: _start_together(starter, rank, world))
+            events, end = executor.train_step(step, x, y, start=lambda: _start_together(transport, rank, world))
             records.append({"t0": executor.started, "end": end,
                             "events": [[e.kind, e.label, e.start, e.end] for e in events]})
             gc.collect(1)

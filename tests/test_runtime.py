@@ -138,10 +138,12 @@ def test_custom_gpt(graphs, tmp_path):
     run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
 
 
-def test_replication_with_remainders_and_tied_weights(graphs, tmp_path):
+@pytest.mark.parametrize("transport", ["tcp", "dist"])
+def test_replication_with_remainders_and_tied_weights(graphs, tmp_path, transport):
     # Stage 0's replicas split 3 as 2+1 and 1 as 1+0; the tied embedding lives on 3 ranks.
+    # Both transports: every other test runs the default (tcp on CPU).
     plan = write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 3, 1]), (3, 6, ["g2"], [4, 3])], 7, "1f1b")
-    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny", "--transport", transport)
 
 
 def test_recompute_replication_unequal_gpt_four_processes(graphs, tmp_path):
