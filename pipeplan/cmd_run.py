@@ -21,7 +21,7 @@ from runtime.checks import load_inputs
 from runtime.launch import WorkerError, launch_local
 from runtime.report import present
 from runtime.routing import rank_of
-from runtime.worker import add_arguments
+from runtime.worker import add_arguments, check_spin
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,13 +35,16 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
     """The workers' command line: the run's own arguments, reporting to ``result``."""
     argv = [args.graph, args.cluster, args.plan, "--model", args.model, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
-            "--timeout", repr(args.timeout), "--transport", args.transport, "--result", str(result)]
+            "--timeout", repr(args.timeout), "--transport", args.transport, "--spin", args.spin,
+            "--result", str(result)]
     return argv + [flag for flag, on in (("--verify", args.verify), ("--emulate", args.emulate)) if on]
 
 
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise_usage("--steps", f"must be at least 1, got {args.steps}")
+    if args.spin != "auto":
+        check_spin(args.spin)
     # Everything that can be refused is refused here, before any process starts.
     check_writable(args.trace, args.gantt)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)

@@ -17,8 +17,10 @@ written by the two main threads exchanged 220 KB in a median of 33 us (p90 44 us
 each message a 16-byte header (tag, bytes) and the tensor's bytes, moved by the
 rank's own thread whenever it posts a send or waits for anything (``select`` when
 nothing can move, so a waiting rank sleeps in the kernel until its data arrives).
-Sends that do not fit in the socket buffer continue during later waits.  CPU
-tensors only; NCCL and multi-member all-reduces stay with torch.distributed.
+Sends that do not fit in the socket buffer continue during later waits.  A wait
+may first poll for ``spin`` seconds before it sleeps (see ``runtime.worker``'s
+``--spin``).  CPU tensors only; NCCL and multi-member all-reduces stay with
+torch.distributed.
 """
 
 from __future__ import annotations
@@ -189,10 +191,13 @@ class TcpTransport:
         The address other ranks reach this one at.
     timeout : float
         Seconds a wait may last before it fails, naming the peer.
+    spin : float
+        Seconds a wait polls the sockets before it sleeps in ``select``.
     """
 
-    def __init__(self, rank: int, links, gather, host: str = "127.0.0.1", timeout: float = 300.0) -> None:
-        self.rank, self.timeout = rank, timeout
+    def __init__(self, rank: int, links, gather, host: str = "127.0.0.1", timeout: float = 300.0,
+                 spin: float = 0.0) -> None:
+        self.rank, self.timeout, self.spin = rank, timeout, spin
         self.connections: dict[tuple[str, int], _Connection] = {}
         mine = sorted({(repr(key), a, b) for key, a, b in links if rank in (a, b)})
         listener = socket.create_server((host, 0), backlog=max(len(mine), 1) + 8)
@@ -253,8 +258,9 @@ class TcpTransport:
     def wait_for(self, m: _Message) -> None:
         """Move every connection's messages until ``m`` has moved."""
         deadline = time.monotonic() + self.timeout
+        spin_until = time.perf_counter() + self.spin
         while not m.done:
-            if self._pump():
+            if self._pump() or time.perf_counter() < spin_until:
                 continue
             left = deadline - time.monotonic()
             if left <= 0:

@@ -220,6 +220,13 @@ def test_plan_with_unknown_device_is_refused(graphs, tmp_path):
     assert done.returncode == 2 and "unknown device 'gpu9'" in done.stderr
 
 
+def test_bad_spin_is_refused_before_any_process(graphs, tmp_path):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
+    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--spin", "-1")
+    assert done.returncode == 2 and done.stderr.startswith("error: -: --spin: must be 'auto' or seconds >= 0")
+    assert workers_alive(str(tmp_path)) == []
+
+
 def test_deadlocking_custom_plan_is_refused(graphs, tmp_path):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [1, 1], False, ["F0", "B0", "F1", "B1"]),
                                  (3, 6, ["g1"], [1, 1], False, ["F0", "F1", "B1", "B0"])], 2, "custom")

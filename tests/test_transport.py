@@ -8,18 +8,20 @@ does between processes.
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 import torch
 
 from runtime.gradsync import links
 from runtime.transport import TcpTransport
+from runtime.worker import check_spin
 
 KEY = ("fwd",)
 OTHER = ("bwd",)
 
 
-def make_pair(keys=(KEY,), timeout: float = 10.0) -> list[TcpTransport]:
+def make_pair(keys=(KEY,), timeout: float = 10.0, spin: float = 0.0) -> list[TcpTransport]:
     """Two connected transports, one per rank, with a link per key."""
     addresses: list = [None, None]
     published = threading.Barrier(2)
@@ -35,7 +37,8 @@ def make_pair(keys=(KEY,), timeout: float = 10.0) -> list[TcpTransport]:
 
     def build(rank):
         try:
-            made[rank] = TcpTransport(rank, [(key, 0, 1) for key in keys], gather(rank), timeout=timeout)
+            made[rank] = TcpTransport(rank, [(key, 0, 1) for key in keys], gather(rank), timeout=timeout,
+                                      spin=spin)
         except Exception as exc:  # surfaced by the assert below
             errors.append(exc)
 
@@ -125,6 +128,17 @@ class TestTcpTransport:
         run_both(rank0, rank1)
         assert gx.item() == 1.0 and gy.item() == 2.0
 
+    def test_a_polling_wait_gets_the_same_messages(self):
+        a, b = make_pair(spin=0.05)
+        got = torch.empty(3)
+
+        def rank0():
+            time.sleep(0.1)  # longer than the poll: the receiver polls, then sleeps in select
+            a.isend(torch.tensor([1.0, 2.0, 3.0]), 1, KEY).wait()
+
+        run_both(rank0, lambda: b.irecv(got, 0, KEY).wait())
+        assert got.tolist() == [1.0, 2.0, 3.0]
+
     def test_any_dtype_and_shape(self):
         a, b = make_pair()
         sent = torch.arange(12, dtype=torch.int64).reshape(3, 4)
@@ -168,3 +182,15 @@ class TestLinks:
         members = {(0, "fwd"): [0, 1, 2], ("stage", 1): [2, 1]}
         assert links(members) == [((0, "fwd"), 0, 1), ((0, "fwd"), 0, 2), ((0, "fwd"), 1, 2),
                                   (("stage", 1), 1, 2)]
+
+
+class TestCheckSpin:
+    def test_seconds(self):
+        assert check_spin("0") == 0.0 and check_spin("0.005") == 0.005
+
+    @pytest.mark.parametrize("bad", ["x", "-1", "nan", "inf"])
+    def test_bad_values_are_refused(self, bad):
+        from models.errors import InputError
+
+        with pytest.raises(InputError, match="--spin"):
+            check_spin(bad)
