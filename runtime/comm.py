@@ -105,6 +105,8 @@ class Channels:
         self._acts: dict[int, list[Inbound]] = {}
         self._grads: dict[int, list[Inbound]] = {}
         self._sends: list[tuple[Work, torch.Tensor]] = []
+        self.receive_cpu: float | None = None
+        """CPU seconds the last receive took, waits left out, when the transport tells (tcp)."""
 
     # ----------------------------------------------------------------- receiving
     def post_receives(self) -> None:
@@ -140,10 +142,12 @@ class Channels:
             for item in items:
                 item.stamp_work.wait()  # type: ignore[union-attr]
             sleep_until(max(float(item.stamp) for item in items))  # type: ignore[arg-type]
+        costs = [getattr(item.work, "cpu", None) for item in items]  # the tcp transport's, waits left out
+        began = time.perf_counter()
         items.sort(key=lambda item: item.message.start)  # regroup samples in order
-        if len(items) == 1:
-            return items[0].buffer
-        return torch.cat([item.buffer for item in items])
+        joined = items[0].buffer if len(items) == 1 else torch.cat([item.buffer for item in items])
+        self.receive_cpu = None if None in costs else sum(costs) + time.perf_counter() - began  # type: ignore
+        return joined
 
     # ----------------------------------------------------------------- sending
     def send_activations(self, k: int, buffer: torch.Tensor, first_sample: int) -> None:

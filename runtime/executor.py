@@ -89,6 +89,8 @@ class Executor:
         self.optimizer = torch.optim.SGD(params, lr=lr)
         self.memory = MemoryMeter(params, next(iter(params)).device if params else torch.device("cpu"))
         self._events: list[Event] = []
+        self.receive_cpu: dict[str, float] = {}
+        """``"recv A3" -> seconds`` of the last iteration's receives, waits left out (tcp transport only)."""
         self._t0 = 0.0
 
     @property
@@ -113,7 +115,7 @@ class Executor:
         self.beat(step, 0, waiting=True)
         start()
         self.beat(step, 0)
-        self._events, self._t0 = [], time.perf_counter()
+        self._events, self.receive_cpu, self._t0 = [], {}, time.perf_counter()
         stash: dict[int, Stash] = {}
         for position, (kind, k) in enumerate(self.ops):
             piece = self.pieces[k]
@@ -143,7 +145,10 @@ class Executor:
         x: dict[int, torch.Tensor] = {}
         if stage.input_layout is not None:
             with self._timed("receive", f"recv A{k}", waiting=True):
-                x = stage.input_layout.unpack(self.channels.receive_activations(k), requires_grad=True)
+                buffer = self.channels.receive_activations(k)
+                began = time.perf_counter()
+                x = stage.input_layout.unpack(buffer, requires_grad=True)
+                self._note_receive_cpu(f"recv A{k}", time.perf_counter() - began)
         x[-1] = inputs[piece.start:piece.stop]
         with self._timed("forward", f"F{k}", stretch=True):
             if stage.recompute:
@@ -167,7 +172,10 @@ class Executor:
         grads = None
         if stage.output_layout is not None:
             with self._timed("receive", f"recv G{k}", waiting=True):
-                grads = stage.output_layout.unpack(self.channels.receive_gradients(k))
+                buffer = self.channels.receive_gradients(k)
+                began = time.perf_counter()
+                grads = stage.output_layout.unpack(buffer)
+                self._note_receive_cpu(f"recv G{k}", time.perf_counter() - began)
         if kept.done is None:  # recompute: re-run the forward with autograd on
             with self._timed("recompute", f"R{k}", stretch=True), self.memory.saving(("R", k)):
                 kept.done = stage.run(kept.inputs)
@@ -182,6 +190,10 @@ class Executor:
                 layout = stage.input_layout
                 grad_in = {u: _grad_or_zeros(kept.inputs[u]) for u in layout.units}
                 self.channels.send_gradients(k, layout.pack(grad_in), piece.start)
+
+    def _note_receive_cpu(self, label: str, unpacking: float) -> None:
+        if self.channels.receive_cpu is not None:
+            self.receive_cpu[label] = self.channels.receive_cpu + unpacking
 
     def _share(self, piece: Piece) -> float:
         return piece.size / self.global_batch

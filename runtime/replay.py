@@ -10,8 +10,8 @@ timeline's error alone; ``replayed / predicted`` the op costs'.
 
 An op's measured time is its compute (the recompute included) plus the CPU time
 the rank spends on the messages next to it, which the spec does not charge: posting
-the op's sends (their median span) and taking in its receives (see
-:func:`op_seconds`).  Replicas of a stage run the same op: the slowest one counts,
+the op's sends (their median span) and taking in its receives (their CPU part,
+see :func:`op_seconds`).  Replicas of a stage run the same op: the slowest one counts,
 as in the spec.
 """
 
@@ -27,19 +27,29 @@ from solver.simulator import SimulationResult, run_timeline
 def op_seconds(rank: dict, steps: list[int]) -> dict[str, float]:
     """``label -> seconds`` of one rank: medians over ``steps``; receives by their CPU part.
 
-    A receive's span holds the wait for its data; the shortest span of the same
-    direction (any microbatch, any step: one the data had beaten) stands for the
-    CPU it takes.  (A stage's first receive of an iteration always waits, so its
-    own spans say nothing of its CPU.)
+    A receive's span holds the wait for its data.  Its CPU part is what the run
+    recorded under ``receive_cpu`` (the tcp transport times the system calls that
+    moved the message, and the executor the unpacking); without it (``--transport
+    dist``), the shortest span of the same direction (any microbatch, any step: one
+    the data had beaten) stands for it, which overcounts where every receive waits.
     """
     spans: dict[str, list[float]] = defaultdict(list)
+    cpu: dict[str, list[float]] = defaultdict(list)
     for i in steps:
-        for kind, label, a, b in rank["steps"][i]["events"]:
+        record = rank["steps"][i]
+        for kind, label, a, b in record["events"]:
             spans[label].append(b - a)
+        for label, seconds in record.get("receive_cpu", {}).items():
+            cpu[label].append(seconds)
     shortest = {direction: min((min(t) for label, t in spans.items() if label.startswith(direction)), default=0.0)
                 for direction in ("recv A", "recv G")}
-    return {label: (shortest[label[:6]] if label.startswith("recv ") else statistics.median(times))
-            for label, times in spans.items()}
+
+    def seconds(label: str, times: list[float]) -> float:
+        if not label.startswith("recv "):
+            return statistics.median(times)
+        return statistics.median(cpu[label]) if cpu.get(label) else shortest[label[:6]]
+
+    return {label: seconds(label, times) for label, times in spans.items()}
 
 
 def replayed_durations(ranks: list[dict], steps: list[int], prediction: SimulationResult) -> list[dict]:

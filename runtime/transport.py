@@ -99,6 +99,8 @@ class _Message:
     """Bytes of header and data moved so far."""
     total: int = 0
     """Bytes of header and data."""
+    cpu: float = 0.0
+    """Seconds this rank spent in the system calls that moved it (its CPU cost, waits left out)."""
 
     def __post_init__(self) -> None:
         self.total = HEADER.size + len(self.data)
@@ -128,12 +130,14 @@ class _Connection:
         moved = False
         while self.sends:
             m = self.sends[0]
+            began = time.perf_counter()
             try:
                 n = self.sock.sendmsg(_remaining(m))
             except BlockingIOError:
                 return moved
             except OSError as exc:
                 raise ConnectionError(f"sending to rank {self.peer} ({self.key}) failed: {exc}") from exc
+            m.cpu += time.perf_counter() - began
             m.moved += n
             moved = moved or n > 0
             if not m.done:
@@ -147,7 +151,7 @@ class _Connection:
         moved = False
         while self.recvs:
             m = self.recvs[0]
-            before = m.moved
+            before, began = m.moved, time.perf_counter()
             try:
                 n = self.sock.recvmsg_into(_remaining(m))[0]
             except BlockingIOError:
@@ -157,6 +161,7 @@ class _Connection:
             if n == 0:
                 raise ConnectionError(f"rank {self.peer} closed its connection ({self.key}) before sending "
                                       f"a message this rank waits for")
+            m.cpu += time.perf_counter() - began
             m.moved += n
             moved = True
             if before < HEADER.size <= m.moved:

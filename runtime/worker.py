@@ -276,7 +276,8 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
             executor.memory.enabled = step < max(args.warmup, 1)  # see runtime.memory
             events, end = executor.train_step(step, x, y, start=lambda: _start_together(transport, rank, world))
             records.append({"t0": executor.started, "end": end,
-                            "events": [[e.kind, e.label, e.start, e.end] for e in events]})
+                            "events": [[e.kind, e.label, e.start, e.end] for e in events],
+                            "receive_cpu": dict(executor.receive_cpu)})
             gc.collect(1)
     finally:
         gc.enable()

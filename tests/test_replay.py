@@ -38,6 +38,13 @@ class TestOpSeconds:
         # F0: median of 1, 3, 2; every "recv A": the shortest span of that direction, 0.1.
         assert seen == pytest.approx({"recv A0": 0.1, "F0": 2.0, "recv A1": 0.1})
 
+    def test_recorded_receive_cpu_wins_over_the_shortest_span(self):
+        r = rank(1, [[("recv A0", 0.5), ("F0", 1.0), ("recv A1", 0.1)],
+                     [("recv A0", 0.7), ("F0", 1.0), ("recv A1", 0.2)]])
+        r["steps"][0]["receive_cpu"] = {"recv A0": 0.02, "recv A1": 0.04}
+        r["steps"][1]["receive_cpu"] = {"recv A0": 0.04, "recv A1": 0.06}
+        assert op_seconds(r, [0, 1]) == pytest.approx({"recv A0": 0.03, "F0": 1.0, "recv A1": 0.05})
+
     def test_only_the_given_steps_count(self):
         r = rank(0, [[("F0", 10.0)], [("F0", 1.0)]])
         assert op_seconds(r, [1]) == {"F0": 1.0}

@@ -139,6 +139,22 @@ class TestTcpTransport:
         run_both(rank0, lambda: b.irecv(got, 0, KEY).wait())
         assert got.tolist() == [1.0, 2.0, 3.0]
 
+    def test_a_message_reports_its_cpu_time_without_the_wait(self):
+        a, b = make_pair()
+        got = torch.empty(1000)
+        work: list = []
+
+        def rank0():
+            time.sleep(0.2)
+            a.isend(torch.ones(1000), 1, KEY).wait()
+
+        def rank1():
+            work.append(b.irecv(got, 0, KEY))
+            work[0].wait()
+
+        run_both(rank0, rank1)
+        assert 0 < work[0].cpu < 0.1  # the 0.2 s wait is not in it
+
     def test_any_dtype_and_shape(self):
         a, b = make_pair()
         sent = torch.arange(12, dtype=torch.int64).reshape(3, 4)
