@@ -64,10 +64,22 @@ def make_groups(members: dict) -> dict:
     return {key: dist.new_group(ranks) for key, ranks in members.items()}
 
 
-def links(members: dict) -> list[tuple]:
-    """``(key, a, b)`` for every two ranks ``a < b`` of a group: the point-to-point links."""
-    return [(key, a, b) for key, ranks in members.items() for i, a in enumerate(sorted(ranks))
-            for b in sorted(ranks)[i + 1:]]
+def links(members: dict, plan: Plan) -> list[tuple]:
+    """``(key, a, b)``, ``a < b``, for every two ranks that exchange point-to-point messages.
+
+    Across each cut: every rank of the stage before with every rank of the stage
+    after.  In a gradient group: its two members when it has two (a pairwise sum, see
+    [Note: pairwise exchange]); larger groups all-reduce through torch.distributed.
+    """
+    ranks = stage_ranks(plan)
+    out = []
+    for key, group in members.items():
+        if isinstance(key[0], int):  # a cut
+            pairs = [(x, y) for x in ranks[key[0]] for y in ranks[key[0] + 1]]
+        else:
+            pairs = [tuple(group)] if len(group) == 2 else []
+        out += [(key, min(x, y), max(x, y)) for x, y in pairs]
+    return out
 
 
 @dataclass

@@ -41,7 +41,12 @@ import torch.distributed as dist
 HEADER = struct.Struct("<qq")
 """Tag and payload bytes in front of every TCP message."""
 BUFFER_BYTES = 4 << 20
-"""Socket send and receive buffer: most messages go out in one ``send``."""
+"""Socket send and receive buffer asked for, so most messages go out in one ``send``.
+
+The kernel caps it at ``net.core.wmem_max``/``rmem_max`` (4 MB on the measured
+machine, often about 200 KB elsewhere), and a size set by hand turns off its
+automatic sizing for that socket: larger messages then finish during later waits.
+"""
 
 
 class Work(Protocol):
@@ -100,7 +105,8 @@ class _Message:
     total: int = 0
     """Bytes of header and data."""
     cpu: float = 0.0
-    """Seconds this rank spent in the system calls that moved it (its CPU cost, waits left out)."""
+    """Seconds this rank spent in the system calls that moved it (waits, and calls that
+    found nothing to move, left out)."""
 
     def __post_init__(self) -> None:
         self.total = HEADER.size + len(self.data)
@@ -147,13 +153,19 @@ class _Connection:
         return moved
 
     def read(self) -> bool:
-        """Read what has arrived for the posted receives; whether anything moved."""
+        """Read what has arrived for the posted receives; whether anything moved.
+
+        A message's header is read and checked on its own, before any byte lands in
+        the receive buffer.
+        """
         moved = False
         while self.recvs:
             m = self.recvs[0]
-            before, began = m.moved, time.perf_counter()
+            in_header = m.moved < HEADER.size
+            view = memoryview(m.header)[m.moved:] if in_header else m.data[m.moved - HEADER.size:]
+            began = time.perf_counter()
             try:
-                n = self.sock.recvmsg_into(_remaining(m))[0]
+                n = self.sock.recv_into(view)
             except BlockingIOError:
                 return moved
             except OSError as exc:
@@ -164,19 +176,25 @@ class _Connection:
             m.cpu += time.perf_counter() - began
             m.moved += n
             moved = True
-            if before < HEADER.size <= m.moved:
+            if in_header and m.moved == HEADER.size:
                 self._check_header(m)
             if not m.done:
-                return moved  # the rest has not arrived yet
+                if m.moved > HEADER.size or not in_header:
+                    return moved  # the rest of the data has not arrived yet
+                continue  # the header is in: read the data now
             self.recvs.popleft()
             m.keep = m.data = None  # type: ignore[assignment]
         return moved
 
     def _check_header(self, m: _Message) -> None:
         tag, nbytes = HEADER.unpack(m.header)
-        if (tag, nbytes) != (m.tag, len(m.data)):
+        if tag != m.tag:
             raise RuntimeError(f"message out of order from rank {self.peer} ({self.key}): expected tag {m.tag} "
                                f"with {len(m.data)} bytes, got tag {tag} with {nbytes} bytes")
+        if nbytes != len(m.data):
+            raise RuntimeError(f"message of the wrong size from rank {self.peer} ({self.key}), tag {tag}: "
+                               f"{nbytes} bytes sent, {len(m.data)} bytes expected (the two ranks disagree "
+                               f"on the plan's buffer sizes)")
 
 
 class TcpTransport:
@@ -265,15 +283,25 @@ class TcpTransport:
         deadline = time.monotonic() + self.timeout
         spin_until = time.perf_counter() + self.spin
         while not m.done:
-            if self._pump() or time.perf_counter() < spin_until:
+            if self._pump():
+                deadline = time.monotonic() + self.timeout  # a timeout counts from the last progress
+                continue
+            if time.perf_counter() < spin_until:
                 continue
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"rank {self.rank}: no progress for {self.timeout:g} s waiting on "
                                    f"{self._describe_pending()}")
-            readers = [c.sock for c in self._order if c.recvs]
-            writers = [c.sock for c in self._order if c.sends]
-            select.select(readers, writers, [], min(left, 1.0))
+            self._sleep_until_ready(min(left, 1.0))
+
+    def _sleep_until_ready(self, seconds: float) -> None:
+        """Block until a socket with pending work can move (``poll``: no limit on descriptor numbers)."""
+        poller = select.poll()
+        for c in self._order:
+            events = (select.POLLIN if c.recvs else 0) | (select.POLLOUT if c.sends else 0)
+            if events:
+                poller.register(c.sock, events)
+        poller.poll(seconds * 1e3)
 
     def _pump(self) -> bool:
         moved = False
@@ -301,7 +329,7 @@ class TcpTransport:
 
 
 def _remaining(m: _Message) -> list[memoryview]:
-    """The header and data bytes of ``m`` not moved yet."""
+    """The header and data bytes of ``m`` not sent yet."""
     if m.moved < HEADER.size:
         return [memoryview(m.header)[m.moved:], m.data]
     return [m.data[m.moved - HEADER.size:]]
@@ -310,7 +338,7 @@ def _remaining(m: _Message) -> list[memoryview]:
 def _bytes_of(tensor: torch.Tensor) -> memoryview:
     if tensor.device.type != "cpu" or not tensor.is_contiguous():
         raise ValueError("the tcp transport moves contiguous CPU tensors only")
-    return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
+    return memoryview(tensor.view(-1).view(torch.uint8).numpy())  # views only: never a copy
 
 
 def _read_exactly(sock: socket.socket, size: int) -> bytes:

@@ -114,7 +114,7 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     starter = dist.new_group(backend="gloo")  # the start of each iteration, see _start_together
     members = group_members(plan, inputs.model)
     groups = make_groups(members)
-    transport = _transport(args, device, rank, members, groups, starter, control)
+    transport = _transport(args, device, rank, plan, members, groups, starter, control)
     executor, need_data = _build(args, inputs, rank, device, beat, groups, transport)
     _pin_main_thread(device)
     records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
@@ -125,7 +125,7 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     return status
 
 
-def _transport(args, device: torch.device, rank: int, members: dict, groups: dict, starter,
+def _transport(args, device: torch.device, rank: int, plan, members: dict, groups: dict, starter,
                control) -> Transport:
     """The point-to-point transport ``--transport`` asks for; see :mod:`runtime.transport`."""
     world = dist.get_world_size()
@@ -133,7 +133,7 @@ def _transport(args, device: torch.device, rank: int, members: dict, groups: dic
         raise InputError("-", "--transport", "tcp moves CPU tensors only; use --transport dist on GPUs")
     if args.transport == "dist" or (args.transport == "auto" and device.type != "cpu"):
         return DistTransport({**groups, START: starter})
-    everyone = {**members, START: list(range(world))}
+    start = [(START, a, b) for a in range(world) for b in range(a + 1, world)]
 
     def gather(obj):
         out: list = [None] * world
@@ -142,7 +142,7 @@ def _transport(args, device: torch.device, rank: int, members: dict, groups: dic
 
     # Twice --timeout: a rank waiting on a hung peer must not fail before the launcher,
     # which presumes a rank hung after --timeout without progress, has named that peer.
-    return TcpTransport(rank, links(everyone), gather, host=reachable_host(), timeout=2 * args.timeout,
+    return TcpTransport(rank, links(members, plan) + start, gather, host=reachable_host(), timeout=2 * args.timeout,
                         spin=_spin_seconds(args.spin))
 
 

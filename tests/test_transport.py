@@ -170,9 +170,11 @@ class TestTcpTransport:
 
     def test_mismatched_size_is_an_error(self):
         a, b = make_pair()
-        with pytest.raises(RuntimeError, match="expected tag 0 with 8 bytes, got tag 0 with 4 bytes"):
+        got = torch.full((2,), 7.0)
+        with pytest.raises(RuntimeError, match="wrong size from rank 0.*4 bytes sent, 8 bytes expected"):
             run_both(lambda: a.isend(torch.zeros(1), 1, KEY).wait(),
-                     lambda: b.irecv(torch.empty(2), 0, KEY).wait())
+                     lambda: b.irecv(got, 0, KEY).wait())
+        assert got.tolist() == [7.0, 7.0]  # the header is checked before any byte lands
 
     def test_closed_peer_is_a_connection_error(self):
         a, b = make_pair()
@@ -194,10 +196,15 @@ class TestTcpTransport:
 
 
 class TestLinks:
-    def test_every_pair_of_each_group_once(self):
-        members = {(0, "fwd"): [0, 1, 2], ("stage", 1): [2, 1]}
-        assert links(members) == [((0, "fwd"), 0, 1), ((0, "fwd"), 0, 2), ((0, "fwd"), 1, 2),
-                                  (("stage", 1), 1, 2)]
+    def test_cuts_pair_the_two_stages_and_only_two_member_groups_get_links(self):
+        from solver.plan import Plan, Stage
+
+        plan = Plan("g", "c", 4, 4.0, "gpipe", (Stage((0, 1), ("d0",), (4,)), Stage((1, 2), ("d1", "d2"), (4,)),
+                                               Stage((2, 3), ("d3", "d4", "d5"), (4,))))
+        members = {(0, "fwd"): [0, 1, 2], (1, "bwd"): [1, 2, 3, 4, 5], ("stage", 1): [2, 1],
+                   ("stage", 2): [3, 4, 5]}
+        assert links(members, plan) == [((0, "fwd"), 0, 1), ((0, "fwd"), 0, 2)] + \
+            [((1, "bwd"), a, b) for a in (1, 2) for b in (3, 4, 5)] + [(("stage", 1), 1, 2)]
 
 
 class TestCheckSpin:
