@@ -88,8 +88,8 @@ class Bucket:
 
     key: tuple
     """The group's key (see :func:`group_members`)."""
-    group: dist.ProcessGroup
-    """The group summing them."""
+    group: dist.ProcessGroup | None
+    """The process group summing them (``None`` when a transport's exchange does, see ``peer``)."""
     params: list[nn.Parameter]
     """The parameters whose gradients are summed (in a fixed order)."""
     peer: int | None = None
@@ -125,23 +125,27 @@ class GradSync:
 
     @classmethod
     def for_stage(cls, stage: int, params: list[nn.Parameter], model: ZooModel, plan: Plan,
-                  groups: dict, transport: Transport) -> "GradSync":
-        """The buckets of a rank of ``stage`` holding ``params``."""
+                  members: dict, groups: dict, transport: Transport) -> "GradSync":
+        """The buckets of a rank of ``stage`` holding ``params``.
+
+        ``members``: :func:`group_members`; ``groups``: the process groups made of
+        them (at least those of three or more ranks, which all-reduce through them).
+        """
         tied = tied_holders(model, plan)
         by_group: dict = {}
         for p in params:
             key = ("tied", tied[id(p)]) if id(p) in tied else ("stage", stage)
-            if key in groups:
+            if key in members:
                 by_group.setdefault(key, []).append(p)
-        # One global order (the groups' creation order): two ranks sharing two groups
-        # must reduce them in the same order or wait on each other forever.
-        order = list(groups)
+        # One global order (the groups' order): two ranks sharing two groups must
+        # reduce them in the same order or wait on each other forever.
+        order = list(members)
         me = dist.get_rank()
         buckets = []
         for key in sorted(by_group, key=order.index):
-            members = dist.get_process_group_ranks(groups[key])
-            peer = next(r for r in members if r != me) if len(members) == 2 else None
-            buckets.append(Bucket(key, groups[key], by_group[key], peer))
+            ranks = members[key]
+            peer = next(r for r in ranks if r != me) if len(ranks) == 2 else None
+            buckets.append(Bucket(key, groups.get(key), by_group[key], peer))
         return cls(buckets, transport)
 
     def __bool__(self) -> bool:

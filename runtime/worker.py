@@ -110,12 +110,20 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                             timeout=timedelta(seconds=args.timeout))
+    tcp = _uses_tcp(args.transport, device)
     control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
-    starter = dist.new_group(backend="gloo")  # the start of each iteration, see _start_together
     members = group_members(plan, inputs.model)
-    groups = make_groups(members)
-    transport = _transport(args, device, rank, plan, members, groups, starter, control)
-    executor, need_data = _build(args, inputs, rank, device, beat, groups, transport)
+    # [Note: idle gloo groups]  Every gloo group runs an I/O thread that wakes 100 times a
+    # second, and on a core busy with a rank's compute (or its polling) each wake-up is a
+    # preemption: measured at about 230 per second per rank with a group per key.  With
+    # the tcp transport only the gradient groups of three or more ranks need gloo (for
+    # ``dist.all_reduce``), so only they are made.
+    groups = make_groups({key: ranks for key, ranks in members.items()
+                          if not tcp or (not isinstance(key[0], int) and len(ranks) > 2)})
+    starter = None if tcp else dist.new_group(backend="gloo")  # see _start_together
+    transport = _transport(args, rank, plan, members, control) if tcp else \
+        DistTransport({**groups, START: starter})
+    executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
     _pin_main_thread(device)
     records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
     status = _finish(args, inputs, executor, records, rank, world, control, beat)
@@ -125,14 +133,16 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     return status
 
 
-def _transport(args, device: torch.device, rank: int, plan, members: dict, groups: dict, starter,
-               control) -> Transport:
-    """The point-to-point transport ``--transport`` asks for; see :mod:`runtime.transport`."""
-    world = dist.get_world_size()
-    if args.transport == "tcp" and device.type != "cpu":
+def _uses_tcp(transport: str, device: torch.device) -> bool:
+    """Whether ``--transport`` means the tcp transport on ``device``."""
+    if transport == "tcp" and device.type != "cpu":
         raise InputError("-", "--transport", "tcp moves CPU tensors only; use --transport dist on GPUs")
-    if args.transport == "dist" or (args.transport == "auto" and device.type != "cpu"):
-        return DistTransport({**groups, START: starter})
+    return transport == "tcp" or (transport == "auto" and device.type == "cpu")
+
+
+def _transport(args, rank: int, plan, members: dict, control) -> TcpTransport:
+    """The tcp transport of this rank; see :mod:`runtime.transport`."""
+    world = dist.get_world_size()
     start = [(START, a, b) for a in range(world) for b in range(a + 1, world)]
 
     def gather(obj):
@@ -142,8 +152,8 @@ def _transport(args, device: torch.device, rank: int, plan, members: dict, group
 
     # Twice --timeout: a rank waiting on a hung peer must not fail before the launcher,
     # which presumes a rank hung after --timeout without progress, has named that peer.
-    return TcpTransport(rank, links(members, plan) + start, gather, host=reachable_host(), timeout=2 * args.timeout,
-                        spin=_spin_seconds(args.spin))
+    return TcpTransport(rank, links(members, plan) + start, gather, host=reachable_host(),
+                        timeout=2 * args.timeout, spin=_spin_seconds(args.spin))
 
 
 def check_spin(spin: str) -> float:
@@ -177,8 +187,8 @@ START = ("start",)
 """The key of the start-of-iteration tokens (every pair of ranks)."""
 
 
-def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, groups: dict,
-           transport: Transport) -> tuple[Executor, bool]:
+def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, members: dict,
+           groups: dict, transport: Transport) -> tuple[Executor, bool]:
     """This rank's executor, and whether it needs the batch (model input or targets)."""
     plan = inputs.plan
     stage_index, replica = rank_of(plan)[rank]
@@ -198,7 +208,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
         param_bytes = sum(p.numel() * p.element_size() for p in stage.parameters())
         emulator = make_emulator(plan, inputs.cluster, stage_index, replica, param_bytes)
     channels = Channels(rank, stage_index, plan, op_lists, layouts, transport, device, emulator)
-    sync = GradSync.for_stage(stage_index, stage.parameters(), model, plan, groups, transport)
+    sync = GradSync.for_stage(stage_index, stage.parameters(), model, plan, members, groups, transport)
     mine = [p for p in pieces(plan, stage_index) if p.rank == rank]
     executor = Executor(stage, op_lists[stage_index], mine, plan.global_batch, channels, sync,
                         args.lr, emulator, beat)
