@@ -43,8 +43,7 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise_usage("--steps", f"must be at least 1, got {args.steps}")
-    if args.spin != "auto":
-        check_spin(args.spin)
+    check_spin(args.spin)
     # Everything that can be refused is refused here, before any process starts.
     check_writable(args.trace, args.gantt)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)

@@ -15,7 +15,7 @@ threads real-time priority removed the slow mode), while plain TCP sockets read 
 written by the two main threads exchanged 220 KB in a median of 33 us (p90 44 us).
 :class:`TcpTransport` is that: one non-blocking socket per key and pair of ranks,
 each message a 16-byte header (tag, bytes) and the tensor's bytes, moved by the
-rank's own thread whenever it posts a send or waits for anything (``select`` when
+rank's own thread whenever it posts a send or waits for anything (``poll`` when
 nothing can move, so a waiting rank sleeps in the kernel until its data arrives).
 Sends that do not fit in the socket buffer continue during later waits.  A wait
 may first poll for ``spin`` seconds before it sleeps (see ``runtime.worker``'s
@@ -179,9 +179,9 @@ class _Connection:
             if in_header and m.moved == HEADER.size:
                 self._check_header(m)
             if not m.done:
-                if m.moved > HEADER.size or not in_header:
-                    return moved  # the rest of the data has not arrived yet
-                continue  # the header is in: read the data now
+                if in_header:
+                    continue  # read on: the rest of the header, or now the data
+                return moved  # the rest of the data has not arrived yet
             self.recvs.popleft()
             m.keep = m.data = None  # type: ignore[assignment]
         return moved
@@ -215,7 +215,7 @@ class TcpTransport:
     timeout : float
         Seconds a wait may last before it fails, naming the peer.
     spin : float
-        Seconds a wait polls the sockets before it sleeps in ``select``.
+        Seconds a wait polls the sockets before it sleeps in ``poll``.
     """
 
     def __init__(self, rank: int, links, gather, host: str = "127.0.0.1", timeout: float = 300.0,

@@ -99,7 +99,7 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     torch.set_num_threads(1)  # one busy core per rank
     beat = Heartbeat(rank, world)
     beat(-1, 0)
-    _spin_seconds(args.spin)  # refuse a bad --spin before any connection is made
+    check_spin(args.spin)  # refuse a bad --spin before any connection is made
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
     plan = inputs.plan
     check_world(plan, world, inputs.plan_file)
@@ -156,8 +156,10 @@ def _transport(args, rank: int, plan, members: dict, control) -> TcpTransport:
                         timeout=2 * args.timeout, spin=_spin_seconds(args.spin))
 
 
-def check_spin(spin: str) -> float:
-    """``--spin`` as seconds; ``InputError`` unless ``auto`` or a number >= 0."""
+def check_spin(spin: str) -> float | None:
+    """``--spin`` as seconds (``None`` for ``auto``); ``InputError`` unless ``auto`` or a number >= 0."""
+    if spin == "auto":
+        return None
     try:
         seconds = float(spin)
     except ValueError:
@@ -176,8 +178,9 @@ def _spin_seconds(spin: str) -> float:
     than one that follows a busy wait (``experiments/idle_penalty.py``), and a
     polling rank sees its data without a wake-up.
     """
-    if spin != "auto":
-        return check_spin(spin)
+    seconds = check_spin(spin)
+    if seconds is not None:
+        return seconds
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return 0.005 if local <= cores else 0.0
