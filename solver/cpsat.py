@@ -44,10 +44,10 @@ class CpSatModel:
         self.x = [self.model.new_bool_var(f"x_{i}") for i in range(len(data))]
         count_rows, time_rows = model_rows(data)
         # every time variable is a sum of floored arc times along one path (at most the total of all of them)
-        # (pass_cost three times: once in U, twice in term 2c's 2 R_l)
+        # (pass_cost three times: once in U, twice in term 2c's 2 R_l or term 2d's R_l + R_l')
         horizon = sum(self._floor(float(np.abs(tab[k]).sum())) for k in (
-            "busy", "allreduce", "head_fb", "pivot_extra", "work", "pivot_ar", "pivot2_extra", "pivot2_ar")) \
-            + 3 * self._floor(float(tab["pass_cost"].sum())) + 1
+            "busy", "allreduce", "head_fb", "pivot_extra", "work", "pivot_ar", "pivot2_extra", "pivot2_ar",
+            "chain", "pivot_fwd", "end_ar")) + 3 * self._floor(float(tab["pass_cost"].sum())) + 1
         self.aux: dict[str, cp_model.IntVar] = {}
         x = self.x
         for row in count_rows:
@@ -116,8 +116,10 @@ class CpSatSolver:
     name = "cpsat"
     source = "pipeplan: CP-SAT bound model + simulation + no-good cuts (OR-Tools)"
 
-    def __init__(self, workers: int = 1) -> None:
+    def __init__(self, workers: int = 1, enumerate_first: bool = True) -> None:
         self.workers = workers
+        self.enumerate_first = enumerate_first
+        """Walk the configurations before the model (:mod:`solver.enumeration`); off: the model loop only."""
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
         """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof.
@@ -128,7 +130,8 @@ class CpSatSolver:
         if problem.auto_microbatches or problem.per_stage:
             return self.solve_splits(problem, time_limit=time_limit, seed=seed)
         return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers),
-                           time_limit=time_limit, seed=seed, details={"workers": self.workers})
+                           time_limit=time_limit, seed=seed, details={"workers": self.workers},
+                           enumerate_first=self.enumerate_first)
 
     def solve_splits(self, problem: PlanningProblem, *, time_limit: float, seed: int) -> SolverResult:
         """Pipelines and microbatch splits together.

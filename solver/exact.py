@@ -1,9 +1,14 @@
 """Shared machinery of the exact solvers (``ilp`` and ``cpsat``).
 
-Both solvers minimise a *provable lower bound* ``LB(config) <= T(plan)`` over type-level
-configurations, simulate the best configuration, keep the best simulated incumbent,
-exclude that configuration with a no-good cut and solve again, until the model's
-optimum reaches the incumbent (a proof of optimality) or time runs out.
+Both solvers first walk the configurations directly (:mod:`solver.enumeration`, a
+branch and bound with the bounds below, which proves small and medium instances
+optimal without any model).  If that does not finish, they minimise a *provable lower
+bound* ``LB(config) <= T(plan)`` over type-level configurations, simulate the best
+configuration, keep the best simulated incumbent, exclude that configuration with a
+no-good cut and solve again, until the model's optimum reaches the incumbent (a proof
+of optimality) or time runs out.  A configuration is simulated on its placements only
+while its :func:`optimistic_time` (the simulator with the best conceivable links) is
+below the incumbent.
 
 Configurations and symmetry
 ---------------------------
@@ -80,6 +85,19 @@ each term is ``<= T``.  ``n_min`` is the smallest microbatch, ``q = ceil(n / r)`
    longest path of ``u'`` over the arcs from its end to the last layer, which no
    configuration holding it exceeds, so the rows stay valid (the integer model loses
    nothing; only the relaxation is weaker there).
+   **2d. On to a later stage's all-reduce.**  The pivot ``s`` runs its ops up to
+   ``F_{M-1}`` (under 1F1B with a second trip: ``F_0``, microbatch 0's round trip, then
+   ``B_0 .. B_{M-w-2}`` and ``F_{w+1} .. F_{M-1}``; otherwise every forward, relaxed by
+   ``R_max`` like 2c), then ``F_{M-1}`` runs forward through the stages ``s+1 .. e`` (each
+   adding ``TF(n_last)`` and a transfer: ``chain``), and the end stage ``e >= s`` runs
+   ``F_{M-1}``, waits for its round trip through the stages after it (their ``u'``, its own
+   cut twice), runs ``B_{M-1}`` (GPipe: every backward) and all-reduces (``end_ar``).  This
+   is the critical path when a later stage is replicated on slow links: its all-reduce
+   waits for the last microbatch, which the bottleneck stage releases late.  Linear form:
+   ``Z_l = Cz_l + R_l + G_l``, ``ZM_l >= Z_l'`` for every ``l' >= l`` and ``T >= Hf_l +
+   Cq_l + R_l - G_l + ZM_l``, where ``G_l`` sums ``chain`` over the arcs ending at or before
+   ``l`` (so ``G_l' - G_l`` is the pivot and the stages between); with ``l`` and ``l'`` in
+   one arc the row is term 2c's path ending in the all-reduce, also valid.
 3. **All-reduce and links**: ``AR_s >= 2 (r-1) (lat_lb + P_s / (r bw_ub))``.  If all
    of a group's devices share a server, ``bw(D)``/``lat(D)`` are that server's link,
    and that server holds the whole composition; otherwise some pair crosses servers
@@ -138,7 +156,7 @@ from solver.plan import Plan
 from solver.problem import PlanningProblem
 from solver.result import SolverResult, TracePoint
 from solver.schedule import FORWARD, gpipe_ops, one_f_one_b_ops
-from solver.simulator import simulate
+from solver.simulator import StageCost, run_timeline, simulate
 from solver.termination import TimeLimit
 
 OPT_TOL = 1e-6
@@ -218,10 +236,17 @@ class Arc:
     """Term 2c: the pivot's ops on the two-round-trip path beyond ``u``, plus its cut crossed twice more."""
     pivot2_ar: float = 0.0
     """Term 2c ending in the pivot's all-reduce: ``u + 4 transfers + delta2 + AR``."""
+    chain: float = 0.0
+    """Term 2d: ``TF(n_last)`` and the forward transfer of ``F_{M-1}`` as it passes through the stage."""
+    pivot_fwd: float = 0.0
+    """Term 2d as the pivot: its ops on the path from ``F_0`` through ``F_{M-1}``, minus ``TF(n_last)``."""
+    end_ar: float = 0.0
+    """Term 2d as the end stage: ``F_{M-1}``, its round trip's own cut, ``B_{M-1}`` (GPipe: every B) and ``AR``."""
 
 
 ARC_FIELDS = ("lo", "hi", "tau", "option", "busy_path", "pass_cost", "pivot_extra", "work", "busy", "allreduce",
-              "head_f", "head_fb", "standalone", "pivot_ar", "pivot2_extra", "pivot2_ar")
+              "head_f", "head_fb", "standalone", "pivot_ar", "pivot2_extra", "pivot2_ar", "chain", "pivot_fwd",
+              "end_ar")
 
 
 @dataclass
@@ -484,13 +509,24 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
                                                 head_min + pivot2_ar + 2 * after_pass])
             else:  # placeholders, made valid once the largest later round trip is known (see below)
                 delta2, pivot2_ar = delta, pivot_ar
+            # term 2d: the pivot's path to F_{M-1}, which then runs on to a later stage's all-reduce
+            f_last = (AF + BF * ql) / v
+            chain = f_last + send(n_last)
+            end_ar = f_last + (b_last if problem.schedule == "1f1b" else bwd_sum) + ar + 2 * send(n_min)
+            if twice:  # F_0, microbatch 0's round trip (own cut here, the rest in R_l), B_0 .. F_{M-1}
+                pivot_fwd = critical2 - b_last - f_last + 2 * send(n_min)
+                standalone = np.maximum(standalone, head_min + pivot_fwd + end_ar + 2 * after_pass)
+            else:  # every forward precedes B_0 (relaxed by R_max below, like term 2c)
+                pivot_fwd = fwd_sum - f_last
+                standalone = np.maximum(standalone, head_min + pivot_fwd + end_ar + after_pass)
             keep = np.flatnonzero(fits & (standalone < cutoff))
             if not len(keep):
                 continue
             for name, col in (("lo", lo_all), ("hi", hi_all), ("busy_path", busy_path), ("pass_cost", pass_cost),
                               ("pivot_extra", delta), ("work", work), ("busy", busy), ("allreduce", ar),
                               ("head_f", head_f), ("head_fb", head_fb), ("standalone", standalone),
-                              ("pivot_ar", pivot_ar), ("pivot2_extra", delta2), ("pivot2_ar", pivot2_ar)):
+                              ("pivot_ar", pivot_ar), ("pivot2_extra", delta2), ("pivot2_ar", pivot2_ar),
+                              ("chain", chain), ("pivot_fwd", pivot_fwd), ("end_ar", end_ar)):
                 columns[name].append(col[keep])
             columns["tau"].append(np.full(len(keep), t, dtype=np.int64))
             columns["option"].append(np.full(len(keep), index, dtype=np.int64))
@@ -553,6 +589,7 @@ def _relax_single_trip_arcs(table: dict[str, np.ndarray], problem: PlanningProbl
     reach = np.where(np.isfinite(longest), longest, 0.0)[hi]
     table["pivot2_extra"] = np.where(single, table["pivot_extra"] - reach, table["pivot2_extra"])
     table["pivot2_ar"] = np.where(single, table["pivot_ar"] - reach, table["pivot2_ar"])
+    table["pivot_fwd"] = np.where(single, table["pivot_fwd"] - reach, table["pivot_fwd"])
 
 
 def _static_bound(data: ExactData, cutoff: float) -> float:
@@ -586,7 +623,22 @@ def config_lower_bound(data: ExactData, arc_ids: Sequence[int]) -> float:
         pivot_ar = max(pivot_ar, before + a.pivot_ar + after, before + a.pivot2_ar + 2 * after,
                        total + a.pivot2_extra + after)
         before += a.head_f
-    return max(busy, pivot, pivot_ar, sum(a.work for a in arcs))
+    return max(busy, pivot, pivot_ar, _to_end_allreduce(arcs), sum(a.work for a in arcs))
+
+
+def _to_end_allreduce(arcs: Sequence[Arc]) -> float:
+    """Term 2d of a configuration (arcs in stage order): the best pivot ``s`` and end stage ``e >= s``."""
+    after = [0.0] * len(arcs)  # after[k]: passes of the stages after k (R)
+    for k in range(len(arcs) - 2, -1, -1):
+        after[k] = after[k + 1] + arcs[k + 1].pass_cost
+    best, head = 0.0, 0.0
+    for s, pivot in enumerate(arcs):
+        chain = 0.0  # F_{M-1} through the stages s .. e-1
+        for e in range(s, len(arcs)):
+            best = max(best, head + pivot.pivot_fwd + after[s] + chain + arcs[e].end_ar + after[e])
+            chain += arcs[e].chain
+        head += pivot.head_f
+    return best
 
 
 # ------------------------------------------------------------------- model rows
@@ -614,7 +666,7 @@ class TimeRow:
     sense: str = ">="
 
 
-SIGNED_AUX = ("Ce", "Cs")
+SIGNED_AUX = ("Ce", "Cs", "Cq")
 """Prefixes of the aux variables of :func:`model_rows` that may be negative (term 2c's relaxed sums)."""
 
 
@@ -664,8 +716,9 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
     times: list[TimeRow] = []
     cover = {"Cb": tab["busy"].tolist(), "Ca": (tab["busy"] + tab["allreduce"]).tolist(),
              "Cd": tab["pivot_extra"].tolist(), "Cr": tab["pivot_ar"].tolist(),
-             "Ce": tab["pivot2_extra"].tolist(), "Cs": tab["pivot2_ar"].tolist()}
-    heads = {"Hf": tab["head_f"].tolist(), "Hb": tab["head_fb"].tolist()}
+             "Ce": tab["pivot2_extra"].tolist(), "Cs": tab["pivot2_ar"].tolist(),
+             "Cq": tab["pivot_fwd"].tolist(), "Cz": tab["end_ar"].tolist()}
+    heads = {"Hf": tab["head_f"].tolist(), "Hb": tab["head_fb"].tolist(), "G": tab["chain"].tolist()}
     for name, c in cover.items():  # C_l - C_{l-1} = sum_{lo=l} c x - sum_{hi=l} c x
         for layer in range(L):
             aux = ((f"{name}{layer}", 1),) + (((f"{name}{layer - 1}", -1),) if layer else ())
@@ -686,6 +739,15 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
         rr2 = ((f"R{layer}", -2),) if layer < L - 1 else ()
         times.append(TimeRow((("T", 1), (f"Cs{layer}", -1)) + hf + rr2, ()))  # term 2c, ending in the all-reduce
         times.append(TimeRow((("E", 1), (f"Ce{layer}", -1)) + rr, ()))  # term 2c: second trip + pivot's ops
+    for layer in range(L - 1, -1, -1):  # term 2d: Z_l = Cz_l + R_l + G_l, ZM_l = max over l' >= l of Z_l'
+        rr = ((f"R{layer}", -1),) if layer < L - 1 else ()
+        gg = ((f"G{layer}", -1),) if layer else ()
+        times.append(TimeRow(((f"ZM{layer}", 1), (f"Cz{layer}", -1)) + rr + gg, ()))
+        if layer < L - 1:
+            times.append(TimeRow(((f"ZM{layer}", 1), (f"ZM{layer + 1}", -1)), ()))
+        hf = ((f"Hf{layer}", -1),) if layer else ()
+        g_back = ((f"G{layer}", 1),) if layer else ()
+        times.append(TimeRow((("T", 1), (f"Cq{layer}", -1), (f"ZM{layer}", -1)) + hf + rr + g_back, ()))
     for layer in range(L):
         hb = ((f"Hb{layer}", -1),) if layer else ()
         hf = ((f"Hf{layer}", -1),) if layer else ()
@@ -959,9 +1021,21 @@ def improve_with_ga(problem: PlanningProblem, search: "_Search", clock: TimeLimi
             break
 
 
+ENUMERATION_SHARE = 0.6
+"""Share of the time left that the configuration walk (:mod:`solver.enumeration`) may use before the model."""
+
+
 def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[ExactData], LowerBoundModel], *,
-                time_limit: float, seed: int, details: dict | None = None) -> SolverResult:
-    """Run the cut loop described in the module docstring and report the result."""
+                time_limit: float, seed: int, details: dict | None = None, enumerate_first: bool = True
+                ) -> SolverResult:
+    """Run the configuration walk, then the cut loop described in the module docstring; report the result.
+
+    With ``enumerate_first`` (the default) :func:`solver.enumeration.enumerate_configurations`
+    first walks the configurations directly, with up to :data:`ENUMERATION_SHARE` of the
+    time left; when it finishes, the incumbent is proved optimal without the model.
+    Otherwise the model's cut loop goes on from the improved incumbent.
+    """
+    details = dict(details)
     clock = TimeLimit(time_limit).start()
     search = _Search(problem, clock)
     for plan in warm_start_plans(problem, seed, min(1.0, 0.03 * time_limit)):
@@ -979,19 +1053,20 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             search.offer(slow_plan)
 
     data = build_data(problem, search.cutoff(), clock)
-    if not data.complete or len(data) > MAX_MODEL_ARCS:
+    too_big = len(data) > MAX_MODEL_ARCS  # no model; the configuration walk may still run
+    if not data.complete or (too_big and not enumerate_first):
         # The model may not run: their plans first (with a larger share, at least what a
         # baseline run on its own usually gets), and a tighter cutoff.
         run_slow(max(slow_share, min(0.4 * time_limit, 0.5 * clock.remaining())))
         if data.complete and not clock.expired():
             data = build_data(problem, search.cutoff(), clock)
-    if not data.complete or clock.expired() or len(data) > MAX_MODEL_ARCS:
+    if not data.complete or clock.expired() or (too_big and not enumerate_first):
         if not slow_done:
             run_slow(min(slow_share, clock.remaining()))
         # out of time, or a model too large to build in time: only the model-free bound holds
         search.raise_bound(data.static_bound)
         improve_with_ga(problem, search, clock, seed)
-        return _result(name, search, data, clock, seed, "unknown", 0, 0, details or {})
+        return _result(name, search, data, clock, seed, "unknown", 0, 0, details)
     search.raise_bound(data.static_bound if len(data) else search.best_time)
     L = len(problem.graph)
     if not (data.table["lo"] == 0).any() or not (data.table["hi"] == L).any():
@@ -999,11 +1074,30 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
         if not search.proved() and not slow_done:
             run_slow(min(slow_share, clock.remaining()))
-        return _result(name, search, data, clock, seed, "infeasible", 0, 0, details or {})
+        return _result(name, search, data, clock, seed, "infeasible", 0, 0, details)
     # When the cut loop cannot prove the incumbent in time, a share of the limit goes to
     # NSGA-II from the incumbent (a slow MILP leaves the loop only a few configurations).
     ga_share = 0.2 * time_limit if time_limit >= 10.0 else 0.0
     reserve = ga_share + (0.0 if slow_done else min(slow_share, 0.5 * clock.remaining()))
+    if enumerate_first:
+        from solver.enumeration import enumerate_configurations  # it imports this module
+
+        share = max(clock.remaining() - reserve, 0.0) * (1.0 if too_big else ENUMERATION_SHARE)
+        walk = enumerate_configurations(data, search, TimeLimit(share).start())
+        details.update(enumeration="complete" if walk.complete else "stopped", enumeration_prefixes=walk.prefixes,
+                       enumeration_leaves=walk.leaves, enumeration_passes=walk.passes)
+        if walk.complete:  # every configuration below the cutoff was simulated
+            search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
+        else:
+            search.raise_bound(walk.bound)
+        if search.proved() or (walk.complete and search.best_plan is None):
+            status = "not needed" if search.best_plan is not None else "infeasible"
+            return _result(name, search, data, clock, seed, status, 0, 0, details)
+    if too_big:  # the model would not be built in time: the walk's bound stands
+        if not slow_done:
+            run_slow(min(slow_share, clock.remaining()))
+        improve_with_ga(problem, search, clock, seed)
+        return _result(name, search, data, clock, seed, "model not built", 0, 0, details)
     model = make_model(data)
     iterations = cuts = 0
     hint = plan_config(data, search.best_plan) if search.best_plan is not None else None
@@ -1028,24 +1122,84 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         run_slow(min(slow_share, max(clock.remaining() - ga_share, 0.0)))
     if not search.proved():
         improve_with_ga(problem, search, clock, seed)
-    return _result(name, search, data, clock, seed, status, iterations, cuts, details or {})
+    return _result(name, search, data, clock, seed, status, iterations, cuts, details)
 
 
-def _evaluate(data: ExactData, search: _Search, arc_ids: Sequence[int], clock: TimeLimit) -> None:
-    """Simulate a configuration's placements; pool its bound if not all were tried."""
+def optimistic_time(data: ExactData, arc_ids: Sequence[int]) -> float:
+    """The simulated iteration time of a configuration with every link at its best conceivable value.
+
+    Ops take their exact durations (they depend on the composition only); each transfer
+    takes ``lat_min + n * cut / (min(r_s, r_{s+1}) * bw)`` with ``bw`` the smallest of
+    the two stages' ``send_bandwidth`` (and the fastest link), each all-reduce its lower
+    bound of term 3.  Every duration is at most its value under any placement, and the
+    timeline is monotone in its durations (a max-plus system: op and link orders are
+    fixed by the op lists), so the result bounds every placement's iteration time.
+    """
+    problem = data.problem
+    graph, sizes = problem.graph, problem.split
+    tab = data.table
+    ordered = sorted(arc_ids, key=lambda i: int(tab["lo"][i]))
+    options = [data.options[int(tab["option"][i])] for i in ordered]
+    bw_max, lat_min = _link_extremes(problem.cluster)
+    S, same = len(ordered), tuple((k, k) for k in range(len(sizes)))
+    costs = []
+    for s, (i, opt) in enumerate(zip(ordered, options)):
+        lo, hi = int(tab["lo"][i]), int(tab["hi"][i])
+        af, bf, ab, bb = graph.range_time(lo, hi)
+        q = tuple(-(-n // opt.replicas) for n in sizes)
+        fwd = tuple((af + bf * k) / opt.speed for k in q)
+        rec = fwd if opt.recompute else tuple(0.0 for _ in q)
+        bwd = tuple((ab + bb * k) / opt.speed + x for k, x in zip(q, rec))
+
+        def sends(other: Option, cut: float) -> tuple[float, ...]:
+            rate = min(opt.replicas, other.replicas) * min(bw_max, opt.send_bandwidth, other.send_bandwidth)
+            return tuple(lat_min + n * cut / rate for n in sizes)
+
+        send_fwd = sends(options[s + 1], graph.cut_bytes(hi - 1)) if s < S - 1 else ()
+        send_bwd = sends(options[s - 1], graph.cut_bytes(lo - 1)) if s > 0 else ()
+        params = graph.range_sum("params", lo, hi)
+        fixed, per_byte = opt.allreduce_params_coef
+        allreduce = fixed + per_byte * params if opt.replicas > 1 and params > 0 else 0.0
+        ops = tuple(_op_list(problem.schedule, len(sizes), min(S - 1 - s, len(sizes))))
+        costs.append(StageCost(ops, fwd, bwd, rec, q, tuple(sizes), send_fwd, send_bwd, same if s else (),
+                               same if s < S - 1 else (), allreduce, 0.0, math.inf))
+    return run_timeline(tuple(costs), problem.global_batch).iteration_time
+
+
+def _evaluate(data: ExactData, search: _Search, arc_ids: Sequence[int], clock: TimeLimit,
+              target: float = math.inf, floor: float | None = None) -> bool:
+    """Simulate a configuration's placements while its optimistic time is below the cutoff.
+
+    The cutoff is the incumbent's, or ``target`` when lower (a caller that only claims
+    a bound of ``target``).  A configuration whose :func:`optimistic_time` reaches it
+    needs no placement; if placements were cut short (their number, or the clock), that
+    time goes to the pool.  Returns whether the configuration is settled: every placement
+    simulated, or its optimistic time ``floor`` (computed if not given) at least the
+    incumbent's cutoff.
+    """
+
+    def cutoff() -> float:
+        return min(search.cutoff(), target)
+
     problem = data.problem
     lo, hi, opt = data.table["lo"], data.table["hi"], data.table["option"]
     ordered = sorted(arc_ids, key=lambda i: int(lo[i]))
+    floor = optimistic_time(data, ordered) if floor is None else floor
+    if floor >= cutoff():
+        return floor >= search.cutoff()
     bounds = [(int(lo[i]), int(hi[i])) for i in ordered]
     flags = [data.options[int(opt[i])].recompute for i in ordered]
     groups, exhaustive = placements(data, ordered)
     for k, devs in enumerate(groups):
+        if floor >= cutoff():
+            return floor >= search.cutoff()  # no other placement can beat the cutoff
         if k and clock.remaining() <= 0:
             exhaustive = False
             break
         search.offer(problem.make_plan(bounds, devs, flags))
-    if not exhaustive:
-        search.pool = min(search.pool, config_lower_bound(data, ordered))
+    if not exhaustive and floor < cutoff():
+        search.pool = min(search.pool, floor)
+    return exhaustive
 
 
 def _result(name, search: _Search, data: ExactData, clock: TimeLimit, seed, status, iterations, cuts,

@@ -180,10 +180,12 @@ class IlpSolver:
     name = "ilp"
     source = "pipeplan: MILP bound model + simulation + no-good cuts (PuLP, HiGHS/CBC)"
 
-    def __init__(self, backend: str = "highs") -> None:
+    def __init__(self, backend: str = "highs", enumerate_first: bool = True) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
+        self.enumerate_first = enumerate_first
+        """Walk the configurations before the model (:mod:`solver.enumeration`); off: the model loop only."""
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
         """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof.
@@ -198,4 +200,5 @@ class IlpSolver:
             raise InputError("-", "--solver", "ilp plans M equal microbatches only; for --microbatches auto "
                                               "or --per-stage use cpsat (exact), cpsat-split or nsga")
         return solve_exact(problem, self.name, lambda data: MilpModel(data, self.backend, seed),
-                           time_limit=time_limit, seed=seed, details={"backend": self.backend})
+                           time_limit=time_limit, seed=seed, details={"backend": self.backend},
+                           enumerate_first=self.enumerate_first)

@@ -13,7 +13,7 @@ from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
 from solver.cpsat import CpSatSolver
 from solver.exact import (OPT_TOL, build_data, config_lower_bound, device_classes, greedy_plans, model_rows,
-                          placements, plan_config, two_round_trips)
+                          optimistic_time, placements, plan_config, two_round_trips)
 from solver.ilp import IlpSolver
 from solver.problem import PlanningProblem
 from solver.simulator import simulate
@@ -125,8 +125,13 @@ class TestIlpSolve:
     def test_matches_brute_force(self, case):
         check_against_brute_force(IlpSolver(), case)
 
+    @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_model_loop_alone_matches_brute_force(self, case):
+        """Without the configuration walk the MILP cut loop proves the same optimum."""
+        check_against_brute_force(IlpSolver(enumerate_first=False), case)
+
     def test_cbc_backend(self):
-        check_against_brute_force(IlpSolver(backend="cbc"), CASES[1])
+        check_against_brute_force(IlpSolver(backend="cbc", enumerate_first=False), CASES[1])
 
     def test_unknown_backend(self):
         with pytest.raises(ValueError, match="backend"):
@@ -149,6 +154,10 @@ class TestCpSatSolve:
     @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
     def test_matches_brute_force(self, case):
         check_against_brute_force(CpSatSolver(), case)
+
+    @pytest.mark.parametrize("case", CASES[::2], ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_model_loop_alone_matches_brute_force(self, case):
+        check_against_brute_force(CpSatSolver(enumerate_first=False), case)
 
     def test_infeasible(self):
         result = CpSatSolver().solve(infeasible_problem(), time_limit=10)
@@ -225,6 +234,30 @@ class TestConfigLowerBound:
         assert checked > 0
 
 
+    def test_path_to_a_later_all_reduce_hand_computed(self):
+        """Term 2d: stage 0 (F 3 s, B 6 s) feeds a replicated stage 1 (F 1 s, B 1 s, AR 20 s), 2 microbatches.
+
+        Stage 0 runs F0, F1 (6 s); F1 reaches stage 1, which runs F1 and B1 (2 s) and
+        all-reduces (20 s): ``T = 28``.  The other terms stop at 27 (stage 1's head 3 +
+        busy 4 + all-reduce 20) or below.
+        """
+        graph = LayerGraph.chain("two", [Layer("a", (3.0, 0.0), (6.0, 0.0), 1.0, 0.0, 0.0),
+                                         Layer("b", (1.0, 0.0), (1.0, 0.0), 2e13, 0.0, 0.0)], input_bytes=0.0)
+        cluster = Cluster("one", (Link(1e12, 0.0, "s"),), Link(1e12, 0.0),
+                          tuple(Device(f"d{i}", "s", 1.0, 1e15) for i in range(3)))
+        problem = PlanningProblem(graph, cluster, global_batch=2, microbatches=2, schedule="1f1b",
+                                  allow_recompute=False)
+        plan = problem.make_plan([(0, 1), (1, 2)], [("d0",), ("d1", "d2")])
+        data = build_data(problem)
+        config = plan_config(data, plan)
+        assert problem.evaluate(plan).iteration_time == pytest.approx(28.0)
+        assert config_lower_bound(data, config) == pytest.approx(28.0)
+        assert optimistic_time(data, config) == pytest.approx(28.0)  # one server: the links are known
+        arcs = [data.arcs[i] for i in config]
+        # F0 (F1 is in chain), less the later round trip (2 s) that the rows add back: F1 precedes B0 here
+        assert arcs[0].pivot_fwd == pytest.approx(1.0) and arcs[0].chain == pytest.approx(3.0)
+        assert arcs[1].end_ar == pytest.approx(22.0)  # F1, B1, all-reduce
+
     def test_two_round_trips_hand_computed(self):
         """Term 2c on three stages of F = 1 s, B = 2 s, 1 s per transfer, 4 microbatches.
 
@@ -252,6 +285,24 @@ class TestConfigLowerBound:
         # term 2c for stage 0: F0 + B0 + F3 + B3 - u + its cut twice more = 5, and R = 5 + 3 once more
         assert arcs[0].pivot2_extra == pytest.approx(5.0)
         assert passes + arcs[0].pivot2_extra + arcs[1].pass_cost + arcs[2].pass_cost == pytest.approx(26.0)
+
+
+class TestOptimisticTime:
+    def test_below_simulated_time_of_every_placement(self):
+        """Best conceivable links: never above a placement's time (two servers, two speeds)."""
+        for seed, schedule in ((41, "1f1b"), (42, "gpipe")):
+            problem = random_problem(seed, layers=6, devices=4, schedule=schedule)
+            data = build_data(problem)
+            checked = 0
+            for config in random_configs(data, random.Random(seed)):
+                floor = optimistic_time(data, config)
+                groups, _ = placements(data, config)
+                flags = [data.options[data.arcs[i].option].recompute for i in config]
+                for devs in groups:
+                    plan = problem.make_plan([(data.arcs[i].lo, data.arcs[i].hi) for i in config], devs, flags)
+                    assert floor <= problem.evaluate(plan).iteration_time * (1 + REL)
+                    checked += 1
+            assert checked > 0
 
 
 class TestTwoRoundTrips:
@@ -324,6 +375,10 @@ class TestModelRows:
             assert values[f"Cr{layer}"] == pytest.approx(sum(tab["pivot_ar"][i] * x[i] for i in cover))
             assert values[f"Ce{layer}"] == pytest.approx(sum(tab["pivot2_extra"][i] * x[i] for i in cover))
             assert values[f"Cs{layer}"] == pytest.approx(sum(tab["pivot2_ar"][i] * x[i] for i in cover))
+            assert values[f"Cq{layer}"] == pytest.approx(sum(tab["pivot_fwd"][i] * x[i] for i in cover))
+            assert values[f"Cz{layer}"] == pytest.approx(sum(tab["end_ar"][i] * x[i] for i in cover))
+            if layer:
+                assert values[f"G{layer}"] == pytest.approx(sum(tab["chain"][i] * x[i] for i in before))
 
 
 class TestStandaloneBound:

@@ -1,0 +1,388 @@
+"""Branch and bound over configurations: the exact solvers' first phase.
+
+The lower-bound model of :mod:`solver.exact` is a path of arcs (candidate stages) from
+layer 0 to layer ``L``.  On small and medium instances it is faster to walk those paths
+directly than to solve the MILP or CP-SAT model once per configuration: this module
+grows paths from layer 0, one stage at a time, and prunes a partial path (a *prefix*)
+as soon as a bound valid for every completion of it reaches the incumbent.  A complete
+path whose configuration bound (:func:`solver.exact.config_lower_bound`) is below the
+incumbent is simulated on its placements, exactly like a configuration the model
+returns.  When the walk ends, every configuration was simulated or proved no better
+than the incumbent: the incumbent is optimal.
+
+Bound of a prefix
+-----------------
+Each term is a term of :mod:`solver.exact`'s docstring evaluated with the prefix's own
+arcs and, for the layers ``[h, L)`` still to cover, the least any completion can add.
+Completions are counted with the devices the prefix leaves (*device-aware completion
+tables*, computed once by dynamic programming over ``(h, label, devices left)``): the
+smallest sum of ``u'`` (``pass_cost``) and of the work share, and the smallest possible
+largest ``delta`` (``pivot_extra``) and standalone bound of the stages still to come.
+
+- busy path (term 1) of every placed stage, exactly;
+- pivot paths (terms 2, 2b, 2c) whose pivot is placed, with the later passes at least
+  the prefix's own plus the smallest completion sum; term 2 with the largest ``delta``
+  at least the completion's smallest largest ``delta``;
+- work (term 4) with the smallest completion work share;
+- the standalone bound of every arc (valid for every configuration holding it), placed
+  or still to come;
+- **the rest on the devices left**: the layers ``[h, L)`` need ``W_rest = M (a_f + a_b)
+  + B (b_f + b_b)`` of work in total, done by stages whose devices' speeds sum to at
+  most ``V_left``, so some later stage ``j`` is busy ``busy_j >= W_rest / V_left``; it
+  cannot start before the prefix's ``F_0`` arrive (``sum head_f``), nor end before its
+  ``B_{M-1}`` has run back through the prefix (``sum head_fb``).
+
+Passes and the anytime bound
+----------------------------
+A walk with a bad incumbent (a baseline's plan) would simulate thousands of poor
+configurations.  So the walk runs in *passes*, each with a target ``tau`` below the
+incumbent: a pass prunes at ``min(tau, incumbent)``.  When a pass ends, every
+configuration was simulated or has a bound of at least ``min(tau, incumbent)``, so that
+is a proved lower bound (in fact the smallest bound of anything the pass pruned, which
+may be higher).  The next target lies a step above it: :data:`STEP` of the bound at
+first, doubled after a fast pass and halved after a slow one; when the step would cover
+half the gap to the incumbent, the target is the incumbent itself.  Configurations just
+above the bound are few, and the best of them are found early.  A pass whose target reaches the
+incumbent proves it optimal.  Children are tried cheapest bound first.  On timeout a
+pass reports the smallest bound of the prefixes it had not finished.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from solver.exact import ExactData, _evaluate, _Search, config_lower_bound, optimistic_time
+from solver.termination import TimeLimit
+
+CHECK_EVERY = 64
+"""Prefixes expanded between two looks at the clock."""
+
+STEP = 0.01
+"""A pass's target lies this far (relative) above the bound proved before it, at first."""
+
+MAX_STEP = 0.08
+"""The step doubles after a pass faster than :data:`FAST_PASS` seconds, up to this."""
+
+REBUILD_MARGIN = 0.1
+"""Completion tables are built for a cutoff this much (relative) above the pass's, and reused until it passes it."""
+
+FAST_PASS, SLOW_PASS = 0.25, 1.0
+"""Seconds: a faster pass doubles the step, a slower one halves it (down to :data:`STEP`)."""
+
+__all__ = ["EnumerationResult", "enumerate_configurations"]
+
+
+class _Stop(Exception):
+    """Raised when the time is up; carries nothing (the frames record their bounds)."""
+
+
+@dataclass(frozen=True)
+class EnumerationResult:
+    """What the walk did."""
+
+    complete: bool
+    """Whether every configuration was simulated or pruned (the incumbent is then optimal)."""
+    bound: float
+    """A lower bound on every configuration not simulated (``inf`` when complete)."""
+    prefixes: int
+    """Prefixes expanded."""
+    leaves: int
+    """Configurations simulated."""
+    passes: int = 1
+    """Passes run (each with a higher target)."""
+
+
+class _Walk:
+    """The precomputed arrays and the depth-first walk."""
+
+    def __init__(self, data: ExactData, search: _Search, clock: TimeLimit) -> None:
+        self.data, self.search, self.clock = data, search, clock
+        problem = data.problem
+        self.L = len(problem.graph)
+        self.capped = problem.schedule == "1f1b" and data.max_tau < data.stage_limit - 1
+        caps = np.array([c.count for c in data.classes], dtype=np.int64)
+        self.size = int(np.prod(caps + 1))
+        strides = np.ones(len(caps), dtype=np.int64)
+        for k in range(len(caps) - 2, -1, -1):
+            strides[k] = strides[k + 1] * (caps[k + 1] + 1)
+        self.strides, self.speeds = strides, np.array([c.speed for c in data.classes])
+        # every devices-left vector, in flat order
+        self.avail = np.stack(np.unravel_index(np.arange(self.size), tuple(caps + 1)), axis=1)
+        self.full_index = int(caps @ strides)
+        self.total_speed = float(caps @ self.speeds)
+        layer_work = [len(problem.split) * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1])
+                      for l in problem.graph.layers]
+        self.rest_work = np.concatenate((np.cumsum(layer_work[::-1])[::-1], [0.0]))
+        self.kept = 0  # arcs the tables were built from
+        self.built_for = -math.inf  # the cutoff they were built for
+        self.floors: dict[tuple[int, ...], float] = {}  # configuration -> its bound, or its optimistic time
+        self.settled: set[tuple[int, ...]] = set()  # configurations simulated on every placement
+        self.prefixes = self.leaves = 0
+        self.open_bounds: list[float] = []
+        self.target = math.inf
+
+    def cutoff(self) -> float:
+        """Prune at the incumbent, or at this pass's target when lower."""
+        return min(self.search.cutoff(), self.target)
+
+    # ----------------------------------------------------------- completions
+    def prepare(self, cutoff: float) -> None:
+        """Keep the arcs whose standalone bound is below ``cutoff``; (re)build the tables from them.
+
+        An arc at or above it cannot be in a configuration below the cutoff, and leaving
+        it out of the completion tables makes them tighter.
+        """
+        if cutoff <= self.built_for:  # the tables hold a superset of the arcs needed: still valid
+            return
+        cutoff = min(cutoff * (1 + REBUILD_MARGIN), self.search.cutoff())  # reused while the target rises
+        alone = self.data.table["standalone"]
+        keep = np.flatnonzero(alone < cutoff)
+        left_out = alone[alone >= cutoff]
+        self.left_out_bound = float(left_out.min()) if len(left_out) else math.inf
+        self.built_for = cutoff
+        self.kept = len(keep)
+        self.ids = keep  # local arc j is arc ids[j] of the data's table
+        self.tab = tab = {name: col[keep] for name, col in self.data.table.items()}
+        comps = np.array([o.composition for o in self.data.options], dtype=np.int64).reshape(
+            len(self.data.options), -1)[tab["option"]]
+        self.comp = comps  # devices of each class per arc
+        self.comp_index = comps @ self.strides  # the same as a flat offset in the devices-left tables
+        self.arc_speed = comps @ self.speeds  # summed speed of an arc's devices
+        self.groups: dict[tuple[int, int], np.ndarray] = {}
+        order = np.lexsort((tab["tau"], tab["lo"]))
+        keys = np.stack((tab["lo"][order], tab["tau"][order]), axis=1)
+        if len(order):
+            starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)])
+            for a, b in zip(starts, np.r_[starts[1:], len(order)]):
+                self.groups[(int(keys[a, 0]), int(keys[a, 1]))] = order[a:b]
+        self._completion_tables()
+        self._children_cache: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, dict]] = {}
+
+    def next_labels(self, label: int) -> tuple[int, ...]:
+        """Labels the stage after a stage labelled ``label`` may carry (none after 1F1B's last)."""
+        if self.data.problem.schedule == "gpipe":
+            return (0,)  # GPipe's op lists do not depend on the later stages
+        if label == 0:
+            return ()
+        if self.capped and label == self.data.max_tau:
+            return (label, label - 1)
+        return (label - 1,)
+
+    def _completion_tables(self) -> None:
+        """``best[name][h, t, a]``: the least a path from layer ``h`` starting with label ``t`` can add.
+
+        ``a`` indexes the devices left.  Sums for ``pass_cost`` and ``work``, the smallest
+        largest value for ``pivot_extra``; ``inf`` where no path exists.
+        """
+        tab, L, T = self.tab, self.L, self.data.max_tau + 1
+        fields = {"pass_cost": "sum", "work": "sum", "pivot_extra": "max", "standalone": "max"}
+        self.best = {name: np.full((L + 1, T, self.size), np.inf) for name in fields}
+        for name in fields:  # row L: nothing follows the last stage
+            self.best[name][L] = 0.0 if fields[name] == "sum" else -np.inf
+        for h in range(L - 1, -1, -1):
+            if self.clock.expired():
+                self.built_for = -math.inf  # unfinished
+                raise _Stop
+            for t in range(T):
+                ids = self.groups.get((h, t))
+                if ids is None:
+                    continue
+                fits = (self.avail[None, :, :] >= self.comp[ids][:, None, :]).all(axis=2)
+                source = np.where(fits, np.arange(self.size)[None, :] - self.comp_index[ids][:, None], 0)
+                for name, how in fields.items():
+                    value = tab[name][ids][:, None]
+                    later = self._later(name, tab["hi"][ids], t, source)
+                    total = value + later if how == "sum" else np.maximum(value, later)
+                    self.best[name][h, t] = np.where(fits, total, np.inf).min(axis=0)
+
+    def _later(self, name: str, hi: np.ndarray, label: int, index: np.ndarray) -> np.ndarray:
+        """The completion table of ``name`` after arcs ending at ``hi`` (labelled ``label``), at ``index``."""
+        labels = self.next_labels(label)
+        if not labels:  # the last stage: nothing follows
+            neutral = 0.0 if name in ("pass_cost", "work") else -np.inf
+            return np.full(index.shape, neutral)
+        rows = hi.reshape((-1,) + (1,) * (index.ndim - 1))
+        values = [self.best[name][rows, t, index] for t in labels]
+        return np.minimum.reduce(values) if len(values) > 1 else values[0]
+
+    # ---------------------------------------------------------------- walking
+    def children(self, h: int, labels: tuple[int, ...]) -> tuple[np.ndarray, dict]:
+        key = (h, labels)
+        if key not in self._children_cache:
+            ids = np.concatenate([self.groups.get((h, t), np.zeros(0, dtype=np.int64)) for t in labels])
+            tab = self.tab
+            cols = {name: tab[name][ids] for name in ("hi", "tau", "busy", "allreduce", "busy_path", "pass_cost",
+                                                      "pivot_ar", "pivot2_ar", "pivot2_extra", "pivot_extra",
+                                                      "work", "head_f", "head_fb", "standalone")}
+            cols["comp"], cols["comp_index"], cols["speed"] = self.comp[ids], self.comp_index[ids], self.arc_speed[ids]
+            self._children_cache[key] = (self.ids[ids], cols)
+        return self._children_cache[key]
+
+    def expand(self, h: int, labels: tuple[int, ...], state: dict, path: list[int]) -> None:
+        self.prefixes += 1
+        if self.prefixes % CHECK_EVERY == 0 and self.clock.expired():
+            raise _Stop
+        ids, c = self.children(h, labels)
+        if not len(ids):
+            return
+        avail = state["avail"]
+        fits = (c["comp"] <= self.avail[avail]).all(axis=1)
+        stages_left = self.data.stage_limit - len(path)
+        final = c["hi"] == self.L
+        if stages_left <= 1:
+            fits &= final
+        if not fits.any():
+            return
+        sel = np.flatnonzero(fits)
+        cutoff = self.cutoff()
+        lb, child_state = self._child_bounds(state, {k: v[sel] for k, v in c.items()}, avail)
+        keep = lb < cutoff
+        if not keep.all():
+            self.pruned(float(lb[~keep].min()))
+        keep = np.flatnonzero(keep)
+        order = keep[np.argsort(lb[keep], kind="stable")]
+        for j in order.tolist():
+            if lb[j] >= self.cutoff():
+                self.pruned(float(lb[j]))
+                break  # sorted: every later child is pruned too
+            arc = int(ids[sel[j]])
+            path.append(arc)
+            self.open_bounds.append(float(lb[j]))
+            if final[sel[j]]:
+                self._leaf(path)
+            else:
+                nxt = {k: v[j] for k, v in child_state.items()}
+                self.expand(int(c["hi"][sel[j]]), self.next_labels(int(c["tau"][sel[j]])), nxt, path)
+            self.open_bounds.pop()
+            path.pop()
+
+    def _child_bounds(self, s: dict, c: dict, avail: int) -> tuple[np.ndarray, dict]:
+        """Bounds of every child prefix (vectorised), and the state each child passes on."""
+        busy = np.maximum.reduce([np.full(len(c["hi"]), s["busy"]), s["hfb"] + c["busy"],
+                                  s["hf"] + c["busy"] + c["allreduce"], c["busy_path"]])
+        sp = s["sp"] + c["pass_cost"]
+        x1 = np.maximum(s["x1"], s["hf"] + c["pivot_ar"] - sp)
+        x2 = np.maximum(s["x2"], s["hf"] + c["pivot2_ar"] - 2 * sp)
+        x3 = np.maximum(s["x3"], c["pivot2_extra"] - sp)
+        md = np.maximum(s["md"], c["pivot_extra"])
+        work = s["work"] + c["work"]
+        hf, hfb = s["hf"] + c["head_f"], s["hfb"] + c["head_fb"]
+        left = avail - c["comp_index"]
+        later_pass, later_work = np.zeros(len(left)), np.zeros(len(left))
+        later_delta, later_alone = np.full(len(left), -np.inf), np.full(len(left), -np.inf)
+        for t in set(c["tau"].tolist()):
+            rows = np.flatnonzero((c["tau"] == t) & (c["hi"] < self.L))
+            if len(rows):
+                later_pass[rows] = self._later("pass_cost", c["hi"][rows], t, left[rows])
+                later_work[rows] = self._later("work", c["hi"][rows], t, left[rows])
+                later_delta[rows] = self._later("pivot_extra", c["hi"][rows], t, left[rows])
+                later_alone[rows] = self._later("standalone", c["hi"][rows], t, left[rows])
+        total = sp + later_pass
+        speed_left = s["speed_left"] - c["speed"]
+        rest = self.rest_work[c["hi"]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(rest > 0, rest / np.where(speed_left > 1e-12, speed_left, 0.0), 0.0)
+        lb = np.maximum.reduce([busy, total + np.maximum(md, later_delta), x1 + total, x2 + 2 * total,
+                                x3 + 2 * total, work + later_work, hf + share, hfb + share,
+                                c["standalone"], later_alone])
+        lb = np.where(np.isnan(lb), np.inf, lb)
+        state = {"busy": busy, "sp": sp, "x1": x1, "x2": x2, "x3": x3, "md": md, "work": work, "hf": hf,
+                 "hfb": hfb, "avail": left, "speed_left": speed_left}
+        return lb, state
+
+    def pruned(self, bound: float) -> None:
+        """Note the bound of something this pass pruned (it is at least the cutoff)."""
+        self.least_pruned = min(self.least_pruned, bound)
+
+    def _leaf(self, path: list[int]) -> None:
+        key = tuple(path)
+        if key in self.settled:
+            return
+        if key not in self.floors:
+            bound = config_lower_bound(self.data, path)
+            self.floors[key] = bound if bound >= self.cutoff() else optimistic_time(self.data, path)
+        floor = self.floors[key]
+        if floor >= self.search.cutoff():  # never better than the incumbent, which only improves
+            self.settled.add(key)
+            return
+        if floor >= self.cutoff():
+            self.pruned(floor)
+            return
+        self.leaves += 1
+        if _evaluate(self.data, self.search, list(path), self.clock, self.target, floor):
+            self.settled.add(key)
+        else:
+            self.pruned(floor)
+
+    def run_pass(self, target: float) -> float | None:
+        """One walk pruning at ``min(target, incumbent)``; the bound it proves, or ``None`` on timeout.
+
+        On timeout :attr:`stopped_bound` holds the smallest bound of the unfinished prefixes.
+        """
+        self.target, self.open_bounds, self.least_pruned = target, [], math.inf
+        state = {"busy": 0.0, "sp": 0.0, "x1": -np.inf, "x2": -np.inf, "x3": -np.inf, "md": -np.inf, "work": 0.0,
+                 "hf": 0.0, "hfb": 0.0, "avail": self.full_index, "speed_left": self.total_speed}
+        try:
+            self.prepare(self.cutoff())
+            self.pruned(self.left_out_bound)
+            self.expand(0, tuple(range(self.data.max_tau + 1)), state, [])
+        except _Stop:
+            # unexplored: the subtrees of the children being explored on the stack (later siblings have
+            # larger bounds), and what was pruned; before the first child, nothing new is proved
+            if self.open_bounds:
+                self.stopped_bound = min(min(self.open_bounds), self.cutoff(), self.least_pruned)
+            else:
+                self.stopped_bound = self.search.bound
+            return None
+        # everything not simulated was pruned at a bound of at least least_pruned
+        return min(self.least_pruned, self.search.cutoff())
+
+    def run(self) -> EnumerationResult:
+        passes, step = 0, STEP
+        while True:
+            passes += 1
+            incumbent, proved = self.search.cutoff(), self.search.bound
+            target = proved * (1 + step)
+            if not math.isfinite(incumbent) or proved <= 0 or target - proved >= 0.5 * (incumbent - proved):
+                target = incumbent  # the step would cover half the gap: try to close it
+            started = time.perf_counter()
+            reached = self.run_pass(target)
+            took = time.perf_counter() - started
+            step = min(MAX_STEP, 2 * step) if took < FAST_PASS else max(STEP, step / 2) if took > SLOW_PASS else step
+            if reached is None:
+                self.search.raise_bound(self.stopped_bound)
+                return EnumerationResult(False, self.stopped_bound, self.prefixes, self.leaves, passes)
+            self.search.raise_bound(reached)
+            if reached >= self.search.cutoff():  # the target reached the incumbent: it is optimal
+                return EnumerationResult(True, math.inf, self.prefixes, self.leaves, passes)
+            if self.search.bound < reached:  # capped by pooled configurations: another pass proves no more
+                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes)
+
+
+def enumerate_configurations(data: ExactData, search: _Search, clock: TimeLimit) -> EnumerationResult:
+    """Simulate every configuration whose bound is below the incumbent, or stop at ``clock``.
+
+    Parameters
+    ----------
+    data : ExactData
+        The candidate arcs (complete: every arc below the cutoff it was built with).
+    search : _Search
+        The incumbent; improved in place as configurations are simulated.
+    clock : TimeLimit
+        When to stop.
+
+    Returns
+    -------
+    EnumerationResult
+        ``complete`` means the incumbent is optimal (to :data:`solver.exact.OPT_TOL`),
+        or that no configuration exists if there is none; otherwise ``bound`` bounds
+        every configuration left unexplored (also raised in ``search``).
+    """
+    if not len(data):
+        return EnumerationResult(True, math.inf, 0, 0)
+    return _Walk(data, search, clock).run()

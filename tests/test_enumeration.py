@@ -1,0 +1,73 @@
+"""The configuration walk of the exact solvers against brute force, and its bounds when stopped."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from solver.exact import _Search, build_data, greedy_plans
+from solver.enumeration import enumerate_configurations
+from solver.termination import TimeLimit
+
+from tests.test_exact import REL, brute_force, random_problem
+
+CASES = [(51, 6, 3, "1f1b"), (52, 6, 4, "gpipe"), (53, 7, 4, "1f1b"), (54, 5, 4, "1f1b"), (55, 7, 3, "gpipe")]
+
+
+def _search(problem, warm: bool) -> _Search:
+    search = _Search(problem, TimeLimit(60).start())
+    if warm:  # a poor incumbent, as the baselines give, so that several passes run
+        for plan in greedy_plans(problem)[:1]:
+            search.offer(plan)
+    return search
+
+
+def _walk(problem, warm: bool, seconds: float = 60.0):
+    """Run the walk as the exact solvers do: arcs below the incumbent, the static bound raised first."""
+    search = _search(problem, warm)
+    data = build_data(problem, search.cutoff())
+    search.raise_bound(data.static_bound)
+    return search, enumerate_configurations(data, search, TimeLimit(seconds).start())
+
+
+class TestEnumerateConfigurations:
+    @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
+    @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+    def test_proves_the_brute_force_optimum(self, case, warm):
+        seed, layers, devices, schedule = case
+        problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        best = brute_force(problem)
+        search, walk = _walk(problem, warm)
+        assert walk.complete
+        if math.isinf(best):
+            assert search.best_plan is None
+            return
+        assert search.best_time == pytest.approx(best, rel=1e-7)
+        assert problem.evaluate(search.best_plan).iteration_time == pytest.approx(best, rel=REL)
+        for point in search.trace:
+            assert point.bound is None or point.bound <= best * (1 + REL)
+
+    def test_warm_start_runs_several_passes(self):
+        problem = random_problem(51, layers=7, devices=4, schedule="1f1b")
+        search, walk = _walk(problem, warm=True)
+        assert walk.complete and walk.passes >= 2
+        assert search.best_time == pytest.approx(brute_force(problem), rel=1e-7)
+
+    @pytest.mark.parametrize("seconds", [0.0, 0.01, 0.05])
+    def test_stopped_walk_bound_is_valid(self, seconds):
+        """Stopped early, the walk's bound still never exceeds the optimum."""
+        problem = random_problem(56, layers=8, devices=4, schedule="1f1b")
+        best = brute_force(problem)
+        search, walk = _walk(problem, warm=True, seconds=seconds)
+        assert walk.bound <= best * (1 + REL) or walk.complete
+        assert search.bound <= best * (1 + REL)
+
+    def test_same_result_twice(self):
+        problem = random_problem(57, layers=7, devices=4, schedule="1f1b")
+        plans = []
+        for _ in range(2):
+            search, _ = _walk(problem, warm=True)
+            plans.append(search.best_plan)
+        assert plans[0] == plans[1]
