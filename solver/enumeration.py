@@ -65,7 +65,7 @@ CHECK_EVERY = 64
 STEP = 0.01
 """A pass's target lies this far (relative) above the bound proved before it, at first."""
 
-MAX_STEP = 0.08
+MAX_STEP = 0.03
 """The step doubles after a pass faster than :data:`FAST_PASS` seconds, up to this."""
 
 REBUILD_MARGIN = 0.1
