@@ -5,8 +5,11 @@ The lower-bound model of :mod:`solver.exact` in integers: times are scaled to
 ``unit`` never exceeds the real lower bound (the rounding only loosens it, by at
 most one unit per arc of a path).  The auxiliary time variables of
 :func:`solver.exact.model_rows` are integers defined by equalities over the same
-floored values (a difference row subtracts exactly the value it once added), so
-they equal the floored sums exactly.  The greedy or baseline configuration is passed as a
+floored values; a difference row floors the negated value, so it may take away up to
+one unit more than the arc once added (values of either sign), and every auxiliary
+variable is at most its exact sum.  Since they appear only with a plus sign in the
+``>=`` rows (``G`` only as a difference ``G_l' - G_l`` of additions), every row stays
+valid.  The greedy or baseline configuration is passed as a
 hint; :func:`solver.exact.solve_exact` runs the cut loop.
 """
 
@@ -54,10 +57,10 @@ class CpSatModel:
             expr = sum(coef * x[i] for i, coef in row.terms)
             self.model.add(expr == row.rhs if row.sense == "==" else expr <= row.rhs)
         for row in time_rows:
-            # aux combination (>= or ==) floored arc times: ">=" rows stay valid, "==" rows define aux exactly
+            # aux combination (>= or ==) floored arc times: ">=" rows stay valid, "==" rows define aux at most exact
             left = sum(coef * self._aux(name, horizon) for name, coef in row.aux)
             right = cp_model.LinearExpr.weighted_sum([x[i] for i, _ in row.terms],
-                                                     [self._trunc(c) for _, c in row.terms]) if row.terms else 0
+                                                     [self._floor(c) for _, c in row.terms]) if row.terms else 0
             self.model.add(left == right if row.sense == "==" else left >= right)
         # T: the lower bound on the iteration time, in units
         self.T = self._aux("T", horizon)
@@ -70,11 +73,8 @@ class CpSatModel:
         return self.aux[name]
 
     def _floor(self, seconds: float) -> int:
+        """A time in units, floored towards minus infinity (never above it, whatever its sign)."""
         return math.floor(seconds / self.unit)
-
-    def _trunc(self, seconds: float) -> int:
-        """An arc's time in units, floored towards zero: a difference row subtracts exactly what it added."""
-        return self._floor(seconds) if seconds >= 0 else -self._floor(-seconds)
 
     def hint(self, arc_ids: Sequence[int]) -> None:
         chosen = set(arc_ids)

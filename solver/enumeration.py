@@ -128,7 +128,8 @@ class _Walk:
         self.rest_work = np.concatenate((np.cumsum(layer_work[::-1])[::-1], [0.0]))
         self.kept = 0  # arcs the tables were built from
         self.built_for = -math.inf  # the cutoff they were built for
-        self.floors: dict[tuple[int, ...], float] = {}  # configuration -> its bound, or its optimistic time
+        self.bounds: dict[tuple[int, ...], float] = {}  # configuration -> its bound (config_lower_bound)
+        self.floors: dict[tuple[int, ...], float] = {}  # configuration -> its optimistic time
         self.settled: set[tuple[int, ...]] = set()  # configurations simulated on every placement
         self.prefixes = self.leaves = 0
         self.open_bounds: list[float] = []
@@ -311,10 +312,13 @@ class _Walk:
         key = tuple(path)
         if key in self.settled:
             return
-        if key not in self.floors:
-            bound = config_lower_bound(self.data, path)
-            self.floors[key] = bound if bound >= self.cutoff() else optimistic_time(self.data, path)
-        floor = self.floors[key]
+        if key not in self.bounds:
+            self.bounds[key] = config_lower_bound(self.data, path)
+        floor = self.bounds[key]
+        if floor < self.cutoff():  # the optimistic simulation is tighter, and dearer
+            if key not in self.floors:
+                self.floors[key] = optimistic_time(self.data, path)
+            floor = self.floors[key]
         if floor >= self.search.cutoff():  # never better than the incumbent, which only improves
             self.settled.add(key)
             return
@@ -322,7 +326,8 @@ class _Walk:
             self.pruned(floor)
             return
         self.leaves += 1
-        if _evaluate(self.data, self.search, list(path), self.clock, self.target, floor):
+        # stopped by the clock: not pooled (the pass ends and reports its open bounds); it stays unsettled
+        if _evaluate(self.data, self.search, list(path), self.clock, self.target, floor, pool_on_clock=False):
             self.settled.add(key)
         else:
             self.pruned(floor)
@@ -364,11 +369,11 @@ class _Walk:
             step = min(MAX_STEP, 2 * step) if took < FAST_PASS else max(STEP, step / 2) if took > SLOW_PASS else step
             if reached is None:
                 self.search.raise_bound(self.stopped_bound)
-                return EnumerationResult(False, self.stopped_bound, self.prefixes, self.leaves, passes)
+                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes)
             self.search.raise_bound(reached)
             if reached >= self.search.cutoff():  # the target reached the incumbent: it is optimal
                 return EnumerationResult(True, math.inf, self.prefixes, self.leaves, passes)
-            if self.search.bound < reached:  # capped by pooled configurations: another pass proves no more
+            if self.search.bound < reached or reached <= proved:  # capped by the pool: no pass proves more
                 return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes)
 
 

@@ -1167,15 +1167,21 @@ def optimistic_time(data: ExactData, arc_ids: Sequence[int]) -> float:
 
 
 def _evaluate(data: ExactData, search: _Search, arc_ids: Sequence[int], clock: TimeLimit,
-              target: float = math.inf, floor: float | None = None) -> bool:
+              target: float = math.inf, floor: float | None = None, pool_on_clock: bool = True) -> bool:
     """Simulate a configuration's placements while its optimistic time is below the cutoff.
 
     The cutoff is the incumbent's, or ``target`` when lower (a caller that only claims
-    a bound of ``target``).  A configuration whose :func:`optimistic_time` reaches it
-    needs no placement; if placements were cut short (their number, or the clock), that
-    time goes to the pool.  Returns whether the configuration is settled: every placement
-    simulated, or its optimistic time ``floor`` (computed if not given) at least the
-    incumbent's cutoff.
+    a bound of ``target``).  A configuration whose :func:`optimistic_time` ``floor``
+    (computed if not given) reaches it needs no placement.  With more placements than
+    :data:`PLACEMENT_LIMIT`, ``floor`` goes to the pool (which caps every bound
+    reported).  When the clock stops the placements, it goes to the pool too, unless
+    ``pool_on_clock`` is false (a caller that accounts for the configuration itself).
+
+    Returns
+    -------
+    bool
+        Whether the configuration is settled for good: every placement simulated or
+        pooled, or ``floor`` at least the incumbent's cutoff.
     """
 
     def cutoff() -> float:
@@ -1194,12 +1200,14 @@ def _evaluate(data: ExactData, search: _Search, arc_ids: Sequence[int], clock: T
         if floor >= cutoff():
             return floor >= search.cutoff()  # no other placement can beat the cutoff
         if k and clock.remaining() <= 0:
-            exhaustive = False
-            break
+            if not pool_on_clock:
+                return False
+            search.pool = min(search.pool, floor)
+            return True
         search.offer(problem.make_plan(bounds, devs, flags))
-    if not exhaustive and floor < cutoff():
+    if not exhaustive and floor < search.cutoff():  # placements beyond the limit: pooled
         search.pool = min(search.pool, floor)
-    return exhaustive
+    return True
 
 
 def _result(name, search: _Search, data: ExactData, clock: TimeLimit, seed, status, iterations, cuts,

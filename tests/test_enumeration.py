@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 
-from solver.exact import _Search, build_data, greedy_plans
+from models.graph import Layer, LayerGraph
+from solver.cluster import Cluster, Device, Link
 from solver.enumeration import enumerate_configurations
+from solver.exact import _evaluate, _Search, build_data, greedy_plans, optimistic_time
+from solver.problem import PlanningProblem
 from solver.termination import TimeLimit
 
 from tests.test_exact import REL, brute_force, random_problem
@@ -70,3 +74,48 @@ class TestEnumerateConfigurations:
             search, _ = _walk(problem, warm=True)
             plans.append(search.best_plan)
         assert plans[0] == plans[1]
+
+
+def _many_placements_problem() -> PlanningProblem:
+    """Eight identical devices on eight servers with different links: a 3-stage pipeline has 336 placements."""
+    graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-4, 1e-3), (2e-4, 2e-3), 1e6, 1e5, 1e6) for i in range(4)],
+                             input_bytes=1e3)
+    servers = tuple(Link(1e9 * (k + 1), 1e-6 * (k + 1), f"s{k}") for k in range(8))
+    cluster = Cluster("c", servers, Link(5e8, 1e-5), tuple(Device(f"d{k}", f"s{k}", 1.0, 1e12) for k in range(8)))
+    return PlanningProblem(graph, cluster, global_batch=8, microbatches=4, schedule="1f1b",
+                           allow_replication=False, allow_recompute=False)
+
+
+class TestPlacementLimit:
+    def test_pooled_configuration_ends_the_walk_at_once(self):
+        """More placements than PLACEMENT_LIMIT cap the bound; the walk hands over instead of repeating passes."""
+        problem = _many_placements_problem()
+        start = time.perf_counter()
+        search, walk = _walk(problem, warm=True, seconds=5.0)
+        assert time.perf_counter() - start < 2.0
+        assert not walk.complete and walk.passes <= 5
+        assert search.pool < math.inf and search.bound <= brute_force(problem) * (1 + REL)
+
+
+class TestEvaluate:
+    def _setup(self):
+        problem = _many_placements_problem()
+        data = build_data(problem)
+        config = [i for i, a in enumerate(data.arcs) if (a.lo, a.hi) in ((0, 1), (1, 2), (2, 4))
+                  and a.tau == {0: 2, 1: 1, 2: 0}[a.lo]]
+        return problem, data, config
+
+    def test_clock_stop_pools_only_when_asked(self):
+        problem, data, config = self._setup()
+        expired = TimeLimit(0.0).start()
+        search = _Search(problem, TimeLimit(60).start())
+        assert not _evaluate(data, search, config, expired, pool_on_clock=False)
+        assert search.pool == math.inf and search.best_plan is not None  # the first placement still ran
+        assert _evaluate(data, search, config, expired)
+        assert search.pool == pytest.approx(optimistic_time(data, config))
+
+    def test_placements_beyond_the_limit_are_pooled(self):
+        problem, data, config = self._setup()
+        search = _Search(problem, TimeLimit(60).start())
+        assert _evaluate(data, search, config, TimeLimit(60).start())
+        assert search.pool == pytest.approx(optimistic_time(data, config))
