@@ -126,7 +126,6 @@ class _Walk:
         layer_work = [len(problem.split) * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1])
                       for l in problem.graph.layers]
         self.rest_work = np.concatenate((np.cumsum(layer_work[::-1])[::-1], [0.0]))
-        self.kept = 0  # arcs the tables were built from
         self.built_for = -math.inf  # the cutoff they were built for
         self.bounds: dict[tuple[int, ...], float] = {}  # configuration -> its bound (config_lower_bound)
         self.floors: dict[tuple[int, ...], float] = {}  # configuration -> its optimistic time
@@ -154,7 +153,6 @@ class _Walk:
         left_out = alone[alone >= cutoff]
         self.left_out_bound = float(left_out.min()) if len(left_out) else math.inf
         self.built_for = cutoff
-        self.kept = len(keep)
         self.ids = keep  # local arc j is arc ids[j] of the data's table
         self.tab = tab = {name: col[keep] for name, col in self.data.table.items()}
         comps = np.array([o.composition for o in self.data.options], dtype=np.int64).reshape(
@@ -173,11 +171,13 @@ class _Walk:
         self._children_cache: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, dict]] = {}
 
     def next_labels(self, label: int) -> tuple[int, ...]:
-        """Labels the stage after a stage labelled ``label`` may carry (none after 1F1B's last)."""
-        if self.data.problem.schedule == "gpipe":
-            return (0,)  # GPipe's op lists do not depend on the later stages
+        """Labels the stage after a stage labelled ``label`` may carry.
+
+        GPipe's op lists do not depend on the later stages (every label is 0); under 1F1B
+        label 0 is the last stage, ending at layer ``L``, whose table row is neutral.
+        """
         if label == 0:
-            return ()
+            return (0,)
         if self.capped and label == self.data.max_tau:
             return (label, label - 1)
         return (label - 1,)
@@ -212,9 +212,6 @@ class _Walk:
     def _later(self, name: str, hi: np.ndarray, label: int, index: np.ndarray) -> np.ndarray:
         """The completion table of ``name`` after arcs ending at ``hi`` (labelled ``label``), at ``index``."""
         labels = self.next_labels(label)
-        if not labels:  # the last stage: nothing follows
-            neutral = 0.0 if name in ("pass_cost", "work") else -np.inf
-            return np.full(index.shape, neutral)
         rows = hi.reshape((-1,) + (1,) * (index.ndim - 1))
         values = [self.best[name][rows, t, index] for t in labels]
         return np.minimum.reduce(values) if len(values) > 1 else values[0]
@@ -282,15 +279,13 @@ class _Walk:
         work = s["work"] + c["work"]
         hf, hfb = s["hf"] + c["head_f"], s["hfb"] + c["head_fb"]
         left = avail - c["comp_index"]
-        later_pass, later_work = np.zeros(len(left)), np.zeros(len(left))
-        later_delta, later_alone = np.full(len(left), -np.inf), np.full(len(left), -np.inf)
+        later = {name: np.empty(len(left)) for name in self.best}  # row L of the tables: nothing follows
         for t in set(c["tau"].tolist()):
-            rows = np.flatnonzero((c["tau"] == t) & (c["hi"] < self.L))
-            if len(rows):
-                later_pass[rows] = self._later("pass_cost", c["hi"][rows], t, left[rows])
-                later_work[rows] = self._later("work", c["hi"][rows], t, left[rows])
-                later_delta[rows] = self._later("pivot_extra", c["hi"][rows], t, left[rows])
-                later_alone[rows] = self._later("standalone", c["hi"][rows], t, left[rows])
+            rows = np.flatnonzero(c["tau"] == t)
+            for name, table in later.items():
+                table[rows] = self._later(name, c["hi"][rows], t, left[rows])
+        later_pass, later_work, later_delta, later_alone = (
+            later[name] for name in ("pass_cost", "work", "pivot_extra", "standalone"))
         total = sp + later_pass
         speed_left = s["speed_left"] - c["speed"]
         rest = self.rest_work[c["hi"]]

@@ -1035,7 +1035,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     time left; when it finishes, the incumbent is proved optimal without the model.
     Otherwise the model's cut loop goes on from the improved incumbent.
     """
-    details = dict(details)
+    details = dict(details or {})
     clock = TimeLimit(time_limit).start()
     search = _Search(problem, clock)
     for plan in warm_start_plans(problem, seed, min(1.0, 0.03 * time_limit)):
@@ -1060,6 +1060,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         run_slow(max(slow_share, min(0.4 * time_limit, 0.5 * clock.remaining())))
         if data.complete and not clock.expired():
             data = build_data(problem, search.cutoff(), clock)
+            too_big = len(data) > MAX_MODEL_ARCS
     if not data.complete or clock.expired() or (too_big and not enumerate_first):
         if not slow_done:
             run_slow(min(slow_share, clock.remaining()))
