@@ -5,17 +5,21 @@ from __future__ import annotations
 import math
 import time
 
+import numpy as np
 import pytest
 
 from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
-from solver.enumeration import enumerate_configurations
+from solver import enumeration
+from solver.enumeration import _Walk, enumerate_configurations
 from solver.exact import _evaluate, _Search, build_data, greedy_plans, optimistic_time
 from solver.problem import PlanningProblem
 from solver.termination import TimeLimit
 
 from tests.test_exact import REL, brute_force, random_problem
 
+# instances whose greedy plan gives the walk a finite cutoff, so that its tables have bands
+BANDED = [(68, 5, 4, "1f1b"), (74, 5, 4, "1f1b"), (64, 6, 3, "gpipe"), (60, 7, 4, "1f1b")]
 CASES = [(51, 6, 3, "1f1b"), (52, 6, 4, "gpipe"), (53, 7, 4, "1f1b"), (54, 5, 4, "1f1b"), (55, 7, 3, "gpipe")]
 
 
@@ -119,3 +123,64 @@ class TestEvaluate:
         search = _Search(problem, TimeLimit(60).start())
         assert _evaluate(data, search, config, TimeLimit(60).start())
         assert search.pool == pytest.approx(optimistic_time(data, config))
+
+
+def _paths(walk: _Walk, h: int, t: int, left: np.ndarray):
+    """Every completion from layer ``h`` with label ``t`` on the devices ``left``: lists of local arc ids."""
+    if h == walk.L:
+        yield []
+        return
+    for j in walk.groups.get((h, t), []):
+        if (walk.comp[j] <= left).all():
+            hi = int(walk.tab["hi"][j])
+            for nxt in walk.next_labels(t) if hi < walk.L else (None,):
+                for rest in _paths(walk, hi, nxt, left - walk.comp[j]) if nxt is not None else ([],):
+                    yield [int(j)] + rest
+
+
+class TestCompletionTables:
+    """The walk's device-aware tables against every completion, listed by brute force."""
+
+    @pytest.mark.parametrize("case", BANDED, ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_tables_are_the_least_over_every_completion(self, case):
+        seed, layers, devices, schedule = case
+        problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        search = _search(problem, warm=True)
+        data = build_data(problem, search.cutoff())
+        walk = _Walk(data, search, TimeLimit(60).start())
+        walk.prepare(search.cutoff())
+        assert len(walk.edges) == enumeration.DELTA_BANDS - 1  # bands are on for small tables
+        tab, checked = walk.tab, 0
+        for h in range(walk.L):
+            for t in range(data.max_tau + 1):
+                for a in range(walk.size):
+                    paths = list(_paths(walk, h, t, walk.avail[a]))
+                    pass_sums = [sum(tab["pass_cost"][p]) for p in paths]
+                    deltas = [max(tab["pivot_extra"][p]) for p in paths]
+                    assert walk.best["pass_cost"][h, t, a] == pytest.approx(min(pass_sums, default=math.inf))
+                    assert walk.best["pivot_extra"][h, t, a] == pytest.approx(min(deltas, default=math.inf))
+                    for k, edge in enumerate(walk.edges):
+                        within = [s for s, d in zip(pass_sums, deltas) if d <= edge]
+                        assert walk.banded[h, t, a, k] == pytest.approx(min(within, default=math.inf))
+                    checked += len(paths)
+        assert checked > 0
+
+    def test_no_bands_beyond_the_work_limit(self, monkeypatch):
+        monkeypatch.setattr(enumeration, "BAND_WORK_LIMIT", 0)
+        problem = random_problem(61, layers=5, devices=4, schedule="1f1b")
+        search = _search(problem, warm=True)
+        walk = _Walk(build_data(problem, search.cutoff()), search, TimeLimit(60).start())
+        walk.prepare(search.cutoff())
+        assert len(walk.edges) == 0 and walk.banded.shape[-1] == 0
+
+    @pytest.mark.parametrize("bands", [1, 3, 8])
+    @pytest.mark.parametrize("case", BANDED, ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_brute_force_optimum_with_and_without_bands(self, case, bands, monkeypatch):
+        monkeypatch.setattr(enumeration, "DELTA_BANDS", bands)
+        seed, layers, devices, schedule = case
+        problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        best = brute_force(problem)
+        search, walk = _walk(problem, warm=True)
+        assert walk.complete
+        if not math.isinf(best):
+            assert search.best_time == pytest.approx(best, rel=1e-7)
