@@ -60,9 +60,13 @@ MODEL = "gpt-tiny"
 
 # ----------------------------------------------------------------- set-up
 def profile_graph(out: Path, model: str = MODEL, sizes: str = "1,2,4,8,16,32") -> Path:
-    """Profile ``model`` on this machine (cached by the profiler)."""
+    """Profile ``model`` on this machine now, not from the profiler's cache.
+
+    A cached profile may date from hours before, when this shared machine ran at
+    another speed; measured afresh, the profile and the runs see the same machine.
+    """
     path = out / f"{model}.graph.json"
-    _pipeplan("profile", model, "--batch-sizes", sizes, "--repeats", "7", "-o", str(path))
+    _pipeplan("profile", model, "--batch-sizes", sizes, "--repeats", "7", "--no-cache", "-o", str(path))
     return path
 
 

@@ -144,10 +144,7 @@ class _Walk:
         # every devices-left vector, in flat order
         self.avail = np.stack(np.unravel_index(np.arange(self.size), tuple(caps + 1)), axis=1)
         self.full_index = int(caps @ strides)
-        # shift[c, a]: the devices left after a stage of composition c when a were left, or
-        # self.size (the completion tables' inf column) when c does not fit in a
-        fits = (self.avail[None, :, :] >= self.avail[:, None, :]).all(axis=2)
-        self.shift = np.where(fits, np.arange(self.size)[None, :] - np.arange(self.size)[:, None], self.size)
+        self._shift_table(data, caps)
         self.total_speed = float(caps @ self.speeds)
         layer_work = [len(problem.split) * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1])
                       for l in problem.graph.layers]
@@ -159,6 +156,23 @@ class _Walk:
         self.prefixes = self.leaves = 0
         self.open_bounds: list[float] = []
         self.target = math.inf
+
+    def _shift_table(self, data: ExactData, caps: np.ndarray) -> None:
+        """``shift[r, a]``: the devices left after a stage of the ``r``-th composition in use when ``a`` were left.
+
+        ``self.size`` (the completion tables' inf column) where it does not fit in ``a``.
+        Only the compositions of the stage options get a row (``shift_row[flat index]``):
+        with many device classes the devices-left vectors number in the tens of
+        thousands, and a row for each would not fit in memory.
+        """
+        comps = np.array([o.composition for o in data.options], dtype=np.int64).reshape(len(data.options), -1)
+        used = np.unique(comps @ self.strides) if len(comps) else np.zeros(0, dtype=np.int64)
+        fits = np.ones((len(used), self.size), dtype=bool)
+        for k in range(len(caps)):  # one class at a time: no (compositions, size, classes) temporary
+            fits &= self.avail[None, :, k] >= self.avail[used, k][:, None]
+        self.shift = np.where(fits, np.arange(self.size)[None, :] - used[:, None], self.size)
+        self.shift_row = np.full(self.size, -1, dtype=np.int64)
+        self.shift_row[used] = np.arange(len(used))
 
     def cutoff(self) -> float:
         """Prune at the incumbent, or at this pass's target when lower."""
@@ -256,7 +270,7 @@ class _Walk:
                 ids = self.groups.get((h, t))
                 if ids is None:
                     continue
-                yield h, t, ids, self.shift[self.comp_index[ids]]
+                yield h, t, ids, self.shift[self.shift_row[self.comp_index[ids]]]
 
     def _band_edges(self) -> np.ndarray:
         """``DELTA_BANDS - 1`` edges, evenly from the least largest ``delta`` of any configuration to the cutoff.

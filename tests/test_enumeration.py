@@ -184,3 +184,23 @@ class TestCompletionTables:
         assert walk.complete
         if not math.isinf(best):
             assert search.best_time == pytest.approx(best, rel=1e-7)
+
+
+class TestShiftTable:
+    def test_one_row_per_composition_in_use(self):
+        """Many device classes: rows only for the options' compositions, not for every devices-left vector."""
+        graph = LayerGraph.chain("g", [Layer(f"l{i}", (2e-4, 5e-4), (4e-4, 1e-3), 5e6, 5e5, 5e5) for i in range(5)],
+                                 input_bytes=1e4)
+        devices = tuple(Device(f"d{i}", f"s{i % 2}", 1.0 - 0.05 * i, 1e12) for i in range(12))  # 12 classes
+        cluster = Cluster("c", (Link(5e10, 1e-6, "s0"), Link(5e10, 2e-6, "s1")), Link(1e10, 1e-5), devices)
+        problem = PlanningProblem(graph, cluster, global_batch=8, microbatches=4, schedule="1f1b",
+                                  allow_replication=False, allow_recompute=False, max_stages=3)
+        search = _search(problem, warm=True)
+        walk = _Walk(build_data(problem, search.cutoff()), search, TimeLimit(60).start())
+        assert walk.size == 2 ** 12
+        assert walk.shift.shape == (12, walk.size)  # one device of each class: 12 compositions
+        for row, flat in enumerate(np.flatnonzero(walk.shift_row >= 0)):
+            comp = walk.avail[flat]
+            for a in (0, walk.full_index, int(flat)):
+                fits = (walk.avail[a] >= comp).all()
+                assert walk.shift[row, a] == (a - flat if fits else walk.size)
