@@ -64,9 +64,11 @@ def profile_graph(out: Path, model: str = MODEL, sizes: str = "1,2,4,8,16,32") -
 
     A cached profile may date from hours before, when this shared machine ran at
     another speed; measured afresh, the profile and the runs see the same machine.
+    Three rounds of three repeats spread each op's samples over the profiling time,
+    so a slow spell of a few seconds inflates one round's, not the op's median.
     """
     path = out / f"{model}.graph.json"
-    _pipeplan("profile", model, "--batch-sizes", sizes, "--repeats", "7", "--no-cache", "-o", str(path))
+    _pipeplan("profile", model, "--batch-sizes", sizes, "--repeats", "3", "--rounds", "3", "--no-cache", "-o", str(path))
     return path
 
 

@@ -37,7 +37,13 @@ class MeasureConfig:
     warmup: int = 2
     """Untimed runs before timing each op (allocator and kernel warm-up)."""
     repeats: int = 5
-    """Timed runs per op; their median is kept."""
+    """Timed runs per op and round; the median over all rounds is kept."""
+    rounds: int = 1
+    """Passes over every (batch size, unit), each timing ``repeats`` runs of each op.
+
+    On a shared machine a slow spell lasts seconds: with one round it inflates every
+    sample of the ops timed meanwhile; with several, an op's samples come from
+    different moments and the median leaves the spell out."""
     threads: int = 1
     """``torch.set_num_threads`` during the measurement, for repeatable timings."""
     seed: int = 0
@@ -46,9 +52,9 @@ class MeasureConfig:
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(n < 1 for n in self.batch_sizes):
             raise InputError("-", "batch_sizes", f"need one or more positive sizes, got {list(self.batch_sizes)}")
-        if self.warmup < 0 or self.repeats < 1 or self.threads < 1:
-            raise InputError("-", "measure", "need warmup >= 0, repeats >= 1 and threads >= 1, got "
-                             f"{self.warmup}, {self.repeats}, {self.threads}")
+        if self.warmup < 0 or self.repeats < 1 or self.threads < 1 or self.rounds < 1:
+            raise InputError("-", "measure", "need warmup >= 0, repeats >= 1, threads >= 1 and rounds >= 1, got "
+                             f"{self.warmup}, {self.repeats}, {self.threads}, {self.rounds}")
 
 
 @dataclass
@@ -159,7 +165,14 @@ def torch_threads(threads: int) -> Iterator[None]:
 # ------------------------------------------------------------------ timing
 def time_unit(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
               pause: Callable[[], None] | None = None) -> tuple[float, float]:
-    """Median forward and backward seconds of ``module`` on ``args``.
+    """Median forward and backward seconds of ``module`` on ``args`` (see :func:`time_unit_samples`)."""
+    fwd, bwd = time_unit_samples(module, args, warmup, repeats, pause)
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def time_unit_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
+                      pause: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
+    """Forward and backward seconds of ``module`` on ``args``, one per timed repeat.
 
     Each repeat runs a forward and then its backward, both timed, as a pipeline stage
     runs them: timing each in a tight loop of its own measured caches that stay warm
@@ -184,7 +197,7 @@ def time_unit(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repe
             fwd.append(f)
             bwd.append(b)
     module.zero_grad(set_to_none=True)
-    return statistics.median(fwd), statistics.median(bwd)
+    return fwd, bwd
 
 
 class _WithLoss(nn.Module):
@@ -204,29 +217,36 @@ class _WithLoss(nn.Module):
 def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = False) -> list[UnitProfile]:
     """Measure every unit of a built (CPU) model; see :func:`profile_measured`."""
     sizes = list(config.batch_sizes)
-    fwd_t: list[list[float]] = [[] for _ in model.units]
-    bwd_t: list[list[float]] = [[] for _ in model.units]
+    # samples[i][size index]: (forward seconds, backward seconds) of unit i, over all rounds
+    samples = [[([], []) for _ in sizes] for _ in model.units]
     acts: list[list[float]] = [[] for _ in model.units]
     outs: list[float] = [0.0] * len(model.units)
-    with torch_threads(config.threads), _progress(progress, len(sizes) * len(model.units)) as advance:
-        for n in sizes:
-            inputs, targets = model.example_batch(n, config.seed)
-            last = len(model.units) - 1
-            for i, (unit, args) in enumerate(zip(model.units, unit_args(model, inputs))):
-                output, nbytes = saved_bytes(unit.module, leaf_args(args))
-                acts[i].append(float(nbytes))
-                outs[i] = out_bytes(output) / n
-                del output
-                # Training computes the loss right after the last unit, on the same stage:
-                # time it as part of that unit, as the runtime runs it.
-                timed = _WithLoss(unit.module, model, targets) if i == last else unit.module
-                f, b = time_unit(timed, args, config.warmup, config.repeats)
-                fwd_t[i].append(f)
-                bwd_t[i].append(b)
-                advance(f"{unit.name} n={n}")
-    return [UnitProfile(fit_linear(sizes, fwd_t[i]), fit_linear(sizes, bwd_t[i]), param_bytes(unit.module),
-                        per_sample(sizes, acts[i]), outs[i], {"fwd": fwd_t[i], "bwd": bwd_t[i]})
-            for i, unit in enumerate(model.units)]
+    last = len(model.units) - 1
+    with torch_threads(config.threads), \
+            _progress(progress, config.rounds * len(sizes) * len(model.units)) as advance:
+        for round_ in range(config.rounds):
+            for k, n in enumerate(sizes):
+                inputs, targets = model.example_batch(n, config.seed)
+                for i, (unit, args) in enumerate(zip(model.units, unit_args(model, inputs))):
+                    if round_ == 0:
+                        output, nbytes = saved_bytes(unit.module, leaf_args(args))
+                        acts[i].append(float(nbytes))
+                        outs[i] = out_bytes(output) / n
+                        del output
+                    # Training computes the loss right after the last unit, on the same stage:
+                    # time it as part of that unit, as the runtime runs it.
+                    timed = _WithLoss(unit.module, model, targets) if i == last else unit.module
+                    f, b = time_unit_samples(timed, args, config.warmup, config.repeats)
+                    samples[i][k][0].extend(f)
+                    samples[i][k][1].extend(b)
+                    advance(f"{unit.name} n={n}" + (f" (round {round_ + 1})" if config.rounds > 1 else ""))
+    profiles = []
+    for i, unit in enumerate(model.units):
+        fwd_t = [statistics.median(f) for f, _ in samples[i]]
+        bwd_t = [statistics.median(b) for _, b in samples[i]]
+        profiles.append(UnitProfile(fit_linear(sizes, fwd_t), fit_linear(sizes, bwd_t), param_bytes(unit.module),
+                                    per_sample(sizes, acts[i]), outs[i], {"fwd": fwd_t, "bwd": bwd_t}))
+    return profiles
 
 
 @contextmanager

@@ -44,6 +44,9 @@ def register(subparsers: Any) -> None:
     profile.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default float32)")
     profile.add_argument("--seq-len", metavar="N", help="tokens per sample of sequence models")
     profile.add_argument("--threads", default="1", metavar="N", help="torch threads while measuring (default 1)")
+    profile.add_argument("--rounds", default="1", metavar="N",
+                         help="passes over every unit and batch size, each timing --repeats runs; the median is "
+                              "over all (default 1; more spread the samples over time on a shared machine)")
     profile.add_argument("--warmup", default="2", metavar="N", help="untimed runs per op (default 2)")
     profile.add_argument("--repeats", default="5", metavar="N", help="timed runs per op, median kept (default 5)")
     profile.add_argument("--no-cache", action="store_true", help="measure again even if a cached result exists")
@@ -103,7 +106,8 @@ def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
             raise InputError("-", flag, "describes the device of --analytic; add --analytic or drop it")
     config = MeasureConfig(batch_sizes=_batch_sizes(args.batch_sizes), warmup=_integer(args.warmup, "--warmup", 0),
                            repeats=_integer(args.repeats, "--repeats", 1),
-                           threads=_integer(args.threads, "--threads", 1))
+                           threads=_integer(args.threads, "--threads", 1),
+                           rounds=_integer(args.rounds, "--rounds", 1))
     return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
                             use_cache=not args.no_cache, progress=sys.stderr.isatty())
 

@@ -136,6 +136,31 @@ class TestProfileMeasured:
             MeasureConfig(batch_sizes=(0, 2))
         with pytest.raises(InputError):
             MeasureConfig(repeats=0)
+        with pytest.raises(InputError):
+            MeasureConfig(rounds=0)
+
+
+class TestMeasureRounds:
+    def test_median_over_every_round(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """Three rounds of one repeat each: the kept time is the median of the three rounds' samples."""
+        calls: list[int] = []
+
+        def fake(module, args, warmup, repeats, pause=None):
+            calls.append(repeats)
+            value = float(len(calls))  # call number: rises round after round
+            return [value] * repeats, [2 * value] * repeats
+
+        monkeypatch.setattr(measured, "time_unit_samples", fake)
+        model = measured.build_model("gpt-tiny", seed=0)
+        units, sizes = len(model.units), (1, 2)
+        profiles = measured.measure_model(model, MeasureConfig(batch_sizes=sizes, warmup=0, repeats=1, rounds=3))
+        stride = units * len(sizes)  # calls per round, every (size, unit) once
+        assert calls == [1] * 3 * stride
+        for i, profile in enumerate(profiles):
+            for k in range(len(sizes)):
+                first = k * units + i + 1  # its call in round 1; rounds 2 and 3 follow a stride apart
+                assert profile.samples["fwd"][k] == first + stride  # the median of first, +stride, +2 stride
+                assert profile.samples["bwd"][k] == 2 * (first + stride)
 
 
 class TestProfileAnalytic:
