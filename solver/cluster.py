@@ -53,6 +53,13 @@ class Device:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     """Unknown fields, preserved on save."""
 
+    def __post_init__(self) -> None:
+        # The file loader reports these as input errors first; this guards the Python API,
+        # where a non-positive speed would make every time negative or infinite.
+        if not self.speed > 0 or not self.memory >= 0:
+            raise ValueError(f"device {self.id!r}: speed must be > 0 and memory >= 0, got speed {self.speed} and "
+                             f"memory {self.memory}")
+
     def to_dict(self) -> dict[str, Any]:
         data = dict(self.extra)
         data.update(id=self.id, server=self.server, speed=self.speed, memory=self.memory)

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import EXAMPLES
 from models.errors import InputError
-from solver.cluster import Cluster, load_cluster
+from solver.cluster import Cluster, Device, load_cluster
 
 
 @pytest.fixture
@@ -57,3 +57,13 @@ class TestLoadCluster:
             load_cluster(str(path))
         assert (info.value.where, info.value.file) == (where, str(path))
         assert what in info.value.what
+
+
+class TestDevice:
+    @pytest.mark.parametrize("speed, memory", [(0.0, 8e9), (-0.3, 8e9), (float("nan"), 8e9), (1.0, -1.0)])
+    def test_rejects_bad_speed_or_memory(self, speed, memory):
+        with pytest.raises(ValueError, match="speed must be > 0"):
+            Device("g0", "s0", speed, memory)
+
+    def test_accepts_zero_memory(self):
+        assert Device("g0", "s0", 0.5, 0.0).memory == 0.0
