@@ -68,7 +68,8 @@ def profile_graph(out: Path, model: str = MODEL, sizes: str = "1,2,4,8,16,32") -
     so a slow spell of a few seconds inflates one round's, not the op's median.
     """
     path = out / f"{model}.graph.json"
-    _pipeplan("profile", model, "--batch-sizes", sizes, "--repeats", "3", "--rounds", "3", "--no-cache", "-o", str(path))
+    _pipeplan("profile", model, "--batch-sizes", sizes, "--repeats", "3", "--rounds", "3", "--no-cache",
+              "-o", str(path))
     return path
 
 

@@ -144,7 +144,10 @@ class _Walk:
         # every devices-left vector, in flat order
         self.avail = np.stack(np.unravel_index(np.arange(self.size), tuple(caps + 1)), axis=1)
         self.full_index = int(caps @ strides)
-        self._shift_table(data, caps)
+        # devices of each class in each stage option
+        self.option_comps = np.array([o.composition for o in data.options], dtype=np.int64).reshape(
+            len(data.options), len(caps))
+        self._shift_table()
         self.total_speed = float(caps @ self.speeds)
         layer_work = [len(problem.split) * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1])
                       for l in problem.graph.layers]
@@ -157,22 +160,20 @@ class _Walk:
         self.open_bounds: list[float] = []
         self.target = math.inf
 
-    def _shift_table(self, data: ExactData, caps: np.ndarray) -> None:
-        """``shift[r, a]``: the devices left after a stage of the ``r``-th composition in use when ``a`` were left.
+    def _shift_table(self) -> None:
+        """``shift[r, a]``: the devices left after a stage of composition ``shift_comps[r]`` when ``a`` were left.
 
         ``self.size`` (the completion tables' inf column) where it does not fit in ``a``.
-        Only the compositions of the stage options get a row (``shift_row[flat index]``):
-        with many device classes the devices-left vectors number in the tens of
-        thousands, and a row for each would not fit in memory.
+        Only the compositions of the stage options get a row (``option_shift_row`` maps an
+        option to its row): with many device classes the devices-left vectors number in
+        the tens of thousands, and a row for each would not fit in memory.
         """
-        comps = np.array([o.composition for o in data.options], dtype=np.int64).reshape(len(data.options), -1)
-        used = np.unique(comps @ self.strides) if len(comps) else np.zeros(0, dtype=np.int64)
+        used, self.option_shift_row = np.unique(self.option_comps @ self.strides, return_inverse=True)
         fits = np.ones((len(used), self.size), dtype=bool)
-        for k in range(len(caps)):  # one class at a time: no (compositions, size, classes) temporary
+        for k in range(self.option_comps.shape[1]):  # one class at a time: no (rows, size, classes) temporary
             fits &= self.avail[None, :, k] >= self.avail[used, k][:, None]
         self.shift = np.where(fits, np.arange(self.size)[None, :] - used[:, None], self.size)
-        self.shift_row = np.full(self.size, -1, dtype=np.int64)
-        self.shift_row[used] = np.arange(len(used))
+        self.shift_comps = used  # flat index of each row's composition
 
     def cutoff(self) -> float:
         """Prune at the incumbent, or at this pass's target when lower."""
@@ -195,9 +196,9 @@ class _Walk:
         self.built_for = cutoff
         self.ids = keep  # local arc j is arc ids[j] of the data's table
         self.tab = tab = {name: col[keep] for name, col in self.data.table.items()}
-        comps = np.array([o.composition for o in self.data.options], dtype=np.int64).reshape(
-            len(self.data.options), -1)[tab["option"]]
+        comps = self.option_comps[tab["option"]]
         self.comp = comps  # devices of each class per arc
+        self.arc_shift_row = self.option_shift_row[tab["option"]]  # its row of the shift table
         self.comp_index = comps @ self.strides  # the same as a flat offset in the devices-left tables
         self.arc_speed = comps @ self.speeds  # summed speed of an arc's devices
         self.groups: dict[tuple[int, int], np.ndarray] = {}
@@ -270,7 +271,7 @@ class _Walk:
                 ids = self.groups.get((h, t))
                 if ids is None:
                     continue
-                yield h, t, ids, self.shift[self.shift_row[self.comp_index[ids]]]
+                yield h, t, ids, self.shift[self.arc_shift_row[ids]]
 
     def _band_edges(self) -> np.ndarray:
         """``DELTA_BANDS - 1`` edges, evenly from the least largest ``delta`` of any configuration to the cutoff.
@@ -370,24 +371,23 @@ class _Walk:
         hf, hfb = s["hf"] + c["head_f"], s["hfb"] + c["head_fb"]
         left = avail - c["comp_index"]
         later = {name: np.empty(len(left)) for name in self.best}  # row L of the tables: nothing follows
+        banded = np.empty((len(left), len(self.edges)))
         for t in set(c["tau"].tolist()):
             rows = np.flatnonzero(c["tau"] == t)
             cells = self._cells(c["hi"][rows], t, left[rows])
             for name, table in later.items():
                 table[rows] = self._later(name, cells)
+            if len(self.edges):
+                banded[rows] = self._later("banded", cells)
         later_pass, later_work, later_delta, later_alone = (
             later[name] for name in ("pass_cost", "work", "pivot_extra", "standalone"))
         total = sp + later_pass
         pivot = total + np.maximum(md, later_delta)
-        if len(self.edges):  # [Note: delta bands]
-            banded = np.empty((len(left), len(self.edges)))
-            for t in set(c["tau"].tolist()):
-                rows = np.flatnonzero(c["tau"] == t)
-                banded[rows] = self._later("banded", self._cells(c["hi"][rows], t, left[rows]))
+        if len(self.edges):  # [Note: delta bands]: never below the line above (each band adds at least later_pass)
             floors = np.concatenate((self.edges[:1], self.edges))[None, :]  # band k: largest delta above floors[k]
             ends = np.concatenate((banded, later_pass[:, None]), axis=1)  # the last band: every completion
             least = np.maximum(np.maximum(md, later_delta)[:, None], floors)
-            pivot = np.maximum(pivot, (sp[:, None] + ends + least).min(axis=1))
+            pivot = (sp[:, None] + ends + least).min(axis=1)
         speed_left = s["speed_left"] - c["speed"]
         rest = self.rest_work[c["hi"]]
         with np.errstate(divide="ignore", invalid="ignore"):

@@ -125,6 +125,15 @@ class TestEvaluate:
         assert search.pool == pytest.approx(optimistic_time(data, config))
 
 
+def _prepared_walk(problem, prepare: bool = True) -> _Walk:
+    """A walk over the arcs below the greedy incumbent, its tables built when ``prepare``."""
+    search = _search(problem, warm=True)
+    walk = _Walk(build_data(problem, search.cutoff()), search, TimeLimit(60).start())
+    if prepare:
+        walk.prepare(search.cutoff())
+    return walk
+
+
 def _paths(walk: _Walk, h: int, t: int, left: np.ndarray):
     """Every completion from layer ``h`` with label ``t`` on the devices ``left``: lists of local arc ids."""
     if h == walk.L:
@@ -145,10 +154,8 @@ class TestCompletionTables:
     def test_tables_are_the_least_over_every_completion(self, case):
         seed, layers, devices, schedule = case
         problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule)
-        search = _search(problem, warm=True)
-        data = build_data(problem, search.cutoff())
-        walk = _Walk(data, search, TimeLimit(60).start())
-        walk.prepare(search.cutoff())
+        walk = _prepared_walk(problem)
+        data = walk.data
         assert len(walk.edges) == enumeration.DELTA_BANDS - 1  # bands are on for small tables
         tab, checked = walk.tab, 0
         for h in range(walk.L):
@@ -168,9 +175,7 @@ class TestCompletionTables:
     def test_no_bands_beyond_the_work_limit(self, monkeypatch):
         monkeypatch.setattr(enumeration, "BAND_WORK_LIMIT", 0)
         problem = random_problem(61, layers=5, devices=4, schedule="1f1b")
-        search = _search(problem, warm=True)
-        walk = _Walk(build_data(problem, search.cutoff()), search, TimeLimit(60).start())
-        walk.prepare(search.cutoff())
+        walk = _prepared_walk(problem)
         assert len(walk.edges) == 0 and walk.banded.shape[-1] == 0
 
     @pytest.mark.parametrize("bands", [1, 3, 8])
@@ -195,11 +200,10 @@ class TestShiftTable:
         cluster = Cluster("c", (Link(5e10, 1e-6, "s0"), Link(5e10, 2e-6, "s1")), Link(1e10, 1e-5), devices)
         problem = PlanningProblem(graph, cluster, global_batch=8, microbatches=4, schedule="1f1b",
                                   allow_replication=False, allow_recompute=False, max_stages=3)
-        search = _search(problem, warm=True)
-        walk = _Walk(build_data(problem, search.cutoff()), search, TimeLimit(60).start())
+        walk = _prepared_walk(problem, prepare=False)
         assert walk.size == 2 ** 12
         assert walk.shift.shape == (12, walk.size)  # one device of each class: 12 compositions
-        for row, flat in enumerate(np.flatnonzero(walk.shift_row >= 0)):
+        for row, flat in enumerate(walk.shift_comps):
             comp = walk.avail[flat]
             for a in (0, walk.full_index, int(flat)):
                 fits = (walk.avail[a] >= comp).all()
