@@ -1021,6 +1021,10 @@ def improve_with_ga(problem: PlanningProblem, search: "_Search", clock: TimeLimi
             break
 
 
+GROUP_SEARCH_SHARE = 0.1
+"""Most of the time limit :mod:`solver.group_search` may take for the incumbent (it needs about 1 s on
+96 layers x 64 devices)."""
+
 ENUMERATION_SHARE = 0.6
 """Share of the time left that the configuration walk (:mod:`solver.enumeration`) may use before the model."""
 
@@ -1040,6 +1044,10 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     search = _Search(problem, clock)
     for plan in warm_start_plans(problem, seed, min(1.0, 0.03 * time_limit)):
         search.offer(plan)
+    from solver.group_search import group_search  # it imports the baselines, which import this module
+
+    for judged in group_search(problem, min(GROUP_SEARCH_SHARE * time_limit, clock.remaining())).plans:
+        search.offer(judged.plan)
     # The slow DP baselines too: an exact solver must never return a plan worse than a
     # baseline would, even when the model does not reach a solution.  They keep their
     # time share, but run after the model when it is built (a proof makes them moot).

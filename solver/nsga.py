@@ -377,7 +377,7 @@ class NsgaRun:
 
 
 def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> list[tuple[str, Plan]]:
-    """Seeding plans: every equal-split baseline, the split baselines, exact solvers if registered.
+    """Seeding plans: every equal-split baseline, the split baselines, group-search, exact solvers if registered.
 
     A plan is used only when its solver was not stopped by the time limit (an exact
     solver's only when proved optimal), so the seeds, and thus the run, do not depend
@@ -393,6 +393,10 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
         # a baseline cut short by its time share depends on the machine's speed: skip it
         if result.plan is not None and not result.details.get("stopped_by_time_limit"):
             out.append((cls.name, result.plan))
+    if "group-search" in solver_names():  # equal replica groups: what large clusters want
+        result = get_solver("group-search").solve(problem.equal_split_problem(), time_limit=share, seed=seed)
+        if result.plan is not None and not result.details.get("stopped_by_time_limit"):
+            out.append(("group-search", result.plan))
     if "cpsat" in solver_names() and (problem.auto_microbatches or problem.per_stage):
         # on small instances cpsat proves the best plan over every pipeline and split
         try:

@@ -26,7 +26,7 @@ class Solver(Protocol):
 _SOLVERS: dict[str, Callable[[], Solver]] = {}
 
 #: Modules that register solvers when imported (a missing one is simply not built yet).
-SOLVER_MODULES = ("solver.baselines", "solver.ilp", "solver.cpsat", "solver.cpsat_split", "solver.nsga")
+SOLVER_MODULES = ("solver.baselines", "solver.group_search", "solver.ilp", "solver.cpsat", "solver.cpsat_split", "solver.nsga")
 
 
 def register(name: str) -> Callable[[Callable[[], Solver]], Callable[[], Solver]]:

@@ -1,0 +1,154 @@
+"""group-search: server-aligned replica groups, optimal bottleneck splits, and plans as good as the proved optima."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+
+import numpy as np
+import pytest
+
+from experiments.bench_solvers import chain_graph, two_type_cluster
+from models.graph import Layer, LayerGraph
+from solver.cluster import Cluster, Device, Link
+from solver.group_search import Block, _classes, balanced_bounds, group_search, patterns, replica_groups
+from solver.problem import PlanningProblem
+from solver.registry import get_solver
+from tests.test_baselines import random_problem
+
+
+def bench_problem(layers: int, devices: int) -> PlanningProblem:
+    return PlanningProblem(chain_graph(layers), two_type_cluster(devices), global_batch=64, microbatches=8,
+                           schedule="1f1b")
+
+
+class TestReplicaGroups:
+    def test_groups_stay_inside_servers(self):
+        servers = [tuple(f"a{k}" for k in range(8)), tuple(f"b{k}" for k in range(8))]
+        groups = replica_groups(servers, 4, 4)
+        assert [len({d[0] for d in g}) for g in groups] == [1, 1, 1, 1]
+        assert len({d for g in groups for d in g}) == 16
+
+    def test_leftovers_pooled_only_after_whole_groups(self):
+        groups = replica_groups([("a", "b", "c"), ("d", "e", "f")], 2, 3)
+        assert groups == [("a", "b"), ("d", "e"), ("c", "f")]
+
+    def test_group_larger_than_a_server_spans_servers(self):
+        assert replica_groups([("a", "b"), ("c", "d")], 4, 1) == [("a", "b", "c", "d")]
+
+    def test_too_few_devices_raises_with_numbers(self):
+        with pytest.raises(ValueError, match="3 groups of 2 need 6 devices"):
+            replica_groups([("a", "b", "c")], 2, 3)
+
+
+class TestPatterns:
+    def test_every_block_combination_and_order(self):
+        problem = bench_problem(16, 4)  # one fast and one slow server of 2 devices
+        found = list(patterns(problem, _classes(problem)))
+        per_class = [Block(0, 1, 1), Block(0, 1, 2), Block(0, 2, 1)]
+        expected = set()
+        for a, b in itertools.product([None] + per_class, [None] + [Block(1, x.replicas, x.stages) for x in per_class]):
+            blocks = [x for x in (a, b) if x is not None]
+            expected |= set(itertools.permutations(blocks)) if blocks else set()
+        assert len(found) == len(set(found)) and set(found) == expected
+
+    def test_no_replication_means_single_devices(self):
+        problem = PlanningProblem(chain_graph(16), two_type_cluster(8), global_batch=64, microbatches=8,
+                                  allow_replication=False)
+        assert all(b.replicas == 1 for p in patterns(problem, _classes(problem)) for b in p)
+
+    def test_stage_limit_holds(self):
+        problem = PlanningProblem(chain_graph(16), two_type_cluster(8), global_batch=64, microbatches=8, max_stages=3)
+        found = list(patterns(problem, _classes(problem)))
+        assert found and max(sum(b.stages for b in p) for p in found) == 3
+
+
+def brute_min_max(prefixes: list[np.ndarray]) -> float:
+    S, L = len(prefixes), len(prefixes[0]) - 1
+    best = math.inf
+    for cuts in itertools.combinations(range(1, L), S - 1):
+        ends = list(cuts) + [L]
+        starts = [0] + list(cuts)
+        best = min(best, max(p[hi] - p[lo] for p, lo, hi in zip(prefixes, starts, ends)))
+    return best
+
+
+class TestBalancedBounds:
+    @pytest.mark.parametrize("seed", range(30))
+    def test_bottleneck_matches_brute_force(self, seed):
+        rng = random.Random(seed)
+        L, S = rng.randint(1, 9), rng.randint(1, 4)
+        work = np.array([rng.uniform(0.1, 2.0) for _ in range(L)])
+        prefixes = [np.concatenate(([0.0], np.cumsum(work / rng.choice([0.45, 1.0, 2.0])))) for _ in range(S)]
+        bounds = balanced_bounds(prefixes)
+        if S > L:
+            assert bounds is None
+            return
+        assert bounds[0][0] == 0 and bounds[-1][1] == L and all(lo < hi for lo, hi in bounds)
+        assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        worst = max(p[hi] - p[lo] for p, (lo, hi) in zip(prefixes, bounds))
+        assert worst == pytest.approx(brute_min_max(prefixes), rel=1e-9)
+
+
+class TestGroupSearch:
+    @pytest.mark.parametrize("size", [(16, 4), (32, 8)])
+    def test_reaches_the_proved_optimum(self, size):
+        problem = bench_problem(*size)
+        exact = get_solver("cpsat").solve(problem, time_limit=30.0, seed=0)
+        assert exact.status == "optimal"
+        run = group_search(problem, time_limit=30.0)
+        assert not run.stopped_by_time
+        assert run.plans[0].result.iteration_time == pytest.approx(exact.iteration_time, rel=1e-9)
+
+    def test_plans_fit_are_in_the_search_space_and_sorted(self):
+        problem = bench_problem(32, 8)
+        run = group_search(problem, time_limit=30.0)
+        times = [j.result.iteration_time for j in run.plans]
+        assert times == sorted(times) and len(run.plans) >= 2
+        for judged in run.plans:
+            judged.plan.validate(problem.graph, problem.cluster)
+            sim = problem.evaluate(judged.plan)
+            assert sim.fits and sim.iteration_time == judged.result.iteration_time
+            assert problem.in_search_space(judged.plan)
+
+    def test_same_problem_same_plan(self):
+        problem = bench_problem(32, 8)
+        assert group_search(problem, 30.0).plans[0].plan == group_search(problem, 30.0).plans[0].plan
+
+    def test_slow_devices_left_idle_when_their_all_reduce_costs_more(self):
+        # two identical layers' worth of work; the slow server's link is so slow that
+        # replicating onto it (or using it at all) only adds its all-reduce or transfers
+        layers = [Layer(f"l{i}", (0.0, 1e-3), (0.0, 2e-3), 1e9, 1e3, 1e3) for i in range(4)]
+        cluster = Cluster("c", (Link(1e12, 0.0, "fast"), Link(1e6, 1e-3, "slow")), Link(1e6, 1e-3),
+                          (Device("f0", "fast", 1.0, 1e12), Device("f1", "fast", 1.0, 1e12),
+                           Device("s0", "slow", 0.9, 1e12), Device("s1", "slow", 0.9, 1e12)))
+        problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4)
+        best = group_search(problem, 10.0).plans[0].plan
+        assert {d for st in best.stages for d in st.devices} <= {"f0", "f1"}
+
+    def test_time_limit_zero_stops_and_says_so(self):
+        run = group_search(bench_problem(32, 8), time_limit=0.0)
+        assert run.stopped_by_time and not run.plans
+
+
+class TestGroupSearchSolver:
+    @pytest.mark.parametrize("seed", range(8))
+    def test_valid_fitting_plan_on_random_problems(self, seed):
+        switches = [{}, {"allow_replication": False}, {"max_stages": 2}, {"allow_recompute": False}][seed % 4]
+        problem = random_problem(seed, **switches)
+        result = get_solver("group-search").solve(problem, time_limit=5.0, seed=seed)
+        assert result.status == "feasible" and result.lower_bound is None and result.seed == seed
+        result.plan.validate(problem.graph, problem.cluster)
+        assert problem.in_search_space(result.plan)
+        assert problem.evaluate(result.plan).iteration_time == pytest.approx(result.iteration_time)
+
+    def test_nothing_fits_is_infeasible(self):
+        result = get_solver("group-search").solve(random_problem(1, memory=1.0), time_limit=5.0)
+        assert result.status == "infeasible" and result.plan is None and "fits" in result.message
+
+    def test_exact_solvers_never_worse(self):
+        problem = bench_problem(32, 8)
+        heuristic = get_solver("group-search").solve(problem, time_limit=10.0)
+        for name in ("ilp", "cpsat"):
+            assert get_solver(name).solve(problem, time_limit=10.0).iteration_time <= heuristic.iteration_time
