@@ -3,8 +3,8 @@
 Decomposition.  The joint model (stages, devices *and* splits) is too large beyond toy
 sizes, so the search is split in two: (1) the partition, device mapping and recompute
 flags are fixed, taken from the fastest equal-split plan of the baselines
-(:func:`solver.baselines.best_baseline`) or, when registered and successful, of the
-exact solvers (``cpsat``, ``ilp``); (2) for that fixed pipeline a CP-SAT scheduling
+(:func:`solver.baselines.best_baseline`) or, when registered and successful, of
+``group-search`` and the exact solvers (``cpsat``, ``ilp``); (2) for that fixed pipeline a CP-SAT scheduling
 model chooses the number of microbatches (within :attr:`PlanningProblem.split_counts`)
 and their sizes, one split shared by all stages or, with ``per_stage``, one per stage.
 
@@ -352,19 +352,23 @@ class _SplitModel:
 
 # --------------------------------------------------------------------------- the solver
 def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> list[tuple[str, SolverResult]]:
-    """Fitting equal-split plans to start from: the best baseline, and exact solvers if registered.
+    """Fitting equal-split plans to start from: the best baseline, ``group-search`` and exact solvers if registered.
 
-    Exact solvers (``cpsat``, ``ilp``) are tried when the registry has them; one that
-    fails or finds nothing is skipped.  Sorted fastest first.
+    ``group-search`` and the exact solvers (``cpsat``, ``ilp``) are tried when the
+    registry has them; one that fails or finds nothing is skipped.  Sorted fastest first.
     """
     from solver.baselines import best_baseline
     from solver.registry import solver_names, get_solver
 
     found: list[tuple[str, SolverResult]] = []
-    share = time_limit / 3
+    share = time_limit / 4
     baseline = best_baseline(problem, seed=seed, time_limit=share)
     if baseline is not None:
         found.append((baseline.name, baseline))
+    if "group-search" in solver_names():  # the large clusters' plans, in about a second
+        grouped = get_solver("group-search").solve(problem.equal_split_problem(), time_limit=share, seed=seed)
+        if grouped.plan is not None:
+            found.append((grouped.name, grouped))
     for name in ("cpsat", "ilp"):
         if name not in solver_names():
             continue

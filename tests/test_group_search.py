@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+import time
 
 import numpy as np
 import pytest
@@ -12,7 +13,9 @@ import pytest
 from experiments.bench_solvers import chain_graph, two_type_cluster
 from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
-from solver.group_search import Block, _classes, balanced_bounds, group_search, patterns, replica_groups
+from solver.baselines.common import finalize
+from solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped, balanced_bounds, group_search, patterns, refine,
+                                 replica_groups, reshape, reshapes)
 from solver.problem import PlanningProblem
 from solver.registry import get_solver
 from tests.test_baselines import random_problem
@@ -152,3 +155,64 @@ class TestGroupSearchSolver:
         heuristic = get_solver("group-search").solve(problem, time_limit=10.0)
         for name in ("ilp", "cpsat"):
             assert get_solver(name).solve(problem, time_limit=10.0).iteration_time <= heuristic.iteration_time
+
+
+class TestRefine:
+    def test_ends_where_no_single_move_helps(self):
+        problem = bench_problem(32, 8)
+        groups = tuple((f"s0g{k}",) for k in range(4))
+        start = finalize(problem, ((0, 2), (2, 4), (4, 6), (6, 32)), groups)  # the last stage far too long
+        best = refine(problem, start, deadline=time.perf_counter() + 30.0)
+        assert best.result.iteration_time < start.result.iteration_time
+        ends = [st.layers[1] for st in best.plan.stages]
+        for i, move in itertools.product(range(3), MOVES):
+            trial = list(ends)
+            trial[i] += move
+            if (trial[i - 1] if i else 0) < trial[i] < trial[i + 1]:
+                other = finalize(problem, tuple(zip([0] + trial[:-1], trial)), groups)
+                assert other is None or other.result.iteration_time >= best.result.iteration_time * (1 - 1e-12)
+
+    def test_past_deadline_returns_the_plan_unchanged(self):
+        problem = bench_problem(32, 8)
+        start = finalize(problem, ((0, 16), (16, 32)), (("s0g0",), ("s0g1",)))
+        assert refine(problem, start, deadline=0.0) is start
+
+
+class TestReshapes:
+    def test_unchanged_stages_keep_their_layers(self):
+        problem = bench_problem(32, 8)
+        best = group_search(problem, 30.0, reshape_top=0).plans[0].plan
+        stages = [(st.layers, st.devices) for st in best.stages]
+        classes = _classes(problem)
+        class_of = {d: c for c, cls in enumerate(classes) for ids in cls.servers for d in ids}
+        costs = _Costs(problem, classes)
+        speed = {d.id: d.speed for d in problem.cluster.devices}
+        shapes = list(reshapes(stages, class_of))
+        assert shapes
+        for groups, i, j in shapes:
+            built = _reshaped(problem, costs, stages, groups, i, j, speed)
+            if built is None:
+                continue
+            new = [st.layers for st in built.plan.stages]
+            assert [st.devices for st in built.plan.stages] == groups
+            assert new[:i] == [b for b, _ in stages[:i]]
+            after = len(groups) - j
+            assert new[len(new) - after:] == [b for b, _ in stages[len(stages) - after:]]
+            assert new[0][0] == 0 and new[-1][1] == 32
+
+    def test_no_halving_of_a_one_layer_stage_or_dropping_the_only_one(self):
+        assert list(reshapes([((0, 1), ("a", "b"))], {"a": 0, "b": 0})) == []
+
+
+class TestReshape:
+    def test_improves_one_wide_stage(self):
+        problem = bench_problem(32, 8)
+        start = finalize(problem, ((0, 32),), (("s0g0", "s0g1", "s0g2", "s0g3"),))
+        best = reshape(problem, start, deadline=time.perf_counter() + 30.0)
+        assert best.result.iteration_time < start.result.iteration_time
+        assert problem.in_search_space(best.plan) and problem.evaluate(best.plan).fits
+
+    def test_past_deadline_returns_the_plan_unchanged(self):
+        problem = bench_problem(32, 8)
+        start = finalize(problem, ((0, 32),), (("s0g0", "s0g1", "s0g2", "s0g3"),))
+        assert reshape(problem, start, deadline=0.0) is start
