@@ -449,11 +449,15 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     deadline = start + time_limit
     classes = _classes(problem)
     costs = _Costs(problem, classes)
-    ranked = sorted(((_estimate(problem, costs, p), k, p)
-                     for k, p in enumerate(patterns(problem, classes))), key=lambda x: x[:2])
+    ranked, stopped = [], False
+    for k, p in enumerate(patterns(problem, classes)):
+        if k % 256 == 255 and time.perf_counter() >= deadline:  # many device classes: many patterns
+            stopped = True
+            break
+        ranked.append((_estimate(problem, costs, p), k, p))
+    ranked.sort(key=lambda x: x[:2])
     built: list[tuple[float, int, Judged]] = []
     trace: list[TracePoint] = []
-    stopped = False
     for k, (guess, _, blocks) in enumerate(ranked[:evaluations]):
         if not math.isfinite(guess):
             break

@@ -130,6 +130,16 @@ class TestGroupSearch:
         best = group_search(problem, 10.0).plans[0].plan
         assert {d for st in best.stages for d in st.devices} <= {"f0", "f1"}
 
+    def test_many_device_classes_keep_the_time_limit(self):
+        layers = [Layer(f"l{i}", (1e-5, 1e-4), (2e-5, 2e-4), 1e6, 1e4, 1e4) for i in range(24)]
+        devices = tuple(Device(f"d{i}", f"s{i % 2}", 1.0 - 0.02 * i, 1e12) for i in range(20))  # 20 classes
+        cluster = Cluster("c", (Link(5e10, 1e-6, "s0"), Link(5e10, 2e-6, "s1")), Link(1e10, 1e-5), devices)
+        problem = PlanningProblem(LayerGraph.chain("g", layers, 1e4), cluster, global_batch=16, microbatches=4)
+        started = time.perf_counter()
+        run = group_search(problem, time_limit=0.3)
+        assert time.perf_counter() - started < 1.5
+        assert run.stopped_by_time
+
     def test_time_limit_zero_stops_and_says_so(self):
         run = group_search(bench_problem(32, 8), time_limit=0.0)
         assert run.stopped_by_time and not run.plans
