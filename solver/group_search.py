@@ -11,8 +11,9 @@ baselines and NSGA-II rarely find these plans.  This heuristic searches them dir
 1. **Patterns.**  For every device class (same speed and memory) either nothing, or
    ``n`` stages of ``r`` replicas each (``r`` a power of two or a server's count of the
    class; ``n * r`` at most the class's devices, ``n`` every count up to 16, then powers
-   of two); the classes' blocks in every order (fastest first and slowest first when
-   there are more than three classes).
+   of two and the most that fit); the classes' blocks in every order (fastest first and
+   slowest first when there are more than three classes).  With many classes the
+   counts are thinned until at most :data:`PATTERN_LIMIT` combinations remain.
 2. **Ranking.**  Each pattern gets a closed-form estimate: the bottleneck of a
    perfectly balanced split times ``(M + S - 1) / M`` (the pipeline's fill and drain),
    plus the exposed part of each stage's all-reduce.  Only the best
@@ -20,8 +21,9 @@ baselines and NSGA-II rarely find these plans.  This heuristic searches them dir
 3. **Building.**  Replica groups are cut server by server (best link first), so a group
    that fits in one server stays in one.  The layers are split so that the largest
    stage time per microbatch (its replicas' share, at its speed) is as small as it can
-   be (a dynamic program).  Stages that do not fit in memory
-   recompute (:func:`solver.baselines.common.finalize`); the simulator judges.
+   be among the splits whose every stage fits in memory (a dynamic program over the
+   spec's exact peak, with recompute where allowed).  Stages that need it recompute
+   (:func:`solver.baselines.common.finalize`); the simulator judges.
 4. **Refining.**  The best :data:`REFINE` plans move each stage boundary by up to three
    layers while the simulated time improves.
 5. **Reshaping.**  The best :data:`RESHAPE` of those then change shape one step at a
@@ -55,9 +57,11 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from solver.baselines.common import Judged, finalize
+from solver.memory import stash_peak
 from solver.problem import PlanningProblem
 from solver.registry import register
 from solver.result import SolverResult, TracePoint
+from solver.schedule import FORWARD, Op, stage_ops
 
 EVALUATIONS = 400
 """Patterns built and simulated, best estimate first."""
@@ -98,6 +102,7 @@ class _Class:
     """Devices of one speed and memory, server by server, best link first."""
 
     speed: float
+    memory: float
     servers: tuple[tuple[str, ...], ...]
     """Device ids of each server holding the class."""
 
@@ -130,9 +135,9 @@ def _classes(problem: PlanningProblem) -> list[_Class]:
     for d in cluster.devices:
         by_class.setdefault((d.speed, d.memory), {}).setdefault(d.server, []).append(d.id)
     out = []
-    for (speed, _), servers in sorted(by_class.items(), key=lambda kv: (-kv[0][0], -kv[0][1])):
+    for (speed, memory), servers in sorted(by_class.items(), key=lambda kv: (-kv[0][0], -kv[0][1])):
         order = sorted(servers, key=lambda s: (-links[s].bandwidth, links[s].latency) if s in links else (0.0, 0.0))
-        out.append(_Class(speed, tuple(tuple(servers[s]) for s in order)))
+        out.append(_Class(speed, memory, tuple(tuple(servers[s]) for s in order)))
     return out
 
 
@@ -166,23 +171,46 @@ def _replica_counts(cls: _Class, allow: bool) -> list[int]:
     return sorted(counts)
 
 
-def _stage_counts(most: int) -> list[int]:
-    """Stage counts tried for a block: all up to 16, then powers of two and ``most``."""
-    return sorted({n for n in range(1, min(most, 16) + 1)} | {1 << k for k in range(most.bit_length())} | {most})
+def _stage_counts(most: int, limit: int, level: int) -> list[int]:
+    """Stage counts tried for a block of at most ``most`` stages, in a pipeline of at most ``limit``.
+
+    Level 0: every count up to 16, then powers of two; level 1: powers of two; level 2:
+    one stage.  Every level also tries the most stages that fit (``min(most, limit)``).
+    """
+    top = min(most, limit)
+    counts = {top, 1}
+    if level <= 1:
+        counts |= {1 << k for k in range(top.bit_length())}
+    if level == 0:
+        counts |= set(range(1, min(top, 16) + 1))
+    return sorted(counts)
+
+
+def _block_options(problem: PlanningProblem, classes: Sequence[_Class], level: int) -> list[list[Block | None]]:
+    """Per class, the blocks it may contribute (``None``: the class stays idle), idle last."""
+    uses = []
+    for c, cls in enumerate(classes):
+        counts = _replica_counts(cls, problem.allow_replication)
+        if level >= 2:  # one device, a server's worth, all of them
+            counts = sorted({1, max(len(ids) for ids in cls.servers), counts[-1]} & set(counts))
+        options: list[Block | None] = [Block(c, r, n) for r in counts
+                                       for n in _stage_counts(cls.count // r, problem.stage_limit, level)]
+        uses.append(options + [None])
+    return uses
 
 
 def patterns(problem: PlanningProblem, classes: Sequence[_Class]) -> Iterator[tuple[Block, ...]]:
     """Pipelines of class blocks within the problem's stage limit (see the module docstring).
 
-    At most :data:`PATTERN_LIMIT` combinations of blocks are looked at (the limit matters
-    only with many device classes; the fastest classes vary slowest).
+    With many device classes the combinations of blocks number in the millions: the
+    stage counts (and at the last level the replica counts) tried per class are thinned
+    until at most :data:`PATTERN_LIMIT` combinations remain, and beyond that only the
+    first :data:`PATTERN_LIMIT` are looked at (slower classes are dropped first).
     """
-    uses = []
-    for c, cls in enumerate(classes):
-        options: list[Block | None] = [None]
-        for r in _replica_counts(cls, problem.allow_replication):
-            options.extend(Block(c, r, n) for n in _stage_counts(cls.count // r))
-        uses.append(options)
+    for level in range(3):
+        uses = _block_options(problem, classes, level)
+        if math.prod(len(u) for u in uses) <= PATTERN_LIMIT:
+            break
     for choice in itertools.islice(itertools.product(*uses), PATTERN_LIMIT):
         blocks = [b for b in choice if b is not None]
         if not blocks or sum(b.stages for b in blocks) > problem.stage_limit:
@@ -203,6 +231,13 @@ class _Costs:
         self.params = float(sum(l.params for l in layers))
         self._prefix: dict[tuple[int, float], np.ndarray] = {}
         self._ring: dict[tuple[int, int], tuple[float, float]] = {}
+        self._fits: dict[tuple, np.ndarray] = {}
+        graph = problem.graph
+        self.state = problem.state_factor * np.array([l.params for l in layers])
+        self.act = np.array([l.act for l in layers])
+        self.inputs = np.array([graph.stage_input_bytes(lo) for lo in range(len(layers))] + [0.0])
+        self._state_sums = np.concatenate(([0.0], np.cumsum(self.state)))
+        self._act_sums = np.concatenate(([0.0], np.cumsum(self.act)))
 
     def prefix(self, r: int, v: float) -> np.ndarray:
         """Prefix sums of each layer's forward plus backward time per microbatch (averaged) on ``r`` replicas."""
@@ -212,6 +247,28 @@ class _Costs:
             self._prefix[key] = np.concatenate(([0.0], np.cumsum((self.a + self.b * q) / v)))
         return self._prefix[key]
 
+    def fits(self, r: int, memory: float, ops: Sequence[Op]) -> np.ndarray:
+        """``fits[lo, hi]``: whether layers ``[lo, hi)`` fit on a replica of ``r`` devices of ``memory`` bytes.
+
+        The spec's peak (:func:`solver.memory.stage_peak_memory`) for a stage running
+        ``ops`` on the equal split, without recompute or, when the problem allows it,
+        with: a split that fits stage by stage here fits as a plan
+        (:func:`solver.baselines.common.finalize` switches recompute on where needed).
+        """
+        key = (r, memory, tuple(ops))
+        if key not in self._fits:
+            per_replica = [math.ceil(n / r) for n in self.problem.split]
+            state = self._state_sums[None, :] - self._state_sums[:, None]  # [lo, hi]
+            act = self._act_sums[None, :] - self._act_sums[:, None]
+            ok = state + act * stash_peak(ops, per_replica, 1.0, 0.0) <= memory
+            if self.problem.allow_recompute:
+                peak = np.zeros_like(state)
+                for inputs, working in _recompute_points(ops, per_replica):
+                    np.maximum(peak, inputs * self.inputs[:, None] + working * act, out=peak)
+                ok |= state + peak <= memory
+            self._fits[key] = ok
+        return self._fits[key]
+
     def ring(self, c: int, r: int) -> tuple[float, float]:
         """``(latency, bandwidth)`` of a group of ``r`` devices of class ``c`` (as :func:`replica_groups` cuts it)."""
         key = (c, r)
@@ -219,6 +276,30 @@ class _Costs:
             ids = replica_groups(self.classes[c].servers, r, 1)[0]
             self._ring[key] = (self.problem.cluster.lat(ids), self.problem.cluster.bw(ids))
         return self._ring[key]
+
+
+def _recompute_points(ops: Sequence[Op], per_replica: Sequence[int]) -> list[tuple[int, int]]:
+    """``(stashed samples, working samples)`` after every forward and during every backward of a recomputing stage.
+
+    Its peak is the largest ``stashed * I + working * A`` over these points (as
+    :func:`solver.memory.stash_peak` walks the ops); only the points not dominated
+    in both counts are kept (usually one: the stash when the first backward starts).
+
+    Examples
+    --------
+    >>> _recompute_points([("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)], [2, 2, 2])
+    [(4, 2)]
+    """
+    points, stash = set(), 0
+    for kind, k in ops:
+        if kind == FORWARD:
+            stash += per_replica[k]
+            points.add((stash, 0))
+        else:
+            points.add((stash, per_replica[k]))
+            stash -= per_replica[k]
+    # I, A >= 0: a point no larger in both counts than another never gives the peak
+    return sorted(p for p in points if not any(o != p and o[0] >= p[0] and o[1] >= p[1] for o in points))
 
 
 def _stages(blocks: Sequence[Block], classes: Sequence[_Class]) -> list[tuple[int, float, int]]:
@@ -234,7 +315,7 @@ def _estimate(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) 
     ``s t / 2`` before the first (its all-reduce is hidden that long).
     """
     S = sum(b.stages for b in blocks)
-    if S > len(problem.graph):
+    if S > len(problem.graph) or not _may_fit(costs, blocks):
         return math.inf
     speed = {b: costs.classes[b.cls].speed for b in blocks}
     rate = {b: 1.0 / costs.prefix(b.replicas, speed[b])[-1] for b in blocks}  # whole graphs per second, per stage
@@ -249,14 +330,28 @@ def _estimate(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) 
     return (len(problem.split) + S - 1) * t + exposed
 
 
-def balanced_bounds(prefixes: Sequence[np.ndarray]) -> list[tuple[int, int]] | None:
+def _may_fit(costs: _Costs, blocks: Sequence[Block]) -> bool:
+    """Necessary for any split to fit: the stages' memory holds all the training state, and
+    every block's devices hold some layer with one microbatch stashed."""
+    memory = [costs.classes[b.cls].memory for b in blocks]
+    if sum(m * b.stages for m, b in zip(memory, blocks)) < costs.state.sum():
+        return False
+    q = max(costs.problem.split)
+    return all(float(np.min(costs.state + costs.act * math.ceil(q / b.replicas))) <= m
+               for m, b in zip(memory, blocks))
+
+
+def balanced_bounds(prefixes: Sequence[np.ndarray], allowed: Sequence[np.ndarray] | None = None
+                    ) -> list[tuple[int, int]] | None:
     """The layer ranges with the least bottleneck: the largest stage time is as small as it can be.
 
-    ``prefixes[s]`` holds the prefix sums of stage ``s``'s per-layer times.  A dynamic
-    program over (stage, last layer) keeps, for every end layer, the least bottleneck
-    of the stages so far (every stage non-empty).  Stages of different speeds make a
-    greedy sweep wrong: filling a fast stage up can leave a slow one a heavy layer.
-    ``None`` when there are more stages than layers.
+    ``prefixes[s]`` holds the prefix sums of stage ``s``'s per-layer times; ``allowed[s]``,
+    if given, which ranges ``[lo, hi)`` stage ``s`` may take (``allowed[s][lo, hi]``:
+    those that fit in its memory).  A dynamic program over (stage, last layer) keeps,
+    for every end layer, the least bottleneck of the stages so far (every stage
+    non-empty).  Stages of different speeds make a greedy sweep wrong: filling a fast
+    stage up can leave a slow one a heavy layer.  ``None`` when no split exists (more
+    stages than layers, or no allowed ranges that cover every layer).
 
     Examples
     --------
@@ -276,10 +371,14 @@ def balanced_bounds(prefixes: Sequence[np.ndarray]) -> list[tuple[int, int]] | N
     for s, p in enumerate(prefixes):
         cand = np.maximum(reach[:, None], p[None, :] - p[:, None])
         cand[empty] = np.inf
+        if allowed is not None:
+            cand[~allowed[s]] = np.inf
         cand[:, L - (S - 1 - s) + 1:] = np.inf  # leave one layer for every later stage
         start = cand.argmin(axis=0)
         reach = cand[start, ends]
         starts.append(start)
+    if not np.isfinite(reach[L]):
+        return None
     bounds, hi = [], L
     for start in reversed(starts):
         lo = int(start[hi])
@@ -293,9 +392,17 @@ def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) -> 
     groups = []  # one block per class: no device is used twice
     for b in blocks:
         groups.extend(replica_groups(costs.classes[b.cls].servers, b.replicas, b.stages))
-    prefixes = [costs.prefix(r, v) for r, v, _ in _stages(blocks, costs.classes)]
-    bounds = balanced_bounds(prefixes)
+    stages = _stages(blocks, costs.classes)
+    prefixes = [costs.prefix(r, v) for r, v, _ in stages]
+    allowed = [costs.fits(r, costs.classes[c].memory, _ops(problem, s, len(stages)))
+               for s, (r, _, c) in enumerate(stages)]
+    bounds = balanced_bounds(prefixes, allowed)
     return None if bounds is None else finalize(problem, tuple(bounds), tuple(groups))
+
+
+def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
+    """Stage ``s``'s op list in a pipeline of ``count`` stages on the problem's equal split."""
+    return stage_ops(problem.schedule, len(problem.split), s, count)
 
 
 def refine(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
@@ -311,6 +418,8 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
     while improved and time.perf_counter() < deadline:
         improved = False
         for i, move in itertools.product(range(len(ends) - 1), MOVES):
+            if time.perf_counter() >= deadline:  # long pipelines: one sweep takes seconds
+                break
             trial = list(ends)
             trial[i] += move
             if not (trial[i - 1] if i else 0) < trial[i] < trial[i + 1]:
@@ -369,7 +478,7 @@ def reshapes(stages: Stages, class_of: dict[str, int], idle: Sequence[Sequence[S
 
 
 def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: list[tuple[str, ...]], i: int,
-              j: int, speed: dict[str, float]) -> Judged | None:
+              j: int, speed: dict[str, float], memory: dict[str, float]) -> Judged | None:
     """The plan of a shape from :func:`reshapes`: its new stages split by :func:`balanced_bounds`.
 
     Only the layers of the replaced stages are split again; every other stage keeps
@@ -381,7 +490,9 @@ def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: l
     lo = stages[i - 1][0][1] if i else 0
     hi = stages[len(stages) - kept_after - 1][0][1]
     window = [costs.prefix(len(g), min(speed[d] for d in g))[lo:hi + 1] for g in groups[i:j]]
-    inner = balanced_bounds([p - p[0] for p in window])
+    allowed = [costs.fits(len(g), min(memory[d] for d in g), _ops(problem, s, len(groups)))[lo:hi + 1, lo:hi + 1]
+               for s, g in enumerate(groups[i:j], start=i)]
+    inner = balanced_bounds([p - p[0] for p in window], allowed)
     if inner is None:
         return None
     bounds = ([b for b, _ in stages[:i]] + [(lo + a, lo + b) for a, b in inner]
@@ -400,6 +511,7 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged
     costs = _Costs(problem, classes)
     class_of = {d: c for c, cls in enumerate(classes) for ids in cls.servers for d in ids}
     speed = {d.id: d.speed for d in problem.cluster.devices}
+    memory = {d.id: d.memory for d in problem.cluster.devices}
     best, improved = judged, True
     while improved and time.perf_counter() < deadline:
         stages = [(st.layers, st.devices) for st in best.plan.stages]
@@ -407,7 +519,7 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged
         idle = [[[d for d in ids if d not in used] for ids in cls.servers] for cls in classes]
         built = []
         for k, (groups, i, j) in enumerate(reshapes(stages, class_of, idle)):
-            cand = _reshaped(problem, costs, stages, groups, i, j, speed)
+            cand = _reshaped(problem, costs, stages, groups, i, j, speed, memory)
             if cand is not None:
                 built.append((cand.result.iteration_time, k, cand))
             if time.perf_counter() >= deadline:
@@ -511,7 +623,8 @@ class GroupSearch:
         if not run.plans:
             status = "timeout-no-solution" if run.stopped_by_time else "infeasible"
             why = ("time limit reached before any pattern fitted" if run.stopped_by_time
-                   else "no pipeline of equal replica groups fits in memory")
+                   else "none of the pipelines group-search builds (one block of equal replica groups per "
+                        "device class) fits in memory; an exact solver may still find one")
             return SolverResult(self.name, status, None, None, None, wall, seed, run.trace, why, details)
         best = run.plans[0]
         message = "time limit reached; best plan so far" if run.stopped_by_time else ""

@@ -61,6 +61,16 @@ class TestPatterns:
                                   allow_replication=False)
         assert all(b.replicas == 1 for p in patterns(problem, _classes(problem)) for b in p)
 
+    def test_many_classes_thinned_not_cut(self):
+        """Three classes of 32: the fastest class alone, replicated, stays in (review finding: the cap kept
+        only combinations using it as single devices)."""
+        devices = tuple(Device(f"c{c}d{i}", f"c{c}s{i // 8}", 1.0 / (c + 1), 80e9) for c in range(3) for i in range(32))
+        links = tuple(Link(3e11, 5e-6, f"c{c}s{k}") for c in range(3) for k in range(4))
+        problem = PlanningProblem(chain_graph(32), Cluster("c", links, Link(1e10, 1e-5), devices), global_batch=64,
+                                  microbatches=8)
+        found = set(patterns(problem, _classes(problem)))
+        assert (Block(0, 4, 8),) in found and (Block(0, 8, 4),) in found
+
     def test_stage_limit_holds(self):
         problem = PlanningProblem(chain_graph(16), two_type_cluster(8), global_batch=64, microbatches=8, max_stages=3)
         found = list(patterns(problem, _classes(problem)))
@@ -78,6 +88,13 @@ def brute_min_max(prefixes: list[np.ndarray]) -> float:
 
 
 class TestBalancedBounds:
+    def test_allowed_ranges_only(self):
+        p = np.concatenate(([0.0], np.cumsum([1.0, 1.0, 1.0, 1.0])))
+        allowed = np.zeros((5, 5), dtype=bool)
+        allowed[0, 3] = allowed[3, 4] = True  # the only split: [0, 3) and [3, 4)
+        assert balanced_bounds([p, p], [allowed, allowed]) == [(0, 3), (3, 4)]
+        assert balanced_bounds([p, p], [np.zeros((5, 5), dtype=bool)] * 2) is None
+
     @pytest.mark.parametrize("seed", range(30))
     def test_bottleneck_matches_brute_force(self, seed):
         rng = random.Random(seed)
@@ -140,6 +157,41 @@ class TestGroupSearch:
         assert time.perf_counter() - started < 1.5
         assert run.stopped_by_time
 
+    def test_split_chosen_for_memory_not_only_time(self):
+        """The time-balanced split overflows; another split of the same pattern fits (review finding)."""
+        # heavy: 19.6 GB of state but fast; a, b: 0.8 GB each but slow.  The least bottleneck
+        # puts heavy and a together (20.4 GB on a 20 GB device); only heavy alone fits.
+        layers = [Layer("heavy", (0.0, 1e-4), (0.0, 2e-4), 4.9e9, 1e3, 1e3),
+                  Layer("a", (0.0, 1e-3), (0.0, 2e-3), 2e8, 1e3, 1e3), Layer("b", (0.0, 1e-3), (0.0, 2e-3), 2e8, 1e3, 1e3)]
+        cluster = Cluster("c", (Link(1e11, 1e-6, "s0"),), Link(1e10, 1e-5),
+                          (Device("g0", "s0", 1.0, 20e9), Device("g1", "s0", 1.0, 20e9)))
+        problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4,
+                                  allow_replication=False)
+        run = group_search(problem, 10.0)
+        assert run.plans and problem.evaluate(run.plans[0].plan).fits
+        assert run.plans[0].plan.stages[0].layers == (0, 1)  # the heavy layer alone
+
+    def test_stage_count_up_to_the_stage_limit(self):
+        """20 layers, 24 devices holding one layer each: only 20 stages fit (review finding)."""
+        layers = [Layer(f"l{i}", (0.0, 1e-3), (0.0, 2e-3), 1e9, 1e3, 1e3) for i in range(20)]
+        devices = tuple(Device(f"g{i}", "s0", 1.0, 5e9) for i in range(24))  # 4 GB state per layer
+        cluster = Cluster("c", (Link(1e11, 1e-6, "s0"),), Link(1e10, 1e-5), devices)
+        problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4,
+                                  allow_replication=False)
+        run = group_search(problem, 10.0)
+        assert run.plans and len(run.plans[0].plan.stages) == 20
+
+    def test_long_pipelines_keep_the_time_limit(self):
+        """A 128-stage refine sweep used to run seconds past the deadline (review finding)."""
+        layers = [Layer(f"l{i}", (2e-5, 1.5e-4), (4e-5, 3e-4), 2e8, 3e7, 4e6) for i in range(200)]
+        devices = tuple(Device(f"d{i}", f"s{i % 8}", 1.0, 20e9) for i in range(128))
+        cluster = Cluster("c", tuple(Link(3e11, 5e-6, f"s{s}") for s in range(8)), Link(1.25e10, 2e-5), devices)
+        problem = PlanningProblem(LayerGraph.chain("g", layers, 4e6), cluster, global_batch=128, microbatches=64,
+                                  allow_replication=False)
+        started = time.perf_counter()
+        group_search(problem, time_limit=0.5)
+        assert time.perf_counter() - started < 2.0
+
     def test_time_limit_zero_stops_and_says_so(self):
         run = group_search(bench_problem(32, 8), time_limit=0.0)
         assert run.stopped_by_time and not run.plans
@@ -197,10 +249,11 @@ class TestReshapes:
         class_of = {d: c for c, cls in enumerate(classes) for ids in cls.servers for d in ids}
         costs = _Costs(problem, classes)
         speed = {d.id: d.speed for d in problem.cluster.devices}
+        memory = {d.id: d.memory for d in problem.cluster.devices}
         shapes = list(reshapes(stages, class_of))
         assert shapes
         for groups, i, j in shapes:
-            built = _reshaped(problem, costs, stages, groups, i, j, speed)
+            built = _reshaped(problem, costs, stages, groups, i, j, speed, memory)
             if built is None:
                 continue
             new = [st.layers for st in built.plan.stages]
