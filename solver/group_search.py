@@ -317,6 +317,8 @@ def _estimate(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) 
     S = sum(b.stages for b in blocks)
     if S > len(problem.graph) or not _may_fit(costs, blocks):
         return math.inf
+    if costs.prefix(1, 1.0)[-1] <= 0.0:  # layers that take no time: only fewer stages can matter
+        return float(S)
     speed = {b: costs.classes[b.cls].speed for b in blocks}
     rate = {b: 1.0 / costs.prefix(b.replicas, speed[b])[-1] for b in blocks}  # whole graphs per second, per stage
     t = 1.0 / sum(rate[b] * b.stages for b in blocks)  # every stage busy t per microbatch

@@ -6,6 +6,7 @@ import itertools
 import math
 import random
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -191,6 +192,16 @@ class TestGroupSearch:
         started = time.perf_counter()
         group_search(problem, time_limit=0.5)
         assert time.perf_counter() - started < 2.0
+
+    def test_layers_taking_no_time(self):
+        layers = [Layer(f"l{i}", (0.0, 0.0), (0.0, 0.0), 1e6, 1e3, 1e3) for i in range(4)]
+        cluster = Cluster("c", (Link(1e11, 1e-6, "s0"),), Link(1e10, 1e-5),
+                          tuple(Device(f"g{i}", "s0", 1.0, 1e12) for i in range(4)))
+        problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no division by a zero time
+            best = group_search(problem, 5.0).plans[0]
+        assert best.result.iteration_time == 0.0
 
     def test_time_limit_zero_stops_and_says_so(self):
         run = group_search(bench_problem(32, 8), time_limit=0.0)
