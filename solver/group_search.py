@@ -102,7 +102,9 @@ class _Class:
     """Devices of one speed and memory, server by server, best link first."""
 
     speed: float
+    """Speed of every device of the class."""
     memory: float
+    """Memory (bytes) of every device of the class."""
     servers: tuple[tuple[str, ...], ...]
     """Device ids of each server holding the class."""
 
