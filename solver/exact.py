@@ -1025,6 +1025,9 @@ GROUP_SEARCH_SHARE = 0.1
 """Most of the time limit :mod:`solver.group_search` may take for the incumbent (it needs about 1 s on
 96 layers x 64 devices)."""
 
+GA_SHARE, GA_SHARE_NO_MODEL = 0.2, 0.05
+"""Share of the time limit kept for NSGA-II from the incumbent, with and without a model to solve."""
+
 ENUMERATION_SHARE = 0.6
 """Share of the time left that the configuration walk (:mod:`solver.enumeration`) may use before the model."""
 
@@ -1086,7 +1089,9 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         return _result(name, search, data, clock, seed, "infeasible", 0, 0, details)
     # When the cut loop cannot prove the incumbent in time, a share of the limit goes to
     # NSGA-II from the incumbent (a slow MILP leaves the loop only a few configurations).
-    ga_share = 0.2 * time_limit if time_limit >= 10.0 else 0.0
+    # Without a model the walk is the only source of bound, and on the instances that big
+    # (64 devices) NSGA-II has not improved group-search's plans: the walk gets most of it.
+    ga_share = (GA_SHARE_NO_MODEL if too_big else GA_SHARE) * time_limit if time_limit >= 10.0 else 0.0
     reserve = ga_share + (0.0 if slow_done else min(slow_share, 0.5 * clock.remaining()))
     if enumerate_first:
         from solver.enumeration import enumerate_configurations  # it imports this module
