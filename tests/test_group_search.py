@@ -22,9 +22,9 @@ from solver.registry import get_solver
 from tests.test_baselines import random_problem
 
 
-def bench_problem(layers: int, devices: int) -> PlanningProblem:
+def bench_problem(layers: int, devices: int, schedule: str = "1f1b") -> PlanningProblem:
     return PlanningProblem(chain_graph(layers), two_type_cluster(devices), global_batch=64, microbatches=8,
-                           schedule="1f1b")
+                           schedule=schedule)
 
 
 class TestReplicaGroups:
@@ -113,9 +113,10 @@ class TestBalancedBounds:
 
 
 class TestGroupSearch:
+    @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
     @pytest.mark.parametrize("size", [(16, 4), (32, 8)])
-    def test_reaches_the_proved_optimum(self, size):
-        problem = bench_problem(*size)
+    def test_reaches_the_proved_optimum(self, size, schedule):
+        problem = bench_problem(*size, schedule)
         exact = get_solver("cpsat").solve(problem, time_limit=30.0, seed=0)
         assert exact.status == "optimal"
         run = group_search(problem, time_limit=30.0)
