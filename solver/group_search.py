@@ -51,12 +51,13 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import numpy as np
 
 from solver.baselines.common import Judged, finalize
+from solver.exact import DeviceClass, device_classes
 from solver.memory import stash_peak
 from solver.problem import PlanningProblem
 from solver.registry import register
@@ -98,22 +99,6 @@ class Block:
 
 
 @dataclass(frozen=True)
-class _Class:
-    """Devices of one speed and memory, server by server, best link first."""
-
-    speed: float
-    """Speed of every device of the class."""
-    memory: float
-    """Memory (bytes) of every device of the class."""
-    servers: tuple[tuple[str, ...], ...]
-    """Device ids of each server holding the class."""
-
-    @property
-    def count(self) -> int:
-        return sum(len(ids) for ids in self.servers)
-
-
-@dataclass(frozen=True)
 class GroupSearchRun:
     """What :func:`group_search` found."""
 
@@ -129,18 +114,21 @@ class GroupSearchRun:
     """Incumbents over time."""
 
 
-def _classes(problem: PlanningProblem) -> list[_Class]:
-    """Device classes, fastest first; within each, servers by best link (bandwidth, then latency)."""
-    cluster = problem.cluster
-    links = {s.id: s for s in cluster.servers}
-    by_class: dict[tuple[float, float], dict[str, list[str]]] = {}
-    for d in cluster.devices:
-        by_class.setdefault((d.speed, d.memory), {}).setdefault(d.server, []).append(d.id)
-    out = []
-    for (speed, memory), servers in sorted(by_class.items(), key=lambda kv: (-kv[0][0], -kv[0][1])):
-        order = sorted(servers, key=lambda s: (-links[s].bandwidth, links[s].latency) if s in links else (0.0, 0.0))
-        out.append(_Class(speed, memory, tuple(tuple(servers[s]) for s in order)))
-    return out
+def _classes(problem: PlanningProblem) -> list[DeviceClass]:
+    """The exact solvers' device classes (fastest first), each one's servers by best link (bandwidth, then latency)."""
+    links = {s.id: s for s in problem.cluster.servers}
+
+    def rank(server: tuple[str, tuple[str, ...]]) -> tuple[float, float]:
+        link = links.get(server[0])
+        return (-link.bandwidth, link.latency) if link is not None else (0.0, 0.0)
+
+    return [replace(cls, ids_by_server=tuple(sorted(cls.ids_by_server, key=rank)))
+            for cls in device_classes(problem.cluster)]
+
+
+def _servers(cls: DeviceClass) -> list[tuple[str, ...]]:
+    """The class's device ids, server by server, in :func:`_classes`' order."""
+    return [ids for _, ids in cls.ids_by_server]
 
 
 def replica_groups(servers: Sequence[Sequence[str]], replicas: int, count: int) -> list[tuple[str, ...]]:
@@ -165,11 +153,11 @@ def replica_groups(servers: Sequence[Sequence[str]], replicas: int, count: int) 
     return groups[:count]
 
 
-def _replica_counts(cls: _Class, allow: bool) -> list[int]:
+def _replica_counts(cls: DeviceClass, allow: bool) -> list[int]:
     if not allow:
         return [1]
     counts = {1 << k for k in range(cls.count.bit_length()) if 1 << k <= cls.count}
-    counts |= {len(ids) for ids in cls.servers}
+    counts |= {len(ids) for ids in _servers(cls)}
     return sorted(counts)
 
 
@@ -188,20 +176,20 @@ def _stage_counts(most: int, limit: int, level: int) -> list[int]:
     return sorted(counts)
 
 
-def _block_options(problem: PlanningProblem, classes: Sequence[_Class], level: int) -> list[list[Block | None]]:
+def _block_options(problem: PlanningProblem, classes: Sequence[DeviceClass], level: int) -> list[list[Block | None]]:
     """Per class, the blocks it may contribute (``None``: the class stays idle), idle last."""
     uses = []
     for c, cls in enumerate(classes):
         counts = _replica_counts(cls, problem.allow_replication)
         if level >= 2:  # one device, a server's worth, all of them
-            counts = sorted({1, max(len(ids) for ids in cls.servers), counts[-1]} & set(counts))
+            counts = sorted({1, max(len(ids) for ids in _servers(cls)), counts[-1]} & set(counts))
         options: list[Block | None] = [Block(c, r, n) for r in counts
                                        for n in _stage_counts(cls.count // r, problem.stage_limit, level)]
         uses.append(options + [None])
     return uses
 
 
-def patterns(problem: PlanningProblem, classes: Sequence[_Class]) -> Iterator[tuple[Block, ...]]:
+def patterns(problem: PlanningProblem, classes: Sequence[DeviceClass]) -> Iterator[tuple[Block, ...]]:
     """Pipelines of class blocks within the problem's stage limit (see the module docstring).
 
     With many device classes the combinations of blocks number in the millions: the
@@ -225,7 +213,7 @@ def patterns(problem: PlanningProblem, classes: Sequence[_Class]) -> Iterator[tu
 class _Costs:
     """Per-layer sums the estimate and the split need, cached per ``(replicas, speed)``."""
 
-    def __init__(self, problem: PlanningProblem, classes: Sequence[_Class]) -> None:
+    def __init__(self, problem: PlanningProblem, classes: Sequence[DeviceClass]) -> None:
         layers = problem.graph.layers
         self.problem, self.classes = problem, classes
         self.a = np.array([l.fwd[0] + l.bwd[0] for l in layers])
@@ -275,7 +263,7 @@ class _Costs:
         """``(latency, bandwidth)`` of a group of ``r`` devices of class ``c`` (as :func:`replica_groups` cuts it)."""
         key = (c, r)
         if key not in self._ring:
-            ids = replica_groups(self.classes[c].servers, r, 1)[0]
+            ids = replica_groups(_servers(self.classes[c]), r, 1)[0]
             self._ring[key] = (self.problem.cluster.lat(ids), self.problem.cluster.bw(ids))
         return self._ring[key]
 
@@ -304,7 +292,7 @@ def _recompute_points(ops: Sequence[Op], per_replica: Sequence[int]) -> list[tup
     return sorted(p for p in points if not any(o != p and o[0] >= p[0] and o[1] >= p[1] for o in points))
 
 
-def _stages(blocks: Sequence[Block], classes: Sequence[_Class]) -> list[tuple[int, float, int]]:
+def _stages(blocks: Sequence[Block], classes: Sequence[DeviceClass]) -> list[tuple[int, float, int]]:
     """``(replicas, speed, class)`` of every stage, in order."""
     return [(b.replicas, classes[b.cls].speed, b.cls) for b in blocks for _ in range(b.stages)]
 
@@ -395,7 +383,7 @@ def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) -> 
     """The pattern's plan: server-aligned groups, balanced split, recompute where needed."""
     groups = []  # one block per class: no device is used twice
     for b in blocks:
-        groups.extend(replica_groups(costs.classes[b.cls].servers, b.replicas, b.stages))
+        groups.extend(replica_groups(_servers(costs.classes[b.cls]), b.replicas, b.stages))
     stages = _stages(blocks, costs.classes)
     prefixes = [costs.prefix(r, v) for r, v, _ in stages]
     allowed = [costs.fits(r, costs.classes[c].memory, _ops(problem, s, len(stages)))
@@ -504,23 +492,24 @@ def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: l
     return finalize(problem, tuple(bounds), tuple(groups))
 
 
-def reshape(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
+def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
     """Change the plan's shape one step at a time (:func:`reshapes`) while the simulated time improves.
 
     Every shape one step away is built (:func:`_reshaped`) and simulated; the
     :data:`RESHAPE_TRIES` fastest are refined (:func:`refine`), and the best of them
     replaces the plan if it is faster; the search then starts again from it.
+    ``costs`` (the caller's, with its cached splits and memory tables) is built if not given.
     """
-    classes = _classes(problem)
-    costs = _Costs(problem, classes)
-    class_of = {d: c for c, cls in enumerate(classes) for ids in cls.servers for d in ids}
+    costs = costs if costs is not None else _Costs(problem, _classes(problem))
+    classes = costs.classes
+    class_of = {d: c for c, cls in enumerate(classes) for ids in _servers(cls) for d in ids}
     speed = {d.id: d.speed for d in problem.cluster.devices}
     memory = {d.id: d.memory for d in problem.cluster.devices}
     best, improved = judged, True
     while improved and time.perf_counter() < deadline:
         stages = [(st.layers, st.devices) for st in best.plan.stages]
         used = {d for _, g in stages for d in g}
-        idle = [[[d for d in ids if d not in used] for ids in cls.servers] for cls in classes]
+        idle = [[[d for d in ids if d not in used] for ids in _servers(cls)] for cls in classes]
         built = []
         for k, (groups, i, j) in enumerate(reshapes(stages, class_of, idle)):
             cand = _reshaped(problem, costs, stages, groups, i, j, speed, memory)
@@ -601,7 +590,7 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
         if time.perf_counter() >= deadline:
             stopped = True
             break
-        refined[k] = reshape(problem, judged, deadline)
+        refined[k] = reshape(problem, judged, deadline, costs)
         if refined[k].result.iteration_time < incumbent:
             incumbent = refined[k].result.iteration_time
             trace.append(TracePoint(time.perf_counter() - start, incumbent, None))

@@ -258,7 +258,7 @@ class TestReshapes:
         best = group_search(problem, 30.0, reshape_top=0).plans[0].plan
         stages = [(st.layers, st.devices) for st in best.stages]
         classes = _classes(problem)
-        class_of = {d: c for c, cls in enumerate(classes) for ids in cls.servers for d in ids}
+        class_of = {d: c for c, cls in enumerate(classes) for _, ids in cls.ids_by_server for d in ids}
         costs = _Costs(problem, classes)
         speed = {d.id: d.speed for d in problem.cluster.devices}
         memory = {d.id: d.memory for d in problem.cluster.devices}
