@@ -39,8 +39,9 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         **breakdown(ranks, step, inputs.prediction.busy),
     }
     if "max_param_diff" in result:
-        summary.update(max_param_diff=result["max_param_diff"], max_param_diff_at=result["max_param_diff_at"],
-                       verified=result["max_param_diff"] <= TOLERANCE)
+        diff = result["max_param_diff"]  # None: some parameter held NaN or inf
+        summary.update(max_param_diff=diff, max_param_diff_at=result["max_param_diff_at"],
+                       verified=diff is not None and diff <= TOLERANCE)
     return summary
 
 
@@ -92,7 +93,7 @@ def present(args, inputs: RunInputs, result: dict) -> int:
         _print_text(summary)
     if summary.get("verified") is False:
         print(f"error: {inputs.plan_file}: verify: max relative parameter difference "
-              f"{summary['max_param_diff']:.3g} at {summary['max_param_diff_at']} exceeds {TOLERANCE:g}",
+              f"{_difference(summary['max_param_diff'])} at {summary['max_param_diff_at']} exceeds {TOLERANCE:g}",
               file=sys.stderr)
         return 1
     return 0
@@ -115,5 +116,10 @@ def _print_text(summary: dict[str, Any]) -> None:
     print(f"peak memory: {summary['peak_memory_kind']}")
     if "max_param_diff" in summary:
         verdict = "ok" if summary["verified"] else "FAILED"
-        print(f"verify: max relative parameter difference {summary['max_param_diff']:.3g} "
+        print(f"verify: max relative parameter difference {_difference(summary['max_param_diff'])} "
               f"({summary['dtype']}, at {summary['max_param_diff_at']}): {verdict}")
+
+
+def _difference(diff: float | None) -> str:
+    """A parameter difference for people (``None``: some parameter held NaN or inf)."""
+    return "not finite (NaN or inf)" if diff is None else f"{diff:.3g}"

@@ -8,6 +8,7 @@ match it.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -41,9 +42,14 @@ def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: 
 
 
 def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``max |got - want| / max |want|`` (absolute when ``want`` is all zeros)."""
+    """``max |got - want| / max |want|`` (absolute when ``want`` is all zeros); ``inf`` if either holds NaN or inf.
+
+    A NaN must not compare as "no larger" than anything: it would pass the check.
+    """
     scale = want.abs().max().item()
     diff = (got.to(want.dtype) - want).abs().max().item()
+    if not (math.isfinite(scale) and math.isfinite(diff)):
+        return math.inf
     return diff / scale if scale > 0 else diff
 
 
@@ -52,7 +58,8 @@ def max_difference(copies: Iterable[tuple[int, dict[str, torch.Tensor]]],
     """The largest :func:`relative_difference` over every rank's copies, and where it is.
 
     ``copies`` holds ``(rank, {"unit.param": tensor})`` for every rank.  A parameter
-    missing on every rank is an error of the runtime, not a difference.
+    missing on every rank is an error of the runtime, not a difference.  A copy (or
+    reference) holding NaN or inf counts as ``inf``.
     """
     worst, where, seen = 0.0, "-", set()
     for rank, params in copies:

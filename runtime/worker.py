@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import math
 import os
 import socket
 import signal
@@ -322,7 +323,8 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
                                          lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
                                          beat=lambda step: beat(-2, step))
         diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
-        result.update(max_param_diff=diff, max_param_diff_at=where)
+        # JSON has no inf: a non-finite difference (NaN or inf in some parameter) is reported as null
+        result.update(max_param_diff=diff if math.isfinite(diff) else None, max_param_diff_at=where)
     if args.result:
         atomic_write_text(args.result, dumps(result))
         return 0

@@ -162,6 +162,11 @@ from solver.termination import TimeLimit
 OPT_TOL = 1e-6
 """Relative tolerance of an optimality proof (the model solvers work in floating point)."""
 
+MODEL_TOL = 1e-7
+"""Relative amount a model solver's optimum is lowered by before it counts as a bound: a MILP
+solver's objective honours its constraints only to its feasibility tolerance (CBC's came out
+1.5e-8 above the true minimum), which must not put a bound above the optimum."""
+
 PLACEMENT_LIMIT = 64
 """Most placements simulated per configuration before falling back to the pool bound."""
 
@@ -1126,7 +1131,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
             break
         if model_bound is not None:
-            search.raise_bound(model_bound)
+            search.raise_bound(model_bound * (1 - MODEL_TOL))
         if arc_ids is None:
             break
         _evaluate(data, search, arc_ids, clock)
@@ -1245,10 +1250,6 @@ def _result(name, search: _Search, data: ExactData, clock: TimeLimit, seed, stat
 
 
 def _infeasible_message(data: ExactData) -> str:
-    problem = data.problem
-    graph = problem.graph
-    largest = max(d.memory for d in problem.cluster.devices)
-    state = max(problem.state_factor * l.params for l in graph.layers)
-    worst = max(range(len(graph)), key=lambda i: graph.layers[i].params)
-    return (f"no plan fits in memory: layer {graph.layers[worst].name!r} alone needs at least {state:.3g} bytes "
-            f"of training state; the largest device has {largest:.3g} bytes")
+    from solver.infeasibility import tightest_constraint
+
+    return f"no plan fits in memory: {tightest_constraint(data.problem)}"

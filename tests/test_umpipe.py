@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from models.graph import Layer, LayerGraph
 from solver.baselines import best_baseline
 from solver.baselines.slicing import sliced
 from solver.baselines.umpipe import candidate_splits, judge_splits, stage_estimate
+from solver.cluster import Cluster, Device, Link
+from solver.problem import PlanningProblem
 from solver.registry import get_solver
 from test_cpsat_split import instance
 
@@ -24,6 +27,30 @@ class TestSplitBaselines:
         assert result.status == "feasible"
         assert problem.in_split_space(result.plan)
         assert result.iteration_time <= equal.iteration_time
+
+
+class TestEqualSplitProblems:
+    """``--microbatches M`` alone means M equal microbatches for every solver, split-aware ones too."""
+
+    @staticmethod
+    def problem() -> PlanningProblem:
+        # Batch 3 in 2 microbatches: the equal split is (2, 1); (1, 2) would be 2 ms faster.
+        layers = [Layer("a", (0.0, 2e-3), (0.0, 4e-3), 1e3, 100.0, 0.0),
+                  Layer("b", (0.0, 1e-3), (0.0, 2e-3), 1e3, 100.0, 1.0)]
+        cluster = Cluster("c", (Link(1e9, 0.0, "s0"),), Link(1e9, 0.0),
+                          (Device("d0", "s0", 1.0, 1e9), Device("d1", "s0", 1.0, 1e9)))
+        return PlanningProblem(LayerGraph.chain("g", layers, 1.0), cluster, global_batch=3, microbatches=2,
+                               schedule="1f1b", allow_replication=False, allow_recompute=False)
+
+    @pytest.mark.parametrize("name", [*NAMES, "cpsat-split"])
+    def test_split_solvers_keep_the_equal_split(self, name):
+        problem = self.problem()
+        result = get_solver(name).solve(problem, time_limit=10)
+        assert all(st.microbatches == (2, 1) for st in result.plan.stages)
+        assert result.iteration_time >= get_solver("ilp").solve(problem, time_limit=10).iteration_time
+
+    def test_candidates_are_the_equal_split_only(self):
+        assert candidate_splits(self.problem()) == [(2, 1)]
 
 
 class TestSliced:

@@ -126,6 +126,15 @@ class TestZooModel:
         for full, parts in zip(whole, model.parameters()):
             torch.testing.assert_close(parts.grad, full, rtol=1e-4, atol=1e-6)
 
+    @pytest.mark.parametrize("name", ["gpt-tiny", "unet"])
+    def test_loss_keeps_float64_and_lifts_half_precision(self, name) -> None:
+        model = build_model(name, dtype=torch.float64)
+        inputs, targets = model.example_batch(2, seed=0)
+        assert model.loss(model(inputs), targets).dtype == torch.float64  # --verify compares in float64
+        half = build_model(name, dtype=torch.bfloat16)
+        inputs, targets = half.example_batch(2, seed=0)
+        assert half.loss(half(inputs), targets).dtype == torch.float32
+
     def test_stage_slices_compose(self) -> None:
         model = build_model("unet")
         inputs, _ = model.example_batch(1, seed=0)

@@ -48,14 +48,18 @@ def judge_splits(problem: PlanningProblem, base: Plan, options: Iterable[Sequenc
                  ) -> tuple[Plan, float, int]:
     """The fastest fitting plan among ``base`` and ``base`` with each split assignment.
 
+    Assignments outside the problem's split space (:meth:`PlanningProblem.in_split_space`:
+    with ``--microbatches M`` alone, only the equal split) are left out.
+
     Returns
     -------
     (plan, iteration_time, evaluated)
     """
     sim = BatchSimulator(problem.graph, problem.cluster, problem.schedule, problem.state_factor)
     base_c = Candidate.from_plan(base)
+    inside = [o for o in options if problem.in_split_space(with_splits(base, o))]
     cands = [base_c] + [Candidate(base_c.bounds, base_c.groups, base_c.recompute, tuple(map(tuple, o)))
-                        for o in options]
+                        for o in inside]
     res = sim.evaluate(cands)
     times = np.where(res.fits, res.iteration_time, np.inf)
     best = int(np.argmin(times))  # first minimum: the base wins ties
@@ -123,12 +127,16 @@ class UmpipeLocal(_SplitBaseline):
 
 
 def candidate_splits(problem: PlanningProblem) -> list[Split]:
-    """Per-stage choices of the DP: the equal split of every allowed count, and its
-    front-halved variant (a small first microbatch fills the pipeline sooner)."""
+    """Per-stage choices of the DP: the equal split of every allowed count and, where
+    sizes are decisions (:attr:`PlanningProblem.free_sizes`), its smaller-first order
+    and its front-halved variant (a small first microbatch fills the pipeline sooner)."""
     out: list[Split] = []
     batch = problem.global_batch
     for m in problem.split_counts:
         split = equal_split(batch, m)
+        if not problem.free_sizes:
+            out.append(split)  # M equal microbatches: the only split there is
+            continue
         out.append(split[::-1])  # smaller microbatches first
         if split[-1] >= 2 and m + 1 in problem.split_counts:
             out.append((split[-1] // 2, split[-1] - split[-1] // 2) + split[:-1][::-1])
