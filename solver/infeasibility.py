@@ -117,6 +117,9 @@ def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
         return (f"the model's training state alone needs {format_bytes(state)} (state factor "
                 f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} largest "
                 f"device(s) hold {format_bytes(room)} together")
+    n = max(problem.split)
+    acts = n * sum(l.act for l in problem.graph.layers)
     return (f"every layer fits on a device alone, but no split into at most {k} stages fits: the "
-            f"model's state is {format_bytes(state)} and the {k} largest devices hold "
-            f"{format_bytes(room)} together, before activations of the in-flight microbatches")
+            f"model's state is {format_bytes(state)} and its activations {format_bytes(acts)} per "
+            f"microbatch of {n} (kept for every microbatch in flight); the {k} largest devices hold "
+            f"{format_bytes(room)} together")

@@ -52,3 +52,11 @@ class TestTightestConstraint:
         # Every layer fits alone on 10 GB, but one stage must hold all 3 x 4 GB of state.
         text = tightest_constraint(problem([10e9, 10e9], params=(1e9, 1e9, 1e9), act=1.0, max_stages=1))
         assert "training state alone needs 12.0 GB" in text and "10.0 GB" in text
+
+    def test_activations_named_when_the_state_fits(self):
+        # No state at all (state factor 0), yet 3 x 1e8 bytes of activations per sample of a
+        # microbatch of 8 (2.4 GB) cannot sit on one 2 GB device while each layer's 800 MB can.
+        text = tightest_constraint(problem([2e9], params=(1e9, 1e9, 1e9), act=1e8, max_stages=1,
+                                           state_factor=0.0))
+        assert "state is 0.0 B and its activations 2.4 GB per microbatch of 8" in text
+        assert "the 1 largest devices hold 2.0 GB together" in text
