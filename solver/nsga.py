@@ -380,8 +380,10 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     """Seeding plans: every equal-split baseline, the split baselines, group-search, exact solvers if registered.
 
     A plan is used only when its solver was not stopped by the time limit (an exact
-    solver's only when proved optimal), so the seeds, and thus the run, do not depend
-    on the machine's speed.
+    solver's only when proved optimal), so no half-done search leaks into the seeds:
+    same seed, same plan on one machine (a much slower machine may drop a seed that a
+    faster one keeps).  ``group-search`` runs first with up to half of ``time_limit``;
+    the others share what is left equally.
     """
     from solver.baselines import BASELINES, SPLIT_BASELINES
     from solver.registry import get_solver, solver_names
