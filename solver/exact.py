@@ -358,7 +358,7 @@ def _op_list(schedule: str, m: int, tau: int):
     return gpipe_ops(m) if schedule == "gpipe" else one_f_one_b_ops(m, 0, tau + 1)
 
 
-def _stash_points(ops, per_replica: Sequence[int]) -> np.ndarray:
+def stash_points(ops, per_replica: Sequence[int]) -> np.ndarray:
     """``(inputs, working)`` sample counts at every point where the stash may peak.
 
     The peak of :func:`solver.memory.stash_peak` is ``max(a * stash + b * working)``
@@ -484,7 +484,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
             if r + t > devices:
                 continue
             ok = tau_ok[t]
-            points = _stash_points(ops_by_tau[t], q)
+            points = stash_points(ops_by_tau[t], q)
             if opt.recompute:
                 peak = sf * PAR + np.max(np.outer(INP, points[:, 0]) + np.outer(ACT, points[:, 1]), axis=1)
             else:

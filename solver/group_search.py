@@ -57,12 +57,12 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from solver.baselines.common import Judged, finalize
-from solver.exact import DeviceClass, device_classes
+from solver.exact import DeviceClass, device_classes, stash_points
 from solver.memory import stash_peak
 from solver.problem import PlanningProblem
 from solver.registry import register
 from solver.result import SolverResult, TracePoint
-from solver.schedule import FORWARD, Op, stage_ops
+from solver.schedule import Op, stage_ops
 
 EVALUATIONS = 400
 """Patterns built and simulated, best estimate first."""
@@ -280,14 +280,7 @@ def _recompute_points(ops: Sequence[Op], per_replica: Sequence[int]) -> list[tup
     >>> _recompute_points([("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)], [2, 2, 2])
     [(4, 2)]
     """
-    points, stash = set(), 0
-    for kind, k in ops:
-        if kind == FORWARD:
-            stash += per_replica[k]
-            points.add((stash, 0))
-        else:
-            points.add((stash, per_replica[k]))
-            stash -= per_replica[k]
+    points = [(int(i), int(a)) for i, a in stash_points(ops, per_replica)]
     # I, A >= 0: a point no larger in both counts than another never gives the peak
     return sorted(p for p in points if not any(o != p and o[0] >= p[0] and o[1] >= p[1] for o in points))
 
