@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 
 from models.errors import InputError
@@ -50,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 3 no feasible plan)."""
     args = build_parser().parse_args(argv)
+    previous = _on_sigterm(_terminated)
     try:
         return int(args.func(args) or 0)
     except InputError as exc:
@@ -61,6 +63,29 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("error: -: interrupted: stopped by the user\n")
         return 130
+    except Terminated:
+        sys.stderr.write("error: -: interrupted: terminated (SIGTERM)\n")
+        return 128 + signal.SIGTERM
+    finally:
+        _on_sigterm(previous)
+
+
+class Terminated(Exception):
+    """SIGTERM arrived: unwind like Ctrl-C, so temporary files go and workers are killed."""
+
+
+def _terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _on_sigterm(handler):
+    """Install ``handler`` for SIGTERM; returns the previous one (None outside the main thread)."""
+    if handler is None:
+        return None
+    try:
+        return signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread: leave signals alone
+        return None
 
 
 if __name__ == "__main__":

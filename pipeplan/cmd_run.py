@@ -21,7 +21,7 @@ from runtime.checks import load_inputs
 from runtime.launch import WorkerError, launch_local
 from runtime.report import present
 from runtime.routing import rank_of
-from runtime.worker import add_arguments, check_spin
+from runtime.worker import add_arguments, check_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,9 +41,7 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.steps < 1:
-        raise_usage("--steps", f"must be at least 1, got {args.steps}")
-    check_spin(args.spin)
+    check_options(args)
     # Everything that can be refused is refused here, before any process starts.
     check_writable(args.trace, args.gantt)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
@@ -67,8 +65,3 @@ def run(args: argparse.Namespace) -> int:
         result = json.loads(result_file.read_text())
     return present(args, inputs, result)
 
-
-def raise_usage(where: str, what: str) -> None:
-    from models.errors import InputError
-
-    raise InputError("-", where, what)

@@ -1,9 +1,12 @@
 """Liveness of the workers: one shared-memory row per rank, read by the launcher.
 
-A worker writes ``(time, step, op position, waiting)`` before every op and around
+A worker writes ``(time, step, op position, waiting, alive)`` before every op and around
 every blocking wait; writing a few floats into a memory map costs about a
 microsecond.  ``waiting`` tells a rank blocked on a peer from one stuck on its own,
-so when nothing moves the launcher can name the rank that stopped first.  Under
+so when nothing moves the launcher can name the rank that stopped first.  A rank
+blocked in a wait that it drives itself (the tcp transport) also refreshes ``alive``
+about once a second while it sleeps, so among ranks that all wait, the frozen one is
+the one whose ``alive`` stopped.  Under
 ``torchrun`` there is no launcher of ours and no map: beats are no-ops and the
 process-group timeout ends a hang.
 """
@@ -19,7 +22,7 @@ import numpy as np
 ENV = "PIPEPLAN_HEARTBEAT"
 """Environment variable naming the map file (set by the local launcher)."""
 
-FIELDS = 4  # time, step, position, waiting
+FIELDS = 5  # time, step, position, waiting, alive
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class Beat:
     """Position in the op list (its length: after the last op)."""
     waiting: bool
     """Blocked on peers (a receive, a barrier, an all-reduce)."""
+    alive: float = 0.0
+    """``time.perf_counter()`` of the last sign of life, progress or not (0: none yet)."""
 
 
 def create(path: str, world: int) -> np.memmap:
@@ -46,8 +51,8 @@ def create(path: str, world: int) -> np.memmap:
 
 def read(table: np.memmap, rank: int) -> Beat:
     """The last beat of ``rank``."""
-    t, step, position, waiting = (float(v) for v in table[rank])
-    return Beat(t, int(step), int(position), waiting > 0)
+    t, step, position, waiting, alive = (float(v) for v in table[rank])
+    return Beat(t, int(step), int(position), waiting > 0, alive)
 
 
 class Heartbeat:
@@ -63,7 +68,13 @@ class Heartbeat:
         """Record progress; also remembered for :meth:`wait`."""
         self.step, self.position = step, position
         if self._row is not None:
-            self._row[:] = (time.perf_counter(), step, position, 1.0 if waiting else 0.0)
+            now = time.perf_counter()
+            self._row[:] = (now, step, position, 1.0 if waiting else 0.0, now)
+
+    def alive(self) -> None:
+        """Say the rank still runs (while it waits) without claiming progress."""
+        if self._row is not None:
+            self._row[FIELDS - 1] = time.perf_counter()
 
     def wait(self, waiting: bool) -> None:
         """Mark the start (``True``) or end (``False``) of a blocking wait at the current op."""

@@ -6,7 +6,7 @@ give it.  The launcher is their watchdog:
 - a worker that exits with an error or a signal stops the run at once;
 - a worker whose heartbeat (:mod:`runtime.heartbeat`) stands still for ``timeout``
   seconds is hung: the rank named is the one that stopped on its own, not one
-  merely blocked waiting for it;
+  merely blocked waiting for it (:func:`_hang_key`);
 - every worker is killed when the run ends, however it ends (each runs in its own
   session, is killed by process group, and dies with the launcher through
   ``PR_SET_PDEATHSIG`` should the launcher itself be killed).
@@ -113,12 +113,32 @@ def _watch(procs: list[subprocess.Popen], table, timeout: float, describe: Calla
         beats = {r: heartbeat.read(table, r) for r in running}
         stale = [r for r in running if now - max(beats[r].time, started) > timeout]
         if stale:
-            # Blame a rank not blocked on peers (it stopped on its own), then the quietest:
-            # the ranks waiting for it may have gone quiet first.
-            rank = min(running, key=lambda r: (beats[r].waiting, max(beats[r].time, started)))
+            rank = min(running, key=lambda r: _hang_key(procs[r].pid, beats[r], started))
             raise WorkerError(rank, f"rank {rank} ({describe(rank)}): made no progress for {timeout:g} s "
                                     f"({_where(beats[rank])}); presumed hung", _tail(logs[rank]))
         time.sleep(0.05)
+
+
+def _hang_key(pid: int, beat: heartbeat.Beat, started: float) -> tuple:
+    """Sort key of the rank to blame for a hang: the one that froze, not one blocked on it.
+
+    First a process the kernel reports stopped (``SIGSTOP``, a debugger); then a rank
+    not waiting for peers (stuck in its own work); then, among waiting ranks, the one
+    whose last sign of life is oldest (a live waiter refreshes it while it sleeps, see
+    :mod:`runtime.heartbeat`), and last the one whose progress stopped first (the ranks
+    waiting for it may have gone quiet after it).
+    """
+    return (not _stopped(pid), beat.waiting, max(beat.alive, started), max(beat.time, started))
+
+
+def _stopped(pid: int) -> bool:
+    """Whether the process is stopped (state ``T`` or ``t`` in ``/proc/PID/stat``; False elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state in (b"T", b"t")
 
 
 def _blame(code: int, log: Path) -> tuple[int, int]:

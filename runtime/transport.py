@@ -33,7 +33,7 @@ import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol
+from typing import Callable, Hashable, Protocol
 
 import torch
 import torch.distributed as dist
@@ -216,11 +216,15 @@ class TcpTransport:
         Seconds a wait may last before it fails, naming the peer.
     spin : float
         Seconds a wait polls the sockets before it sleeps in ``poll``.
+    alive : callable, optional
+        Called before each sleep of a wait (at least once a second while it lasts), so
+        a watchdog can tell a rank that waits from one that froze.
     """
 
     def __init__(self, rank: int, links, gather, host: str = "127.0.0.1", timeout: float = 300.0,
-                 spin: float = 0.0) -> None:
+                 spin: float = 0.0, alive: Callable[[], None] | None = None) -> None:
         self.rank, self.timeout, self.spin = rank, timeout, spin
+        self.alive = alive or (lambda: None)
         self.connections: dict[tuple[str, int], _Connection] = {}
         mine = sorted({(repr(key), a, b) for key, a, b in links if rank in (a, b)})
         listener = socket.create_server((host, 0), backlog=max(len(mine), 1) + 8)
@@ -292,6 +296,7 @@ class TcpTransport:
             if left <= 0:
                 raise TimeoutError(f"rank {self.rank}: no progress for {self.timeout:g} s waiting on "
                                    f"{self._describe_pending()}")
+            self.alive()
             self._sleep_until_ready(min(left, 1.0))
 
     def _sleep_until_ready(self, seconds: float) -> None:

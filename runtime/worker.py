@@ -44,7 +44,18 @@ from runtime.transport import DistTransport, TcpTransport, Transport, reachable_
 from runtime.verify import batch_seed, max_difference, reference_parameters
 
 FAULT_ENV = "PIPEPLAN_FAULT"
-"""Test hook: ``RANK:STEP:kill|hang|raise`` makes that rank fail at that step."""
+"""Test hook: ``RANK:STEP:KIND`` makes that rank fail at that step: ``kill`` (SIGKILL), ``hang``
+(working), ``wait-forever`` (inside a wait), ``freeze`` (SIGSTOP inside a wait) or ``raise``."""
+
+
+DEFAULT_WARMUP = 2
+"""Steps left out of the measured median unless ``--warmup`` says otherwise."""
+
+DEFAULT_TIMEOUT = 50.0
+"""``--timeout``: the launcher's check and the kill add well under a second, so a hang ends the run within 60 s."""
+
+MAX_SEED = 2 ** 63 - 1
+"""Largest ``--seed`` (torch generators take a signed 64-bit seed)."""
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -54,8 +65,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("plan", metavar="PLAN", help="plan to run")
     p.add_argument("--model", required=True, metavar="NAME", help="zoo model whose units are the graph's layers")
     p.add_argument("--steps", type=int, default=6, metavar="N", help="training steps (default 6)")
-    p.add_argument("--warmup", type=int, default=2, metavar="N",
-                   help="first steps left out of the measured median (default 2, at most steps-1)")
+    p.add_argument("--warmup", type=int, default=None, metavar="N",
+                   help=f"first steps left out of the measured median (0 to steps-1; default {DEFAULT_WARMUP}, "
+                        "or steps-1 when fewer steps)")
     p.add_argument("--verify", action="store_true",
                    help="train in float64 and compare every parameter with one-process training (fails above 1e-6)")
     p.add_argument("--emulate", action="store_true",
@@ -72,8 +84,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spin", default="auto", metavar="S",
                    help="tcp transport: seconds a waiting rank polls before it sleeps (default auto: 0.005 when "
                         "every local rank has a core of its own, else 0)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
-                   help="seconds without progress before a worker counts as hung (default 60)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"seconds without progress before a worker counts as hung (default {DEFAULT_TIMEOUT:g}: "
+                        "a hung or dead worker ends the run within 60 s)")
     p.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)  # set by the local launcher
 
 
@@ -100,7 +113,7 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     torch.set_num_threads(1)  # one busy core per rank
     beat = Heartbeat(rank, world)
     beat(-1, 0)
-    check_spin(args.spin)  # refuse a bad --spin before any connection is made
+    check_options(args)  # refuse bad options before any connection is made
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
     plan = inputs.plan
     check_world(plan, world, inputs.plan_file)
@@ -122,7 +135,7 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     groups = make_groups({key: ranks for key, ranks in members.items()
                           if not tcp or (not isinstance(key[0], int) and len(ranks) > 2)})
     starter = None if tcp else dist.new_group(backend="gloo")  # see _start_together
-    transport = _transport(args, rank, plan, members, control) if tcp else \
+    transport = _transport(args, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
     executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
     _pin_main_thread(device)
@@ -141,7 +154,7 @@ def _uses_tcp(transport: str, device: torch.device) -> bool:
     return transport == "tcp" or (transport == "auto" and device.type == "cpu")
 
 
-def _transport(args, rank: int, plan, members: dict, control) -> TcpTransport:
+def _transport(args, rank: int, plan, members: dict, control, beat: Heartbeat) -> TcpTransport:
     """The tcp transport of this rank; see :mod:`runtime.transport`."""
     world = dist.get_world_size()
     start = [(START, a, b) for a in range(world) for b in range(a + 1, world)]
@@ -154,7 +167,30 @@ def _transport(args, rank: int, plan, members: dict, control) -> TcpTransport:
     # Twice --timeout: a rank waiting on a hung peer must not fail before the launcher,
     # which presumes a rank hung after --timeout without progress, has named that peer.
     return TcpTransport(rank, links(members, plan) + start, gather, host=reachable_host(),
-                        timeout=2 * args.timeout, spin=_spin_seconds(args.spin))
+                        timeout=2 * args.timeout, spin=_spin_seconds(args.spin), alive=beat.alive)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse bad run options (``InputError``) and settle ``--warmup``, before any process starts.
+
+    Examples
+    --------
+    >>> ns = argparse.Namespace(steps=1, warmup=None, timeout=50.0, seed=0, spin="auto")
+    >>> check_options(ns); ns.warmup
+    0
+    """
+    if args.steps < 1:
+        raise InputError("-", "--steps", f"must be at least 1, got {args.steps}")
+    if args.warmup is None:
+        args.warmup = min(DEFAULT_WARMUP, args.steps - 1)
+    elif not 0 <= args.warmup <= args.steps - 1:
+        raise InputError("-", "--warmup", f"must be 0 to steps-1 = {args.steps - 1} (at least one step is "
+                                          f"measured), got {args.warmup}")
+    if not 0 < args.timeout < float("inf"):
+        raise InputError("-", "--timeout", f"must be positive seconds, got {args.timeout!r}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise InputError("-", "--seed", f"must be 0 to 2**63-1, got {args.seed}")
+    check_spin(args.spin)
 
 
 def check_spin(spin: str) -> float | None:
@@ -281,7 +317,7 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
     try:
         for step in range(args.steps):
             if fault is not None and fault[0] == step:
-                _inject(fault[1])
+                _inject(fault[1], beat, step)
             if need_data:
                 x, y = model.example_batch(batch, batch_seed(args.seed, step))
                 x, y = x.to(device), y.to(device)
@@ -341,10 +377,19 @@ def _fault(rank: int) -> tuple[int, str] | None:
     return None
 
 
-def _inject(kind: str) -> None:
+def _inject(kind: str, beat: Heartbeat, step: int) -> None:
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     if kind == "hang":
+        time.sleep(10 ** 6)
+    if kind in ("freeze", "wait-forever"):
+        # Stop *inside a wait*, after the peers began waiting for this rank: the
+        # launcher must still name this rank, not one of them.
+        beat(step, 0)
+        time.sleep(0.5)
+        beat.wait(True)
+        if kind == "freeze":
+            os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(10 ** 6)
     raise RuntimeError("injected fault")
 

@@ -222,7 +222,8 @@ def test_trace_gantt_and_emulation(graphs, tmp_path):
 
 # ----------------------------------------------------------------- faults
 @pytest.mark.parametrize("kind, expect", [("kill", "killed by signal SIGKILL"), ("hang", "no progress"),
-                                          ("raise", "injected fault")])
+                                          ("raise", "injected fault"), ("wait-forever", "waiting for peers"),
+                                          ("freeze", "waiting for peers")])
 def test_worker_fault_ends_run_and_leaves_no_process(graphs, tmp_path, kind, expect):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b")
     started = time.monotonic()
@@ -263,6 +264,122 @@ def test_bad_spin_is_refused_before_any_process(graphs, tmp_path):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
     done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--spin", "-1")
     assert done.returncode == 2 and done.stderr.startswith("error: -: --spin: must be 'auto' or seconds >= 0")
+    assert workers_alive(str(tmp_path)) == []
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--timeout", "0", "--timeout: must be positive seconds, got 0.0"),
+    ("--timeout", "nan", "--timeout: must be positive seconds, got nan"),
+    ("--warmup", "3", "--warmup: must be 0 to steps-1 = 2 (at least one step is measured), got 3"),
+    ("--warmup", "-1", "--warmup: must be 0 to steps-1 = 2"),
+    ("--seed", str(2 ** 63), "--seed: must be 0 to 2**63-1"),
+    ("--steps", "0", "--steps: must be at least 1, got 0"),
+])
+def test_bad_run_option_is_refused_before_any_process(graphs, tmp_path, option, value, message):
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
+    # A worker that started would fail with "injected fault" and exit 1.
+    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "3", option, value,
+                    env={"PIPEPLAN_FAULT": "0:0:raise"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: -: " + message) and done.stderr.count("\n") == 1
+
+
+class TestCheckOptions:
+    @staticmethod
+    def options(**kw):
+        import argparse
+
+        return argparse.Namespace(**{"steps": 6, "warmup": None, "timeout": 50.0, "seed": 0, "spin": "auto", **kw})
+
+    @pytest.mark.parametrize("steps, warmup", [(1, 0), (2, 1), (3, 2), (6, 2)])
+    def test_default_warmup_leaves_at_least_one_step(self, steps, warmup):
+        from runtime.worker import check_options
+
+        ns = self.options(steps=steps)
+        check_options(ns)
+        assert ns.warmup == warmup
+
+    def test_given_warmup_is_kept(self):
+        from runtime.worker import check_options
+
+        ns = self.options(steps=4, warmup=3)
+        check_options(ns)
+        assert ns.warmup == 3
+
+    @pytest.mark.parametrize("kw", [{"timeout": float("inf")}, {"timeout": -5.0}, {"seed": -1}, {"spin": "x"},
+                                    {"steps": 2, "warmup": 2}])
+    def test_refuses(self, kw):
+        from models.errors import InputError
+        from runtime.worker import check_options
+
+        with pytest.raises(InputError):
+            check_options(self.options(**kw))
+
+
+class TestHangKey:
+    """Whom the launcher blames when nothing moves (pure data: beats and one real pid)."""
+
+    @staticmethod
+    def blamed(beats: dict, stopped: set = frozenset()) -> int:
+        from runtime import launch
+
+        real = launch._stopped
+        launch._stopped = lambda pid: pid in stopped
+        try:
+            return min(beats, key=lambda r: launch._hang_key(r, beats[r], 0.0))
+        finally:
+            launch._stopped = real
+
+    def test_a_working_rank_before_waiting_ones(self):
+        from runtime.heartbeat import Beat
+
+        beats = {0: Beat(1.0, 3, 2, True, 1.0), 1: Beat(2.0, 3, 0, False, 2.0)}
+        assert self.blamed(beats) == 1
+
+    def test_among_waiting_ranks_the_one_whose_waits_stopped_living(self):
+        from runtime.heartbeat import Beat
+
+        # rank 0 began waiting first but kept polling (alive 9.0); rank 1 froze in its wait at 2.0
+        beats = {0: Beat(1.0, 3, 2, True, 9.0), 1: Beat(2.0, 3, 0, True, 2.0)}
+        assert self.blamed(beats) == 1
+
+    def test_a_stopped_process_first(self):
+        from runtime.heartbeat import Beat
+
+        beats = {0: Beat(1.0, 3, 2, False, 1.0), 1: Beat(2.0, 3, 0, True, 9.0)}
+        assert self.blamed(beats, stopped={1}) == 1
+
+    def test_this_process_is_not_stopped(self):
+        from runtime.launch import _stopped
+
+        assert not _stopped(os.getpid())
+
+
+def test_sigterm_stops_workers_and_removes_the_run_folder(graphs, tmp_path):
+    import signal
+
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    proc = subprocess.Popen([sys.executable, "-m", "pipeplan.cli", "run", graphs["gpt-tiny"], CLUSTER, plan,
+                             "--model", "gpt-tiny", "--steps", "1000000"], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "TMPDIR": str(scratch)})
+    try:
+        deadline = time.monotonic() + LIMIT
+        while len(workers_alive(str(tmp_path))) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert list(scratch.glob("pipeplan-run-*")), "the run folder should exist while the run goes"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=LIMIT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM
+    assert err.strip() == "error: -: interrupted: terminated (SIGTERM)"
+    assert list(scratch.glob("pipeplan-run-*")) == []
+    deadline = time.monotonic() + 10
+    while workers_alive(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert workers_alive(str(tmp_path)) == []
 
 
