@@ -112,16 +112,47 @@ def pipeline_bound(problem: PlanningProblem, pipeline: Pipeline) -> float:
     return best
 
 
+def fits_some_split(problem: PlanningProblem, pipeline: Pipeline) -> bool:
+    """False when no split of the batch lets ``pipeline`` fit in memory (a proof); True otherwise.
+
+    Each stage's peak is at least its training state plus either of two stashes, per
+    replica (``q = ceil(n / r)`` samples of each microbatch ``n``):
+
+    - the largest microbatch (every split of ``B`` into at most ``K`` has one of at
+      least ``ceil(B / K)``), stashed between its forward and its backward: ``q * A``,
+      or ``q * (I + A)`` while its backward recomputes;
+    - the microbatches in flight before ``B_0``: all of them under GPipe, and under 1F1B
+      ``min(S - s, m)`` of them.  All of them hold at least ``ceil(B / r)`` samples
+      together; ``S - s`` of them (when ``K > S - s``) at least one sample each.  With
+      recompute each keeps its input ``I``, and ``B_0`` adds at least one sample's ``A``.
+    """
+    graph, cluster = problem.graph, problem.cluster
+    top = problem.split_counts.stop - 1
+    largest = -(-problem.global_batch // top)
+    stages = len(pipeline[0])
+    for s, ((lo, hi), group, recompute) in enumerate(zip(*pipeline)):
+        r = len(group)
+        q_big, every = -(-largest // r), -(-problem.global_batch // r)
+        in_flight = every if problem.schedule == "gpipe" or top <= stages - s else min(every, stages - s)
+        act, inp = graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo)
+        stash = max(q_big * (inp + act), in_flight * inp + act) if recompute else max(q_big, in_flight) * act
+        need = problem.state_factor * graph.range_sum("params", lo, hi) + stash
+        if need > min(cluster.device_index[d].memory for d in group):
+            return False
+    return True
+
+
 def _start_plan(problem: PlanningProblem, pipeline: Pipeline) -> Plan | None:
     """A fitting plan of ``pipeline`` to anchor the split search, or ``None``.
 
-    Tries the equal split of ``microbatches`` and the equal split of the largest count
-    (the smallest microbatches hold the least memory).
+    Tries the equal split of ``microbatches``, then the equal splits of every other
+    allowed count, most microbatches first (small microbatches usually hold the least
+    memory; with replicas, rounding up per replica can make fewer hold less).
     """
     bounds, groups, recompute = pipeline
     counts = problem.split_counts
     for m in dict.fromkeys((problem.microbatches if problem.microbatches in counts else counts.stop - 1,
-                            counts.stop - 1)):
+                            *reversed(counts))):
         split = equal_split(problem.global_batch, m)
         plan = Plan(problem.graph.name, problem.cluster.name, problem.global_batch, problem.state_factor,
                     problem.schedule, tuple(Stage(b, g, split, rc) for b, g, rc in zip(bounds, groups, recompute)))
@@ -158,17 +189,22 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
     best_plan, best_time = None, math.inf
     open_bounds: list[float] = []  # bounds of pipelines not settled (not proved, or skipped)
     trace: list[TracePoint] = []
-    solved = 0
+    solved = unstarted = 0
+    timed_out = False
     for position, (bound, i) in enumerate(order):
         if bound >= best_time * (1 - 1e-9):
             break  # this and every later pipeline cannot beat the incumbent
         left = time_limit - (time.perf_counter() - start)
         if left <= 0.05:
             open_bounds.extend(b for b, _ in order[position:])
+            timed_out = True
             break
+        if not fits_some_split(problem, found[i]):
+            continue  # settled: no split fits it
         base = _start_plan(problem, found[i])
         if base is None:
             open_bounds.append(bound)  # no fitting start: not searched, so not settled
+            unstarted += 1
             continue
         search = optimize_splits(problem, base, time_limit=left, seed=seed)
         solved += 1
@@ -178,14 +214,30 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
             best_plan, best_time = search.plan, search.iteration_time
             trace.append(TracePoint(time.perf_counter() - start, best_time, None))
     wall = time.perf_counter() - start
-    details = {"pipelines": len(found), "split_searches": solved, "unsettled": len(open_bounds)}
+    details = {"pipelines": len(found), "split_searches": solved, "unsettled": len(open_bounds),
+               "unstarted": unstarted}
+    why = _unsettled_reason(len(open_bounds), unstarted, timed_out)
     if best_plan is None:
-        status = "timeout-no-solution" if open_bounds else "infeasible"
-        message = "time limit reached before any pipeline was solved" if open_bounds else \
-            "no pipeline fits in memory under any split this search can start from"
-        return SolverResult(name, status, None, None, None, wall, seed, tuple(trace), message, details)
+        if not open_bounds:
+            return SolverResult(name, "infeasible", None, None, None, wall, seed, tuple(trace),
+                                "no pipeline fits in memory under any split", details)
+        return SolverResult(name, "timeout-no-solution", None, None, min(open_bounds), wall, seed, tuple(trace),
+                            f"no plan found: {why}", details)
     lower = min([best_time, *open_bounds])
     status = "optimal" if not open_bounds else "feasible"
     trace.append(TracePoint(wall, best_time, lower))
-    message = "" if status == "optimal" else f"{len(open_bounds)} pipelines not settled in time"
-    return SolverResult(name, status, best_plan, best_time, lower, wall, seed, tuple(trace), message, details)
+    return SolverResult(name, status, best_plan, best_time, lower, wall, seed, tuple(trace),
+                        "" if status == "optimal" else why, details)
+
+
+def _unsettled_reason(open_count: int, unstarted: int, timed_out: bool) -> str:
+    """Why ``open_count`` pipelines stay open: time, or no equal split to start their search from."""
+    parts = []
+    if timed_out:
+        parts.append(f"the time limit left {open_count - unstarted} pipelines unsearched or unproved")
+    elif open_count > unstarted:
+        parts.append(f"{open_count - unstarted} pipelines not proved optimal in time")
+    if unstarted:
+        parts.append(f"{unstarted} pipelines fit some split by the memory bound but no equal split, which "
+                     f"their split search needs to start from")
+    return "; ".join(parts)

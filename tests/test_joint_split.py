@@ -9,7 +9,7 @@ from conftest import make_layer
 from models.errors import DeadlockError
 from models.graph import LayerGraph
 from solver.cluster import Cluster, Device, Link
-from solver.joint_split import pipeline_bound, pipelines, solve_joint
+from solver.joint_split import fits_some_split, pipeline_bound, pipelines, solve_joint
 from solver.plan import Plan, Stage
 from solver.problem import PlanningProblem
 from solver.simulator import simulate
@@ -96,6 +96,43 @@ class TestPipelineBound:
             for split in compositions(4, 3):
                 plan = Plan("g", "c", 4, 4.0, "1f1b", tuple(Stage(b, g, split, r) for b, g, r in zip(bounds, groups, rc)))
                 assert simulate(plan, problem.graph, problem.cluster).iteration_time >= bound - 1e-9
+
+
+def tight_instance(seed, per_stage, schedule, memory):
+    """Like :func:`instance`, with every device's memory drawn near the stages' needs."""
+    rng = random.Random(seed)
+    problem = instance(seed, per_stage, schedule)
+    devices = tuple(Device(d.id, d.server, d.speed, rng.choice(memory)) for d in problem.cluster.devices)
+    cluster = Cluster("c", problem.cluster.servers, problem.cluster.network, devices)
+    return PlanningProblem(problem.graph, cluster, 4, 2, schedule, auto_microbatches=True, max_microbatches=3,
+                           per_stage=per_stage)
+
+
+class TestFitsSomeSplit:
+    @pytest.mark.parametrize("seed", range(6))
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_false_only_when_no_split_fits(self, seed, schedule):
+        problem = tight_instance(seed, False, schedule, [6, 9, 12, 16, 24])
+        refused = 0
+        for pipeline in pipelines(problem):
+            if fits_some_split(problem, pipeline):
+                continue
+            refused += 1
+            bounds, groups, rc = pipeline
+            for split in compositions(4, 3):
+                plan = Plan("g", "c", 4, 4.0, schedule, tuple(Stage(b, g, split, r) for b, g, r in zip(bounds, groups, rc)))
+                try:
+                    assert not simulate(plan, problem.graph, problem.cluster, validate=False).fits, plan
+                except DeadlockError:
+                    pass
+        assert refused > 0  # the memories are tight enough to exercise the proof
+
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_no_fitting_split_anywhere_is_infeasible(self, schedule):
+        problem = tight_instance(0, True, schedule, [1, 2])
+        assert brute_force(problem) == float("inf")
+        result = solve_joint(problem, name="cpsat", time_limit=30)
+        assert result.status == "infeasible" and result.plan is None
 
 
 class TestNsgaNearTheJointOptimum:

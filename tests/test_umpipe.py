@@ -29,6 +29,14 @@ class TestSplitBaselines:
         assert result.iteration_time <= equal.iteration_time
 
 
+    @pytest.mark.parametrize("name", NAMES)
+    def test_says_when_the_time_limit_cut_it_short(self, name):
+        # NSGA-II drops seeds that were cut short (they depend on the machine's speed).
+        problem, _ = instance(0)
+        assert get_solver(name).solve(problem, time_limit=10).details["stopped_by_time_limit"] is False
+        assert get_solver(name).solve(problem, time_limit=1e-6).details["stopped_by_time_limit"] is True
+
+
 class TestEqualSplitProblems:
     """``--microbatches M`` alone means M equal microbatches for every solver, split-aware ones too."""
 

@@ -50,14 +50,18 @@ def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float 
     --------
     >>> best_baseline(problem)  # doctest: +SKIP
     """
+    solved = [r for r in run_baselines(problem, seed=seed, time_limit=time_limit) if r.plan is not None]
+    return min(solved, key=lambda r: r.iteration_time) if solved else None
+
+
+def run_baselines(problem: PlanningProblem, *, seed: int = 0, time_limit: float = 10.0) -> list[SolverResult]:
+    """Every baseline's result, each with an equal share of what is left of ``time_limit`` (see :func:`best_baseline`)."""
     end = time.perf_counter() + time_limit
-    best: SolverResult | None = None
+    results = []
     for n, cls in enumerate(BASELINES):
         share = max(0.0, end - time.perf_counter()) / (len(BASELINES) - n)
-        result = cls().solve(problem, time_limit=share, seed=seed)
-        if result.plan is not None and (best is None or result.iteration_time < best.iteration_time):
-            best = result
-    return best
+        results.append(cls().solve(problem, time_limit=share, seed=seed))
+    return results
 
 # Split-aware baselines (unequal microbatches on the best equal-split pipeline): they
 # return plans outside the equal-split search space, so they stay out of BASELINES.

@@ -78,10 +78,14 @@ def stage_estimate(problem: PlanningProblem, plan: Plan, s: int, m: int) -> floa
     return (m + len(plan.stages) - 1) * (tf + tb)
 
 
-def _base(problem: PlanningProblem, seed: int, time_limit: float):
-    from solver.baselines import best_baseline
+def _base(problem: PlanningProblem, seed: int, time_limit: float) -> tuple[SolverResult | None, bool]:
+    """The best equal-split baseline, and whether any baseline was cut short by its share of the time."""
+    from solver.baselines import run_baselines
 
-    return best_baseline(problem, seed=seed, time_limit=time_limit)
+    results = run_baselines(problem, seed=seed, time_limit=time_limit)
+    solved = [r for r in results if r.plan is not None]
+    cut = any(r.details.get("stopped_by_time_limit") for r in results)
+    return (min(solved, key=lambda r: r.iteration_time) if solved else None), cut
 
 
 class _SplitBaseline:
@@ -96,17 +100,22 @@ class _SplitBaseline:
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
         """Plan ``problem``: status ``feasible``, no bound (a heuristic proves nothing)."""
         start = time.perf_counter()
-        base = _base(problem, seed, 0.5 * time_limit)
+        base, cut = _base(problem, seed, 0.5 * time_limit)
         if base is None:
-            return SolverResult(self.name, "infeasible", None, None, None, time.perf_counter() - start, seed,
-                                message="no equal-split baseline plan fits to start from")
+            return SolverResult(self.name, "timeout-no-solution" if cut else "infeasible", None, None, None,
+                                time.perf_counter() - start, seed,
+                                message="no equal-split baseline plan fits to start from",
+                                details={"stopped_by_time_limit": cut})
         options = self.options(problem, base.plan, start + time_limit)
         plan, best, evaluated = judge_splits(problem, base.plan, options)
         wall = time.perf_counter() - start
+        # cut short anywhere (a baseline, or the options at the deadline): the plan depends on the machine's speed
+        cut = cut or wall >= time_limit
         trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, best, None))
-        return SolverResult(self.name, "feasible", plan, best, None, wall, seed, trace, "",
+        return SolverResult(self.name, "feasible", plan, best, None, wall, seed, trace,
+                            "time limit reached; best split so far" if cut else "",
                             {"base_solver": base.name, "base_iteration_time": base.iteration_time,
-                             "evaluated": evaluated})
+                             "evaluated": evaluated, "stopped_by_time_limit": cut})
 
 
 @register("umpipe-local")
