@@ -20,7 +20,7 @@ from models.jsonio import atomic_write_text, check_writable, dumps
 from solver.cluster import load_cluster
 from solver.figures import pyplot, save_png
 from solver.gantt import write_gantt
-from solver.infeasibility import tightest_constraint
+from solver.infeasibility import proves_infeasible, tightest_constraint
 from solver.problem import PlanningProblem
 from solver.registry import get_solver, solver_names
 from solver.result import SolverResult
@@ -79,6 +79,34 @@ def _microbatches(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a number of microbatches or 'auto', got {text!r}") from None
 
 
+MAX_SEED = 2 ** 31 - 1
+"""Largest ``--seed``: CP-SAT's ``random_seed`` is a 32-bit signed integer."""
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse numeric options no solver could use (``InputError``: one line, exit 2).
+
+    Examples
+    --------
+    >>> check_options(argparse.Namespace(time_limit=float("nan"), seed=0, state_factor=4.0))
+    Traceback (most recent call last):
+    ...
+    models.errors.InputError: -: --time-limit: must be positive finite seconds, got nan
+    """
+    limit, seed, factor = (getattr(args, key, None) for key in ("time_limit", "seed", "state_factor"))
+    if limit is not None and not 0 < limit < float("inf"):
+        raise InputError("-", "--time-limit", f"must be positive finite seconds, got {limit}")
+    if seed is not None and not 0 <= seed <= MAX_SEED:
+        raise InputError("-", "--seed", f"must be 0 to 2**31-1 = {MAX_SEED}, got {seed}")
+    if factor is not None and not 0 <= factor < float("inf"):
+        raise InputError("-", "--state-factor", f"must be finite and >= 0 (bytes of state per parameter byte; "
+                                                f"4 for fp32 Adam), got {factor}")
+    for flag, least in (("generations", 1), ("population", 2)):
+        value = getattr(args, flag, None)
+        if value is not None and value < least:
+            raise InputError("-", f"--{flag}", f"must be at least {least}, got {value}")
+
+
 def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     """The planning problem the common options describe (files loaded and checked).
 
@@ -89,8 +117,7 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     """
     graph = load_graph(args.graph)
     cluster = load_cluster(args.cluster)
-    if args.time_limit is not None and args.time_limit <= 0:
-        raise InputError("-", "--time-limit", f"must be positive seconds, got {args.time_limit}")
+    check_options(args)
     auto = args.microbatches == "auto"
     top = getattr(args, "max_microbatches", None)
     # with auto, the seeding baselines use the largest allowed equal split (most pipelining)
@@ -122,7 +149,7 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace)
     results = []
     console = Console(file=sys.stderr)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=console, transient=True) as progress:
+                  console=console, transient=True, disable=not console.is_terminal) as progress:
         task = progress.add_task("solving", total=len(solvers))
         for name, solver in zip(names, solvers):
             progress.update(task, description=f"solving with {name}")
@@ -137,9 +164,23 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace)
     return results
 
 
+PROVING = ("ilp", "cpsat")
+"""Solvers whose ``infeasible`` is a proof (they search the whole space)."""
+
+
 def _no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
-    why = "; ".join(f"{r.name}: {r.message}" for r in results if r.message)
-    sys.stderr.write(f"no plan fits: {tightest_constraint(problem)}\n")
+    """Say why no plan came back: a proof that none fits, or only that none was found."""
+    constraint = tightest_constraint(problem)
+    # a solver's message that only repeats the constraint adds nothing
+    why = "; ".join(f"{r.name}: {r.message}" for r in results if r.message and constraint not in r.message)
+    proved = proves_infeasible(problem) or any(r.status == "infeasible" and r.name in PROVING for r in results)
+    if proved:
+        sys.stderr.write(f"no plan fits: {constraint}\n")
+    else:
+        names = ", ".join(r.name for r in results)
+        timed_out = any(r.status == "timeout-no-solution" for r in results)
+        sys.stderr.write(f"no plan found: {names} found no fitting plan{' in the time given' if timed_out else ''}, "
+                         f"which does not prove that none fits (ilp and cpsat decide it, given time)\n")
     if why:
         sys.stderr.write(f"  ({why})\n")
     return NO_PLAN
@@ -219,7 +260,9 @@ def run_compare(args: argparse.Namespace) -> int:
     """``pipeplan compare``: run every (or the chosen) solver and report side by side."""
     check_writable(args.csv, args.plot, args.best, args.gantt)
     problem = problem_from_args(args)
-    names = solver_names() if not args.solvers else [n.strip() for n in args.solvers.split(",") if n.strip()]
+    names = solver_names() if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
+    if not names:
+        raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(solver_names())}")
     results = _solve(problem, names, args)
     if all(r.plan is None for r in results):
         return _no_plan(problem, results)

@@ -58,6 +58,27 @@ def _layer_verdict(problem: PlanningProblem, layer: int, memories: list[float]) 
     return best
 
 
+def _stage_limit_cause(problem: PlanningProblem) -> str:
+    devices, layers = len(problem.cluster.devices), len(problem.graph)
+    if problem.max_stages is not None and problem.max_stages == problem.stage_limit:
+        return f"--max-stages {problem.max_stages}"
+    return f"{devices} device(s)" if devices <= layers else f"{layers} layer(s)"
+
+
+def proves_infeasible(problem: PlanningProblem) -> bool:
+    """Whether the checks of :func:`tightest_constraint` alone rule out every plan.
+
+    True when some layer does not fit any device group even alone, or the model's
+    training state exceeds the memory of the largest devices a plan may use; False when
+    these bounds fit (a plan may still not exist: only an exact solver can tell).
+    """
+    memories = sorted((d.memory for d in problem.cluster.devices), reverse=True)
+    if any(_layer_verdict(problem, i, memories)[0] > 1 for i in range(len(problem.graph))):
+        return True
+    state = problem.state_factor * sum(l.params for l in problem.graph.layers)
+    return state > sum(memories[:problem.stage_limit]) or fewest_stages(problem)[0] > problem.stage_limit
+
+
 def tightest_constraint(problem: PlanningProblem) -> str:
     """The memory constraint that most clearly rules out every plan, as one sentence.
 
@@ -107,6 +128,35 @@ def _layer_text(problem: PlanningProblem, i: int, r: int, need: float, memories:
     return f"layer '{layer.name}' alone needs {format_bytes(need)} {where} {parts}; {tail} ({', '.join(notes)})"
 
 
+def fewest_stages(problem: PlanningProblem) -> tuple[int, tuple[int, int, float] | None]:
+    """A lower bound on the stages of any fitting plan, and the first run of layers that overflowed.
+
+    Each stage holds its layers' whole training state on every replica, plus at least
+    ``ceil(n / r)`` samples' activations of its largest microbatch (``n``), with ``r`` at
+    most every device; no stage gets more than the largest device's memory.  Packing
+    layers greedily into such stages from the first layer gives the fewest stages that
+    can work (no contiguous split does better than greedy packing).
+
+    Returns
+    -------
+    (int, (lo, hi, need) or None)
+        The stage count, and the first layers ``[lo, hi)`` that did not fit together,
+        with their need in bytes (``None`` when one stage holds everything).
+    """
+    largest = max(d.memory for d in problem.cluster.devices)
+    r = len(problem.cluster.devices) if problem.allow_replication else 1
+    q = math.ceil(max(problem.split) / r)
+    count, used, lo, overflow = 1, 0.0, 0, None
+    for i, layer in enumerate(problem.graph.layers):
+        need = problem.state_factor * layer.params + q * layer.act
+        if used + need > largest:
+            if overflow is None:
+                overflow = (lo, i + 1, used + need)
+            count, used, lo = count + 1, 0.0, i
+        used += need
+    return count, overflow
+
+
 def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
     k = problem.stage_limit
     state = problem.state_factor * sum(l.params for l in problem.graph.layers)
@@ -117,6 +167,15 @@ def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
         return (f"the model's training state alone needs {format_bytes(state)} (state factor "
                 f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} largest "
                 f"device(s) hold {format_bytes(room)} together")
+    stages, overflow = fewest_stages(problem)
+    if stages > k and overflow is not None:
+        lo, hi, need = overflow
+        names = problem.graph.layers
+        return (f"the layers need at least {stages} stages, as every device of a stage holds the training state "
+                f"of all its layers and its share of their activations: layers '{names[lo].name}' to "
+                f"'{names[hi - 1].name}' together already need {format_bytes(need)} at microbatch "
+                f"{max(problem.split)}, more than the largest device's {format_bytes(memories[0])}; a plan has "
+                f"at most {k} stage(s) ({_stage_limit_cause(problem)})")
     n = max(problem.split)
     acts = n * sum(l.act for l in problem.graph.layers)
     return (f"every layer fits on a device alone, but no split into at most {k} stages fits: the "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -60,6 +61,9 @@ class PlanningProblem:
                              f"each microbatch needs at least one sample")
         if self.schedule not in ("gpipe", "1f1b"):
             raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {self.schedule!r}")
+        if not 0 <= self.state_factor < math.inf:
+            raise ValueError(f"state_factor must be finite and >= 0 (bytes of state per parameter byte), "
+                             f"got {self.state_factor}")
         if self.max_stages is not None and self.max_stages < 1:
             raise ValueError(f"max_stages must be positive, got {self.max_stages}")
         if self.max_microbatches is not None and not 1 <= self.max_microbatches:

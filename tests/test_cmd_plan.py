@@ -135,3 +135,42 @@ class TestRunCompare:
         argv = ["compare", GRAPH, tiny_cluster, "--batch", "32", "--microbatches", "8", "--solvers", "even,alpa"]
         assert run(argv) == 3
         assert "no plan fits" in capsys.readouterr().err
+
+    def test_heuristic_without_plan_does_not_claim_none_fits(self, tmp_path, capsys):
+        # 1 GB devices: the even split fits nowhere, but ilp proves a 5-stage plan optimal.
+        data = json.load(open(CLUSTER))
+        for d in data["devices"]:
+            d["memory"] = 1e9
+        cluster = tmp_path / "1g.cluster.json"
+        cluster.write_text(json.dumps(data))
+        argv = ["compare", GRAPH, str(cluster), "--batch", "64", "--microbatches", "8", "--time-limit", "5"]
+        assert run(argv + ["--solvers", "even"]) == 3
+        err = capsys.readouterr().err
+        assert "no plan found: even found no fitting plan, which does not prove that none fits" in err
+        assert "no plan fits" not in err
+        assert run(argv + ["--solvers", "ilp", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["status"] == "optimal"
+
+    def test_empty_solver_list_is_input_error(self, capsys):
+        assert run(base("compare") + ["--solvers", " , "]) == 2
+        assert capsys.readouterr().err.startswith("error: -: --solvers: names no solver")
+
+
+class TestCheckOptions:
+    @pytest.mark.parametrize("flag, value, message", [
+        ("--time-limit", "nan", "must be positive finite seconds, got nan"),
+        ("--time-limit", "inf", "must be positive finite seconds, got inf"),
+        ("--seed", "-1", "must be 0 to 2**31-1"),
+        ("--seed", str(2 ** 31), "must be 0 to 2**31-1"),
+        ("--state-factor", "nan", "must be finite and >= 0"),
+        ("--state-factor", "-1", "must be finite and >= 0"),
+        ("--generations", "0", "must be at least 1, got 0"),
+        ("--population", "1", "must be at least 2, got 1"),
+    ])
+    def test_bad_option_is_one_line_exit_2_nothing_written(self, tmp_path, capsys, flag, value, message):
+        out = tmp_path / "plan.json"
+        argv = base("plan") + ["--solver", "nsga", flag, value, "-o", str(out)]
+        assert run(argv) == 2
+        err = capsys.readouterr().err
+        assert err == f"error: -: {flag}: {message}" + err.split(message, 1)[1] and err.count("\n") == 1
+        assert not out.exists()

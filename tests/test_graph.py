@@ -112,3 +112,27 @@ class TestLoadGraph:
         for c in range(n - 1):  # definition, computed directly
             expected = sum(layers[u].out for u in range(c + 1) if any(x == u and y > c for x, y in edges))
             assert again.cut_bytes(c) == pytest.approx(expected)
+
+
+class TestAtomicWriteBytes:
+    def test_writes_with_the_umask_mode_and_leaves_no_temporary(self, tmp_path):
+        import os
+        import stat
+
+        from models.jsonio import atomic_write_bytes
+
+        old = os.umask(0o022)
+        try:
+            atomic_write_bytes(tmp_path / "plan.json", b"{}\n")
+        finally:
+            os.umask(old)
+        assert (tmp_path / "plan.json").read_bytes() == b"{}\n"
+        assert stat.S_IMODE((tmp_path / "plan.json").stat().st_mode) == 0o644
+        assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+    def test_missing_folder_is_input_error(self, tmp_path):
+        from models.errors import InputError
+        from models.jsonio import atomic_write_bytes
+
+        with pytest.raises(InputError):
+            atomic_write_bytes(tmp_path / "nowhere" / "plan.json", b"{}")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
-from solver.infeasibility import format_bytes, layer_footprint, tightest_constraint
+from solver.infeasibility import fewest_stages, format_bytes, layer_footprint, proves_infeasible, tightest_constraint
 from solver.problem import PlanningProblem
 
 
@@ -58,5 +62,39 @@ class TestTightestConstraint:
         # microbatch of 8 (2.4 GB) cannot sit on one 2 GB device while each layer's 800 MB can.
         text = tightest_constraint(problem([2e9], params=(1e9, 1e9, 1e9), act=1e8, max_stages=1,
                                            state_factor=0.0))
-        assert "state is 0.0 B and its activations 2.4 GB per microbatch of 8" in text
-        assert "the 1 largest devices hold 2.0 GB together" in text
+        assert text.startswith("the layers need at least 2 stages")
+        assert "layers 'block.0' to 'block.2' together already need 2.4 GB at microbatch 8" in text
+        assert text.endswith("more than the largest device's 2.0 GB; a plan has at most 1 stage(s) (--max-stages 1)")
+
+    def test_adjacent_layers_that_fit_no_device_together(self):
+        # Three layers of 0.6 GB state on two 1 GB devices: each fits alone, the whole state
+        # (1.8 GB) fits the two devices' 2 GB, but no two adjacent layers share a device.
+        text = tightest_constraint(problem([1e9, 1e9], params=(1.5e8,) * 3, act=1.0, batch=4, m=2))
+        assert text.startswith("the layers need at least 3 stages")
+        assert "layers 'block.0' to 'block.1' together already need 1.2 GB" in text
+        assert text.endswith("a plan has at most 2 stage(s) (2 device(s))")
+
+    def test_packing_may_fit_and_then_the_model_is_described(self):
+        text = tightest_constraint(problem([1e9, 1e9, 1e9], params=(1.5e8,) * 3, act=1.0, batch=4, m=2))
+        assert text.startswith("every layer fits on a device alone")
+
+
+class TestFewestStages:
+    def test_hand_computed(self):
+        p = problem([1e9, 1e9], params=(1.5e8, 1e8, 1.5e8, 0.5e8), act=0.0)
+        # 0.6 + 0.4 = 1.0 fits; + 0.6 overflows; 0.6 + 0.2 fits
+        assert fewest_stages(p) == (2, (0, 3, 1.6e9))
+
+    def test_one_stage_holds_everything(self):
+        assert fewest_stages(problem([1e12]))[0] == 1
+
+    @pytest.mark.parametrize("seed", range(30))
+    def test_proof_agrees_with_the_exact_solver(self, seed):
+        from solver.registry import get_solver
+
+        rng = random.Random(seed)
+        p = problem([rng.choice([0.5e9, 1e9, 1.6e9]) for _ in range(rng.randint(1, 3))],
+                    params=tuple(rng.choice([0.5e8, 1e8, 1.5e8]) for _ in range(4)), act=rng.choice([1.0, 2e7]),
+                    batch=4, m=rng.choice([1, 2]), schedule=rng.choice(["gpipe", "1f1b"]))
+        if proves_infeasible(p):
+            assert get_solver("ilp").solve(p, time_limit=20).status == "infeasible"
