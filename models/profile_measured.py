@@ -258,8 +258,9 @@ def _progress(show: bool, total: int) -> Iterator[Callable[[str], None]]:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    console = Console(stderr=True)
     with Progress(TextColumn("profiling {task.description}"), BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+                  TimeElapsedColumn(), console=console, transient=True, disable=not console.is_terminal) as bar:
         task = bar.add_task("", total=total)
         yield lambda label: bar.update(task, advance=1, description=label)
 

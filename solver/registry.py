@@ -49,9 +49,15 @@ def _load_all() -> None:
 
 
 def solver_names() -> list[str]:
-    """Every registered solver, in registration order."""
+    """Every registered solver: baselines first, in :data:`SOLVER_MODULES` order, whatever imported them first."""
     _load_all()
-    return list(_SOLVERS)
+    return sorted(_SOLVERS, key=lambda name: _module_rank(_SOLVERS[name]))
+
+
+def _module_rank(factory: Callable[[], Solver]) -> int:
+    module = getattr(factory, "__module__", "")
+    ranks = [i for i, prefix in enumerate(SOLVER_MODULES) if module == prefix or module.startswith(prefix + ".")]
+    return ranks[0] if ranks else len(SOLVER_MODULES)
 
 
 def get_solver(name: str) -> Solver:
@@ -64,5 +70,5 @@ def get_solver(name: str) -> Solver:
     """
     _load_all()
     if name not in _SOLVERS:
-        raise InputError("-", "--solver", f"unknown solver {name!r}; valid: {', '.join(_SOLVERS)}")
+        raise InputError("-", "--solver", f"unknown solver {name!r}; valid: {', '.join(solver_names())}")
     return _SOLVERS[name]()

@@ -52,6 +52,14 @@ class TestRegistry:
             assert solver.name == name and solver.source
 
 
+    def test_names_in_module_order_whatever_was_imported_first(self):
+        import solver.nsga  # noqa: F401 - the CLI's pareto command imports it before the registry loads
+
+        names = solver_names()
+        assert names[0] == "even" and names[-1] == "nsga"
+        assert names.index("alpa") < names.index("group-search") < names.index("ilp") < names.index("cpsat")
+
+
 class TestEveryBaseline:
     @pytest.mark.parametrize("name", NAMES)
     @pytest.mark.parametrize("seed", range(6))
