@@ -32,6 +32,22 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} B"
 
 
+def largest_microbatch(problem: PlanningProblem) -> int:
+    """The smallest size the largest microbatch of any allowed split can have.
+
+    With ``M`` equal microbatches it is the equal split's largest; when split-aware
+    solvers choose sizes (``auto``, ``--per-stage``), any split into at most ``K``
+    microbatches has one of at least ``ceil(B / K)`` samples.
+
+    Examples
+    --------
+    ``B = 6`` in at most ``K = 3`` microbatches: one holds at least 2 samples.
+    """
+    if problem.free_sizes:
+        return math.ceil(problem.global_batch / max(problem.split_counts))
+    return max(problem.split)
+
+
 def layer_footprint(problem: PlanningProblem, layer: int, replicas: int) -> float:
     """Lower bound on the bytes per device of any stage holding ``layer`` with ``replicas`` replicas.
 
@@ -41,7 +57,7 @@ def layer_footprint(problem: PlanningProblem, layer: int, replicas: int) -> floa
     microbatches of 8 samples needs ``40 + 8 * 3 = 64`` bytes on one device.
     """
     l = problem.graph.layers[layer]
-    q = math.ceil(max(problem.split) / replicas)
+    q = math.ceil(largest_microbatch(problem) / replicas)
     return problem.state_factor * l.params + q * l.act
 
 
@@ -108,7 +124,7 @@ def tightest_constraint(problem: PlanningProblem) -> str:
 
 def _layer_text(problem: PlanningProblem, i: int, r: int, need: float, memories: list[float]) -> str:
     layer = problem.graph.layers[i]
-    n = max(problem.split)
+    n = largest_microbatch(problem)
     q = math.ceil(n / r)
     state = problem.state_factor * layer.params
     parts = f"(state {format_bytes(state)} + activations {format_bytes(q * layer.act)})"
@@ -145,7 +161,7 @@ def fewest_stages(problem: PlanningProblem) -> tuple[int, tuple[int, int, float]
     """
     largest = max(d.memory for d in problem.cluster.devices)
     r = len(problem.cluster.devices) if problem.allow_replication else 1
-    q = math.ceil(max(problem.split) / r)
+    q = math.ceil(largest_microbatch(problem) / r)
     count, used, lo, overflow = 1, 0.0, 0, None
     for i, layer in enumerate(problem.graph.layers):
         need = problem.state_factor * layer.params + q * layer.act
@@ -167,16 +183,16 @@ def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
         return (f"the model's training state alone needs {format_bytes(state)} (state factor "
                 f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} largest "
                 f"device(s) hold {format_bytes(room)} together")
+    n = largest_microbatch(problem)
     stages, overflow = fewest_stages(problem)
     if stages > k and overflow is not None:
         lo, hi, need = overflow
         names = problem.graph.layers
         return (f"the layers need at least {stages} stages, as every device of a stage holds the training state "
                 f"of all its layers and its share of their activations: layers '{names[lo].name}' to "
-                f"'{names[hi - 1].name}' together already need {format_bytes(need)} at microbatch "
-                f"{max(problem.split)}, more than the largest device's {format_bytes(memories[0])}; a plan has "
-                f"at most {k} stage(s) ({_stage_limit_cause(problem)})")
-    n = max(problem.split)
+                f"'{names[hi - 1].name}' together already need {format_bytes(need)} at microbatch {n}, more "
+                f"than the largest device's {format_bytes(memories[0])}; a plan has at most {k} stage(s) "
+                f"({_stage_limit_cause(problem)})")
     acts = n * sum(l.act for l in problem.graph.layers)
     return (f"every layer fits on a device alone, but no split into at most {k} stages fits: the "
             f"model's state is {format_bytes(state)} and its activations {format_bytes(acts)} per "

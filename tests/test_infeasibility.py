@@ -8,7 +8,8 @@ import pytest
 
 from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
-from solver.infeasibility import fewest_stages, format_bytes, layer_footprint, proves_infeasible, tightest_constraint
+from solver.infeasibility import (fewest_stages, format_bytes, largest_microbatch, layer_footprint,
+                                   proves_infeasible, tightest_constraint)
 from solver.problem import PlanningProblem
 
 
@@ -77,6 +78,22 @@ class TestTightestConstraint:
     def test_packing_may_fit_and_then_the_model_is_described(self):
         text = tightest_constraint(problem([1e9, 1e9, 1e9], params=(1.5e8,) * 3, act=1.0, batch=4, m=2))
         assert text.startswith("every layer fits on a device alone")
+
+
+class TestLargestMicrobatch:
+    def test_equal_split(self):
+        assert largest_microbatch(problem([1e9], batch=10, m=4)) == 3
+
+    def test_free_sizes_use_the_most_microbatches_allowed(self):
+        # B = 6 in at most K = 3: the seeding split (2 of 3) is not the smallest largest one
+        p = problem([1e9], batch=6, m=2, auto_microbatches=True, max_microbatches=3)
+        assert largest_microbatch(p) == 2
+
+    def test_a_split_that_fits_is_not_ruled_out(self):
+        # one layer of 1 byte per sample on a 2.5-byte device: 3 + 3 does not fit, 2 + 2 + 2 does
+        p = problem([2.5], params=(0.0,), act=1.0, batch=6, m=2, auto_microbatches=True, max_microbatches=3,
+                    allow_recompute=False)
+        assert not proves_infeasible(p)
 
 
 class TestFewestStages:
