@@ -32,6 +32,22 @@ def format_bytes(n: float) -> str:
     return f"{n:.1f} B"
 
 
+PROOF_TOL = 1e-9
+"""Relative slack before a bound counts as exceeding a memory: the simulator sums the same bytes
+in another order, and a peak equal to the memory fits (``3.0000000000000004`` against ``3.0``)."""
+
+
+def exceeds(need: float, memory: float) -> bool:
+    """Whether ``need`` is more than ``memory`` beyond rounding (see :data:`PROOF_TOL`).
+
+    Examples
+    --------
+    >>> exceeds(5 * (0.2 + 0.4), 3.0), exceeds(3.1, 3.0)
+    (False, True)
+    """
+    return need > memory * (1 + PROOF_TOL)
+
+
 def largest_microbatch(problem: PlanningProblem) -> int:
     """The smallest size the largest microbatch of any allowed split can have.
 
@@ -67,7 +83,7 @@ def _layer_verdict(problem: PlanningProblem, layer: int, memories: list[float]) 
     best = None
     for r in range(1, max_r + 1):
         need = layer_footprint(problem, layer, r)
-        ratio = need / memories[r - 1] if memories[r - 1] > 0 else math.inf
+        ratio = need / memories[r - 1] if memories[r - 1] > 0 else (0.0 if need <= 0 else math.inf)
         if best is None or ratio < best[0]:
             best = (ratio, r, need)
     assert best is not None
@@ -89,10 +105,10 @@ def proves_infeasible(problem: PlanningProblem) -> bool:
     these bounds fit (a plan may still not exist: only an exact solver can tell).
     """
     memories = sorted((d.memory for d in problem.cluster.devices), reverse=True)
-    if any(_layer_verdict(problem, i, memories)[0] > 1 for i in range(len(problem.graph))):
+    if any(_layer_verdict(problem, i, memories)[0] > 1 + PROOF_TOL for i in range(len(problem.graph))):
         return True
     state = problem.state_factor * sum(l.params for l in problem.graph.layers)
-    return state > sum(memories[:problem.stage_limit]) or fewest_stages(problem)[0] > problem.stage_limit
+    return exceeds(state, sum(memories[:problem.stage_limit])) or fewest_stages(problem)[0] > problem.stage_limit
 
 
 def tightest_constraint(problem: PlanningProblem) -> str:
@@ -117,7 +133,7 @@ def tightest_constraint(problem: PlanningProblem) -> str:
     verdicts = [_layer_verdict(problem, i, memories) for i in range(len(problem.graph))]
     worst = max(range(len(verdicts)), key=lambda i: (verdicts[i][0], -i))
     ratio, r, need = verdicts[worst]
-    if ratio > 1:
+    if ratio > 1 + PROOF_TOL:
         return _layer_text(problem, worst, r, need, memories)
     return _model_text(problem, memories)
 
@@ -165,7 +181,7 @@ def fewest_stages(problem: PlanningProblem) -> tuple[int, tuple[int, int, float]
     count, used, lo, overflow = 1, 0.0, 0, None
     for i, layer in enumerate(problem.graph.layers):
         need = problem.state_factor * layer.params + q * layer.act
-        if used + need > largest:
+        if exceeds(used + need, largest):
             if overflow is None:
                 overflow = (lo, i + 1, used + need)
             count, used, lo = count + 1, 0.0, i
@@ -179,7 +195,7 @@ def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
     room = sum(memories[:k])
     # Every parameter byte's state sits on some stage's devices; activations are left
     # out, so this is a bound any plan must meet.
-    if state > room:
+    if exceeds(state, room):
         return (f"the model's training state alone needs {format_bytes(state)} (state factor "
                 f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} largest "
                 f"device(s) hold {format_bytes(room)} together")

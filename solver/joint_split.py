@@ -26,6 +26,7 @@ from itertools import combinations, product
 from typing import Iterator, Sequence
 
 from solver.cpsat_split import optimize_splits
+from solver.infeasibility import exceeds
 from solver.plan import Plan, Stage, equal_split
 from solver.problem import PlanningProblem
 from solver.result import SolverResult, TracePoint
@@ -137,7 +138,7 @@ def fits_some_split(problem: PlanningProblem, pipeline: Pipeline) -> bool:
         act, inp = graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo)
         stash = max(q_big * (inp + act), in_flight * inp + act) if recompute else max(q_big, in_flight) * act
         need = problem.state_factor * graph.range_sum("params", lo, hi) + stash
-        if need > min(cluster.device_index[d].memory for d in group):
+        if exceeds(need, min(cluster.device_index[d].memory for d in group)):
             return False
     return True
 

@@ -8,7 +8,7 @@ import pytest
 
 from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
-from solver.infeasibility import (fewest_stages, format_bytes, largest_microbatch, layer_footprint,
+from solver.infeasibility import (exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
                                    proves_infeasible, tightest_constraint)
 from solver.problem import PlanningProblem
 
@@ -94,6 +94,19 @@ class TestLargestMicrobatch:
         p = problem([2.5], params=(0.0,), act=1.0, batch=6, m=2, auto_microbatches=True, max_microbatches=3,
                     allow_recompute=False)
         assert not proves_infeasible(p)
+
+
+class TestProvesInfeasible:
+    def test_zero_need_fits_a_zero_memory_device(self):
+        assert not proves_infeasible(problem([0.0], params=(0.0,), act=0.0))
+
+    def test_a_layer_too_large_alone(self):
+        assert proves_infeasible(problem([24e9, 16e9]))
+
+    def test_rounding_is_not_a_proof(self):
+        # the simulator may sum the same bytes in another order: a bound one ulp above a memory
+        # equal to the peak must not count as exceeding it
+        assert not exceeds(5 * (0.2 + 0.4), 3.0) and exceeds(3.0 * (1 + 1e-6), 3.0)
 
 
 class TestFewestStages:
