@@ -20,7 +20,7 @@ from models.jsonio import atomic_write_text, check_writable, dumps
 from solver.cluster import load_cluster
 from solver.figures import pyplot, save_png
 from solver.gantt import write_gantt
-from solver.infeasibility import proves_infeasible, tightest_constraint
+from solver.infeasibility import memory_verdict
 from solver.problem import PlanningProblem
 from solver.registry import get_solver, solver_names
 from solver.result import SolverResult
@@ -170,10 +170,10 @@ PROVING = ("ilp", "cpsat")
 
 def _no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
     """Say why no plan came back: a proof that none fits, or only that none was found."""
-    constraint = tightest_constraint(problem)
+    bounds_prove, constraint = memory_verdict(problem)
     # a solver's message that only repeats the constraint adds nothing
     why = "; ".join(f"{r.name}: {r.message}" for r in results if r.message and constraint not in r.message)
-    proved = proves_infeasible(problem) or any(r.status == "infeasible" and r.name in PROVING for r in results)
+    proved = bounds_prove or any(r.status == "infeasible" and r.name in PROVING for r in results)
     if proved:
         sys.stderr.write(f"no plan fits: {constraint}\n")
     else:

@@ -539,23 +539,16 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
             columns["tau"].append(np.full(len(keep), t, dtype=np.int64))
             columns["option"].append(np.full(len(keep), index, dtype=np.int64))
     arcs = sum(len(col) for col in columns["lo"])
-
-    def out_of_time(work: float = 0.0) -> bool:
-        return clock is not None and clock.remaining() <= work
-
-    if complete and not out_of_time(FINISH_SECONDS_PER_ARC * arcs):
+    if complete and (clock is None or clock.remaining() > FINISH_SECONDS_PER_ARC * arcs):
         table = {name: np.concatenate(cols) if cols else _empty(name) for name, cols in columns.items()}
-        del columns
-        if not out_of_time():
-            order = np.lexsort((table["option"], table["tau"], table["hi"], table["lo"]))
-            table = {name: col[order] for name, col in table.items()}
-            if not out_of_time():
-                _relax_single_trip_arcs(table, problem, L, M)
-                data = ExactData(problem, classes, options, table, max_tau, K, 0.0, True)
-                data.static_bound = max(_static_bound(data, cutoff), work_bound(problem))
-                return data
-    # Out of time (before the finishing steps, whose length is estimated, or between them):
-    # an unfinished table serves no model and no bound.
+        order = np.lexsort((table["option"], table["tau"], table["hi"], table["lo"]))
+        table = {name: col[order] for name, col in table.items()}
+        _relax_single_trip_arcs(table, problem, L, M)
+        data = ExactData(problem, classes, options, table, max_tau, K, 0.0, True)
+        data.static_bound = max(_static_bound(data, cutoff), work_bound(problem))
+        return data
+    # Out of time, or too little left to sort and finish the table (its time is estimated
+    # from the arcs): an unfinished table serves no model and no bound.
     data = ExactData(problem, classes, options, {name: _empty(name) for name in ARC_FIELDS}, max_tau, K, 0.0, False)
     data.static_bound = work_bound(problem)
     return data

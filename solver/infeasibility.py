@@ -98,17 +98,14 @@ def _stage_limit_cause(problem: PlanningProblem) -> str:
 
 
 def proves_infeasible(problem: PlanningProblem) -> bool:
-    """Whether the checks of :func:`tightest_constraint` alone rule out every plan.
+    """Whether the bounds of :func:`tightest_constraint` alone rule out every plan.
 
-    True when some layer does not fit any device group even alone, or the model's
-    training state exceeds the memory of the largest devices a plan may use; False when
+    True when some layer does not fit any device group even alone, the model's
+    training state exceeds the memory of the largest devices a plan may use, or the
+    layers need more stages than a plan may have (:func:`fewest_stages`); False when
     these bounds fit (a plan may still not exist: only an exact solver can tell).
     """
-    memories = sorted((d.memory for d in problem.cluster.devices), reverse=True)
-    if any(_layer_verdict(problem, i, memories)[0] > 1 + PROOF_TOL for i in range(len(problem.graph))):
-        return True
-    state = problem.state_factor * sum(l.params for l in problem.graph.layers)
-    return exceeds(state, sum(memories[:problem.stage_limit])) or fewest_stages(problem)[0] > problem.stage_limit
+    return memory_verdict(problem)[0]
 
 
 def tightest_constraint(problem: PlanningProblem) -> str:
@@ -129,13 +126,18 @@ def tightest_constraint(problem: PlanningProblem) -> str:
     --------
     See ``tests/test_infeasibility.py``.
     """
+    return memory_verdict(problem)[1]
+
+
+def memory_verdict(problem: PlanningProblem) -> tuple[bool, str]:
+    """``(proved, sentence)``: whether the memory bounds rule out every plan, and the tightest one in words."""
     memories = sorted((d.memory for d in problem.cluster.devices), reverse=True)
     verdicts = [_layer_verdict(problem, i, memories) for i in range(len(problem.graph))]
     worst = max(range(len(verdicts)), key=lambda i: (verdicts[i][0], -i))
     ratio, r, need = verdicts[worst]
     if ratio > 1 + PROOF_TOL:
-        return _layer_text(problem, worst, r, need, memories)
-    return _model_text(problem, memories)
+        return True, _layer_text(problem, worst, r, need, memories)
+    return _model_verdict(problem, memories)
 
 
 def _layer_text(problem: PlanningProblem, i: int, r: int, need: float, memories: list[float]) -> str:
@@ -189,14 +191,14 @@ def fewest_stages(problem: PlanningProblem) -> tuple[int, tuple[int, int, float]
     return count, overflow
 
 
-def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
+def _model_verdict(problem: PlanningProblem, memories: list[float]) -> tuple[bool, str]:
     k = problem.stage_limit
     state = problem.state_factor * sum(l.params for l in problem.graph.layers)
     room = sum(memories[:k])
     # Every parameter byte's state sits on some stage's devices; activations are left
     # out, so this is a bound any plan must meet.
     if exceeds(state, room):
-        return (f"the model's training state alone needs {format_bytes(state)} (state factor "
+        return True, (f"the model's training state alone needs {format_bytes(state)} (state factor "
                 f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} largest "
                 f"device(s) hold {format_bytes(room)} together")
     n = largest_microbatch(problem)
@@ -204,13 +206,13 @@ def _model_text(problem: PlanningProblem, memories: list[float]) -> str:
     if stages > k and overflow is not None:
         lo, hi, need = overflow
         names = problem.graph.layers
-        return (f"the layers need at least {stages} stages, as every device of a stage holds the training state "
+        return True, (f"the layers need at least {stages} stages, as every device of a stage holds the training state "
                 f"of all its layers and its share of their activations: layers '{names[lo].name}' to "
                 f"'{names[hi - 1].name}' together already need {format_bytes(need)} at microbatch {n}, more "
                 f"than the largest device's {format_bytes(memories[0])}; a plan has at most {k} stage(s) "
                 f"({_stage_limit_cause(problem)})")
     acts = n * sum(l.act for l in problem.graph.layers)
-    return (f"every layer fits on a device alone, but no split into at most {k} stages fits: the "
+    return False, (f"every layer fits on a device alone, but no split into at most {k} stages fits: the "
             f"model's state is {format_bytes(state)} and its activations {format_bytes(acts)} per "
             f"microbatch of {n} (kept for every microbatch in flight); the {k} largest devices hold "
             f"{format_bytes(room)} together")

@@ -50,7 +50,12 @@ def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float 
     --------
     >>> best_baseline(problem)  # doctest: +SKIP
     """
-    solved = [r for r in run_baselines(problem, seed=seed, time_limit=time_limit) if r.plan is not None]
+    return fastest(run_baselines(problem, seed=seed, time_limit=time_limit))
+
+
+def fastest(results: list[SolverResult]) -> SolverResult | None:
+    """The result with the smallest iteration time among those with a plan, or ``None``."""
+    solved = [r for r in results if r.plan is not None]
     return min(solved, key=lambda r: r.iteration_time) if solved else None
 
 

@@ -80,12 +80,10 @@ def stage_estimate(problem: PlanningProblem, plan: Plan, s: int, m: int) -> floa
 
 def _base(problem: PlanningProblem, seed: int, time_limit: float) -> tuple[SolverResult | None, bool]:
     """The best equal-split baseline, and whether any baseline was cut short by its share of the time."""
-    from solver.baselines import run_baselines
+    from solver.baselines import fastest, run_baselines
 
     results = run_baselines(problem, seed=seed, time_limit=time_limit)
-    solved = [r for r in results if r.plan is not None]
-    cut = any(r.details.get("stopped_by_time_limit") for r in results)
-    return (min(solved, key=lambda r: r.iteration_time) if solved else None), cut
+    return fastest(results), any(r.details.get("stopped_by_time_limit") for r in results)
 
 
 class _SplitBaseline:
