@@ -44,6 +44,7 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from solver.infeasibility import heuristic_no_plan
 from solver.plan import Plan, Stage, equal_split
 from solver.problem import PlanningProblem
 from solver.registry import register
@@ -420,8 +421,8 @@ class CpSatSplit:
             found = best_baseline(problem, seed=seed, time_limit=0.2 * time_limit)
             bases = [] if found is None else [(found.name, found)]
         if not bases:
-            return SolverResult(self.name, "infeasible", None, None, None, time.perf_counter() - start, seed,
-                                message="no baseline plan fits to start the split search from")
+            return heuristic_no_plan(problem, self.name, "no baseline plan fits to start the split search from",
+                                     time.perf_counter() - start, seed)
         source, base = bases[0]
         warm = _warm_split(problem, base.plan)  # the split baselines' best: hint and fallback
         left = max(0.5, time_limit - (time.perf_counter() - start))

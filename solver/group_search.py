@@ -58,6 +58,7 @@ import numpy as np
 
 from solver.baselines.common import Judged, finalize
 from solver.exact import DeviceClass, device_classes, stash_points
+from solver.infeasibility import heuristic_no_plan
 from solver.memory import stash_peak
 from solver.problem import PlanningProblem
 from solver.registry import register
@@ -607,11 +608,10 @@ class GroupSearch:
         wall = time.perf_counter() - start
         details = {"patterns": run.patterns, "evaluated": run.evaluated, "stopped_by_time_limit": run.stopped_by_time}
         if not run.plans:
-            status = "timeout-no-solution" if run.stopped_by_time else "infeasible"
             why = ("time limit reached before any pattern fitted" if run.stopped_by_time
                    else "none of the pipelines group-search builds (one block of equal replica groups per "
-                        "device class) fits in memory; an exact solver may still find one")
-            return SolverResult(self.name, status, None, None, None, wall, seed, run.trace, why, details)
+                        "device class) fits in memory")
+            return heuristic_no_plan(problem, self.name, why, wall, seed, run.trace, details)
         best = run.plans[0]
         message = "time limit reached; best plan so far" if run.stopped_by_time else ""
         return SolverResult(self.name, "feasible", best.plan, best.result.iteration_time, None, wall, seed,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 
 from solver.problem import PlanningProblem
+from solver.result import SolverResult
 
 
 def format_bytes(n: float) -> str:
@@ -216,3 +217,45 @@ def _model_verdict(problem: PlanningProblem, memories: list[float]) -> tuple[boo
             f"model's state is {format_bytes(state)} and its activations {format_bytes(acts)} per "
             f"microbatch of {n} (kept for every microbatch in flight); the {k} largest devices hold "
             f"{format_bytes(room)} together")
+
+
+def heuristic_no_plan(problem: PlanningProblem, name: str, why: str, wall: float, seed: int,
+                      trace: tuple = (), details: dict | None = None) -> SolverResult:
+    """The record of a heuristic over the whole search space that came back without a plan.
+
+    Finding nothing proves nothing: the status is ``infeasible`` only when the memory
+    bounds (:func:`memory_verdict`) rule out every plan, and ``timeout-no-solution``
+    (stopped without a plan and without a proof) otherwise, with ``why`` in the message.
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+    name : str
+        The solver's registry name.
+    why : str
+        What the heuristic tried, in words ("no evaluated plan fits in memory").
+    wall : float
+        Seconds it ran.
+    seed : int
+    trace, details
+        As in :class:`solver.result.SolverResult`.
+
+    Returns
+    -------
+    SolverResult
+
+    Examples
+    --------
+    >>> from models.graph import Layer, LayerGraph
+    >>> from solver.cluster import Cluster, Device, Link
+    >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 1), params=9.0, act=0.0, out=0.0)])
+    >>> c = Cluster("c", (Link(1.0, 0.0, "s"),), Link(1.0, 0.0), (Device("d", "s", 1.0, 10.0),))
+    >>> heuristic_no_plan(PlanningProblem(g, c, 1, 1), "nsga", "nothing fitted", 0.1, 0).status
+    'infeasible'
+    """
+    proved, sentence = memory_verdict(problem)
+    if proved:
+        return SolverResult(name, "infeasible", None, None, None, wall, seed, tuple(trace),
+                            f"no plan fits in memory: {sentence}", details or {})
+    return SolverResult(name, "timeout-no-solution", None, None, None, wall, seed, tuple(trace),
+                        f"{why}; that does not prove that no plan fits (ilp and cpsat decide it)", details or {})

@@ -41,6 +41,7 @@ from pymoo.core.sampling import Sampling
 from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
 from solver.batched import BatchSimulator, Candidate
+from solver.infeasibility import heuristic_no_plan
 from solver.plan import Plan, Stage, equal_split
 from solver.problem import PlanningProblem
 from solver.registry import register
@@ -512,8 +513,9 @@ class Nsga:
         details = {"generations": run.generations, "evaluations": run.evaluations, "front_size": len(run.front),
                    "stopped_by_time_limit": run.stopped_by_time, "seeds": list(run.seeds)}
         if not run.front:
-            return SolverResult(self.name, "infeasible", None, None, None, wall, seed,
-                                message="no evaluated plan fits in memory", details=details)
+            why = ("time limit reached before any evaluated plan fitted" if run.stopped_by_time
+                   else "no evaluated plan fits in memory")
+            return heuristic_no_plan(problem, self.name, why, wall, seed, details=details)
         best = run.front[0]
         return SolverResult(self.name, "feasible", best.plan, best.iteration_time, None, wall, seed,
                             (TracePoint(wall, best.iteration_time, None),),

@@ -224,6 +224,19 @@ class TestGroupSearchSolver:
         result = get_solver("group-search").solve(random_problem(1, memory=1.0), time_limit=5.0)
         assert result.status == "infeasible" and result.plan is None and "fits" in result.message
 
+    def test_a_plan_outside_its_patterns_is_not_called_infeasible(self):
+        # Layers 0 and 2 each fill a large device and layer 1 fits only on the small one between them:
+        # the one fitting plan uses the large class in two blocks, which group-search never builds.
+        layers = [Layer(name, (0, 1.0), (0, 2.0), params=p, act=0.0, out=1.0)
+                  for name, p in (("big.0", 60.0), ("small", 50.0), ("big.1", 60.0))]
+        cluster = Cluster("c", (Link(1e3, 0.0, "s"),), Link(1e3, 0.0),
+                          (Device("b0", "s", 1.0, 100.0), Device("b1", "s", 1.0, 100.0), Device("t0", "s", 1.0, 55.0)))
+        problem = PlanningProblem(LayerGraph.chain("g", layers, input_bytes=1.0), cluster, 2, 2, state_factor=1.0)
+        result = get_solver("group-search").solve(problem, time_limit=5.0)
+        assert result.plan is None and result.status == "timeout-no-solution"
+        assert "does not prove" in result.message
+        assert get_solver("ilp").solve(problem, time_limit=5.0).status == "optimal"
+
     def test_exact_solvers_never_worse(self):
         problem = bench_problem(32, 8)
         heuristic = get_solver("group-search").solve(problem, time_limit=10.0)

@@ -9,7 +9,7 @@ import pytest
 from models.graph import Layer, LayerGraph
 from solver.cluster import Cluster, Device, Link
 from solver.infeasibility import (exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
-                                   proves_infeasible, tightest_constraint)
+                                   heuristic_no_plan, proves_infeasible, tightest_constraint)
 from solver.problem import PlanningProblem
 
 
@@ -128,3 +128,18 @@ class TestFewestStages:
                     batch=4, m=rng.choice([1, 2]), schedule=rng.choice(["gpipe", "1f1b"]))
         if proves_infeasible(p):
             assert get_solver("ilp").solve(p, time_limit=20).status == "infeasible"
+
+
+class TestHeuristicNoPlan:
+    def test_proved_by_the_memory_bounds_is_infeasible(self):
+        # block.1 alone needs 32.0 GB (see TestLayerFootprint); the only device has 24 GB.
+        result = heuristic_no_plan(problem([24e9]), "nsga", "no evaluated plan fits in memory", 0.5, 7)
+        assert (result.status, result.plan, result.lower_bound, result.seed) == ("infeasible", None, None, 7)
+        assert "block.1" in result.message and "24.0 GB" in result.message
+
+    def test_not_proved_is_no_solution_and_says_so(self):
+        result = heuristic_no_plan(problem([40e9, 40e9]), "nsga", "no evaluated plan fits in memory", 0.5, 7,
+                                   details={"evaluations": 3})
+        assert result.status == "timeout-no-solution" and result.plan is None
+        assert result.message.startswith("no evaluated plan fits in memory; that does not prove")
+        assert result.details == {"evaluations": 3} and result.wall_time == 0.5
