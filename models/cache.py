@@ -62,6 +62,6 @@ def store_cached(kind: str, key: str, value: Any) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(path, dumps(value))
-    except OSError:
+    except (OSError, InputError):  # atomic_write_text reports an unwritable folder as InputError
         pass
     return path

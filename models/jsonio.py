@@ -36,11 +36,31 @@ def load_json(path: str | os.PathLike) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(name, "file", f"cannot be read: {exc}") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise InputError(name, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}") from None
+    except _DuplicateKey as exc:
+        # JSON leaves repeated keys undefined and Python keeps the last: either copy may be the intended one
+        raise InputError(name, f"key {exc.args[0]!r}", "appears twice in one object; keep one") from None
+    except RecursionError:
+        raise InputError(name, "file", "invalid JSON: nested too deeply") from None
     except ValueError as exc:
         raise InputError(name, "file", f"invalid JSON: {exc}") from None
+
+
+class _DuplicateKey(Exception):
+    """A key repeated within one JSON object (its name is the only argument)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
 
 
 def _reject_constant(token: str) -> Any:
@@ -73,6 +93,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
             handle.write(data)
             # mkstemp makes the file private (0600); give it the mode a plain open() would
             os.fchmod(handle.fileno(), 0o666 & ~_umask())
+            handle.flush()
+            os.fsync(handle.fileno())  # the data is on disk before the name points at it
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -150,8 +172,8 @@ class Reader:
     def number(self, key: str, *, positive: bool = False) -> float:
         return check_number(self.raw(key), self.file, self.path(key), positive=positive)
 
-    def integer(self, key: str, *, minimum: int | None = None) -> int:
-        return check_integer(self.raw(key), self.file, self.path(key), minimum=minimum)
+    def integer(self, key: str, *, minimum: int | None = None, maximum: int | None = None) -> int:
+        return check_integer(self.raw(key), self.file, self.path(key), minimum=minimum, maximum=maximum)
 
     def array(self, key: str, *, nonempty: bool = False) -> list[Any]:
         value = self.raw(key)
@@ -180,7 +202,10 @@ def check_number(value: Any, file: str, where: str, *, positive: bool = False) -
     """``value`` as a finite float, >= 0 (or > 0 when ``positive``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise InputError(file, where, f"expected a number, got {_kind(value)}")
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer literal beyond the float range
+        raise InputError(file, where, f"expected a finite number, got an integer of {len(str(value))} digits") from None
     if not math.isfinite(number):
         raise InputError(file, where, f"expected a finite number, got {value!r}")
     if positive and number <= 0:
@@ -190,13 +215,21 @@ def check_number(value: Any, file: str, where: str, *, positive: bool = False) -
     return number
 
 
-def check_integer(value: Any, file: str, where: str, *, minimum: int | None = None) -> int:
+def check_integer(value: Any, file: str, where: str, *, minimum: int | None = None,
+                  maximum: int | None = None) -> int:
     """``value`` as an int (a float with an integral value is refused: it is a typo)."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise InputError(file, where, f"expected an integer, got {_kind(value)}")
     if minimum is not None and value < minimum:
-        raise InputError(file, where, f"must be at least {minimum}, got {value}")
+        raise InputError(file, where, f"must be at least {minimum}, got {_short(value)}")
+    if maximum is not None and value > maximum:
+        raise InputError(file, where, f"must be at most {maximum}, got {_short(value)}")
     return value
+
+
+def _short(value: int) -> str:
+    text = str(value)
+    return text if len(text) <= 24 else f"an integer of {len(text)} digits"
 
 
 def _kind(value: Any) -> str:
@@ -238,6 +271,8 @@ def check_writable(*paths: str | os.PathLike | None) -> None:
     for path in paths:
         if path is None:
             continue
+        if str(path).endswith(("/", os.sep)):
+            raise InputError(str(path), "output", "ends in a slash: name a file, not a folder")
         folder = Path(path).parent if str(Path(path).parent) else Path(".")
         if not folder.is_dir():
             raise InputError(str(path), "output", f"folder {str(folder)!r} does not exist")

@@ -28,6 +28,10 @@ from models.zoo import ZooModel, build_model
 SIZES = (1, 2)
 
 
+MIN_RATE = 1.0
+"""Slowest achieved FLOP/s accepted (a rate far below any device; it keeps every time finite)."""
+
+
 @dataclass(frozen=True)
 class DeviceModel:
     """The device the times are estimated for."""
@@ -40,13 +44,16 @@ class DeviceModel:
     """Seconds per call of a unit's forward or backward (kernel launches and the like)."""
 
     def __post_init__(self) -> None:
-        for label, value in (("flops", self.flops), ("efficiency", self.efficiency)):
+        for label, value in (("--flops", self.flops), ("--efficiency", self.efficiency)):
             if not (math.isfinite(value) and value > 0):
                 raise InputError("-", label, f"must be a positive number, got {value!r}")
         if self.efficiency > 1:
-            raise InputError("-", "efficiency", f"is a fraction of the peak, at most 1, got {self.efficiency!r}")
+            raise InputError("-", "--efficiency", f"is a fraction of the peak, at most 1, got {self.efficiency!r}")
         if not (math.isfinite(self.overhead) and self.overhead >= 0):
-            raise InputError("-", "overhead", f"must be a number >= 0, got {self.overhead!r}")
+            raise InputError("-", "--overhead", f"must be a number >= 0, got {self.overhead!r}")
+        if not self.flops * self.efficiency >= MIN_RATE:
+            raise InputError("-", "--flops", f"times --efficiency is {self.flops * self.efficiency:g} FLOP/s, below "
+                                             f"{MIN_RATE:g}: layer times would overflow floating point")
 
     def seconds(self, flops: float) -> float:
         """Seconds for ``flops`` floating-point operations at the achieved rate."""

@@ -80,7 +80,11 @@ def run_profile(args: argparse.Namespace) -> int:
     else:
         graph = _measured(args, dtype, seq_len)
     try:
-        atomic_write_text(args.output, dumps(graph.to_dict()))
+        text = dumps(graph.to_dict())
+    except ValueError:  # json's word for inf or nan
+        raise InputError("-", "profile", "a layer's cost or size is not a finite number; nothing written") from None
+    try:
+        atomic_write_text(args.output, text)
     except OSError as exc:
         raise InputError(args.output, "file", f"cannot be written: {exc.strerror or exc}") from None
     sys.stderr.write(f"wrote {args.output}: {graph.name}, {len(graph)} layers\n")
@@ -104,26 +108,43 @@ def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
     for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead)):
         if value is not None:
             raise InputError("-", flag, "describes the device of --analytic; add --analytic or drop it")
-    config = MeasureConfig(batch_sizes=_batch_sizes(args.batch_sizes), warmup=_integer(args.warmup, "--warmup", 0),
-                           repeats=_integer(args.repeats, "--repeats", 1),
-                           threads=_integer(args.threads, "--threads", 1),
-                           rounds=_integer(args.rounds, "--rounds", 1))
-    return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
-                            use_cache=not args.no_cache, progress=sys.stderr.isatty())
+    config = MeasureConfig(batch_sizes=_batch_sizes(args.batch_sizes),
+                           warmup=_integer(args.warmup, "--warmup", 0, MAX_REPEATS),
+                           repeats=_integer(args.repeats, "--repeats", 1, MAX_REPEATS),
+                           threads=_integer(args.threads, "--threads", 1, MAX_THREADS),
+                           rounds=_integer(args.rounds, "--rounds", 1, MAX_REPEATS))
+    try:
+        return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
+                                use_cache=not args.no_cache, progress=sys.stderr.isatty())
+    except RuntimeError as exc:
+        if "alloc" not in str(exc):
+            raise
+        raise InputError("-", "--batch-sizes", f"the model does not fit in this machine's memory at "
+                                               f"{max(config.batch_sizes)} samples; use smaller sizes") from None
+
+
+MAX_PROFILE_BATCH = 65536
+"""Largest microbatch size a profile measures (a batch is allocated for real)."""
+MAX_REPEATS = 100_000
+"""Most warm-up runs, repeats or rounds."""
+MAX_THREADS = 1024
+"""Most intra-op threads."""
 
 
 def _batch_sizes(text: str) -> tuple[int, ...]:
-    sizes = tuple(_integer(part.strip(), "--batch-sizes", 1) for part in text.split(","))
+    sizes = tuple(_integer(part.strip(), "--batch-sizes", 1, MAX_PROFILE_BATCH) for part in text.split(","))
     return tuple(sorted(set(sizes)))
 
 
-def _integer(text: str, flag: str, minimum: int) -> int:
+def _integer(text: str, flag: str, minimum: int, maximum: int | None = None) -> int:
     try:
         value = int(text)
     except ValueError:
         raise InputError("-", flag, f"expected an integer, got {text!r}") from None
     if value < minimum:
         raise InputError("-", flag, f"must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise InputError("-", flag, f"must be at most {maximum}, got {value}")
     return value
 
 

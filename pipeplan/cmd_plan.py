@@ -21,6 +21,8 @@ from solver.cluster import load_cluster
 from solver.figures import pyplot, save_png
 from solver.gantt import write_gantt
 from solver.infeasibility import memory_verdict
+from solver.nsga import MAX_POPULATION
+from solver.plan import MAX_SAMPLES
 from solver.problem import PlanningProblem
 from solver.registry import get_solver, solver_names
 from solver.result import SolverResult
@@ -101,10 +103,12 @@ def check_options(args: argparse.Namespace) -> None:
     if factor is not None and not 0 <= factor < float("inf"):
         raise InputError("-", "--state-factor", f"must be finite and >= 0 (bytes of state per parameter byte; "
                                                 f"4 for fp32 Adam), got {factor}")
-    for flag, least in (("generations", 1), ("population", 2)):
+    for flag, least, most in (("generations", 1, None), ("population", 2, MAX_POPULATION), ("batch", 1, MAX_SAMPLES)):
         value = getattr(args, flag, None)
         if value is not None and value < least:
             raise InputError("-", f"--{flag}", f"must be at least {least}, got {value}")
+        if value is not None and most is not None and value > most:
+            raise InputError("-", f"--{flag}", f"must be at most {most}, got {value}")
 
 
 def problem_from_args(args: argparse.Namespace) -> PlanningProblem:

@@ -33,14 +33,15 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan, graph, cluster)
     result = simulate(plan, graph, cluster, file=args.plan, validate=False)
+    result.check_finite(args.plan)
     for note in warn_names(plan, graph, cluster, args.plan):
         print(note, file=sys.stderr)
     if args.trace:
-        atomic_write_text(args.trace, json.dumps(chrome_trace(result, plan.graph)))
+        atomic_write_text(args.trace, json.dumps(chrome_trace(result, plan.graph), allow_nan=False))
     if args.gantt:
         write_gantt(result, args.gantt, f"{plan.graph} on {plan.cluster} ({plan.schedule})")
     if args.json:
-        print(json.dumps(result.summary()))
+        print(json.dumps(result.summary(), allow_nan=False))
     else:
         print_table(plan, result, cluster)
     return 0

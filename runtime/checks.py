@@ -68,6 +68,7 @@ def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: 
     model = build_model(model_name, seq_len=seq_len, dtype=dtype, seed=seed)
     check_model_matches(model, graph, graph_file)
     prediction = simulate(plan, graph, cluster, file=plan_file, validate=False)
+    prediction.check_finite(plan_file)  # a prediction of inf is no prediction (and no JSON)
     return RunInputs(graph, cluster, plan, plan_file, model_name, seq_len, dtype, prediction, model)
 
 

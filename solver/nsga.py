@@ -49,8 +49,11 @@ from solver.result import SolverResult, TracePoint
 
 __all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "run_nsga", "Nsga"]
 
+MAX_POPULATION = 4096
+"""Largest population: pymoo's duplicate check holds a population-squared distance matrix."""
+
 BIG = 1e30
-"""Objective value of a deadlocking individual (pymoo needs finite numbers)."""
+"""Objective value of a deadlocking individual, and the clip of every time (pymoo needs finite numbers)."""
 
 
 # --------------------------------------------------------------------------- encoding
@@ -239,11 +242,13 @@ class PlanProblem(Problem):
     def _evaluate(self, X, out, *args, **kwargs):
         X = np.asarray(X, dtype=int)
         res = self.sim.evaluate([self.codec.decode(x) for x in X])
-        t = np.where(np.isfinite(res.iteration_time), res.iteration_time, BIG)
+        # pymoo's objectives are clipped at BIG; the archive keeps the simulated time itself
+        # (inf only for a deadlock), so a slow plan is never mistaken for a missing one
+        t = np.where(np.isfinite(res.iteration_time), np.minimum(res.iteration_time, BIG), BIG)
         over = np.where(np.isfinite(res.overuse), res.overuse, BIG)
         out["F"] = np.column_stack([t, res.peak_memory])
         out["G"] = over[:, None]
-        for x, ti, mi, oi in zip(X, t, res.peak_memory, over):
+        for x, ti, mi, oi in zip(X, res.iteration_time, res.peak_memory, over):
             self.archive.setdefault(x.tobytes(), (x.copy(), float(ti), float(mi), float(oi)))
 
 
@@ -470,13 +475,14 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
             break
         algorithm.next()
     front = _front(problem, codec, pymoo_problem.archive)
-    return NsgaRun(front, int(algorithm.n_gen or 0), len(pymoo_problem.archive), stopped,
+    # pymoo's n_gen is the number of the generation it would run next
+    return NsgaRun(front, max(int(algorithm.n_gen or 1) - 1, 0), len(pymoo_problem.archive), stopped,
                    tuple(name for name, _ in seeds))
 
 
 def _front(problem: PlanningProblem, codec: Codec, archive: dict) -> tuple[FrontPoint, ...]:
     """Non-dominated fitting points of the archive, fastest first, one per objective pair."""
-    rows = [v for v in archive.values() if v[3] <= 0 and v[1] < BIG]
+    rows = [v for v in archive.values() if v[3] <= 0 and math.isfinite(v[1])]
     if not rows:
         return ()
     F = np.array([[t, m] for _, t, m, _ in rows])

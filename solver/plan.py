@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from models.errors import InputError
 from models.jsonio import Reader, check_integer, load_json
-from solver.schedule import SCHEDULES, Op, check_ops, stage_ops
+from solver.schedule import SCHEDULES, Op, check_ops, format_op, stage_ops
 
 if TYPE_CHECKING:
     from models.graph import LayerGraph
@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 PLAN_FORMAT = "pipeplan.plan/1"
 
 _STAGE_FIELDS = frozenset({"layers", "devices", "microbatches", "recompute", "ops"})
+
+MAX_SAMPLES = 2**53
+"""Largest global batch: sample counts beyond it are not exact in floating point."""
 _PLAN_FIELDS = frozenset({"format", "graph", "cluster", "global_batch", "state_factor", "schedule", "stages"})
 
 
@@ -114,10 +117,23 @@ class Plan:
             if self.schedule == "custom":
                 check_ops(list(st.ops) if st.ops is not None else _missing_ops(file, s),
                           len(st.microbatches), file, f"stages[{s}].ops")
+            elif st.ops is not None:
+                self._check_named_ops(st, s, file)
+
+    def _check_named_ops(self, st: Stage, s: int, file: str) -> None:
+        """An op list on a gpipe/1f1b stage must be the one the schedule generates (it is not read)."""
+        where = f"stages[{s}].ops"
+        given = check_ops(list(st.ops or ()), len(st.microbatches), file, where)
+        expected = stage_ops(self.schedule, len(st.microbatches), s, len(self.stages))
+        if given != expected:
+            shown = " ".join(format_op(op) for op in expected[:12]) + (" ..." if len(expected) > 12 else "")
+            raise InputError(file, where, f"differs from this stage's {self.schedule} op list ({shown}), which "
+                                          f"the schedule alone decides; another order needs \"schedule\": \"custom\"")
 
     def _check_header(self, file: str) -> None:
-        if self.global_batch < 1:
-            raise InputError(file, "global_batch", f"must be a positive number of samples, got {self.global_batch}")
+        if not 1 <= self.global_batch <= MAX_SAMPLES:
+            raise InputError(file, "global_batch", f"must be 1 to 2**53 samples (counts beyond are not exact "
+                                                   f"in floating point), got {self.global_batch}")
         if self.schedule not in SCHEDULES:
             raise InputError(file, "schedule", f"unknown schedule {self.schedule!r}; valid: {', '.join(SCHEDULES)}")
         if not self.stages:
@@ -186,7 +202,7 @@ class Plan:
             raise top.fail("schedule", f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
         stages = tuple(_read_stage(item, file, f"stages[{i}]", schedule == "custom")
                        for i, item in enumerate(top.array("stages", nonempty=True)))
-        plan = cls(top.string("graph"), top.string("cluster"), top.integer("global_batch", minimum=1),
+        plan = cls(top.string("graph"), top.string("cluster"), top.integer("global_batch", minimum=1, maximum=MAX_SAMPLES),
                    top.number("state_factor"), schedule, stages, top.extras(_PLAN_FIELDS))
         plan.validate(file=file)
         return plan
@@ -216,7 +232,7 @@ def _read_stage(item: Any, file: str, where: str, custom: bool) -> Stage:
         if not isinstance(dev, str):
             raise InputError(file, f"{where}.devices[{j}]", f"expected a device id string, got {dev!r}")
     sizes = r.array("microbatches", nonempty=True)
-    split = tuple(check_integer(n, file, f"{where}.microbatches[{k}]") for k, n in enumerate(sizes))
+    split = tuple(check_integer(n, file, f"{where}.microbatches[{k}]", maximum=MAX_SAMPLES) for k, n in enumerate(sizes))
     ops = None
     if r.has("ops") and r.raw("ops") is not None:
         ops_raw = r.array("ops")

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from models.graph import LayerGraph
 from solver.cluster import Cluster
-from solver.plan import Plan, Stage, equal_split
+from solver.plan import MAX_SAMPLES, Plan, Stage, equal_split
 from solver.simulator import SimulationResult, simulate
 
 
@@ -54,8 +54,8 @@ class PlanningProblem:
     """Split-aware solvers may give every stage its own split (unequal data partitions)."""
 
     def __post_init__(self) -> None:
-        if self.global_batch < 1:
-            raise ValueError(f"global_batch must be positive, got {self.global_batch}")
+        if not 1 <= self.global_batch <= MAX_SAMPLES:
+            raise ValueError(f"global_batch must be 1 to 2**53, got {self.global_batch}")
         if not 1 <= self.microbatches <= self.global_batch:
             raise ValueError(f"microbatches must be in 1..{self.global_batch} (the batch), got {self.microbatches}; "
                              f"each microbatch needs at least one sample")
@@ -71,6 +71,10 @@ class PlanningProblem:
         if self.max_microbatches is not None and self.max_microbatches < self.microbatches:
             raise ValueError(f"max_microbatches ({self.max_microbatches}) is below microbatches "
                              f"({self.microbatches}); the equal split must stay in the search space")
+
+        overflow = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
+        if overflow:
+            raise ValueError(overflow)
 
     def equal_split_problem(self) -> "PlanningProblem":
         """The same problem with the split fixed to ``microbatches`` equal microbatches."""
@@ -152,3 +156,44 @@ class PlanningProblem:
         if not self.allow_recompute and any(st.recompute for st in plan.stages):
             return False
         return all(st.microbatches == self.split for st in plan.stages) and plan.schedule == self.schedule
+
+
+def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state_factor: float) -> str:
+    """Why some plan's time or memory would overflow floating point, or ``""`` when none can.
+
+    Every plan's iteration time is below the *ceiling* of running every op of every
+    stage one after another on the slowest device (at most ``B`` microbatches a stage,
+    each recomputed), every transfer on the slowest link, and every all-reduce of all the
+    parameters; its memory below all the state plus every sample's bytes.  A ceiling that
+    is finite keeps every simulated number finite, so no solver compares infinities and
+    no report holds ``inf``.
+
+    Examples
+    --------
+    >>> from models.graph import Layer
+    >>> from solver.cluster import Device, Link
+    >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 4, 8, 16)])
+    >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 5e-324, 1e9),))
+    >>> overflow_cause(g, c, 8, 4.0)[:55]
+    'durations overflow floating point: the slowest device r'
+    """
+    B, D = global_batch, len(cluster.devices)
+    layers = graph.layers
+    speed = min(d.speed for d in cluster.devices)
+    links = (*cluster.servers, cluster.network)
+    bandwidth, latency = min(l.bandwidth for l in links), max(l.latency for l in links)
+    work = 2.0 * sum(B * (l.fwd[0] + l.bwd[0]) + B * (l.fwd[1] + l.bwd[1]) for l in layers)
+    cut = graph.input_bytes + sum(l.out for l in layers)
+    params = sum(l.params for l in layers)
+    ceiling = (D * work / speed + 2.0 * B * D * (latency + B * cut / bandwidth)
+               + 2.0 * D * (latency + params / bandwidth))
+    if not math.isfinite(ceiling):
+        return (f"durations overflow floating point: the slowest device runs at speed {speed:g} and the slowest "
+                f"link carries {bandwidth:g} B/s, while the layers cost {work:g} s for the batch of {B} "
+                f"(before dividing by the speed); use realistic speeds, bandwidths and costs")
+    memory = state_factor * params + B * (graph.input_bytes + sum(l.act + l.out for l in layers))
+    if not math.isfinite(memory):
+        return (f"bytes overflow floating point: {state_factor:g} x {params:g} B of state plus the activations "
+                f"of {B} samples; use realistic sizes")
+    return ""
+

@@ -23,7 +23,7 @@ FORWARD, BACKWARD = "F", "B"
 Op = tuple[str, int]
 """An action: ``("F", k)`` or ``("B", k)`` for microbatch ``k`` of the stage."""
 
-_OP_RE = re.compile(r"^([FB])(0|[1-9][0-9]*)$")
+_OP_RE = re.compile(r"([FB])(0|[1-9][0-9]*)")  # used with fullmatch: "$" would also match before a newline
 
 
 def parse_op(text: str) -> Op:
@@ -34,7 +34,7 @@ def parse_op(text: str) -> Op:
     ValueError
         If ``text`` is not ``F<k>`` or ``B<k>`` with ``k`` a non-negative integer.
     """
-    match = _OP_RE.match(text) if isinstance(text, str) else None
+    match = _OP_RE.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise ValueError(f"op {text!r} is not of the form F<k> or B<k> (k = 0, 1, ...)")
     return match.group(1), int(match.group(2))

@@ -11,13 +11,14 @@ before all ops ran, the dependencies form a cycle: a deadlock.
 
 from __future__ import annotations
 
+import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from models.errors import DeadlockError
+from models.errors import DeadlockError, InputError
 from solver.memory import stage_peak_memory
 from solver.schedule import FORWARD, Op, format_op
 
@@ -151,6 +152,23 @@ class SimulationResult:
     def stage_end(self) -> tuple[float, ...]:
         """When each stage is done: its last op's end plus its all-reduce."""
         return tuple(times[-1][1] + st.allreduce for st, times in zip(self.stages, self.op_times))
+
+    def check_finite(self, file: str = "-") -> None:
+        """Refuse a result whose time or memory overflowed floating point (before it is reported).
+
+        Raises
+        ------
+        InputError
+            When the iteration time or a stage's peak memory is not finite.
+        """
+        if not math.isfinite(self.iteration_time):
+            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time}: a duration "
+                                           "overflows floating point (a device speed or link bandwidth near 0, or "
+                                           "a cost near 1e308 in the graph)")
+        for s, peak in enumerate(self.peak_memory):
+            if not math.isfinite(peak):
+                raise InputError(file, f"stages[{s}]", f"its peak memory is {peak}: the graph's bytes overflow "
+                                                       "floating point at this batch")
 
     @property
     def bubble_fraction(self) -> float:

@@ -108,6 +108,18 @@ def _custom_b_first(d):
     ops.insert(0, ops.pop(ops.index("B0")))
 
 
+def _custom_newline(d):
+    d["schedule"] = "custom"
+    for st in d["stages"]:
+        m = len(st["microbatches"])
+        st["ops"] = [f"F{k}" for k in range(m)] + [f"B{k}" for k in range(m)]
+    d["stages"][0]["ops"][0] = "F0\n"  # "$" in a regex would let it through
+
+
+def _gpipe_order_on_1f1b(d):
+    d["stages"][0]["ops"] = ["F0", "F1", "F2", "F3", "B0", "B1", "B2", "B3"]  # 1f1b runs B0 before F3 here
+
+
 BAD_INPUTS = [
     # (which file, content, where, what)
     ("graph", None, "file", "no such file"),
@@ -135,6 +147,12 @@ BAD_INPUTS = [
     ("plan", _plan(_deadlock), "stages[0].ops[3]", "deadlock: stage 0 op B0 waits for the gradients"),
     ("plan", _plan(lambda d: d.pop("stages")), "stages", "missing required field"),
     ("plan", _plan(lambda d: d.update(global_batch="64")), "global_batch", "expected an integer"),
+    ("plan", _plan(lambda d: d.update(global_batch=2**60)), "global_batch", "must be at most 9007199254740992"),
+    ("plan", _plan(_custom_newline), "stages[0].ops[0]", "is not of the form"),
+    ("plan", _plan(_gpipe_order_on_1f1b), "stages[0].ops", "differs from this stage's 1f1b op list (F0 F1 F2 B0 F3"),
+    ("graph", _graph(lambda d: d["layers"][0].update(params=10**400)), "layers[0].params", "an integer of 401 digits"),
+    ("graph", '{"format": "pipeplan.graph/1", "name": "a", "name": "b"}', "key 'name'", "appears twice"),
+    ("cluster", "[" * 100_000 + "]" * 100_000, "file", "nested too deeply"),
 ]
 
 
@@ -186,3 +204,46 @@ class TestOutputPaths:
         status, out, err = run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in argv])
         assert status == 2 and err.startswith("error: ") and "output: folder" in err and "does not exist" in err
         assert list(tmp_path.iterdir()) == []
+
+    def test_a_trailing_slash_names_no_file(self, run_cli, tmp_path):
+        status, _, err = run_cli("simulate", GRAPH, CLUSTER, PLAN, "--trace", f"{tmp_path}/t/")
+        assert status == 2 and "ends in a slash" in err and list(tmp_path.iterdir()) == []
+
+
+class TestOverflow:
+    def test_a_plan_whose_time_overflows_is_refused_not_printed_as_infinity(self, run_cli, tmp_path):
+        # g1 runs at 5e-324 of the reference speed: its ops take inf seconds, which is no JSON number
+        cluster = _write(tmp_path, "c.json", _cluster(lambda d: d["devices"][1].update(speed=5e-324)))
+        out = tmp_path / "out"
+        out.mkdir()
+        status, stdout, err = run_cli("simulate", GRAPH, cluster, PLAN, "--json", "--trace", str(out / "t.json"))
+        assert status == 2 and stdout == "" and err.count("\n") == 1
+        assert err.startswith(f"error: {PLAN}: plan: its simulated iteration time is inf")
+        assert list(out.iterdir()) == []
+
+    def test_planning_refuses_a_cluster_whose_times_overflow(self, run_cli, tmp_path):
+        cluster = _write(tmp_path, "c.json", _cluster(lambda d: d["devices"][1].update(speed=5e-324)))
+        status, _, err = run_cli("plan", GRAPH, cluster, "--batch", "8", "--microbatches", "2", "--solver", "even",
+                                 "-o", str(tmp_path / "p.json"))
+        assert status == 2 and "durations overflow floating point" in err and not (tmp_path / "p.json").exists()
+
+
+class TestValidatePartners:
+    def _renamed_graph(self, tmp_path, name):
+        return _write(tmp_path, f"{name}.json", _graph(lambda d: d.update(name=name)))
+
+    def test_among_several_graphs_the_plan_is_checked_against_its_own(self, run_cli, tmp_path):
+        short = _write(tmp_path, "p.json", _plan(lambda d: d["stages"][2].update(layers=[6, 7])))
+        status, _, err = run_cli("validate", self._renamed_graph(tmp_path, "other"), GRAPH, CLUSTER, short)
+        assert status == 2 and err.startswith(f"error: {short}: stages[2].layers")
+
+    def test_several_graphs_none_named_as_in_the_plan(self, run_cli, tmp_path):
+        a, b = self._renamed_graph(tmp_path, "a"), self._renamed_graph(tmp_path, "b")
+        status, _, err = run_cli("validate", a, b, CLUSTER, PLAN)
+        assert status == 2 and err.startswith(f"error: {PLAN}: graph: the plan names graph 'chain8'; none of")
+
+    def test_one_graph_of_another_name_is_used_with_a_warning(self, run_cli, tmp_path):
+        status, out, err = run_cli("validate", self._renamed_graph(tmp_path, "other"), CLUSTER, PLAN)
+        assert status == 0 and "checked against the graph and cluster" in out
+        assert err == f"warning: {PLAN}: graph: plan was made for graph 'chain8', checking against 'other'\n"
+

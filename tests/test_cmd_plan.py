@@ -166,6 +166,8 @@ class TestCheckOptions:
         ("--state-factor", "-1", "must be finite and >= 0"),
         ("--generations", "0", "must be at least 1, got 0"),
         ("--population", "1", "must be at least 2, got 1"),
+        ("--population", "5000", "must be at most 4096, got 5000"),
+        ("--batch", str(2 ** 60), f"must be at most {2 ** 53}, got {2 ** 60}"),
     ])
     def test_bad_option_is_one_line_exit_2_nothing_written(self, tmp_path, capsys, flag, value, message):
         out = tmp_path / "plan.json"

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from models.graph import load_graph
 from solver.cluster import load_cluster
-from solver.nsga import Codec, Nsga, run_nsga
+from solver.nsga import BIG, Codec, Nsga, run_nsga
 from solver.plan import Plan
 from solver.problem import PlanningProblem
 from solver.simulator import simulate
@@ -53,6 +54,19 @@ class TestRunNsga:
             r = simulate(p.plan, problem.graph, problem.cluster)
             assert r.fits and r.iteration_time == pytest.approx(p.iteration_time, rel=1e-9)
             assert max(r.peak_memory) == pytest.approx(p.peak_memory, rel=1e-9)
+
+
+    @pytest.mark.parametrize("generations", [1, 3])
+    def test_reports_the_generations_it_ran(self, generations):
+        run = run_nsga(gpt_problem(), generations=generations, population=8, seed=0, time_limit=60)
+        assert run.generations == generations
+
+    def test_a_fitting_plan_slower_than_the_objective_clip_is_kept(self):
+        # speeds of 1e-35 make every plan take 1e31 s or more: slow, but fitting
+        problem = gpt_problem()
+        slow = replace(problem.cluster, devices=tuple(replace(d, speed=1e-35) for d in problem.cluster.devices))
+        run = run_nsga(replace(problem, cluster=slow), generations=2, population=8, seed=0, time_limit=60)
+        assert run.front and run.front[0].iteration_time > BIG
 
 
 class TestNsga:

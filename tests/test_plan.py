@@ -75,6 +75,21 @@ class TestValidate:
         assert info.value.where == "stages[1].ops[1]" and "B1 comes before F1" in info.value.what
 
 
+    def test_an_op_list_on_a_named_schedule_must_be_its_own(self):
+        data = base()
+        # stage 0 of 2 under 1f1b with 2 microbatches: w = 1, so F0 F1 B0 B1 (the same as gpipe's)
+        data["stages"][0]["ops"] = ["F0", "F1", "B0", "B1"]
+        data["stages"][1]["ops"] = ["F0", "B0", "F1", "B1", "F2", "B2"]  # the last stage: w = 0
+        plan = Plan.from_dict(data)
+        assert plan.to_dict()["stages"][1]["ops"] == ["F0", "B0", "F1", "B1", "F2", "B2"]
+        data["stages"][1]["ops"] = ["F0", "F1", "B0", "B1", "F2", "B2"]
+        with pytest.raises(InputError) as info:
+            Plan.from_dict(data, "p.json")
+        assert info.value.where == "stages[1].ops"
+        assert "differs from this stage's 1f1b op list (F0 B0 F1 B1 F2 B2)" in info.value.what
+        assert '"schedule": "custom"' in info.value.what
+
+
 class TestRoundTrip:
     def test_extra_fields_survive(self):
         data = base()

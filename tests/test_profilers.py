@@ -216,10 +216,21 @@ class TestRunProfile:
 
     @pytest.mark.parametrize("args", [["--batch-sizes", "0,x"], ["--batch-sizes", "1,x"], ["--dtype", "int8"],
                                       ["--seq-len", "0"], ["--flops", "1e12"],
-                                      ["--analytic", "--efficiency", "two"]])
+                                      ["--analytic", "--efficiency", "two"], ["--batch-sizes", "1,1000000"],
+                                      ["--analytic", "--flops", "1e-320"], ["--threads", "100000"]])
     def test_bad_arguments_exit_2(self, args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["profile", "gpt-tiny", *args, "-o", str(tmp_path / "x.json")]) == 2
         assert capsys.readouterr().err.startswith("error: -: ")
+
+
+    @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+    def test_an_unwritable_cache_still_writes_the_graph(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        # /proc/self exists (so the folder is "there") but no file can be made in it, even by root
+        monkeypatch.setenv("PIPEPLAN_CACHE", "/proc/self")
+        out = tmp_path / "tiny.json"
+        assert main(["profile", "gpt-tiny", "--batch-sizes", "1,2", "--repeats", "1", "--warmup", "0",
+                     "-o", str(out)]) == 0
+        assert load_graph(str(out)).name == "gpt-tiny-6"
 
 
 class TestCacheKey:
