@@ -17,10 +17,10 @@ if TYPE_CHECKING:
 PLAN_FORMAT = "pipeplan.plan/1"
 
 _STAGE_FIELDS = frozenset({"layers", "devices", "microbatches", "recompute", "ops"})
+_PLAN_FIELDS = frozenset({"format", "graph", "cluster", "global_batch", "state_factor", "schedule", "stages"})
 
 MAX_SAMPLES = 2**53
 """Largest global batch: sample counts beyond it are not exact in floating point."""
-_PLAN_FIELDS = frozenset({"format", "graph", "cluster", "global_batch", "state_factor", "schedule", "stages"})
 
 
 @dataclass(frozen=True)
@@ -202,8 +202,9 @@ class Plan:
             raise top.fail("schedule", f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
         stages = tuple(_read_stage(item, file, f"stages[{i}]", schedule == "custom")
                        for i, item in enumerate(top.array("stages", nonempty=True)))
-        plan = cls(top.string("graph"), top.string("cluster"), top.integer("global_batch", minimum=1, maximum=MAX_SAMPLES),
-                   top.number("state_factor"), schedule, stages, top.extras(_PLAN_FIELDS))
+        batch = top.integer("global_batch", minimum=1, maximum=MAX_SAMPLES)
+        plan = cls(top.string("graph"), top.string("cluster"), batch, top.number("state_factor"), schedule, stages,
+                   top.extras(_PLAN_FIELDS))
         plan.validate(file=file)
         return plan
 
@@ -232,7 +233,8 @@ def _read_stage(item: Any, file: str, where: str, custom: bool) -> Stage:
         if not isinstance(dev, str):
             raise InputError(file, f"{where}.devices[{j}]", f"expected a device id string, got {dev!r}")
     sizes = r.array("microbatches", nonempty=True)
-    split = tuple(check_integer(n, file, f"{where}.microbatches[{k}]", maximum=MAX_SAMPLES) for k, n in enumerate(sizes))
+    split = tuple(check_integer(n, file, f"{where}.microbatches[{k}]", maximum=MAX_SAMPLES)
+                  for k, n in enumerate(sizes))
     ops = None
     if r.has("ops") and r.raw("ops") is not None:
         ops_raw = r.array("ops")
