@@ -2,17 +2,19 @@
 
 Runs NSGA-II (``solver/nsga.py``) and writes every non-dominated fitting plan with its
 iteration time and peak memory as one JSON file (``pipeplan.pareto/1``), and with
-``--plot`` a scatter plot of the front.  Exit status 3 when no plan fits.
+``--plot`` a scatter plot of the front.  Exit status 3 when no plan comes back (the
+message says "no plan fits" only when that is proved, as ``pipeplan plan`` does).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import time
 
 from models.jsonio import atomic_write_text, check_writable, dumps
 from solver.figures import pyplot, save_png
-from pipeplan.cmd_plan import NO_PLAN, _common, problem_from_args
+from pipeplan.cmd_plan import _common, no_plan, problem_from_args
+from solver.infeasibility import heuristic_no_plan
 from solver.nsga import NsgaRun, run_nsga
 
 PARETO_FORMAT = "pipeplan.pareto/1"
@@ -57,11 +59,15 @@ def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
     check_writable(args.output, args.plot)
     problem = problem_from_args(args)
+    start = time.perf_counter()
     run = run_nsga(problem, generations=args.generations or 60, population=args.population or 48,
                    seed=args.seed, time_limit=args.time_limit)
     if not run.front:
-        sys.stderr.write("no plan fits: no evaluated plan fits in memory\n")
-        return NO_PLAN
+        why = ("time limit reached before any evaluated plan fitted" if run.stopped_by_time
+               else "no evaluated plan fits in memory")
+        result = heuristic_no_plan(problem, "nsga", why, time.perf_counter() - start, args.seed,
+                                   details={"stopped_by_time_limit": run.stopped_by_time})
+        return no_plan(problem, [result])  # "no plan fits" only when proved
     atomic_write_text(args.output, dumps(front_document(run, args)))
     if args.plot:
         _plot(args.plot, run, f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}")

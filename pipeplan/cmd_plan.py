@@ -172,7 +172,7 @@ PROVING = ("ilp", "cpsat")
 """Solvers whose ``infeasible`` is a proof (they search the whole space)."""
 
 
-def _no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
+def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
     """Say why no plan came back: a proof that none fits, or only that none was found."""
     bounds_prove, constraint = memory_verdict(problem)
     # a solver's message that only repeats the constraint adds nothing
@@ -182,7 +182,7 @@ def _no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
         sys.stderr.write(f"no plan fits: {constraint}\n")
     else:
         names = ", ".join(r.name for r in results)
-        timed_out = any(r.status == "timeout-no-solution" for r in results)
+        timed_out = any(r.details.get("stopped_by_time_limit") or "time limit" in r.message for r in results)
         sys.stderr.write(f"no plan found: {names} found no fitting plan{' in the time given' if timed_out else ''}, "
                          f"which does not prove that none fits (ilp and cpsat decide it, given time)\n")
     if why:
@@ -196,7 +196,7 @@ def run_plan(args: argparse.Namespace) -> int:
     problem = problem_from_args(args)
     result = _solve(problem, [args.solver], args)[0]
     if result.plan is None:
-        return _no_plan(problem, [result])
+        return no_plan(problem, [result])
     atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
     gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
     print(f"{result.name}: {result.status}, {len(result.plan.stages)} stages, iteration time "
@@ -269,7 +269,7 @@ def run_compare(args: argparse.Namespace) -> int:
         raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(solver_names())}")
     results = _solve(problem, names, args)
     if all(r.plan is None for r in results):
-        return _no_plan(problem, results)
+        return no_plan(problem, results)
     rows = comparison_rows(problem, results)
     title = f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}, M={problem.microbatches}, {problem.schedule}"
     if args.json:

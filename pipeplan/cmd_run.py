@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -32,8 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
-    """The workers' command line: the run's own arguments, reporting to ``result``."""
-    argv = [args.graph, args.cluster, args.plan, "--model", args.model, "--steps", str(args.steps),
+    """The workers' command line: the run's own arguments, reporting to ``result``.
+
+    The files are passed as absolute paths: the workers start in the project's root (so
+    that ``-m runtime.worker`` imports this pipeplan, whatever the caller's folder holds),
+    where a path relative to the caller's folder would name another file or none.
+    """
+    files = [os.path.abspath(path) for path in (args.graph, args.cluster, args.plan)]
+    argv = [*files, "--model", args.model, "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
             "--timeout", repr(args.timeout), "--transport", args.transport, "--spin", args.spin,
             "--result", str(result)]

@@ -124,3 +124,21 @@ class TestParetoCommand:
         assert status == 0, stdout
         doc = json.loads(out.read_text())
         assert doc["format"] == "pipeplan.pareto/1" and doc["points"] and png.stat().st_size > 0
+
+    def test_nothing_found_in_time_is_not_called_infeasible(self, run_cli, tmp_path):
+        out = tmp_path / "front.json"
+        status, _, err = run_cli("pareto", str(EXAMPLES / "chain8.graph.json"),
+                                 str(EXAMPLES / "two-servers.cluster.json"), "--batch", "64", "--microbatches", "8",
+                                 "--time-limit", "0.0001", "-o", str(out))
+        assert status == 3 and not out.exists()
+        assert err.startswith("no plan found: nsga found no fitting plan in the time given, which does not prove")
+
+    def test_proved_infeasible_says_no_plan_fits(self, run_cli, tmp_path):
+        cluster = json.loads((EXAMPLES / "two-servers.cluster.json").read_text())
+        for device in cluster["devices"]:
+            device["memory"] = 1000  # bytes: far below any layer's state
+        path = tmp_path / "small.cluster.json"
+        path.write_text(json.dumps(cluster))
+        status, _, err = run_cli("pareto", str(EXAMPLES / "chain8.graph.json"), str(path), "--batch", "64",
+                                 "--microbatches", "8", "--time-limit", "5", "-o", str(tmp_path / "f.json"))
+        assert status == 3 and err.startswith("no plan fits: ")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -125,6 +126,19 @@ def test_messages_cover_every_sample_once_in_both_directions():
 def test_gpipe_gpt_tied_weights_across_stages(graphs, tmp_path):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2, 2]), (3, 6, ["g1"], [2, 2, 2])], 6, "gpipe")
     run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+
+
+def test_relative_paths_from_another_folder(graphs, tmp_path):
+    # the workers start in the project's root: the files must still be the caller's
+    shutil.copy(graphs["gpt-tiny"], tmp_path / "g.json")
+    shutil.copy(CLUSTER, tmp_path / "c.json")
+    write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b", name="p")
+    done = subprocess.run([sys.executable, "-m", "pipeplan.cli", "run", "g.json", "c.json", "p.plan.json",
+                           "--model", "gpt-tiny", "--steps", "2", "--warmup", "1", "--verify", "--json",
+                           "--timeout", "30"], cwd=tmp_path, capture_output=True, text=True, timeout=LIMIT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verified"]
 
 
 def test_1f1b_gpt_unequal_per_stage_splits(graphs, tmp_path):
