@@ -34,7 +34,7 @@ def register(subparsers: Any) -> None:
                                                 "and write its pipeplan.graph/1 file.")
     profile.add_argument("model", help=f"zoo model ({', '.join(model_names())})")
     profile.add_argument("-o", "--output", required=True, metavar="GRAPH.json", help="graph file to write")
-    profile.add_argument("--batch-sizes", default="1,2,4,8", metavar="N,N,...",
+    profile.add_argument("--batch-sizes", default=None, metavar="N,N,...",
                          help="microbatch sizes to time (default 1,2,4,8)")
     profile.add_argument("--analytic", action="store_true",
                          help="estimate from FLOPs on the meta device instead of measuring")
@@ -43,12 +43,12 @@ def register(subparsers: Any) -> None:
     profile.add_argument("--overhead", metavar="S", help="seconds per unit call (--analytic; default 2e-5)")
     profile.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default float32)")
     profile.add_argument("--seq-len", metavar="N", help="tokens per sample of sequence models")
-    profile.add_argument("--threads", default="1", metavar="N", help="torch threads while measuring (default 1)")
-    profile.add_argument("--rounds", default="1", metavar="N",
+    profile.add_argument("--threads", default=None, metavar="N", help="torch threads while measuring (default 1)")
+    profile.add_argument("--rounds", default=None, metavar="N",
                          help="passes over every unit and batch size, each timing --repeats runs; the median is "
                               "over all (default 1; more spread the samples over time on a shared machine)")
-    profile.add_argument("--warmup", default="2", metavar="N", help="untimed runs per op (default 2)")
-    profile.add_argument("--repeats", default="5", metavar="N", help="timed runs per op, median kept (default 5)")
+    profile.add_argument("--warmup", default=None, metavar="N", help="untimed runs per op (default 2)")
+    profile.add_argument("--repeats", default=None, metavar="N", help="timed runs per op, median kept (default 5)")
     profile.add_argument("--no-cache", action="store_true", help="measure again even if a cached result exists")
     profile.set_defaults(func=run_profile)
 
@@ -91,8 +91,17 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "warmup": "2", "repeats": "5"}
+"""What the measuring options default to (``None`` in the parser, so ``--analytic`` can tell them given)."""
+
+
 def _analytic(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
     from models.profile_analytic import DeviceModel, profile_analytic
+
+    for key in (*MEASURE_DEFAULTS, "no_cache"):
+        if getattr(args, key) not in (None, False):
+            flag = "--" + key.replace("_", "-")
+            raise InputError("-", flag, "describes a measurement; --analytic measures nothing: drop it")
 
     defaults = DeviceModel()
     device = DeviceModel(
@@ -108,11 +117,13 @@ def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
     for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead)):
         if value is not None:
             raise InputError("-", flag, "describes the device of --analytic; add --analytic or drop it")
-    config = MeasureConfig(batch_sizes=_batch_sizes(args.batch_sizes),
-                           warmup=_integer(args.warmup, "--warmup", 0, MAX_REPEATS),
-                           repeats=_integer(args.repeats, "--repeats", 1, MAX_REPEATS),
-                           threads=_integer(args.threads, "--threads", 1, MAX_THREADS),
-                           rounds=_integer(args.rounds, "--rounds", 1, MAX_REPEATS))
+    given = {key: default if getattr(args, key) is None else getattr(args, key)
+             for key, default in MEASURE_DEFAULTS.items()}
+    config = MeasureConfig(batch_sizes=_batch_sizes(given["batch_sizes"]),
+                           warmup=_integer(given["warmup"], "--warmup", 0, MAX_REPEATS),
+                           repeats=_integer(given["repeats"], "--repeats", 1, MAX_REPEATS),
+                           threads=_integer(given["threads"], "--threads", 1, MAX_THREADS),
+                           rounds=_integer(given["rounds"], "--rounds", 1, MAX_REPEATS))
     try:
         return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
                                 use_cache=not args.no_cache, progress=sys.stderr.isatty())

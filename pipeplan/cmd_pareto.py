@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from models.errors import InputError
 from models.jsonio import atomic_write_text, check_writable, dumps
 from solver.figures import pyplot, save_png
 from pipeplan.cmd_plan import _common, no_plan, problem_from_args
@@ -58,6 +59,8 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
     check_writable(args.output, args.plot)
+    if args.backend is not None:
+        raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
     problem = problem_from_args(args)
     start = time.perf_counter()
     run = run_nsga(problem, generations=args.generations or 60, population=args.population or 48,

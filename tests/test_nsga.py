@@ -142,3 +142,10 @@ class TestParetoCommand:
         status, _, err = run_cli("pareto", str(EXAMPLES / "chain8.graph.json"), str(path), "--batch", "64",
                                  "--microbatches", "8", "--time-limit", "5", "-o", str(tmp_path / "f.json"))
         assert status == 3 and err.startswith("no plan fits: ")
+
+    def test_a_backend_is_refused(self, run_cli, tmp_path):
+        status, _, err = run_cli("pareto", str(EXAMPLES / "chain8.graph.json"),
+                                 str(EXAMPLES / "two-servers.cluster.json"), "--batch", "8", "--microbatches", "2",
+                                 "--backend", "cbc", "-o", str(tmp_path / "f.json"))
+        assert status == 2 and err.startswith("error: -: --backend: ") and not (tmp_path / "f.json").exists()
+

@@ -217,7 +217,9 @@ class TestRunProfile:
     @pytest.mark.parametrize("args", [["--batch-sizes", "0,x"], ["--batch-sizes", "1,x"], ["--dtype", "int8"],
                                       ["--seq-len", "0"], ["--flops", "1e12"],
                                       ["--analytic", "--efficiency", "two"], ["--batch-sizes", "1,1000000"],
-                                      ["--analytic", "--flops", "1e-320"], ["--threads", "100000"]])
+                                      ["--analytic", "--flops", "1e-320"], ["--threads", "100000"],
+                                      ["--analytic", "--batch-sizes", "1,2"], ["--analytic", "--no-cache"],
+                                      ["--batch-sizes", ""]])
     def test_bad_arguments_exit_2(self, args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["profile", "gpt-tiny", *args, "-o", str(tmp_path / "x.json")]) == 2
         assert capsys.readouterr().err.startswith("error: -: ")
