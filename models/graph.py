@@ -15,7 +15,7 @@ from typing import Any
 import networkx as nx
 
 from models.errors import InputError
-from models.jsonio import Reader, check_integer, load_json, number_list
+from models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json, number_list
 
 GRAPH_FORMAT = "pipeplan.graph/1"
 
@@ -223,7 +223,7 @@ def _read_layer(item: Any, file: str, where: str) -> Layer:
     r = Reader(item, file, where)
     tied = None
     if r.has("tied_to") and r.raw("tied_to") is not None:
-        tied = r.integer("tied_to", minimum=0)
+        tied = r.integer("tied_to", minimum=0, maximum=MAX_EXACT_INT)
     return Layer(
         name=r.string("name"),
         fwd=number_list(r.raw("fwd"), file, r.path("fwd"), 2),  # type: ignore[arg-type]
@@ -239,8 +239,8 @@ def _read_layer(item: Any, file: str, where: str) -> Layer:
 def _read_edge(item: Any, n: int, file: str, where: str) -> tuple[int, int]:
     if not isinstance(item, list) or len(item) != 2:
         raise InputError(file, where, "an edge is a list [u, v] of two layer indices")
-    u = check_integer(item[0], file, f"{where}[0]")
-    v = check_integer(item[1], file, f"{where}[1]")
+    u = check_integer(item[0], file, f"{where}[0]", maximum=MAX_EXACT_INT)
+    v = check_integer(item[1], file, f"{where}[1]", maximum=MAX_EXACT_INT)
     _check_edge(u, v, n, file, where)
     return u, v
 

@@ -215,6 +215,10 @@ def check_number(value: Any, file: str, where: str, *, positive: bool = False) -
     return number
 
 
+MAX_EXACT_INT = 2**53
+"""Largest integer every count and index may take: beyond it floats no longer hold integers exactly."""
+
+
 def check_integer(value: Any, file: str, where: str, *, minimum: int | None = None,
                   maximum: int | None = None) -> int:
     """``value`` as an int (a float with an integral value is refused: it is a typo)."""

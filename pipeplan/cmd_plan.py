@@ -20,10 +20,10 @@ from models.jsonio import atomic_write_text, check_writable, dumps
 from solver.cluster import load_cluster
 from solver.figures import pyplot, save_png
 from solver.gantt import write_gantt
-from solver.infeasibility import memory_verdict
+from solver.infeasibility import UNPROVED, memory_verdict
 from solver.nsga import MAX_POPULATION
 from solver.plan import MAX_SAMPLES
-from solver.problem import PlanningProblem
+from solver.problem import PlanningProblem, overflow_cause
 from solver.registry import get_solver, solver_names
 from solver.result import SolverResult
 
@@ -122,6 +122,11 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     graph = load_graph(args.graph)
     cluster = load_cluster(args.cluster)
     check_options(args)
+    what, why = overflow_cause(graph, cluster, args.batch, args.state_factor)
+    if what == "time":
+        raise InputError(args.cluster, "devices and links", why)
+    if what == "memory":
+        raise InputError(args.graph, "layers", why)
     auto = args.microbatches == "auto"
     top = getattr(args, "max_microbatches", None)
     # with auto, the seeding baselines use the largest allowed equal split (most pipelining)
@@ -176,7 +181,9 @@ def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
     """Say why no plan came back: a proof that none fits, or only that none was found."""
     bounds_prove, constraint = memory_verdict(problem)
     # a solver's message that only repeats the constraint adds nothing
-    why = "; ".join(f"{r.name}: {r.message}" for r in results if r.message and constraint not in r.message)
+    # the first line already says that nothing is proved; the records' own words follow
+    why = "; ".join(f"{r.name}: {r.message.replace('; ' + UNPROVED, '')}" for r in results
+                    if r.message and constraint not in r.message)
     proved = bounds_prove or any(r.status == "infeasible" and r.name in PROVING for r in results)
     if proved:
         sys.stderr.write(f"no plan fits: {constraint}\n")
@@ -200,9 +207,14 @@ def run_plan(args: argparse.Namespace) -> int:
     atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
     gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
     print(f"{result.name}: {result.status}, {len(result.plan.stages)} stages, iteration time "
-          f"{result.iteration_time * 1e3:.4f} ms, throughput {problem.global_batch / result.iteration_time:.2f} "
+          f"{result.iteration_time * 1e3:.4f} ms, throughput {_throughput(problem, result.iteration_time)} "
           f"samples/s, gap {gap}, {result.wall_time:.2f} s -> {args.output}")
     return 0
+
+
+def _throughput(problem: PlanningProblem, seconds: float) -> str:
+    """Samples per second as the plan line prints it (a zero-cost plan has no finite throughput)."""
+    return f"{problem.global_batch / seconds:.2f}" if seconds > 0 else "unbounded"
 
 
 def comparison_rows(problem: PlanningProblem, results: list[SolverResult]) -> list[dict[str, Any]]:

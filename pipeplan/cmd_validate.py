@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from models.errors import InputError
 from solver.simulator import check_deadlock_free
 from pipeplan.loading import load_any
 
@@ -27,11 +26,13 @@ def run(args: argparse.Namespace) -> int:
     for path, kind, obj in loaded:
         detail = ""
         if kind == "plan":
-            graph = _partner(graphs, obj.graph, "graph", path)
-            cluster = _partner(clusters, obj.cluster, "cluster", path)
-            obj.validate(graph, cluster, path)
+            graphs_for = _partners(graphs, obj.graph, "graph", path)
+            clusters_for = _partners(clusters, obj.cluster, "cluster", path)
+            for graph in graphs_for:
+                for cluster in clusters_for:
+                    obj.validate(graph, cluster, path)
             check_deadlock_free(obj, path)
-            checked = [name for name, x in (("graph", graph), ("cluster", cluster)) if x is not None]
+            checked = [name for name, xs in (("graph", graphs_for), ("cluster", clusters_for)) if xs != [None]]
             detail = f", {len(obj.stages)} stages, no deadlock" + (f", checked against the {' and '.join(checked)}"
                                                                   if checked else "")
         elif kind == "graph":
@@ -42,22 +43,22 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _partner(candidates: list[Any], name: str, kind: str, plan_file: str) -> Any:
-    """The graph (or cluster) to check a plan against: the one given, or the one of the plan's name.
+def _partners(candidates: list[Any], name: str, kind: str, plan_file: str) -> list[Any]:
+    """The graphs (or clusters) to check a plan against: the one given, or those of the plan's name.
 
     One file given: that one, with a warning on stderr when its name is not the plan's.
-    Several: the one named as in the plan; ``InputError`` when none or more than one is.
-    None given: ``None`` (the plan is checked on its own).
+    Several: every one named as in the plan (copies of one file, say); when none is, the
+    plan is checked on its own, with a warning.  None given: ``[None]`` (checked on its
+    own, as ``validate PLAN`` alone asks).
     """
     if len(candidates) == 1:
         if candidates[0].name != name:
             print(f"warning: {plan_file}: {kind}: plan was made for {kind} {name!r}, checking against "
                   f"{candidates[0].name!r}", file=sys.stderr)
-        return candidates[0]
+        return candidates
     named = [c for c in candidates if c.name == name]
-    if len(candidates) > 1 and len(named) != 1:
-        given = ", ".join(repr(c.name) for c in candidates)
-        raise InputError(plan_file, kind, f"the plan names {kind} {name!r}; {'none' if not named else 'several'} "
-                                          f"of the {kind}s given ({given}) {'has' if not named else 'have'} that name")
-    return named[0] if named else None
-
+    if candidates and not named:
+        given = ", ".join(repr(n) for n in dict.fromkeys(c.name for c in candidates))
+        print(f"warning: {plan_file}: {kind}: the plan names {kind} {name!r}, which none of the {kind}s given "
+              f"({given}) is; checked without a {kind}", file=sys.stderr)
+    return named or [None]

@@ -114,6 +114,9 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
     """
     start = time.perf_counter()
     base_result = simulate(base, problem.graph, problem.cluster)
+    if base_result.iteration_time <= 0:  # no split can take less than no time (and the scale divides by it)
+        return SplitSearch(base, base_result.iteration_time, 0.0, "optimal", "not needed",
+                           time.perf_counter() - start, {"cp_status": "not needed", "gap": 0.0})
     builder = _SplitModel(problem, base, base_result)
     builder.build()
     solver = cp_model.CpSolver()

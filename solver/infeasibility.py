@@ -219,6 +219,10 @@ def _model_verdict(problem: PlanningProblem, memories: list[float]) -> tuple[boo
             f"{format_bytes(room)} together")
 
 
+UNPROVED = "that does not prove that no plan fits (ilp and cpsat decide it)"
+"""How a heuristic's record ends when it found no plan and nothing proves that none fits."""
+
+
 def heuristic_no_plan(problem: PlanningProblem, name: str, why: str, wall: float, seed: int,
                       trace: tuple = (), details: dict | None = None) -> SolverResult:
     """The record of a heuristic over the whole search space that came back without a plan.
@@ -258,4 +262,4 @@ def heuristic_no_plan(problem: PlanningProblem, name: str, why: str, wall: float
         return SolverResult(name, "infeasible", None, None, None, wall, seed, tuple(trace),
                             f"no plan fits in memory: {sentence}", details or {})
     return SolverResult(name, "timeout-no-solution", None, None, None, wall, seed, tuple(trace),
-                        f"{why}; that does not prove that no plan fits (ilp and cpsat decide it)", details or {})
+                        f"{why}; {UNPROVED}", details or {})

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from models.errors import InputError
-from models.jsonio import Reader, check_integer, load_json
+from models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json
 from solver.schedule import SCHEDULES, Op, check_ops, format_op, stage_ops
 
 if TYPE_CHECKING:
@@ -19,8 +19,8 @@ PLAN_FORMAT = "pipeplan.plan/1"
 _STAGE_FIELDS = frozenset({"layers", "devices", "microbatches", "recompute", "ops"})
 _PLAN_FIELDS = frozenset({"format", "graph", "cluster", "global_batch", "state_factor", "schedule", "stages"})
 
-MAX_SAMPLES = 2**53
-"""Largest global batch: sample counts beyond it are not exact in floating point."""
+MAX_SAMPLES = MAX_EXACT_INT
+"""Largest global batch (and layer index): sample counts beyond it are not exact in floating point."""
 
 
 @dataclass(frozen=True)
@@ -226,8 +226,8 @@ def _read_stage(item: Any, file: str, where: str, custom: bool) -> Stage:
     bounds = r.array("layers")
     if len(bounds) != 2:
         raise r.fail("layers", f"expected [lo, hi], got {len(bounds)} numbers")
-    lo = check_integer(bounds[0], file, f"{where}.layers[0]", minimum=0)
-    hi = check_integer(bounds[1], file, f"{where}.layers[1]", minimum=0)
+    lo = check_integer(bounds[0], file, f"{where}.layers[0]", minimum=0, maximum=MAX_SAMPLES)
+    hi = check_integer(bounds[1], file, f"{where}.layers[1]", minimum=0, maximum=MAX_SAMPLES)
     devices = r.array("devices", nonempty=True)
     for j, dev in enumerate(devices):
         if not isinstance(dev, str):

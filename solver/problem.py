@@ -72,7 +72,7 @@ class PlanningProblem:
             raise ValueError(f"max_microbatches ({self.max_microbatches}) is below microbatches "
                              f"({self.microbatches}); the equal split must stay in the search space")
 
-        overflow = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
+        _, overflow = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
         if overflow:
             raise ValueError(overflow)
 
@@ -158,13 +158,14 @@ class PlanningProblem:
         return all(st.microbatches == self.split for st in plan.stages) and plan.schedule == self.schedule
 
 
-def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state_factor: float) -> str:
-    """Why some plan's time or memory would overflow floating point, or ``""`` when none can.
+def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state_factor: float) -> tuple[str, str]:
+    """``(what, why)``: whether some plan's ``"time"`` or ``"memory"`` would overflow floating point.
 
-    Every plan's iteration time is below the *ceiling* of running every op of every
-    stage one after another on the slowest device (at most ``B`` microbatches a stage,
-    each recomputed), every transfer on the slowest link, and every all-reduce of all the
-    parameters; its memory below all the state plus every sample's bytes.  A ceiling that
+    ``("", "")`` when neither can.  Every plan's iteration time is below the *ceiling*
+    of running every op of every stage one after another on the slowest device (at most
+    ``B`` microbatches a stage, each recomputed), every transfer on the slowest link,
+    and every all-reduce of all the parameters; its memory below all the state plus
+    every sample's bytes.  A ceiling that
     is finite keeps every simulated number finite, so no solver compares infinities and
     no report holds ``inf``.
 
@@ -174,8 +175,9 @@ def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state
     >>> from solver.cluster import Device, Link
     >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 4, 8, 16)])
     >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 5e-324, 1e9),))
-    >>> overflow_cause(g, c, 8, 4.0)[:55]
-    'durations overflow floating point: the slowest device r'
+    >>> what, why = overflow_cause(g, c, 8, 4.0)
+    >>> what, why[:55]
+    ('time', 'durations overflow floating point: the slowest device r')
     """
     B, D = global_batch, len(cluster.devices)
     layers = graph.layers
@@ -188,12 +190,12 @@ def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state
     ceiling = (D * work / speed + 2.0 * B * D * (latency + B * cut / bandwidth)
                + 2.0 * D * (latency + params / bandwidth))
     if not math.isfinite(ceiling):
-        return (f"durations overflow floating point: the slowest device runs at speed {speed:g} and the slowest "
+        return "time", (f"durations overflow floating point: the slowest device runs at speed {speed:g} and the slowest "
                 f"link carries {bandwidth:g} B/s, while the layers cost {work:g} s for the batch of {B} "
                 f"(before dividing by the speed); use realistic speeds, bandwidths and costs")
     memory = state_factor * params + B * (graph.input_bytes + sum(l.act + l.out for l in layers))
     if not math.isfinite(memory):
-        return (f"bytes overflow floating point: {state_factor:g} x {params:g} B of state plus the activations "
+        return "memory", (f"bytes overflow floating point: {state_factor:g} x {params:g} B of state plus the activations "
                 f"of {B} samples; use realistic sizes")
-    return ""
+    return "", ""
 

@@ -209,7 +209,7 @@ class SimulationResult:
         """The JSON object ``pipeplan simulate --json`` prints."""
         return {
             "iteration_time": self.iteration_time,
-            "throughput": self.throughput,
+            "throughput": self.throughput if self.iteration_time > 0 else None,  # JSON has no infinity
             "peak_memory": list(self.peak_memory),
             "memory_capacity": [st.capacity for st in self.stages],
             "fits": self.fits,

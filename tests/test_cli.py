@@ -153,6 +153,8 @@ BAD_INPUTS = [
     ("graph", _graph(lambda d: d["layers"][0].update(params=10**400)), "layers[0].params", "an integer of 401 digits"),
     ("graph", '{"format": "pipeplan.graph/1", "name": "a", "name": "b"}', "key 'name'", "appears twice"),
     ("cluster", "[" * 100_000 + "]" * 100_000, "file", "nested too deeply"),
+    ("graph", _graph(lambda d: d.update(edges=[[0, 10**400]])), "edges[0][1]", "an integer of 401 digits"),
+    ("plan", _plan(lambda d: d["stages"][2].update(layers=[6, 10**400])), "stages[2].layers[1]", "401 digits"),
 ]
 
 
@@ -225,7 +227,8 @@ class TestOverflow:
         cluster = _write(tmp_path, "c.json", _cluster(lambda d: d["devices"][1].update(speed=5e-324)))
         status, _, err = run_cli("plan", GRAPH, cluster, "--batch", "8", "--microbatches", "2", "--solver", "even",
                                  "-o", str(tmp_path / "p.json"))
-        assert status == 2 and "durations overflow floating point" in err and not (tmp_path / "p.json").exists()
+        assert status == 2 and err.startswith(f"error: {cluster}: devices and links: durations overflow floating point")
+        assert err.count("\n") == 1 and not (tmp_path / "p.json").exists()
 
 
 class TestValidatePartners:
@@ -238,12 +241,55 @@ class TestValidatePartners:
         assert status == 2 and err.startswith(f"error: {short}: stages[2].layers")
 
     def test_several_graphs_none_named_as_in_the_plan(self, run_cli, tmp_path):
-        a, b = self._renamed_graph(tmp_path, "a"), self._renamed_graph(tmp_path, "b")
-        status, _, err = run_cli("validate", a, b, CLUSTER, PLAN)
-        assert status == 2 and err.startswith(f"error: {PLAN}: graph: the plan names graph 'chain8'; none of")
+        a, b = self._renamed_graph(tmp_path, "a"), self._renamed_graph(tmp_path, "a")
+        status, out, err = run_cli("validate", a, b, CLUSTER, PLAN)
+        assert status == 0 and "checked against the cluster" in out and "graph and" not in out
+        assert err == (f"warning: {PLAN}: graph: the plan names graph 'chain8', which none of the graphs given "
+                       f"('a') is; checked without a graph\n")
+
+    def test_copies_of_the_plans_graph_are_each_checked(self, run_cli, tmp_path):
+        copy = self._renamed_graph(tmp_path, "chain8")
+        status, out, _ = run_cli("validate", GRAPH, copy, CLUSTER, PLAN)
+        assert status == 0 and "checked against the graph and cluster" in out
+        short = _write(tmp_path, "p.json", _plan(lambda d: d["stages"][2].update(layers=[6, 7])))
+        status, _, err = run_cli("validate", GRAPH, copy, CLUSTER, short)
+        assert status == 2 and err.startswith(f"error: {short}: stages[2].layers")
 
     def test_one_graph_of_another_name_is_used_with_a_warning(self, run_cli, tmp_path):
         status, out, err = run_cli("validate", self._renamed_graph(tmp_path, "other"), CLUSTER, PLAN)
         assert status == 0 and "checked against the graph and cluster" in out
         assert err == f"warning: {PLAN}: graph: plan was made for graph 'chain8', checking against 'other'\n"
+
+
+def _free(d):
+    """Every cost, size and latency zero: a plan takes no time at all."""
+    for layer in d["layers"]:
+        layer.update(fwd=[0, 0], bwd=[0, 0], params=0, act=0, out=0)
+    d["input_bytes"] = 0
+
+
+def _instant(d):
+    """Links without latency."""
+    for link in (*d["servers"], d["network"]):
+        link["latency"] = 0
+
+
+class TestZeroCost:
+    def test_simulate_json_has_no_infinite_throughput(self, run_cli, tmp_path):
+        graph, cluster = _write(tmp_path, "g.json", _graph(_free)), _write(tmp_path, "c.json", _cluster(_instant))
+        status, out, err = run_cli("simulate", graph, cluster, PLAN, "--json")
+        assert status == 0, err
+        data = json.loads(out)
+        assert data["iteration_time"] == 0.0 and data["throughput"] is None
+
+    def test_every_solver_plans_it(self, run_cli, tmp_path):
+        graph, cluster = _write(tmp_path, "g.json", _graph(_free)), _write(tmp_path, "c.json", _cluster(_instant))
+        status, out, err = run_cli("compare", graph, cluster, "--batch", "8", "--microbatches", "2",
+                                   "--time-limit", "2", "--json")
+        assert status == 0, err
+        rows = json.loads(out)
+        assert all(r["iteration_time"] == 0.0 and r["throughput"] is None for r in rows)
+        status, out, _ = run_cli("plan", graph, cluster, "--batch", "8", "--microbatches", "2", "--solver", "even",
+                                 "-o", str(tmp_path / "p.json"))
+        assert status == 0 and "throughput unbounded" in out
 
