@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
 
+import numpy as np
 import pytest
 
 from models.graph import Layer, LayerGraph, load_graph
 from solver.baselines import BASELINES, best_baseline
+from solver.baselines.alpa import _inner_dp, _rebuild
 from solver.baselines.autopipe import balanced_cuts
 from solver.baselines.dapple import append_first, fresh_first, scatter_first
 from solver.baselines.deepspeed import partition_balanced, partition_uniform
@@ -167,3 +170,42 @@ class TestPartitions:
         plan = get_solver("greedy-speed").solve(problem).plan
         sizes = {st.devices[0]: st.layers[1] - st.layers[0] for st in plan.stages}
         assert sizes == {"fast": 4, "slow": 2}
+
+
+class TestAlpaInnerDp:
+    """The vectorised inner DP against every path, on random capped cost tables."""
+
+    @staticmethod
+    def brute(C, sizes, s, k, d, L):
+        if s == 0:
+            return 0.0 if (k, d) == (L, 0) else math.inf
+        best = math.inf
+        for hi in range(k + 1, L + 1):
+            for j, r in enumerate(sizes):
+                if r <= d and k < L:
+                    best = min(best, C[s, k, hi, d, j] + TestAlpaInnerDp.brute(C, sizes, s - 1, hi, d - r, L))
+        return best
+
+    @pytest.mark.parametrize("seed", range(20))
+    def test_matches_every_path(self, seed):
+        rng = np.random.default_rng(seed)
+        L, U, S, sizes = 4, 4, 3, [1, 2]
+        C = np.where(rng.random((S + 1, L, L + 1, U + 1, 2)) < 0.6, rng.integers(1, 9, (S + 1, L, L + 1, U + 1, 2)),
+                     np.inf).astype(float)
+        for k in range(L):
+            C[:, k, :k + 1] = np.inf  # a stage ends after it starts, as in alpa_dp's table
+        F, arg = _inner_dp(C, sizes, L, U, S)
+        pool = [f"d{i}" for i in range(U)]
+        for s in range(1, S + 1):
+            expected = self.brute(C, sizes, s, 0, U, L)
+            assert F[s, 0, U] == expected
+            if math.isfinite(expected):
+                bounds, groups = _rebuild(arg, sizes, pool, s, U)
+                assert bounds[0][0] == 0 and bounds[-1][1] == L and sum(map(len, groups)) == U
+                used = U
+                total = 0.0
+                for stage, ((k, hi), group) in zip(range(s, 0, -1), zip(bounds, groups)):
+                    total += C[stage, k, hi, used, sizes.index(len(group))]
+                    used -= len(group)
+                assert total == expected
+

@@ -3,8 +3,9 @@
 Source: Alpa (Zheng et al., OSDI 2022), ``alpa/pipeline_parallel/stage_construction.py``
 (``peers.md`` §1.5).  It minimises the pipeline latency estimate
 ``sum of stage latencies + (M - 1) * max stage latency``: an outer loop over candidate
-``t_max`` (the unique stage costs, ascending, stopping once ``(M-1) * t_max`` alone beats
-the best), and an inner DP ``f[s, k, d]`` (``s`` stages for layers ``k..L-1`` on ``d``
+``t_max`` (the unique stage costs, ascending, skipping one within :data:`T_MAX_GAP` of the
+last tried and stopping once ``M * t_max`` reaches the best: a plan whose slowest stage
+takes ``t_max`` costs at least that), and an inner DP ``f[s, k, d]`` (``s`` stages for layers ``k..L-1`` on ``d``
 devices) minimising the sum with every stage at most ``t_max``.  Memory enters as the
 number of microbatches a stage must hold given the ``s - 1`` stages after it.
 
@@ -19,7 +20,10 @@ from __future__ import annotations
 
 import math
 import time
+from functools import lru_cache
 from typing import Iterator
+
+import numpy as np
 
 from solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
 from solver.memory import stage_peak_memory
@@ -27,20 +31,36 @@ from solver.problem import PlanningProblem
 from solver.registry import register
 from solver.schedule import stage_ops
 
+T_MAX_GAP = 1e-6
+"""Seconds: a ``t_max`` candidate this close to the last one tried is skipped, as in Alpa."""
+
+
+def _stage_peak(problem: PlanningProblem, model: StageModel, lo: int, hi: int, r: int, after: int,
+                recompute: bool) -> float:
+    """The spec's peak bytes per device of layers ``[lo, hi)`` on ``r`` replicas with ``after`` stages behind."""
+    per_replica = [math.ceil(n / r) for n in problem.split]
+    # 1F1B holds min(after + 1, M) microbatches in flight: more stages behind change nothing
+    ops = stage_ops(problem.schedule, problem.microbatches, 0, min(after, problem.microbatches) + 1)
+    sums = model.sums(lo, hi)
+    return stage_peak_memory(problem.state_factor, sums[4], ops, per_replica, sums[5],
+                             problem.graph.stage_input_bytes(lo), recompute)
+
 
 def _stage_latency(problem: PlanningProblem, model: StageModel, lo: int, hi: int, group: tuple[str, ...],
-                   after: int) -> float:
-    """Per-microbatch latency of a stage with ``after`` stages behind it, or inf if it cannot fit."""
+                   after: int, peak=None) -> float:
+    """Per-microbatch latency of a stage with ``after`` stages behind it, or inf if it cannot fit.
+
+    ``peak(lo, hi, r, after, recompute)``, if given, stands for :func:`_stage_peak` (a memo:
+    the peak does not depend on which devices hold the stage).
+    """
     r = len(group)
     per_replica = [math.ceil(n / r) for n in problem.split]
-    ops = stage_ops(problem.schedule, problem.microbatches, 0, after + 1)
     sums = model.sums(lo, hi)
     mem = model.min_memory(group)
     recompute = False
     for rc in ([False, True] if problem.allow_recompute else [False]):
-        peak = stage_peak_memory(problem.state_factor, sums[4], ops, per_replica, sums[5],
-                                 problem.graph.stage_input_bytes(lo), rc)
-        if peak <= mem:
+        need = peak(lo, hi, r, after, rc) if peak else _stage_peak(problem, model, lo, hi, r, after, rc)
+        if need <= mem:
             recompute = rc
             break
     else:
@@ -59,6 +79,8 @@ def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[
     """
     model = StageModel(problem)
     L, U, M = len(problem.graph), len(pool), problem.microbatches
+    peak = lru_cache(maxsize=None)(lambda lo, hi, r, after, rc: _stage_peak(problem, model, lo, hi, r,
+                                                                            min(after, M), rc))
     S = min(problem.stage_limit, L, U)
     sizes = [1 << e for e in range(U.bit_length()) if (1 << e) <= U] if problem.allow_replication else [1]
     # cost[(s, k, hi, d, r)]: first of s remaining stages on layers [k, hi) with r of the last d devices.
@@ -72,50 +94,67 @@ def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[
                     for r in sizes:
                         if r <= d:
                             group = tuple(pool[U - d:U - d + r])
-                            cost[(s, k, hi, d, r)] = _stage_latency(problem, model, k, hi, group, s - 1)
+                            cost[(s, k, hi, d, r)] = _stage_latency(problem, model, k, hi, group, s - 1, peak)
         if time.perf_counter() > deadline:
             return []
     out: list[tuple[float, Proposal]] = []
-    best_total = math.inf
+    # C[s, k, hi, d, j]: cost[(s, k, hi, d, sizes[j])], inf where absent
+    C = np.full((S + 1, L, L + 1, U + 1, len(sizes)), np.inf)
+    for (s, k, hi, d, r), c in cost.items():
+        C[s, k, hi, d, sizes.index(r)] = c
+    best_total, last_t_max = math.inf, -math.inf
     for t_max in sorted({c for c in cost.values() if math.isfinite(c)}):
-        if (M - 1) * t_max >= best_total or time.perf_counter() > deadline:
+        # Alpa's exit: a plan whose slowest stage takes t_max costs at least t_max + (M-1) t_max
+        if M * t_max >= best_total or time.perf_counter() > deadline:
             break
-        f: dict[tuple[int, int, int], tuple[float, tuple | None]] = {(0, L, 0): (0.0, None)}
-        for s in range(1, S + 1):
-            if time.perf_counter() > deadline:
-                break
-            for k in range(L - 1, -1, -1):
-                for d in range(1, U + 1):
-                    choice = None
-                    for hi in range(k + 1, L + 1):
-                        for r in sizes:
-                            c = cost.get((s, k, hi, d, r), math.inf)
-                            rest = f.get((s - 1, hi, d - r))
-                            if c <= t_max and rest is not None and (choice is None or c + rest[0] < choice[0]):
-                                choice = (c + rest[0], (s - 1, hi, d - r, r))
-                    if choice is not None:
-                        f[(s, k, d)] = choice
-        finals = [(f[(s, 0, U)][0], s) for s in range(1, S + 1) if (s, 0, U) in f]
+        if t_max - last_t_max < T_MAX_GAP:  # Alpa's skip of nearly equal candidates
+            continue
+        last_t_max = t_max
+        F, arg = _inner_dp(np.where(C <= t_max, C, np.inf), sizes, L, U, S)
+        finals = [(float(F[s, 0, U]), s) for s in range(1, S + 1) if math.isfinite(F[s, 0, U])]
         if not finals:
             continue
         total, s = min(finals)
         total += (M - 1) * t_max
         if total < best_total:
             best_total = total
-            out.append((total, _rebuild(f, pool, s, U)))
+            out.append((total, _rebuild(arg, sizes, pool, s, U)))
     out.sort(key=lambda x: x[0])
     return out
 
 
-def _rebuild(f: dict, pool: list[str], s: int, U: int) -> Proposal:
+def _inner_dp(C: np.ndarray, sizes: list[int], L: int, U: int, S: int) -> tuple[np.ndarray, np.ndarray]:
+    """Alpa's inner DP over stage costs already capped at ``t_max`` (inf above it, and
+    wherever a stage would not end after it starts, ``hi <= k``).
+
+    ``F[s, k, d]``: least sum of ``s`` stages on layers ``[k, L)`` using the last ``d``
+    devices; ``arg[s, k, d]``: the first stage's ``(hi, size index)`` as one flat index
+    over ``(hi, j)``, the first minimum in that order (the scalar loop's tie rule).
+    """
+    R = len(sizes)
+    F = np.full((S + 1, L + 1, U + 1), np.inf)
+    F[0, L, 0] = 0.0
+    arg = np.zeros((S + 1, L + 1, U + 1), dtype=np.int64)
+    for s in range(1, S + 1):
+        rest = np.full((L + 1, R, U + 1), np.inf)  # rest[hi, j, d] = F[s-1, hi, d - sizes[j]]
+        for j, r in enumerate(sizes):
+            rest[:, j, r:] = F[s - 1, :, :U + 1 - r]
+        cand = C[s].transpose(0, 1, 3, 2) + rest[None]  # (k, hi, j, d)
+        flat = cand.reshape(L, (L + 1) * R, U + 1)
+        arg[s, :L] = flat.argmin(axis=1)
+        F[s, :L] = np.take_along_axis(flat, arg[s, :L][:, None, :], axis=1)[:, 0, :]
+    return F, arg
+
+
+def _rebuild(arg: np.ndarray, sizes: list[int], pool: list[str], s: int, U: int) -> Proposal:
+    """The stages of the DP's best ``s``-stage path from layer 0 on all ``U`` devices."""
     bounds, groups = [], []
-    key = (s, 0, U)
-    while f[key][1] is not None:
-        s_next, hi, d_next, r = f[key][1]
-        _, k, d = key
+    k, d = 0, U
+    for stage in range(s, 0, -1):
+        hi, j = divmod(int(arg[stage, k, d]), len(sizes))
         bounds.append((k, hi))
-        groups.append(tuple(pool[U - d:U - d + r]))
-        key = (s_next, hi, d_next)
+        groups.append(tuple(pool[U - d:U - d + sizes[j]]))
+        k, d = hi, d - sizes[j]
     return tuple(bounds), tuple(groups)
 
 
