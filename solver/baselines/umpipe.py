@@ -135,8 +135,8 @@ class UmpipeLocal(_SplitBaseline):
 
 def candidate_splits(problem: PlanningProblem) -> list[Split]:
     """Per-stage choices of the DP: the equal split of every allowed count and, where
-    sizes are decisions (:attr:`PlanningProblem.free_sizes`), its smaller-first order
-    and its front-halved variant (a small first microbatch fills the pipeline sooner)."""
+    sizes are decisions (:attr:`PlanningProblem.free_sizes`), also its smaller-first
+    order and its front-halved variant (a small first microbatch fills the pipeline sooner)."""
     out: list[Split] = []
     batch = problem.global_batch
     for m in problem.split_counts:
@@ -144,6 +144,7 @@ def candidate_splits(problem: PlanningProblem) -> list[Split]:
         if not problem.free_sizes:
             out.append(split)  # M equal microbatches: the only split there is
             continue
+        out.append(split)  # the equal split itself (larger first, as M equal microbatches are)
         out.append(split[::-1])  # smaller microbatches first
         if split[-1] >= 2 and m + 1 in problem.split_counts:
             out.append((split[-1] // 2, split[-1] - split[-1] // 2) + split[:-1][::-1])
@@ -164,8 +165,9 @@ class UmpipeDP(_SplitBaseline):
     def options(self, problem: PlanningProblem, base: Plan, deadline: float) -> list[list[Split]]:
         choices = candidate_splits(problem)
         stages = len(base.stages)
+        shared = [[sp] * stages for sp in choices]  # one split for every stage: in every search space
         if not problem.per_stage or stages == 1:
-            return [[sp] * stages for sp in choices]
+            return shared
         sim = BatchSimulator(problem.graph, problem.cluster, problem.schedule, problem.state_factor)
         full = Candidate.from_plan(base)
         states: list[tuple[Split, ...]] = [()]
@@ -179,4 +181,5 @@ class UmpipeDP(_SplitBaseline):
             states = [prefixes[i] for i in keep if np.isfinite(score[i])] or states
             if time.perf_counter() > deadline:
                 break
-        return [list(st) for st in states if len(st) == stages]
+        # the beam adds per-stage splits; with the shared ones a larger space never gives a worse plan
+        return shared + [list(st) for st in states if len(st) == stages and len(set(st)) > 1]
