@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from conftest import EXAMPLES
 from models.graph import Layer, LayerGraph, load_graph
 from solver.baselines import best_baseline
-from solver.baselines.slicing import sliced
+from solver.baselines.slicing import AutoPipeSlicing, sliced
 from solver.baselines.umpipe import candidate_splits, judge_splits, stage_estimate
 from solver.cluster import Cluster, Device, Link, load_cluster
 from solver.plan import equal_split
@@ -106,3 +108,18 @@ class TestStageEstimate:
     def test_positive(self):
         problem, base = instance(0)
         assert stage_estimate(problem, base, 0, 2) > 0
+
+
+class TestAutoPipeSlicing:
+    def test_slices_within_the_count_limit(self):
+        graph = load_graph(str(EXAMPLES / "gpt1.graph.json"))
+        cluster = load_cluster(str(EXAMPLES / "two-servers.cluster.json"))
+        problem = PlanningProblem(graph, cluster, 64, 8, auto_microbatches=True, max_microbatches=16)
+        options = AutoPipeSlicing().options(problem, get_solver("even").solve(problem).plan, math.inf)
+        counts = {len(o[0]) for o in options}
+        assert counts <= set(problem.split_counts) and max(counts) == 16
+        assert [(8,) * 8] * len(options[0]) in options  # the base's own equal split (k = 0)
+        result = get_solver("autopipe-slicing").solve(problem, time_limit=20)
+        assert result.iteration_time < result.details["base_iteration_time"]
+        sizes = result.plan.stages[0].microbatches
+        assert sizes[0] < max(sizes)  # a sliced first microbatch

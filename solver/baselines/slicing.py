@@ -5,10 +5,12 @@ slicing" splits the first microbatches so the later stages start sooner ("50 %
 reduction in startup overhead" from halving), and AutoPipe "automatically solves an
 appropriate number of micro-batches to split".  The slicer is not in the public code;
 this is the reconstruction of ``papers.md`` §2.3: keep the best equal-split pipeline of
-the baselines, split each of the first ``k`` microbatches evenly in two, and choose
-``k`` in ``0 .. min(S - 1, M)`` (the warm-up depth) by simulation.  The split is shared
-by all stages; counts outside :attr:`PlanningProblem.split_counts` are skipped, so
-without ``auto_microbatches`` (count fixed) only ``k = 0`` remains.
+the baselines (not necessarily AutoPipe's own partition), split each of the first ``k``
+of ``m`` equal microbatches evenly in two, and choose ``m`` and ``k`` in ``0 .. min(S -
+1, m)`` (the warm-up depth) by simulation.  The split is shared by all stages; counts
+outside :attr:`PlanningProblem.split_counts` are skipped, so with a fixed count
+(``--microbatches M``) only ``k = 0`` remains and the result is the base plan; with
+``--microbatches auto --max-microbatches K`` the sliced schedules start from ``m = K - k``.
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ class AutoPipeSlicing(_SplitBaseline):
     source = "AutoPipe (CLUSTER'22) micro-batch slicing, reconstructed (papers.md §2.3)"
 
     def options(self, problem: PlanningProblem, base: Plan, deadline: float) -> list[list[Split]]:
-        split = equal_split(problem.global_batch, problem.microbatches)
-        depth = min(len(base.stages) - 1, len(split))
+        # Every allowed count m is a starting point: slicing k of m equal microbatches gives
+        # m + k, so with at most K microbatches the sliced schedules start from m = K - k.
         out = []
-        for k in range(depth + 1):
-            cand = sliced(split, k)
-            if len(cand) in problem.split_counts:
-                out.append([cand] * len(base.stages))
-        return out
+        for m in sorted(problem.split_counts):
+            split = equal_split(problem.global_batch, m)
+            for k in range(min(len(base.stages) - 1, m) + 1):
+                if k == 0 and m != problem.microbatches:
+                    continue  # another equal count is not a slicing: the others search those
+                cand = sliced(split, k)
+                if len(cand) in problem.split_counts:
+                    out.append([cand] * len(base.stages))
+        return list({tuple(o): o for o in out}.values())
