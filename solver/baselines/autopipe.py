@@ -12,6 +12,12 @@ Heterogeneous adaptation: a pure pipeline (as the partitioner) on the ``S`` fast
 devices; the DP divides each stage's work by its device's speed, and the exact
 simulator of the spec replaces AutoPipe's fixed-``M = 2P`` 1F1B estimate.  The critical
 stage is the one with the most busy time plus all-reduce.
+
+Simpler than AutoPipe's search: a move shifts one layer to the neighbouring stage
+without re-partitioning the stages before it (AutoPipe re-runs its DP on them), the
+rebalancing of the stages after the critical one is not done, the search climbs from
+strict improvements instead of exploring breadth-first, and devices are tried fastest
+first only.
 """
 
 from __future__ import annotations

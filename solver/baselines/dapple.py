@@ -9,8 +9,13 @@ server), **AppendFirst** (fill the partly used server first) or **ScatterFirst**
 
 Heterogeneous adaptation: each policy visits servers fastest-first and takes a server's
 fastest free devices first; a stage's compute uses its slowest replica's speed, its
-all-reduce the spec's ring formula and its transfers the real links.  As in DAPPLE the
-occupancy travels with each DP entry (the entry's best predecessor fixes it).  Every
+all-reduce the spec's ring formula and its transfers the real links.
+
+Simpler than DAPPLE's planner (HPGO ``orchestrate.rs``), in three ways: one placement
+policy serves the whole pipeline (DAPPLE tries all three for every new stage), each DP
+state keeps one best predecessor and the occupancy it implies (DAPPLE keeps an entry per
+occupied-device set), and entries are ranked by block time (DAPPLE by its pipeline
+length estimate); DAPPLE's replication of the whole pipeline is not searched.  Every
 policy and device count gives one plan; the simulator picks among them.
 """
 

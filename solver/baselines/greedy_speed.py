@@ -1,8 +1,8 @@
 """``greedy-speed``: give faster devices heavier stages, in one greedy sweep.
 
-Source: the "local greedy" baseline of heterogeneous pipeline papers (UMPIPE's
-baselines, ``papers.md`` §1.2) and the common practice of splitting work in proportion
-to device throughput.  It optimises per-stage compute balance only: stage ``s`` runs on
+Source: no single paper; the common practice of splitting work in proportion to device
+throughput on heterogeneous clusters (not UMPIPE's "local greedy", which chooses
+microbatch sizes and is ``umpipe-local``).  It optimises per-stage compute balance only: stage ``s`` runs on
 device ``d_s`` and receives layers until its share of the total work reaches
 ``speed(d_s) / sum of speeds``, so every stage needs about the same time.
 
