@@ -424,8 +424,11 @@ class CpSatSplit:
             found = best_baseline(problem, seed=seed, time_limit=0.2 * time_limit)
             bases = [] if found is None else [(found.name, found)]
         if not bases:
-            return heuristic_no_plan(problem, self.name, "no baseline plan fits to start the split search from",
-                                     time.perf_counter() - start, seed)
+            wall = time.perf_counter() - start
+            cut = wall >= (0.4 if self.use_exact else 0.2) * time_limit  # the search for a base ran out of time
+            why = ("time limit reached before a base plan was found" if cut
+                   else "no baseline plan fits to start the split search from")
+            return heuristic_no_plan(problem, self.name, why, wall, seed, details={"stopped_by_time_limit": cut})
         source, base = bases[0]
         warm = _warm_split(problem, base.plan)  # the split baselines' best: hint and fallback
         left = max(0.5, time_limit - (time.perf_counter() - start))

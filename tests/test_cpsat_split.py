@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 
 import pytest
 
@@ -13,6 +14,7 @@ from solver.cluster import Cluster, Device, Link
 from solver.cpsat_split import CpSatSplit, optimize_splits
 from solver.plan import Plan, Stage, equal_split
 from solver.problem import PlanningProblem
+from solver.registry import get_solver
 from solver.simulator import simulate
 
 
@@ -104,3 +106,18 @@ class TestCpSatSplit:
         assert problem.in_split_space(result.plan)
         again = CpSatSplit(use_exact=False).solve(problem, time_limit=10, seed=0)
         assert again.plan == result.plan
+
+    def test_no_base_plan_is_not_called_infeasible(self, monkeypatch):
+        import solver.cpsat_split as module
+
+        problem, _ = instance(0)
+        slow = lambda *a, **k: time.sleep(0.05) or []  # noqa: E731 - no base, found after the base's time share
+        monkeypatch.setattr(module, "base_plans", slow)
+        result = get_solver("cpsat-split").solve(problem, time_limit=0.1)
+        assert result.status == "timeout-no-solution" and result.details["stopped_by_time_limit"] is True
+        assert result.message.startswith("time limit reached before a base plan was found")
+        monkeypatch.setattr(module, "base_plans", lambda *a, **k: [])
+        result = get_solver("cpsat-split").solve(problem, time_limit=10)
+        assert result.status == "timeout-no-solution" and result.details["stopped_by_time_limit"] is False
+        assert result.message.startswith("no baseline plan fits to start the split search from; that does not")
+
