@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from models.errors import InputError
-from models.jsonio import atomic_write_text, check_writable, dumps
+from models.jsonio import atomic_write_text, check_integer, check_writable, dumps
 from models.zoo import build_model, model_names
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -152,11 +152,7 @@ def _integer(text: str, flag: str, minimum: int, maximum: int | None = None) -> 
         value = int(text)
     except ValueError:
         raise InputError("-", flag, f"expected an integer, got {text!r}") from None
-    if value < minimum:
-        raise InputError("-", flag, f"must be at least {minimum}, got {value}")
-    if maximum is not None and value > maximum:
-        raise InputError("-", flag, f"must be at most {maximum}, got {value}")
-    return value
+    return check_integer(value, "-", flag, minimum=minimum, maximum=maximum)
 
 
 def _number(text: str, flag: str) -> float:

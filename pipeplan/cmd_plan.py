@@ -23,7 +23,7 @@ from solver.gantt import write_gantt
 from solver.infeasibility import UNPROVED, memory_verdict
 from solver.nsga import MAX_POPULATION
 from solver.plan import MAX_SAMPLES
-from solver.problem import PlanningProblem, overflow_cause
+from solver.problem import Overflow, PlanningProblem
 from solver.registry import get_solver, solver_names
 from solver.result import SolverResult
 
@@ -122,11 +122,6 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     graph = load_graph(args.graph)
     cluster = load_cluster(args.cluster)
     check_options(args)
-    what, why = overflow_cause(graph, cluster, args.batch, args.state_factor)
-    if what == "time":
-        raise InputError(args.cluster, "devices and links", why)
-    if what == "memory":
-        raise InputError(args.graph, "layers", why)
     auto = args.microbatches == "auto"
     top = getattr(args, "max_microbatches", None)
     # with auto, the seeding baselines use the largest allowed equal split (most pipelining)
@@ -138,6 +133,9 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
                                max_stages=args.max_stages, auto_microbatches=auto,
                                max_microbatches=top if top is not None else (equal if auto else None),
                                per_stage=getattr(args, "per_stage", False))
+    except Overflow as exc:  # the file at fault: the cluster's speeds and links, or the graph's bytes
+        file, where = (args.cluster, "devices and links") if exc.what == "time" else (args.graph, "layers")
+        raise InputError(file, where, str(exc)) from None
     except ValueError as exc:
         raise InputError("-", "arguments", str(exc)) from None
 
@@ -180,8 +178,7 @@ PROVING = ("ilp", "cpsat")
 def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
     """Say why no plan came back: a proof that none fits, or only that none was found."""
     bounds_prove, constraint = memory_verdict(problem)
-    # a solver's message that only repeats the constraint adds nothing
-    # the first line already says that nothing is proved; the records' own words follow
+    # the records' own words follow the first line, without repeating the constraint or "not a proof"
     why = "; ".join(f"{r.name}: {r.message.replace('; ' + UNPROVED, '')}" for r in results
                     if r.message and constraint not in r.message)
     proved = bounds_prove or any(r.status == "infeasible" and r.name in PROVING for r in results)

@@ -417,15 +417,16 @@ class CpSatSplit:
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
         """Plan ``problem``; see the class and module docstrings."""
         start = time.perf_counter()
+        base_share = (0.4 if self.use_exact else 0.2) * time_limit  # for finding the plan to start from
         if self.use_exact:
-            bases = base_plans(problem, time_limit=0.4 * time_limit, seed=seed)
+            bases = base_plans(problem, time_limit=base_share, seed=seed)
         else:
             from solver.baselines import best_baseline
-            found = best_baseline(problem, seed=seed, time_limit=0.2 * time_limit)
+            found = best_baseline(problem, seed=seed, time_limit=base_share)
             bases = [] if found is None else [(found.name, found)]
         if not bases:
             wall = time.perf_counter() - start
-            cut = wall >= (0.4 if self.use_exact else 0.2) * time_limit  # the search for a base ran out of time
+            cut = wall >= base_share  # the search for a base ran out of time
             why = ("time limit reached before a base plan was found" if cut
                    else "no baseline plan fits to start the split search from")
             return heuristic_no_plan(problem, self.name, why, wall, seed, details={"stopped_by_time_limit": cut})

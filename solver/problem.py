@@ -72,9 +72,9 @@ class PlanningProblem:
             raise ValueError(f"max_microbatches ({self.max_microbatches}) is below microbatches "
                              f"({self.microbatches}); the equal split must stay in the search space")
 
-        _, overflow = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
-        if overflow:
-            raise ValueError(overflow)
+        what, why = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
+        if what:
+            raise Overflow(what, why)
 
     def equal_split_problem(self) -> "PlanningProblem":
         """The same problem with the split fixed to ``microbatches`` equal microbatches."""
@@ -158,6 +158,15 @@ class PlanningProblem:
         return all(st.microbatches == self.split for st in plan.stages) and plan.schedule == self.schedule
 
 
+class Overflow(ValueError):
+    """Times (``what == "time"``) or bytes (``"memory"``) of some plan would overflow floating point."""
+
+    def __init__(self, what: str, why: str) -> None:
+        super().__init__(why)
+        self.what = what
+        """``"time"`` (speeds, bandwidths or costs) or ``"memory"`` (the graph's bytes)."""
+
+
 def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state_factor: float) -> tuple[str, str]:
     """``(what, why)``: whether some plan's ``"time"`` or ``"memory"`` would overflow floating point.
 
@@ -165,9 +174,8 @@ def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state
     of running every op of every stage one after another on the slowest device (at most
     ``B`` microbatches a stage, each recomputed), every transfer on the slowest link,
     and every all-reduce of all the parameters; its memory below all the state plus
-    every sample's bytes.  A ceiling that
-    is finite keeps every simulated number finite, so no solver compares infinities and
-    no report holds ``inf``.
+    every sample's bytes.  A ceiling that is finite keeps every simulated number finite,
+    so no solver compares infinities and no report holds ``inf``.
 
     Examples
     --------
@@ -190,12 +198,11 @@ def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state
     ceiling = (D * work / speed + 2.0 * B * D * (latency + B * cut / bandwidth)
                + 2.0 * D * (latency + params / bandwidth))
     if not math.isfinite(ceiling):
-        return "time", (f"durations overflow floating point: the slowest device runs at speed {speed:g} and the slowest "
-                f"link carries {bandwidth:g} B/s, while the layers cost {work:g} s for the batch of {B} "
-                f"(before dividing by the speed); use realistic speeds, bandwidths and costs")
+        return "time", (f"durations overflow floating point: the slowest device runs at speed {speed:g} and "
+                        f"the slowest link carries {bandwidth:g} B/s, while the layers cost {work:g} s for the "
+                        f"batch of {B} (before dividing by the speed); use realistic speeds, bandwidths and costs")
     memory = state_factor * params + B * (graph.input_bytes + sum(l.act + l.out for l in layers))
     if not math.isfinite(memory):
-        return "memory", (f"bytes overflow floating point: {state_factor:g} x {params:g} B of state plus the activations "
-                f"of {B} samples; use realistic sizes")
+        return "memory", (f"bytes overflow floating point: {state_factor:g} x {params:g} B of state plus the "
+                          f"activations of {B} samples; use realistic sizes")
     return "", ""
-

@@ -3,10 +3,10 @@
 Source: Alpa (Zheng et al., OSDI 2022), ``alpa/pipeline_parallel/stage_construction.py``
 (``peers.md`` §1.5).  It minimises the pipeline latency estimate
 ``sum of stage latencies + (M - 1) * max stage latency``: an outer loop over candidate
-``t_max`` (the unique stage costs, ascending, skipping one within :data:`T_MAX_GAP` of the
-last tried and stopping once ``M * t_max`` reaches the best: a plan whose slowest stage
-takes ``t_max`` costs at least that), and an inner DP ``f[s, k, d]`` (``s`` stages for layers ``k..L-1`` on ``d``
-devices) minimising the sum with every stage at most ``t_max``.  Memory enters as the
+``t_max`` (the unique stage costs, ascending, skipping one within :data:`T_MAX_GAP` of
+the last tried and stopping once ``M * t_max`` reaches the best: a plan whose slowest
+stage takes ``t_max`` costs at least that), and an inner DP ``f[s, k, d]`` (``s`` stages
+for layers ``k..L-1`` on ``d`` devices) minimising the sum with every stage at most ``t_max``.  Memory enters as the
 number of microbatches a stage must hold given the ``s - 1`` stages after it.
 
 Heterogeneous adaptation: stage device groups ("submeshes") have power-of-two sizes and
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 import time
 from functools import lru_cache
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -39,19 +39,18 @@ def _stage_peak(problem: PlanningProblem, model: StageModel, lo: int, hi: int, r
                 recompute: bool) -> float:
     """The spec's peak bytes per device of layers ``[lo, hi)`` on ``r`` replicas with ``after`` stages behind."""
     per_replica = [math.ceil(n / r) for n in problem.split]
-    # 1F1B holds min(after + 1, M) microbatches in flight: more stages behind change nothing
-    ops = stage_ops(problem.schedule, problem.microbatches, 0, min(after, problem.microbatches) + 1)
+    ops = stage_ops(problem.schedule, problem.microbatches, 0, after + 1)
     sums = model.sums(lo, hi)
     return stage_peak_memory(problem.state_factor, sums[4], ops, per_replica, sums[5],
                              problem.graph.stage_input_bytes(lo), recompute)
 
 
 def _stage_latency(problem: PlanningProblem, model: StageModel, lo: int, hi: int, group: tuple[str, ...],
-                   after: int, peak=None) -> float:
+                   after: int, peak: Callable[[int, int, int, int, bool], float]) -> float:
     """Per-microbatch latency of a stage with ``after`` stages behind it, or inf if it cannot fit.
 
-    ``peak(lo, hi, r, after, recompute)``, if given, stands for :func:`_stage_peak` (a memo:
-    the peak does not depend on which devices hold the stage).
+    ``peak(lo, hi, r, after, recompute)`` is :func:`_stage_peak`, memoised by the caller
+    (the peak does not depend on which devices hold the stage).
     """
     r = len(group)
     per_replica = [math.ceil(n / r) for n in problem.split]
@@ -59,8 +58,7 @@ def _stage_latency(problem: PlanningProblem, model: StageModel, lo: int, hi: int
     mem = model.min_memory(group)
     recompute = False
     for rc in ([False, True] if problem.allow_recompute else [False]):
-        need = peak(lo, hi, r, after, rc) if peak else _stage_peak(problem, model, lo, hi, r, after, rc)
-        if need <= mem:
+        if peak(lo, hi, r, after, rc) <= mem:
             recompute = rc
             break
     else:
@@ -79,31 +77,28 @@ def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[
     """
     model = StageModel(problem)
     L, U, M = len(problem.graph), len(pool), problem.microbatches
+    # 1F1B holds min(after + 1, M) microbatches in flight: more stages behind share one entry
     peak = lru_cache(maxsize=None)(lambda lo, hi, r, after, rc: _stage_peak(problem, model, lo, hi, r,
                                                                             min(after, M), rc))
     S = min(problem.stage_limit, L, U)
     sizes = [1 << e for e in range(U.bit_length()) if (1 << e) <= U] if problem.allow_replication else [1]
-    # cost[(s, k, hi, d, r)]: first of s remaining stages on layers [k, hi) with r of the last d devices.
-    cost: dict[tuple[int, int, int, int, int], float] = {}
+    # C[s, k, hi, d, j]: first of s remaining stages on layers [k, hi) with sizes[j] of the last d devices
+    C = np.full((S + 1, L, L + 1, U + 1, len(sizes)), np.inf)
     for s in range(1, S + 1):
         for k in range(L):
             if time.perf_counter() > deadline:
                 return []
             for hi in range(k + 1, L + 1):
                 for d in range(1, U + 1):
-                    for r in sizes:
+                    for j, r in enumerate(sizes):
                         if r <= d:
                             group = tuple(pool[U - d:U - d + r])
-                            cost[(s, k, hi, d, r)] = _stage_latency(problem, model, k, hi, group, s - 1, peak)
+                            C[s, k, hi, d, j] = _stage_latency(problem, model, k, hi, group, s - 1, peak)
         if time.perf_counter() > deadline:
             return []
     out: list[tuple[float, Proposal]] = []
-    # C[s, k, hi, d, j]: cost[(s, k, hi, d, sizes[j])], inf where absent
-    C = np.full((S + 1, L, L + 1, U + 1, len(sizes)), np.inf)
-    for (s, k, hi, d, r), c in cost.items():
-        C[s, k, hi, d, sizes.index(r)] = c
     best_total, last_t_max = math.inf, -math.inf
-    for t_max in sorted({c for c in cost.values() if math.isfinite(c)}):
+    for t_max in np.unique(C[np.isfinite(C)]).tolist():
         # Alpa's exit: a plan whose slowest stage takes t_max costs at least t_max + (M-1) t_max
         if M * t_max >= best_total or time.perf_counter() > deadline:
             break
