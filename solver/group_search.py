@@ -52,14 +52,14 @@ import itertools
 import math
 import time
 from dataclasses import dataclass, replace
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
 from solver.baselines.common import Judged, finalize
 from solver.exact import DeviceClass, device_classes, stash_points
 from solver.infeasibility import heuristic_no_plan
-from solver.memory import stash_peak
+from solver.memory import range_peak_memory, settle_borderline, stash_peak
 from solver.problem import PlanningProblem
 from solver.registry import register
 from solver.result import SolverResult, TracePoint
@@ -251,12 +251,20 @@ class _Costs:
             per_replica = [math.ceil(n / r) for n in self.problem.split]
             state = self._state_sums[None, :] - self._state_sums[:, None]  # [lo, hi]
             act = self._act_sums[None, :] - self._act_sums[:, None]
-            ok = state + act * stash_peak(ops, per_replica, 1.0, 0.0) <= memory
+            ranges = np.triu(np.ones_like(state, dtype=bool), 1)  # lo < hi
+
+            def exact(recompute: bool) -> Callable[[int], float]:
+                n = state.shape[1]
+                return lambda i: range_peak_memory(self.problem.graph, self.problem.state_factor, i // n, i % n,
+                                                   ops, per_replica, recompute)
+            plain = state + act * stash_peak(ops, per_replica, 1.0, 0.0)
+            ok = settle_borderline(plain <= memory, plain, memory, ranges, exact(False))
             if self.problem.allow_recompute:
                 peak = np.zeros_like(state)
                 for inputs, working in _recompute_points(ops, per_replica):
                     np.maximum(peak, inputs * self.inputs[:, None] + working * act, out=peak)
-                ok |= state + peak <= memory
+                peak += state
+                ok |= settle_borderline(peak <= memory, peak, memory, ranges & ~ok, exact(True))
             self._fits[key] = ok
         return self._fits[key]
 

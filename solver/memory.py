@@ -6,9 +6,20 @@ ops one at a time, so the peak depends on the op order only, not on timing.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
+import numpy as np
+
+from models.graph import LayerGraph
 from solver.schedule import FORWARD, Op
+
+ROUNDING = 1e-9
+"""Relative band around a memory within which a peak summed in another order is re-checked.
+
+Vectorised searches sum a stage's bytes from prefix sums and multiply where the
+simulator adds one microbatch at a time; the two can differ in the last bit, and a
+peak equal to the memory fits.  Inside this band :func:`settle_borderline` decides with
+the simulator's own arithmetic, so no search drops a stage the simulator accepts."""
 
 
 def stash_peak(ops: Sequence[Op], per_replica: Sequence[int], stash_per_sample: float,
@@ -64,3 +75,47 @@ def stage_peak_memory(state_factor: float, params: float, ops: Sequence[Op], per
     if recompute:
         return state_factor * params + stash_peak(ops, per_replica, input_bytes, act)
     return state_factor * params + stash_peak(ops, per_replica, act, 0.0)
+
+
+def range_peak_memory(graph: LayerGraph, state_factor: float, lo: int, hi: int, ops: Sequence[Op],
+                      per_replica: Sequence[int], recompute: bool) -> float:
+    """:func:`stage_peak_memory` of layers ``[lo, hi)``, summed exactly as the simulator sums them."""
+    return stage_peak_memory(state_factor, graph.range_sum("params", lo, hi), ops, per_replica,
+                             graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo), recompute)
+
+
+def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candidates: np.ndarray,
+                      exact_peak: Callable[[int], float]) -> np.ndarray:
+    """``fits`` with every candidate whose ``peak`` lies within :data:`ROUNDING` of ``memory`` re-decided.
+
+    Parameters
+    ----------
+    fits : ndarray of bool
+        ``peak <= memory`` as computed by the caller (any shape; changed in place).
+    peak : ndarray of float
+        The caller's peaks, same shape.
+    memory : float
+        The capacity they are compared with.
+    candidates : ndarray of bool
+        Entries that may fit at all (the others are left as they are).
+    exact_peak : callable
+        The simulator's peak of the entry at a flat index (for instance through
+        :func:`range_peak_memory`); called only for borderline entries.
+
+    Returns
+    -------
+    ndarray of bool
+        ``fits`` itself.
+
+    Examples
+    --------
+    >>> fits = np.array([False, True])
+    >>> settle_borderline(fits, np.array([0.7000000000000001, 0.2]), 0.7, np.array([True, True]),
+    ...                   lambda i: 0.7).tolist()
+    [True, True]
+    """
+    near = candidates & (np.abs(peak - memory) <= ROUNDING * np.maximum(abs(memory), np.abs(peak)))
+    flat = fits.reshape(-1)
+    for index in np.flatnonzero(near):
+        flat[index] = exact_peak(int(index)) <= memory
+    return fits

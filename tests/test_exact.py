@@ -473,3 +473,47 @@ def test_never_worse_than_the_slow_baselines():
                 base = cls().solve(problem, time_limit=2, seed=0)
                 if base.plan is not None:
                     assert result.iteration_time <= base.iteration_time * (1 + REL)
+
+
+def memory_at_the_peak_problem() -> tuple[PlanningProblem, float]:
+    """Found by a randomized check: the only fitting plan's peaks equal the devices' memories exactly.
+
+    Layer ``l0``'s stash is 9 microbatches of ``act``: the simulator adds them one at a
+    time (``...372`` bytes), 9 times the value is ``...374``, one bit above the memory.
+    """
+    layers = [Layer("l0", (0.0, 0.0006995670030448132), (0.0, 0.0013537229010555333), 2686367.5130301504,
+                    234571.052413419, 847332.6978219185),
+              Layer("l1", (0.000684160818222181, 0.0009982060716523912), (0.0019859503250693805, 0.0017018866454368725),
+                    1764556.6302654333, 1608808.7427504752, 0.0),
+              Layer("l2", (0.0007937705507652069, 0.00033103717878582643),
+                    (0.0016998780255619858, 0.0010762138874592887), 7795034.66149661, 1171863.3373431934,
+                    435281.86972454964),
+              Layer("l3", (0.00011736005057379029, 0.0008376792791128728), (0.0, 0.0), 7218303.859497585,
+                    1153030.080804667, 750927.37650337)]
+    graph = LayerGraph("g", layers, [(0, 1), (1, 2), (1, 3), (2, 3)], input_bytes=40179.97951833513)
+    cluster = Cluster("c", (Link(2e11, 0.0, "s0"), Link(5e9, 1e-6, "s1")), Link(1e10, 0.0),
+                      (Device("d0", "s1", 1.5, 12856609.523841372), Device("d1", "s1", 1.5, 80977394.84730753),
+                       Device("d2", "s0", 1.5, 21537505.20581601)))
+    problem = PlanningProblem(graph, cluster, global_batch=9, microbatches=9, schedule="gpipe", state_factor=4.0,
+                              allow_replication=False, allow_recompute=False)
+    sim = problem.evaluate(problem.make_plan([(0, 1), (1, 2), (2, 4)], [("d0",), ("d2",), ("d1",)]))
+    assert sim.fits and sim.peak_memory == tuple(d.memory for d in (cluster.devices[0], cluster.devices[2],
+                                                                      cluster.devices[1]))
+    return problem, sim.iteration_time
+
+
+class TestMemoryAtThePeak:
+    """A stage whose peak equals its memory fits, whatever order a search sums its bytes in."""
+
+    def test_the_arc_exists(self):
+        problem, _ = memory_at_the_peak_problem()
+        plan = problem.make_plan([(0, 1), (1, 2), (2, 4)], [("d0",), ("d2",), ("d1",)])
+        assert plan_config(build_data(problem), plan) is not None
+
+    @pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver(), IlpSolver(enumerate_first=False)],
+                             ids=["ilp", "cpsat", "ilp-model-loop"])
+    def test_exact_solvers_find_the_only_plan(self, solver):
+        problem, best = memory_at_the_peak_problem()
+        result = solver.solve(problem, time_limit=30, seed=0)
+        assert result.status == "optimal" and result.iteration_time == pytest.approx(best, rel=REL)
+        assert brute_force(problem) == pytest.approx(best, rel=REL)

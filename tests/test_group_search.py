@@ -304,3 +304,18 @@ class TestReshape:
         problem = bench_problem(32, 8)
         start = finalize(problem, ((0, 32),), (("s0g0", "s0g1", "s0g2", "s0g3"),))
         assert reshape(problem, start, deadline=0.0) is start
+
+
+class TestMemoryAtThePeak:
+    def test_a_stash_summed_to_exactly_the_memory_fits(self):
+        # 7 x 0.1 is 0.7000000000000001; the simulator adds 0.1 seven times and gets 0.7.
+        memory = 0.0
+        for _ in range(7):
+            memory += 0.1
+        graph = LayerGraph.chain("g", [Layer("l0", (1e-3, 1e-3), (2e-3, 2e-3), 0.0, 0.1, 1.0)], input_bytes=1.0)
+        cluster = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e10, 0.0), (Device("d0", "s0", 1.0, memory),))
+        problem = PlanningProblem(graph, cluster, global_batch=7, microbatches=7, schedule="gpipe",
+                                  state_factor=0.0)
+        assert 7 * 0.1 > memory and problem.evaluate(problem.make_plan([(0, 1)], [("d0",)])).fits
+        result = get_solver("group-search").solve(problem, time_limit=10, seed=0)
+        assert result.plan is not None and problem.evaluate(result.plan).fits
