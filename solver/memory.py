@@ -86,7 +86,7 @@ def range_peak_memory(graph: LayerGraph, state_factor: float, lo: int, hi: int, 
 
 def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candidates: np.ndarray,
                       exact_peak: Callable[[int], float]) -> np.ndarray:
-    """``fits`` with every candidate whose ``peak`` lies within :data:`ROUNDING` of ``memory`` re-decided.
+    """``fits`` with every candidate whose ``peak`` lies within :data:`ROUNDING` (relative) of ``memory`` re-decided.
 
     Parameters
     ----------
@@ -114,7 +114,7 @@ def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candida
     ...                   lambda i: 0.7).tolist()
     [True, True]
     """
-    near = candidates & (np.abs(peak - memory) <= ROUNDING * np.maximum(abs(memory), np.abs(peak)))
+    near = (np.abs(peak - memory) <= ROUNDING * abs(memory)) & candidates
     flat = fits.reshape(-1)
     for index in np.flatnonzero(near):
         flat[index] = exact_peak(int(index)) <= memory
