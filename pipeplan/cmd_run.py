@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from models.jsonio import check_writable
+from pipeplan.loading import warn_names
 from runtime.checks import load_inputs
 from runtime.launch import WorkerError, launch_local
 from runtime.report import present
@@ -53,6 +54,8 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.trace, args.gantt)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
     plan = inputs.plan
+    for note in warn_names(plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
+        print(note, file=sys.stderr)
     ranks = rank_of(plan)
 
     def describe(rank: int) -> str:

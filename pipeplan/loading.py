@@ -36,12 +36,12 @@ def load_any(path: str) -> tuple[str, Any]:
     return kind, cls.from_dict(data, path)
 
 
-def warn_names(plan: Plan, graph: LayerGraph, cluster: Cluster, plan_file: str) -> list[str]:
-    """Warnings (not errors) when a plan names another graph or cluster than given."""
+def warn_names(plan: Plan, graph: LayerGraph, cluster: Cluster, plan_file: str, doing: str = "simulating") -> list[str]:
+    """Warnings (not errors) when a plan names another graph or cluster than given (``doing`` it on them)."""
     notes = []
     if plan.graph != graph.name:
-        notes.append(f"warning: {plan_file}: graph: plan was made for graph {plan.graph!r}, simulating on {graph.name!r}")
+        notes.append(f"warning: {plan_file}: graph: plan was made for graph {plan.graph!r}, {doing} on {graph.name!r}")
     if plan.cluster != cluster.name:
         notes.append(f"warning: {plan_file}: cluster: plan was made for cluster {plan.cluster!r}, "
-                     f"simulating on {cluster.name!r}")
+                     f"{doing} on {cluster.name!r}")
     return notes
