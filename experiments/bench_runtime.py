@@ -5,12 +5,12 @@
    set of plans with as many busy ranks as cores (two) through ``pipeplan run`` and
    compares each measured iteration time with the simulator's prediction for the same
    plan, cluster and a graph of ``gpt-tiny`` profiled on this machine.  The plans run
-   in rounds, and each round is predicted from a profile taken just before it
-   (``--profile every-round``, the default): this shared machine's speed drifts by
-   more than the target over the minutes a benchmark takes, and a profile from the
-   start would charge that drift to the simulator.  A plan's error is the median over
-   its runs of measured / predicted - 1; the error against the first profile alone is
-   reported next to it.  Every plan shape
+   in rounds; with ``--profile every-round`` each round is predicted from a profile
+   taken just before it, to tell a drift of this shared machine's speed during the
+   benchmark from the cost model's error (it did not move the error in two runs, so
+   ``once``, one profile per model before its runs, is the default).  A plan's error
+   is the median over its runs of measured / predicted - 1; the error against the
+   first profile alone is reported next to it.  Every plan shape
    runs at a global batch of 32 and of 64 (see :func:`plans`), and the same shapes
    run on ``unet`` (:func:`unet_plans`, ops of 2-10 ms), each ``--repeats``
    times round-robin; a plan's time is the median over its runs.  Each row also
@@ -385,8 +385,8 @@ def main() -> None:
     parser.add_argument("--only", choices=("predicted", "torch"), help="run one of the two benchmarks")
     parser.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
                         help="pipeplan run --transport of every run, and of the link measurement")
-    parser.add_argument("--profile", choices=("every-round", "once"), default="every-round",
-                        help="profile the models afresh before each round of runs (default), or once before all")
+    parser.add_argument("--profile", choices=("once", "every-round"), default="once",
+                        help="profile each model once before its runs (default), or afresh before each round")
     parser.add_argument("--out", default=str(ROOT / "out" / "bench_runtime"))
     args = parser.parse_args()
     global TRANSPORT
