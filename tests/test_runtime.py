@@ -51,13 +51,14 @@ def graphs(tmp_path_factory) -> dict[str, str]:
     return paths
 
 
-def write_plan(folder: Path, stages: list[tuple], batch: int, schedule: str = "gpipe", name: str = "plan") -> str:
-    """``stages``: ``(lo, hi, devices, microbatches[, recompute[, ops]])``."""
+def write_plan(folder: Path, stages: list[tuple], batch: int, schedule: str = "gpipe", name: str = "plan",
+               graph: str = "gpt-tiny-6") -> str:
+    """``stages``: ``(lo, hi, devices, microbatches[, recompute[, ops]])``; ``graph``: the graph it names."""
     built = tuple(Stage((lo, hi), tuple(devs), tuple(split), *(rest[:1] or [False]),
                         tuple(rest[1]) if len(rest) > 1 else None)
                   for lo, hi, devs, split, *rest in stages)
     path = folder / f"{name}.plan.json"
-    path.write_text(dumps(Plan("g", "two-servers", batch, 4.0, schedule, built).to_dict()))
+    path.write_text(dumps(Plan(graph, "two-servers", batch, 4.0, schedule, built).to_dict()))
     return str(path)
 
 
@@ -70,6 +71,7 @@ def run_verify(graph: str, plan: str, model: str, *extra: str) -> dict:
     done = pipeplan("run", graph, CLUSTER, plan, "--model", model, "--steps", "2", "--warmup", "1",
                     "--verify", "--json", "--timeout", "30", *extra)
     assert done.returncode == 0, done.stderr
+    assert "warning:" not in done.stderr, done.stderr  # the test plans name their graph and cluster
     summary = json.loads(done.stdout)
     # float64 end to end (the loss too) agrees to rounding: far below the 1e-6 the check allows
     assert summary["verified"] and summary["max_param_diff"] <= 1e-10, summary
@@ -218,13 +220,14 @@ class TestMaxDifference:
 
 def test_unet_skips_relayed_through_middle_stage(graphs, tmp_path):
     # enc1 (unit 0) feeds dec1 (unit 6): its output crosses stage 1 untouched.
-    plan = write_plan(tmp_path, [(0, 2, ["g0"], [2, 2]), (2, 5, ["g1"], [1, 3]), (5, 8, ["g2"], [2, 2])], 4, "gpipe")
+    plan = write_plan(tmp_path, [(0, 2, ["g0"], [2, 2]), (2, 5, ["g1"], [1, 3]), (5, 8, ["g2"], [2, 2])], 4, "gpipe",
+                      graph="unet-8")
     run_verify(graphs["unet"], plan, "unet")
 
 
 def test_unet_replication_recompute_unequal_1f1b(graphs, tmp_path):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 1, 1], False),
-                                 (3, 8, ["g2", "g3"], [3, 1], True)], 4, "1f1b")
+                                 (3, 8, ["g2", "g3"], [3, 1], True)], 4, "1f1b", graph="unet-8")
     run_verify(graphs["unet"], plan, "unet")
 
 
