@@ -9,8 +9,9 @@
    taken just before it, to tell a drift of this shared machine's speed during the
    benchmark from the cost model's error (it did not move the error in two runs, so
    ``once``, one profile per model before its runs, is the default).  A plan's error
-   is the median over its runs of measured / predicted - 1; the error against the
-   first profile alone is reported next to it.  Every plan shape
+   is the median over its runs of measured / predicted - 1, and its timeline and
+   op-cost errors are medians of per-run ratios too (before runtime16 they were ratios
+   of the medians); the error against the first profile alone is reported next to it.  Every plan shape
    runs at a global batch of 32 and of 64 (see :func:`plans`), and the same shapes
    run on ``unet`` (:func:`unet_plans`, ops of 2-10 ms), each ``--repeats``
    times round-robin; a plan's time is the median over its runs.  Each row also

@@ -127,9 +127,10 @@ rows.
 
 Memory is exact: each arc's peak is :func:`solver.memory.stage_peak_memory` of its op
 list, which under 1F1B depends on the stage only through ``w = min(tau, M)``.  The
-vectorised sums can differ from the simulator's in the last bit, so a peak within
-rounding of the memory is decided by the simulator's own sum
-(:func:`solver.memory.settle_borderline`): a stage whose peak equals the memory fits.
+vectorised sums (differences of prefix sums) can differ from the simulator's by
+rounding, so a peak within rounding of the memory (relative to the prefix sums it came
+from) is decided by the simulator's own sum (:func:`solver.memory.settle_borderline`):
+a stage whose peak equals the memory fits.
 
 Exactness of the loop
 ---------------------
@@ -493,10 +494,12 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
             points = stash_points(ops_by_tau[t], q)
             if opt.recompute:
                 peak = sf * PAR + np.max(np.outer(INP, points[:, 0]) + np.outer(ACT, points[:, 1]), axis=1)
+                scale = sf * P_par[hi_all] + INP * points[:, 0].max() + P_act[hi_all] * points[:, 1].max()
             else:
                 peak = sf * PAR + ACT * points[:, 0].max()
+                scale = sf * P_par[hi_all] + P_act[hi_all] * points[:, 0].max()
             fits = settle_borderline(ok & (peak <= opt.memory), peak, opt.memory, ok, lambda i: range_peak_memory(
-                graph, sf, int(lo_all[i]), int(hi_all[i]), ops_by_tau[t], q, opt.recompute))
+                graph, sf, int(lo_all[i]), int(hi_all[i]), ops_by_tau[t], q, opt.recompute), scale=scale)
             key = (opt.composition, t)
             if opt.recompute:
                 fits &= ~plain_fits.get(key, np.zeros_like(fits))  # dominated: the same devices without recompute fit

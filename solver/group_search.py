@@ -257,14 +257,20 @@ class _Costs:
                 n = state.shape[1]
                 return lambda i: range_peak_memory(self.problem.graph, self.problem.state_factor, i // n, i % n,
                                                    ops, per_replica, recompute)
-            plain = state + act * stash_peak(ops, per_replica, 1.0, 0.0)
-            ok = settle_borderline(plain <= memory, plain, memory, ranges, exact(False))
+            stashed = stash_peak(ops, per_replica, 1.0, 0.0)
+            plain = state + act * stashed
+            # the prefix sums at each range's end: what rounding in ``state`` and ``act`` scales with
+            ends = self._state_sums[None, :] + self._act_sums[None, :] * stashed
+            ok = settle_borderline(plain <= memory, plain, memory, ranges, exact(False), scale=ends)
             if self.problem.allow_recompute:
                 peak = np.zeros_like(state)
-                for inputs, working in _recompute_points(ops, per_replica):
+                points = _recompute_points(ops, per_replica)
+                for inputs, working in points:
                     np.maximum(peak, inputs * self.inputs[:, None] + working * act, out=peak)
                 peak += state
-                ok |= settle_borderline(peak <= memory, peak, memory, ranges & ~ok, exact(True))
+                ends = (self._state_sums[None, :] + max(i for i, _ in points) * self.inputs[:, None]
+                        + max(w for _, w in points) * self._act_sums[None, :])
+                ok |= settle_borderline(peak <= memory, peak, memory, ranges & ~ok, exact(True), scale=ends)
             self._fits[key] = ok
         return self._fits[key]
 

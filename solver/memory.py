@@ -6,6 +6,7 @@ ops one at a time, so the peak depends on the op order only, not on timing.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import numpy as np
@@ -16,10 +17,13 @@ from solver.schedule import FORWARD, Op
 ROUNDING = 1e-9
 """Relative band around a memory within which a peak summed in another order is re-checked.
 
-Vectorised searches sum a stage's bytes from prefix sums and multiply where the
-simulator adds one microbatch at a time; the two can differ in the last bit, and a
-peak equal to the memory fits.  Inside this band :func:`settle_borderline` decides with
-the simulator's own arithmetic, so no search drops a stage the simulator accepts."""
+Vectorised searches sum a stage's bytes as differences of prefix sums and multiply
+where the simulator adds one layer and one microbatch at a time; the two can differ by
+a few units in the last place of the *largest operand* (a prefix sum spanning layers
+before the stage's, say), and a peak equal to the memory fits.  Inside this band, scaled
+by that operand, :func:`settle_borderline` decides with the simulator's own arithmetic,
+so neither an exact solver's arc table nor ``group-search``'s fit table drops a stage
+the simulator accepts."""
 
 
 def stash_peak(ops: Sequence[Op], per_replica: Sequence[int], stash_per_sample: float,
@@ -85,13 +89,13 @@ def range_peak_memory(graph: LayerGraph, state_factor: float, lo: int, hi: int, 
 
 
 def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candidates: np.ndarray,
-                      exact_peak: Callable[[int], float]) -> np.ndarray:
-    """``fits`` with every candidate whose ``peak`` lies within :data:`ROUNDING` (relative) of ``memory`` re-decided.
+                      exact_peak: Callable[[int], float], *, scale: np.ndarray | float) -> np.ndarray:
+    """``fits`` with every candidate whose ``peak`` is within rounding of ``memory`` re-decided.
 
     Parameters
     ----------
     fits : ndarray of bool
-        ``peak <= memory`` as computed by the caller (any shape; changed in place).
+        ``peak <= memory`` as computed by the caller (changed in place).
     peak : ndarray of float
         The caller's peaks, same shape.
     memory : float
@@ -99,8 +103,13 @@ def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candida
     candidates : ndarray of bool
         Entries that may fit at all (the others are left as they are).
     exact_peak : callable
-        The simulator's peak of the entry at a flat index (for instance through
-        :func:`range_peak_memory`); called only for borderline entries.
+        The simulator's peak of the entry at a flat (C-order) index, for instance
+        through :func:`range_peak_memory`; called only for borderline entries.
+    scale : ndarray or float
+        The largest magnitude the caller's sum went through for each entry (its
+        prefix sums at the stage's end, say): the band is :data:`ROUNDING` times the
+        larger of it and ``memory``.  An entry whose scale is 0 summed only zeros,
+        exactly, and is left as it is.
 
     Returns
     -------
@@ -111,11 +120,13 @@ def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candida
     --------
     >>> fits = np.array([False, True])
     >>> settle_borderline(fits, np.array([0.7000000000000001, 0.2]), 0.7, np.array([True, True]),
-    ...                   lambda i: 0.7).tolist()
+    ...                   lambda i: 0.7, scale=0.7).tolist()
     [True, True]
     """
-    near = (np.abs(peak - memory) <= ROUNDING * abs(memory)) & candidates
-    flat = fits.reshape(-1)
+    if not math.isfinite(memory):
+        return fits
+    band = ROUNDING * np.maximum(abs(memory), scale)
+    near = (np.abs(peak - memory) <= band) & candidates & (np.asarray(scale) > 0)
     for index in np.flatnonzero(near):
-        flat[index] = exact_peak(int(index)) <= memory
+        fits[np.unravel_index(index, fits.shape)] = exact_peak(int(index)) <= memory
     return fits

@@ -517,3 +517,70 @@ class TestMemoryAtThePeak:
         result = solver.solve(problem, time_limit=30, seed=0)
         assert result.status == "optimal" and result.iteration_time == pytest.approx(best, rel=REL)
         assert brute_force(problem) == pytest.approx(best, rel=REL)
+
+    @staticmethod
+    def _no_warm_start(monkeypatch):
+        """Without warm starts the arc table alone must hold the plan (a heuristic could hide a missing arc)."""
+        import solver.exact as exact
+        monkeypatch.setattr(exact, "warm_start_plans", lambda *args, **kwargs: [])
+
+    @staticmethod
+    def _at_peaks(graph, bounds, devices, **options) -> tuple[PlanningProblem, object]:
+        """The problem whose devices' memories are exactly the peaks of the plan ``bounds`` on ``devices``."""
+        speeds = options.pop("speeds", [1.0] * len(devices))
+        roomy = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e10, 0.0),
+                        tuple(Device(d, "s0", v, 1e30) for d, v in zip(devices, speeds)))
+        recompute = options.pop("recompute", None)
+        problem = PlanningProblem(graph, roomy, **options)
+        plan = problem.make_plan(bounds, [(d,) for d in devices], recompute)
+        peaks = problem.evaluate(plan).peak_memory
+        cluster = Cluster("c", roomy.servers, roomy.network,
+                          tuple(Device(d, "s0", v, m) for d, v, m in zip(devices, speeds, peaks)))
+        problem = PlanningProblem(graph, cluster, **options)
+        assert problem.evaluate(plan).fits
+        return problem, plan
+
+    @pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver(), IlpSolver(enumerate_first=False)],
+                             ids=["ilp", "cpsat", "ilp-model-loop"])
+    def test_1f1b_stages_at_their_memory(self, solver, monkeypatch):
+        # Under 1F1B the three stages stash 3, 2 and 1 microbatches of 0.1 bytes; the arc table
+        # multiplies where the simulator adds, and without the re-check this plan had no arc.
+        self._no_warm_start(monkeypatch)
+        graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-3, 1e-3), (2e-3, 2e-3), 0.0, 0.1, 1.0) for i in range(3)],
+                                 input_bytes=1.0)
+        problem, plan = self._at_peaks(graph, [(0, 1), (1, 2), (2, 3)], ["d0", "d1", "d2"], global_batch=3,
+                                       microbatches=3, schedule="1f1b", state_factor=0.0, allow_replication=False,
+                                       allow_recompute=False)
+        result = solver.solve(problem, time_limit=30, seed=0)
+        assert result.status == "optimal"
+        assert result.iteration_time == pytest.approx(brute_force(problem), rel=REL)
+
+    @pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver()], ids=["ilp", "cpsat"])
+    def test_recomputing_stage_at_its_memory(self, solver, monkeypatch):
+        # 7 microbatches of 1 sample: inputs of 0.1 stashed, 1.0 of activations while a backward runs;
+        # only recompute fits, and its peak is summed differently by the arc table and the simulator.
+        self._no_warm_start(monkeypatch)
+        graph = LayerGraph.chain("g", [Layer("l0", (1e-3, 1e-3), (2e-3, 2e-3), 0.0, 1.0, 1.0)], input_bytes=0.1)
+        problem, plan = self._at_peaks(graph, [(0, 1)], ["d0"], global_batch=7, microbatches=7, schedule="gpipe",
+                                       state_factor=0.0, recompute=[True])
+        assert problem.cluster.devices[0].memory < 7 * 1.0  # without recompute nothing fits
+        result = solver.solve(problem, time_limit=30, seed=0)
+        assert result.status == "optimal" and result.plan.stages[0].recompute
+        assert result.iteration_time == pytest.approx(problem.evaluate(plan).iteration_time, rel=REL)
+
+    @pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver(), IlpSolver(enumerate_first=False)],
+                             ids=["ilp", "cpsat", "ilp-model-loop"])
+    def test_cancellation_in_prefix_sums(self, solver, monkeypatch):
+        # A 1e12-byte first layer: the later stage's bytes, a difference of prefix sums, come out
+        # 1.4e-5 (relative) above the simulator's sum, far beyond the last bit of the stage's own size.
+        self._no_warm_start(monkeypatch)
+        graph = LayerGraph.chain("g", [Layer("l0", (1e-3, 1e-3), (1e-3, 1e-3), 1e12, 0.0, 1.0),
+                                       Layer("l1", (1e-3, 1e-3), (1e-3, 1e-3), 0.13436424411240122, 0.0, 1.0),
+                                       Layer("l2", (1e-3, 1e-3), (1e-3, 1e-3), 0.8474337369372327, 0.0, 1.0)],
+                                 input_bytes=1.0)
+        problem, plan = self._at_peaks(graph, [(0, 1), (1, 3)], ["d0", "d1"], global_batch=2, microbatches=2,
+                                       schedule="gpipe", state_factor=1.0, allow_replication=False,
+                                       allow_recompute=False, speeds=[10.0, 10.0])
+        result = solver.solve(problem, time_limit=30, seed=0)
+        assert result.status == "optimal"
+        assert result.iteration_time == pytest.approx(problem.evaluate(plan).iteration_time, rel=REL)

@@ -319,3 +319,17 @@ class TestMemoryAtThePeak:
         assert 7 * 0.1 > memory and problem.evaluate(problem.make_plan([(0, 1)], [("d0",)])).fits
         result = get_solver("group-search").solve(problem, time_limit=10, seed=0)
         assert result.plan is not None and problem.evaluate(result.plan).fits
+
+    def test_a_recomputing_stage_at_its_memory_fits(self):
+        # 7 one-sample microbatches: inputs of 0.1 stashed, 1.0 of activations during a backward;
+        # only recompute fits, and the fit table's product is one bit above the simulator's sum.
+        graph = LayerGraph.chain("g", [Layer("l0", (1e-3, 1e-3), (2e-3, 2e-3), 0.0, 1.0, 1.0)], input_bytes=0.1)
+        roomy = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e10, 0.0), (Device("d0", "s0", 1.0, 1e30),))
+        options = dict(global_batch=7, microbatches=7, schedule="gpipe", state_factor=0.0)
+        plan = PlanningProblem(graph, roomy, **options).make_plan([(0, 1)], [("d0",)], [True])
+        peak = PlanningProblem(graph, roomy, **options).evaluate(plan).peak_memory[0]
+        cluster = Cluster("c", roomy.servers, roomy.network, (Device("d0", "s0", 1.0, peak),))
+        problem = PlanningProblem(graph, cluster, **options)
+        assert peak < 7 * 0.1 + 1.0 and problem.evaluate(plan).fits
+        result = get_solver("group-search").solve(problem, time_limit=10, seed=0)
+        assert result.plan is not None and result.plan.stages[0].recompute and problem.evaluate(result.plan).fits
