@@ -145,12 +145,13 @@ def test_relative_paths_from_another_folder(graphs, tmp_path):
 
 def test_plan_for_another_cluster_runs_with_a_warning(graphs, tmp_path):
     path = Path(write_plan(tmp_path, [(0, 6, ["g0"], [2, 2])], 4, "gpipe"))
-    path.write_text(path.read_text().replace('"two-servers"', '"elsewhere"'))
+    path.write_text(path.read_text().replace('"two-servers"', '"elsewhere"').replace('"gpt-tiny-6"', '"gpt-huge"'))
     done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, str(path), "--model", "gpt-tiny", "--steps", "2",
                     "--warmup", "1", "--json", "--timeout", "30")
     assert done.returncode == 0, done.stderr
     assert (f"warning: {path}: cluster: plan was made for cluster 'elsewhere', running on 'two-servers'"
             in done.stderr)
+    assert f"warning: {path}: graph: plan was made for graph 'gpt-huge', running on 'gpt-tiny-6'" in done.stderr
 
 
 def test_1f1b_gpt_unequal_per_stage_splits(graphs, tmp_path):
