@@ -315,14 +315,13 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
         path.write_text(json.dumps(plan, indent=1))
         paths[name] = path
     runs: dict[str, list[dict]] = {name: [] for name in paths}
-    first: dict[str, float] = {}
     for round_ in range(repeats):
         graph = profile(round_)
         for name, path in paths.items():
             runs[name].append(run_ours(graph, cluster, path, steps, model))
-            first.setdefault(name, runs[name][0]["predicted_iteration_time"])
     rows = []
     for name, got in runs.items():
+        first = got[0]["predicted_iteration_time"]  # round 0's prediction
         ratios = [r["measured_iteration_time"] / r["predicted_iteration_time"] for r in got]
         replay_ratios = [r["replayed_iteration_time"] / r["predicted_iteration_time"] for r in got]
         got = sorted(got, key=lambda r: r["measured_iteration_time"])
@@ -334,7 +333,7 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
         op_cost_error = statistics.median(replay_ratios) - 1
         timeline_error = statistics.median(r["measured_iteration_time"] / r["replayed_iteration_time"] for r in got) - 1
         row = {"plan": name, "measured": measured, "predicted": predicted, "error": error,
-               "first_profile_error": measured / first[name] - 1,
+               "first_profile_error": measured / first - 1,
                "replayed": replayed, "timeline_error": timeline_error,
                "op_cost_error": op_cost_error,
                "runs": [r["measured_iteration_time"] for r in got],

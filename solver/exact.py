@@ -435,6 +435,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
     AF, BF = P_af[hi_all] - P_af[lo_all], P_bf[hi_all] - P_bf[lo_all]
     AB, BB = P_ab[hi_all] - P_ab[lo_all], P_bb[hi_all] - P_bb[lo_all]
     PAR, ACT = P_par[hi_all] - P_par[lo_all], P_act[hi_all] - P_act[lo_all]
+    PAR_END, ACT_END = sf * P_par[hi_all], P_act[hi_all]  # what rounding in sf * PAR and ACT scales with
     inputs = np.array([graph.stage_input_bytes(lo) for lo in range(L)] + [0.0])
     cuts = np.array([graph.cut_bytes(c) for c in range(L - 1)] + [0.0])
     INP, CUT = inputs[lo_all], cuts[hi_all - 1]
@@ -494,10 +495,10 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
             points = stash_points(ops_by_tau[t], q)
             if opt.recompute:
                 peak = sf * PAR + np.max(np.outer(INP, points[:, 0]) + np.outer(ACT, points[:, 1]), axis=1)
-                scale = sf * P_par[hi_all] + INP * points[:, 0].max() + P_act[hi_all] * points[:, 1].max()
+                scale = PAR_END + INP * points[:, 0].max() + ACT_END * points[:, 1].max()
             else:
                 peak = sf * PAR + ACT * points[:, 0].max()
-                scale = sf * P_par[hi_all] + P_act[hi_all] * points[:, 0].max()
+                scale = PAR_END + ACT_END * points[:, 0].max()
             fits = settle_borderline(ok & (peak <= opt.memory), peak, opt.memory, ok, lambda i: range_peak_memory(
                 graph, sf, int(lo_all[i]), int(hi_all[i]), ops_by_tau[t], q, opt.recompute), scale=scale)
             key = (opt.composition, t)
