@@ -44,6 +44,7 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from solver.equal_splits import fastest, solve_equal_splits
 from solver.infeasibility import heuristic_no_plan
 from solver.plan import Plan, Stage, equal_split
 from solver.problem import PlanningProblem
@@ -376,8 +377,8 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> lis
     for name in ("cpsat", "ilp"):
         if name not in solver_names():
             continue
-        try:
-            result = get_solver(name).solve(problem.equal_split_problem(), time_limit=share, seed=seed)
+        try:  # every count worth trying with auto: see solver.equal_splits
+            result = fastest(solve_equal_splits(get_solver(name), problem, time_limit=share, seed=seed).values())
         except Exception:  # an exact solver under construction must not break this one
             continue
         if result.plan is not None and result.iteration_time is not None:
