@@ -35,7 +35,7 @@ def register(subparsers: Any) -> None:
     profile.add_argument("model", help=f"zoo model ({', '.join(model_names())})")
     profile.add_argument("-o", "--output", required=True, metavar="GRAPH.json", help="graph file to write")
     profile.add_argument("--batch-sizes", default=None, metavar="N,N,...",
-                         help="microbatch sizes to time (default 1,2,4,8)")
+                         help="microbatch sizes to time (default 1,2,4,8; measuring only, not with --analytic)")
     profile.add_argument("--analytic", action="store_true",
                          help="estimate from FLOPs on the meta device instead of measuring")
     profile.add_argument("--flops", metavar="F", help="peak FLOP/s of the device (--analytic; default 312e12)")

@@ -45,12 +45,14 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--population", type=int, default=None, metavar="P", help="nsga: population (default 48)")
     p.add_argument("--backend", choices=("highs", "cbc"), default=None,
                    help="ilp: the MILP solver (default highs, in-process)")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="pipeline schedule (default 1f1b)")
     p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver (default 60)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the randomised solvers (default 0; same seed, same plan)")
     p.add_argument("--no-replication", action="store_true", help="one device per stage")
     p.add_argument("--no-recompute", action="store_true", help="never recompute activations")
-    p.add_argument("--max-stages", type=int, default=None, metavar="K")
+    p.add_argument("--max-stages", type=int, default=None, metavar="K",
+                   help="most pipeline stages (default: as many as layers and devices allow)")
     p.add_argument("--state-factor", type=float, default=4.0, metavar="F",
                    help="bytes of training state per parameter byte (default 4: fp32 Adam)")
 
@@ -58,7 +60,8 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan with one solver and write the plan", description=__doc__)
     _common(p)
-    p.add_argument("--solver", required=True, metavar="NAME", help="a registered solver (see compare)")
+    p.add_argument("--solver", required=True, metavar="NAME", help="a registered solver: cpsat, ilp, group-search, nsga, cpsat-split, a baseline "
+                   "(even, pipedream, alpa, ...); an unknown name lists them all")
     p.add_argument("-o", "--output", required=True, metavar="PLAN.json")
     p.set_defaults(func=run_plan)
     c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)

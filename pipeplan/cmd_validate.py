@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         elif kind == "graph":
             detail = f", {len(obj)} layers, {len(obj.edges)} edges"
         else:
-            detail = f", {len(obj.devices)} devices on {len(obj.servers)} servers"
+            detail = f", {_count(len(obj.devices), 'device')} on {_count(len(obj.servers), 'server')}"
         print(f"ok: {path}: {kind} {obj.name if kind != 'plan' else ''}".rstrip() + detail)
     return 0
 
@@ -62,3 +62,8 @@ def _partners(candidates: list[Any], name: str, kind: str, plan_file: str) -> li
         print(f"warning: {plan_file}: {kind}: the plan names {kind} {name!r}, which none of the {kind}s given "
               f"({given}) is; checked without a {kind}", file=sys.stderr)
     return named or [None]
+
+
+def _count(n: int, noun: str) -> str:
+    """``"1 server"``, ``"2 servers"``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
