@@ -33,8 +33,23 @@ class InputError(ValueError):
         return InputError(file, self.where, self.what)
 
     def line(self) -> str:
-        """The one line the CLI prints for this error."""
-        return f"error: {self.file}: {self.where}: {self.what}"
+        """The one line the CLI prints for this error (control characters escaped, so it stays one).
+
+        Examples
+        --------
+        >>> InputError("a\\nb.json", "file", "no such file").line()
+        'error: a\\\\nb.json: file: no such file'
+        """
+        return one_line(f"error: {self.file}: {self.where}: {self.what}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (newlines, tabs, escape sequences) written as escapes.
+
+    A file name may hold any of them; printed raw, a newline would break the CLI's
+    one-line errors and an escape sequence would reach the terminal.
+    """
+    return "".join(repr(c)[1:-1] if ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 else c for c in text)
 
 
 class DeadlockError(InputError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -36,7 +37,7 @@ def load_json(path: str | os.PathLike) -> Any:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(name, "file", f"cannot be read: {exc}") from None
     try:
-        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
+        value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise InputError(name, f"line {exc.lineno} column {exc.colno}", f"invalid JSON: {exc.msg}") from None
     except _DuplicateKey as exc:
@@ -46,6 +47,67 @@ def load_json(path: str | os.PathLike) -> Any:
         raise InputError(name, "file", "invalid JSON: nested too deeply") from None
     except ValueError as exc:
         raise InputError(name, "file", f"invalid JSON: {exc}") from None
+    check_values(value, name)
+    return value
+
+
+def check_values(value: Any, file: str) -> None:
+    """Refuse, at its JSON path, a value that JSON admits but no field can hold.
+
+    Everywhere in the document, unknown fields included: a number beyond the float
+    range (``1e999`` decodes to infinity, a 400-digit integer converts to none), and a
+    string or key holding an unpaired UTF-16 surrogate (``"\\ud800"``: no Unicode
+    character, so it can be neither printed, written as UTF-8 nor drawn).
+
+    Raises
+    ------
+    InputError
+        At the first such value.
+
+    Examples
+    --------
+    >>> check_values({"a": [1, 2.5, "x"]}, "f.json")
+    >>> check_values({"a": [1, float("inf")]}, "f.json")
+    Traceback (most recent call last):
+    ...
+    models.errors.InputError: f.json: a[1]: the number is beyond the float range (magnitude above 1.8e308)
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        where, item = stack.pop()
+        place = where or "top level"
+        if isinstance(item, dict):
+            for key, child in item.items():
+                if not _is_unicode(key):
+                    raise InputError(file, place, f"a key holds {_surrogates(key)}, which is not Unicode text; "
+                                                  "use real characters")
+                stack.append((f"{where}.{key}" if where else key, child))
+        elif isinstance(item, list):
+            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
+        elif isinstance(item, str) and not _is_unicode(item):
+            raise InputError(file, place, f"the string holds {_surrogates(item)}, which is not Unicode text; "
+                                          "use real characters")
+        elif isinstance(item, float) and not math.isfinite(item):
+            raise InputError(file, place, "the number is beyond the float range (magnitude above 1.8e308)")
+        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > _FLOAT_MAX:
+            raise InputError(file, place, f"an integer of {len(str(abs(item)))} digits is beyond the float range "
+                                          "(magnitude above 1.8e308)")
+
+
+_FLOAT_MAX = int(sys.float_info.max)
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _surrogates(text: str) -> str:
+    found = sorted({f"\\u{ord(c):04x}" for c in text if 0xD800 <= ord(c) <= 0xDFFF})
+    return f"an unpaired UTF-16 surrogate ({', '.join(found)})"
 
 
 class _DuplicateKey(Exception):

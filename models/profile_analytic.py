@@ -31,6 +31,9 @@ SIZES = (1, 2)
 MIN_RATE = 1.0
 """Slowest achieved FLOP/s accepted (a rate far below any device; it keeps every time finite)."""
 
+MAX_OVERHEAD = 1e6
+"""Longest per-call overhead accepted, in seconds (days, far above any device; it keeps every time finite)."""
+
 
 @dataclass(frozen=True)
 class DeviceModel:
@@ -49,8 +52,9 @@ class DeviceModel:
                 raise InputError("-", label, f"must be a positive number, got {value!r}")
         if self.efficiency > 1:
             raise InputError("-", "--efficiency", f"is a fraction of the peak, at most 1, got {self.efficiency!r}")
-        if not (math.isfinite(self.overhead) and self.overhead >= 0):
-            raise InputError("-", "--overhead", f"must be a number >= 0, got {self.overhead!r}")
+        if not 0 <= self.overhead <= MAX_OVERHEAD:
+            raise InputError("-", "--overhead", f"must be seconds from 0 to {MAX_OVERHEAD:g} per call (beyond, layer "
+                                                f"times would overflow floating point), got {self.overhead!r}")
         if not self.flops * self.efficiency >= MIN_RATE:
             raise InputError("-", "--flops", f"times --efficiency is {self.flops * self.efficiency:g} FLOP/s, below "
                                              f"{MIN_RATE:g}: layer times would overflow floating point")

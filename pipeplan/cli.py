@@ -13,7 +13,7 @@ import importlib
 import signal
 import sys
 
-from models.errors import InputError
+from models.errors import InputError, one_line
 
 #: Command modules, in the order ``pipeplan --help`` lists them.
 COMMAND_MODULES = (
@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse with usage errors in pipeplan's one-line form (exit 2)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        sys.stderr.write(f"error: {self.prog}: arguments: {message}\n")
+        sys.stderr.write(one_line(f"error: {self.prog}: arguments: {message}") + "\n")
         raise SystemExit(2)
 
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(exc.line() + "\n")
         return 2
     except OSError as exc:  # a file that vanished or a full disk mid-run: still one line
-        sys.stderr.write(f"error: {exc.filename or '-'}: io: {exc.strerror or exc}\n")
+        sys.stderr.write(one_line(f"error: {exc.filename or '-'}: io: {exc.strerror or exc}") + "\n")
         return 2
     except KeyboardInterrupt:
         sys.stderr.write("error: -: interrupted: stopped by the user\n")

@@ -106,6 +106,10 @@ def check_options(args: argparse.Namespace) -> None:
     if factor is not None and not 0 <= factor < float("inf"):
         raise InputError("-", "--state-factor", f"must be finite and >= 0 (bytes of state per parameter byte; "
                                                 f"4 for fp32 Adam), got {factor}")
+    if getattr(args, "max_microbatches", None) is not None and getattr(args, "microbatches", "auto") != "auto":
+        # with a fixed M every solver uses exactly M microbatches: a ceiling would be ignored
+        raise InputError("-", "--max-microbatches", f"only applies with --microbatches auto (got --microbatches "
+                                                    f"{args.microbatches}, which fixes the count); drop one of them")
     for flag, least, most in (("generations", 1, None), ("population", 2, MAX_POPULATION), ("batch", 1, MAX_SAMPLES)):
         value = getattr(args, flag, None)
         if value is not None and value < least:

@@ -17,9 +17,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from models.errors import one_line
 from models.jsonio import check_writable
 from pipeplan.loading import warn_names
-from runtime.checks import load_inputs
+from runtime.checks import check_emulation, load_inputs
 from runtime.launch import WorkerError, launch_local
 from runtime.report import present
 from runtime.routing import rank_of
@@ -54,6 +55,8 @@ def run(args: argparse.Namespace) -> int:
     check_writable(args.trace, args.gantt)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
     plan = inputs.plan
+    if args.emulate:
+        check_emulation(inputs.prediction, args.timeout, args.plan)
     for note in warn_names(plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
         print(note, file=sys.stderr)
     ranks = rank_of(plan)
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
             launch_local(worker_args(args, result_file), len(ranks), Path(tmp), timeout=args.timeout,
                          describe=describe)
         except WorkerError as exc:
-            print(f"error: {args.plan}: run: {exc}; all workers stopped", file=sys.stderr)
+            print(one_line(f"error: {args.plan}: run: {exc}; all workers stopped"), file=sys.stderr)
             if exc.log_tail:
                 print("  last lines of its log:\n    " + exc.log_tail.replace("\n", "\n    "), file=sys.stderr)
             return 1

@@ -113,3 +113,37 @@ def check_world(plan: Plan, world: int, plan_file: str) -> None:
     if world != devices:
         raise InputError(plan_file, "stages", f"the plan uses {devices} devices but {world} processes run it; "
                                               f"start one process per device (ranks in plan order)")
+
+
+def check_emulation(prediction: SimulationResult, timeout: float, plan_file: str) -> None:
+    """Refuse an ``--emulate`` run whose longest op would outlast ``--timeout``.
+
+    Emulation makes each op take as long as the simulator says on the cluster's
+    devices and links (the graph's seconds are this machine's); an op longer than
+    ``--timeout`` would be taken for a hang halfway, and one of ``1e296`` seconds (a
+    speed of ``1e-300``) would overflow the clock it sleeps on.
+
+    Raises
+    ------
+    InputError
+        Naming the longest op's seconds and the fix.
+
+    Examples
+    --------
+    >>> from solver.simulator import SimulationResult
+    >>> fast = SimulationResult(1.0, 1, (), (((0.0, 0.5),),), (), ())
+    >>> check_emulation(fast, 50.0, "p.json")
+    >>> check_emulation(fast, 0.25, "p.json")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    models.errors.InputError: p.json: --emulate: an emulated op would last 0.5 s, longer than --timeout 0.25 s ...
+    """
+    spans = (end - start for family in (prediction.op_times, prediction.transfer_times, prediction.gradient_times)
+             for per_stage in family for start, end in per_stage)
+    longest = max(spans, default=0.0)
+    longest = max(longest, *(st.allreduce for st in prediction.stages), 0.0)
+    if not longest < timeout:
+        raise InputError(plan_file, "--emulate",
+                         f"an emulated op would last {longest:.3g} s, longer than --timeout {timeout:g} s (the "
+                         "slowest device or link of the cluster, against the graph's times on this machine), so "
+                         "the run would be taken for a hang; raise --timeout, or run without --emulate")

@@ -6,6 +6,7 @@ import json
 import sys
 from typing import Any
 
+from models.errors import one_line
 from models.jsonio import atomic_write_text
 from runtime.checks import RunInputs
 from runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
@@ -92,9 +93,9 @@ def present(args, inputs: RunInputs, result: dict) -> int:
     else:
         _print_text(summary)
     if summary.get("verified") is False:
-        print(f"error: {inputs.plan_file}: verify: max relative parameter difference "
-              f"{_difference(summary['max_param_diff'])} at {summary['max_param_diff_at']} exceeds {TOLERANCE:g}",
-              file=sys.stderr)
+        print(one_line(f"error: {inputs.plan_file}: verify: max relative parameter difference "
+                       f"{_difference(summary['max_param_diff'])} at {summary['max_param_diff_at']} exceeds "
+                       f"{TOLERANCE:g}"), file=sys.stderr)
         return 1
     return 0
 

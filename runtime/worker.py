@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from models.errors import InputError
 from models.jsonio import atomic_write_text, dumps
-from runtime.checks import RunInputs, check_world, load_inputs
+from runtime.checks import RunInputs, check_emulation, check_world, load_inputs
 from runtime.comm import Channels
 from runtime.emulate import make_emulator
 from runtime.executor import Executor
@@ -115,6 +115,8 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     beat(-1, 0)
     check_options(args)  # refuse bad options before any connection is made
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
+    if args.emulate:  # pipeplan run checked already; under torchrun this is the first check
+        check_emulation(inputs.prediction, args.timeout, inputs.plan_file)
     plan = inputs.plan
     check_world(plan, world, inputs.plan_file)
     cuda = torch.cuda.is_available()
@@ -175,7 +177,7 @@ def check_options(args: argparse.Namespace) -> None:
 
     Examples
     --------
-    >>> ns = argparse.Namespace(steps=1, warmup=None, timeout=50.0, seed=0, spin="auto")
+    >>> ns = argparse.Namespace(steps=1, warmup=None, timeout=50.0, seed=0, spin="auto", lr=0.05)
     >>> check_options(ns); ns.warmup
     0
     """
@@ -190,6 +192,8 @@ def check_options(args: argparse.Namespace) -> None:
         raise InputError("-", "--timeout", f"must be positive seconds, got {args.timeout!r}")
     if not 0 <= args.seed <= MAX_SEED:
         raise InputError("-", "--seed", f"must be 0 to 2**63-1, got {args.seed}")
+    if not 0 <= args.lr < float("inf"):  # SGD refuses a negative rate; NaN or inf would train to NaN
+        raise InputError("-", "--lr", f"must be a finite learning rate >= 0, got {args.lr!r}")
     check_spin(args.spin)
 
 

@@ -209,12 +209,13 @@ class PlanningProblem:
 
 
 class Overflow(ValueError):
-    """Times (``what == "time"``) or bytes (``"memory"``) of some plan would overflow floating point."""
+    """Times (``what == "time"`` or ``"graph-time"``) or bytes (``"memory"``) of some plan would overflow."""
 
     def __init__(self, what: str, why: str) -> None:
         super().__init__(why)
         self.what = what
-        """``"time"`` (speeds, bandwidths or costs) or ``"memory"`` (the graph's bytes)."""
+        """``"time"`` (the cluster's speeds or links), ``"graph-time"`` (the graph's costs or bytes,
+        overflowing even on speed-1 devices and 1 GB/s links) or ``"memory"`` (the graph's bytes)."""
 
 
 def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state_factor: float) -> tuple[str, str]:
@@ -248,6 +249,11 @@ def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state
     ceiling = (D * work / speed + 2.0 * B * D * (latency + B * cut / bandwidth)
                + 2.0 * D * (latency + params / bandwidth))
     if not math.isfinite(ceiling):
+        nominal = D * work + 2.0 * B * D * B * cut / 1e9 + 2.0 * D * params / 1e9  # speed 1, 1 GB/s, no latency
+        if not math.isfinite(nominal):
+            return "graph-time", (f"durations overflow floating point even on speed-1 devices and 1 GB/s links: "
+                                  f"the layers cost {work:g} s for the batch of {B} and move {cut:g} B per "
+                                  f"sample; use realistic costs and sizes")
         return "time", (f"durations overflow floating point: the slowest device runs at speed {speed:g} and "
                         f"the slowest link carries {bandwidth:g} B/s, while the layers cost {work:g} s for the "
                         f"batch of {B} (before dividing by the speed); use realistic speeds, bandwidths and costs")

@@ -153,6 +153,15 @@ BAD_INPUTS = [
     ("cluster", "[" * 100_000 + "]" * 100_000, "file", "nested too deeply"),
     ("graph", _graph(lambda d: d.update(edges=[[0, 10**400]])), "edges[0][1]", "an integer of 401 digits"),
     ("plan", _plan(lambda d: d["stages"][2].update(layers=[6, 10**400])), "stages[2].layers[1]", "401 digits"),
+    # values JSON admits that no field can hold, unknown fields included (json.dumps escapes the surrogates)
+    ("graph", _graph(lambda d: d.update(name="\ud800")), "name", "unpaired UTF-16 surrogate (\\ud800)"),
+    ("plan", _plan(lambda d: d.update(graph="g\udfff")), "graph", "unpaired UTF-16 surrogate (\\udfff)"),
+    ("cluster", _cluster(lambda d: d.update(comment=[{"k\ud800": 1}])), "comment[0]", "a key holds an unpaired"),
+    ("plan", '{"format": "pipeplan.plan/1", "comment": 1e999}', "comment", "beyond the float range"),
+    ("graph", '{"format": "pipeplan.graph/1", "note": [-1e999]}', "note[0]", "beyond the float range"),
+    ("cluster", '{"note": ' + "9" * 400 + '}', "note", "an integer of 400 digits is beyond the float range"),
+    ("graph", json.dumps(_graph(lambda d: d["layers"][1].update(fwd=[0.5, 12345.5]))).replace("12345.5", "1e999"),
+     "layers[1].fwd[1]", "beyond the float range"),
 ]
 
 
@@ -192,6 +201,23 @@ class TestBadInput:
         assert proc.stderr == f"error: {tmp_path / 'none.json'}: file: no such file\n"
 
 
+class TestOneLineWhateverTheName:
+    def test_control_characters_in_a_file_name_are_escaped(self, run_cli, tmp_path):
+        name = str(tmp_path / "a\nb\x1b[31m.json")
+        status, _, err = run_cli("validate", name)
+        assert status == 2 and err.count("\n") == 1 and "\x1b" not in err
+        assert err == "error: " + name.replace("\n", "\\n").replace("\x1b", "\\x1b") + ": file: no such file\n"
+
+    def test_a_bad_name_in_a_plan_writes_nothing(self, run_cli, tmp_path):
+        plan = _write(tmp_path, "p.json", _plan(lambda d: d.update(graph="\ud800")))
+        out = tmp_path / "out"
+        out.mkdir()
+        status, _, err = run_cli("simulate", GRAPH, CLUSTER, plan, "--trace", str(out / "t.json"),
+                                 "--gantt", str(out / "g.png"))
+        assert status == 2 and err.startswith(f"error: {plan}: graph: the string holds an unpaired")
+        assert list(out.iterdir()) == []
+
+
 class TestOutputPaths:
     @pytest.mark.parametrize("argv", [
         ["simulate", GRAPH, CLUSTER, PLAN, "--trace", "{tmp}/t.json", "--gantt", "{tmp}/no/g.png"],
@@ -226,6 +252,17 @@ class TestOverflow:
         status, _, err = run_cli("plan", GRAPH, cluster, "--batch", "8", "--microbatches", "2", "--solver", "even",
                                  "-o", str(tmp_path / "p.json"))
         assert status == 2 and err.startswith(f"error: {cluster}: devices and links: durations overflow floating point")
+        assert err.count("\n") == 1 and not (tmp_path / "p.json").exists()
+
+
+    @pytest.mark.parametrize("mutate", [lambda d: d["layers"][2].update(out=1e308),
+                                        lambda d: d["layers"][2].update(fwd=[1e308, 0]),
+                                        lambda d: d.update(input_bytes=1e308)])
+    def test_planning_blames_a_graph_whose_own_times_overflow(self, run_cli, tmp_path, mutate):
+        graph = _write(tmp_path, "g.json", _graph(mutate))
+        status, _, err = run_cli("plan", graph, CLUSTER, "--batch", "8", "--microbatches", "2", "--solver", "even",
+                                 "-o", str(tmp_path / "p.json"))
+        assert status == 2 and err.startswith(f"error: {graph}: layers: durations overflow floating point even on")
         assert err.count("\n") == 1 and not (tmp_path / "p.json").exists()
 
 

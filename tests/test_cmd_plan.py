@@ -168,6 +168,7 @@ class TestCheckOptions:
         ("--population", "1", "must be at least 2, got 1"),
         ("--population", "5000", "must be at most 4096, got 5000"),
         ("--batch", str(2 ** 60), f"must be at most {2 ** 53}, got {2 ** 60}"),
+        ("--max-microbatches", "16", "only applies with --microbatches auto (got --microbatches 8, which fixes"),
     ])
     def test_bad_option_is_one_line_exit_2_nothing_written(self, tmp_path, capsys, flag, value, message):
         out = tmp_path / "plan.json"

@@ -187,7 +187,7 @@ class TestProfileAnalytic:
         assert graph.layers[1].out == 2048 * 2048 * 2
 
     def test_bad_device(self) -> None:
-        for kwargs in ({"flops": 0}, {"efficiency": 1.5}, {"overhead": -1.0}):
+        for kwargs in ({"flops": 0}, {"efficiency": 1.5}, {"overhead": -1.0}, {"overhead": 1e7}):
             with pytest.raises(InputError):
                 DeviceModel(**kwargs)
 
@@ -218,6 +218,7 @@ class TestRunProfile:
                                       ["--seq-len", "0"], ["--flops", "1e12"],
                                       ["--analytic", "--efficiency", "two"], ["--batch-sizes", "1,1000000"],
                                       ["--analytic", "--flops", "1e-320"], ["--threads", "100000"],
+                                      ["--analytic", "--overhead", "1e308"], ["--analytic", "--overhead", "nan"],
                                       ["--analytic", "--batch-sizes", "1,2"], ["--analytic", "--no-cache"],
                                       ["--batch-sizes", ""]])
     def test_bad_arguments_exit_2(self, args: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

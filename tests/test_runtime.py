@@ -302,6 +302,9 @@ def test_bad_spin_is_refused_before_any_process(graphs, tmp_path):
     ("--warmup", "-1", "--warmup: must be 0 to steps-1 = 2"),
     ("--seed", str(2 ** 63), "--seed: must be 0 to 2**63-1"),
     ("--steps", "0", "--steps: must be at least 1, got 0"),
+    ("--lr", "-1", "--lr: must be a finite learning rate >= 0, got -1.0"),
+    ("--lr", "nan", "--lr: must be a finite learning rate >= 0, got nan"),
+    ("--lr", "inf", "--lr: must be a finite learning rate >= 0, got inf"),
 ])
 def test_bad_run_option_is_refused_before_any_process(graphs, tmp_path, option, value, message):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
@@ -312,12 +315,27 @@ def test_bad_run_option_is_refused_before_any_process(graphs, tmp_path, option, 
     assert done.stderr.startswith("error: -: " + message) and done.stderr.count("\n") == 1
 
 
+def test_emulation_that_would_outlast_the_timeout_is_refused_before_any_process(graphs, tmp_path):
+    # g1 at 1e-300 of this machine's speed: its ops would take about 1e296 s (and overflow the clock)
+    cluster = json.loads(Path(CLUSTER).read_text())
+    cluster["devices"][1]["speed"] = 1e-300
+    slow = tmp_path / "slow.cluster.json"
+    slow.write_text(json.dumps(cluster))
+    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
+    done = pipeplan("run", graphs["gpt-tiny"], str(slow), plan, "--model", "gpt-tiny", "--steps", "1", "--emulate",
+                    env={"PIPEPLAN_FAULT": "0:0:raise"})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: {plan}: --emulate: an emulated op would last ")
+    assert "longer than --timeout 50 s" in done.stderr and done.stderr.count("\n") == 1
+
+
 class TestCheckOptions:
     @staticmethod
     def options(**kw):
         import argparse
 
-        return argparse.Namespace(**{"steps": 6, "warmup": None, "timeout": 50.0, "seed": 0, "spin": "auto", **kw})
+        return argparse.Namespace(**{"steps": 6, "warmup": None, "timeout": 50.0, "seed": 0, "spin": "auto",
+                                     "lr": 0.05, **kw})
 
     @pytest.mark.parametrize("steps, warmup", [(1, 0), (2, 1), (3, 2), (6, 2)])
     def test_default_warmup_leaves_at_least_one_step(self, steps, warmup):
