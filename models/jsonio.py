@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -72,29 +71,35 @@ def check_values(value: Any, file: str) -> None:
     ...
     models.errors.InputError: f.json: a[1]: the number is beyond the float range (magnitude above 1.8e308)
     """
-    stack: list[tuple[str, Any]] = [("", value)]
+    stack: list[tuple[str, Any]] = [("", value)]  # children pushed last first: popped in document order
     while stack:
         where, item = stack.pop()
         place = where or "top level"
         if isinstance(item, dict):
-            for key, child in item.items():
+            for key in item:
                 if not _is_unicode(key):
                     raise InputError(file, place, f"a key holds {_surrogates(key)}, which is not Unicode text; "
                                                   "use real characters")
-                stack.append((f"{where}.{key}" if where else key, child))
+            stack.extend((f"{where}.{key}" if where else key, child) for key, child in reversed(item.items()))
         elif isinstance(item, list):
-            stack.extend((f"{where}[{i}]", child) for i, child in enumerate(item))
+            stack.extend((f"{where}[{i}]", item[i]) for i in reversed(range(len(item))))
         elif isinstance(item, str) and not _is_unicode(item):
             raise InputError(file, place, f"the string holds {_surrogates(item)}, which is not Unicode text; "
                                           "use real characters")
         elif isinstance(item, float) and not math.isfinite(item):
             raise InputError(file, place, "the number is beyond the float range (magnitude above 1.8e308)")
-        elif isinstance(item, int) and not isinstance(item, bool) and abs(item) > _FLOAT_MAX:
+        elif isinstance(item, int) and not isinstance(item, bool) and not _fits_a_float(item):
             raise InputError(file, place, f"an integer of {len(str(abs(item)))} digits is beyond the float range "
                                           "(magnitude above 1.8e308)")
 
 
-_FLOAT_MAX = int(sys.float_info.max)
+def _fits_a_float(number: int) -> bool:
+    """Whether ``float(number)`` is finite (it rounds to the largest float up to ``2**1024 - 2**970``)."""
+    try:
+        float(number)
+    except OverflowError:
+        return False
+    return True
 
 
 def _is_unicode(text: str) -> bool:

@@ -38,7 +38,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", type=_microbatches, required=True, metavar="M|auto",
                    help="M equal microbatches (M <= B), or 'auto': split-aware solvers choose the count")
     p.add_argument("--max-microbatches", type=int, default=None, metavar="K",
-                   help="most microbatches a split-aware solver may use (with auto; default: M, or 8)")
+                   help="most microbatches a split-aware solver may use (only with auto; default min(B, 8))")
     p.add_argument("--per-stage", action="store_true",
                    help="split-aware solvers may give each stage its own split")
     p.add_argument("--generations", type=int, default=None, metavar="G", help="nsga: generations (default 60)")

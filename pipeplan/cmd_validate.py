@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import Any
 
+from models.errors import one_line
 from solver.simulator import check_deadlock_free
 from pipeplan.loading import load_any
 
@@ -53,14 +54,14 @@ def _partners(candidates: list[Any], name: str, kind: str, plan_file: str) -> li
     """
     if len(candidates) == 1:
         if candidates[0].name != name:
-            print(f"warning: {plan_file}: {kind}: plan was made for {kind} {name!r}, checking against "
-                  f"{candidates[0].name!r}", file=sys.stderr)
+            print(one_line(f"warning: {plan_file}: {kind}: plan was made for {kind} {name!r}, checking against "
+                           f"{candidates[0].name!r}"), file=sys.stderr)
         return candidates
     named = [c for c in candidates if c.name == name]
     if candidates and not named:
         given = ", ".join(repr(n) for n in dict.fromkeys(c.name for c in candidates))
-        print(f"warning: {plan_file}: {kind}: the plan names {kind} {name!r}, which none of the {kind}s given "
-              f"({given}) is; checked without a {kind}", file=sys.stderr)
+        print(one_line(f"warning: {plan_file}: {kind}: the plan names {kind} {name!r}, which none of the {kind}s "
+                       f"given ({given}) is; checked without a {kind}"), file=sys.stderr)
     return named or [None]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.errors import InputError
+from models.errors import InputError, one_line
 from models.graph import GRAPH_FORMAT, LayerGraph
 from models.jsonio import load_json
 from solver.cluster import CLUSTER_FORMAT, Cluster
@@ -44,4 +44,4 @@ def warn_names(plan: Plan, graph: LayerGraph, cluster: Cluster, plan_file: str, 
     if plan.cluster != cluster.name:
         notes.append(f"warning: {plan_file}: cluster: plan was made for cluster {plan.cluster!r}, "
                      f"{doing} on {cluster.name!r}")
-    return notes
+    return [one_line(note) for note in notes]

@@ -1,11 +1,13 @@
 """Equal-split plans at several microbatch counts: the seeds of the searches over splits.
 
-With ``--microbatches auto`` the split-aware solvers (``cpsat`` beyond its joint search,
-``cpsat-split``, ``nsga``) start from equal-split plans.  Solved at the largest count
-alone, such a start can sit on the wrong pipeline: the best equal split may use fewer
+With ``--microbatches auto`` the split-aware solvers ``cpsat`` (beyond its joint search)
+and ``cpsat-split`` start from an equal-split plan.  Solved at the largest count alone,
+such a start can sit on the wrong pipeline: the best equal split may use fewer
 microbatches, and a search over the splits of one pipeline does not change the
-pipeline.  :func:`solve_equal_splits` solves one equal-split problem per count of
-:meth:`PlanningProblem.equal_split_problems` within one time limit.
+pipeline.  :func:`solve_equal_splits` solves the largest count as before and then, in
+the time it leaves, the other counts of :meth:`PlanningProblem.equal_split_problems`.
+(``nsga`` keeps one seed at the largest count: its seeds must not depend on how fast
+the machine is, and how many counts fit in the time left does.)
 """
 
 from __future__ import annotations
@@ -16,6 +18,10 @@ from typing import Iterable, Protocol
 from solver.problem import PlanningProblem
 from solver.result import SolverResult
 
+MIN_PROBE_SECONDS = 0.5
+"""Least time a count after the first is given (a model build alone can take seconds); with less
+left, the remaining counts are skipped."""
+
 
 class Solver(Protocol):
     def solve(self, problem: PlanningProblem, *, time_limit: float, seed: int) -> SolverResult: ...
@@ -23,11 +29,14 @@ class Solver(Protocol):
 
 def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: float,
                        seed: int) -> dict[int, SolverResult]:
-    """``solver`` on every equal-split problem of ``problem``, the largest count first.
+    """``solver`` on the equal-split problems of ``problem``: the largest count first, with all of ``time_limit``.
 
-    Each count gets an equal share of what is left of ``time_limit``, so time a quick
-    solve leaves over goes to the counts after it.  Counts still unsolved when the time
-    is spent are skipped.
+    The largest count gets the whole limit, as the single equal-split solve always
+    had, so its plan is the one it was; when it finishes early (a small instance is
+    proved in a fraction of a second) the other counts share what it leaves, in the
+    order of :meth:`PlanningProblem.equal_split_problems`, each an equal part of the
+    time still left but at least :data:`MIN_PROBE_SECONDS`, until less than that is
+    left.  A count after the first whose solve raises is skipped.
 
     Parameters
     ----------
@@ -43,17 +52,20 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
     Returns
     -------
     dict of int to SolverResult
-        Microbatch count -> result, for each count solved, in the order of
-        :meth:`PlanningProblem.equal_split_problems`.
+        Microbatch count -> result, for each count solved, the largest first.
     """
     deadline = time.perf_counter() + time_limit
-    problems = problem.equal_split_problems()
-    results: dict[int, SolverResult] = {}
-    for i, sub in enumerate(problems):
+    first, *others = problem.equal_split_problems()
+    results = {first.microbatches: solver.solve(first, time_limit=time_limit, seed=seed)}
+    for i, sub in enumerate(others):
         left = deadline - time.perf_counter()
-        if left <= 0 and results:
+        if left < MIN_PROBE_SECONDS:
             break
-        results[sub.microbatches] = solver.solve(sub, time_limit=max(left, 0.0) / (len(problems) - i), seed=seed)
+        share = max(left / (len(others) - i), MIN_PROBE_SECONDS)
+        try:
+            results[sub.microbatches] = solver.solve(sub, time_limit=share, seed=seed)
+        except Exception:  # noqa: BLE001 - a probe must not lose the counts already solved
+            continue
     return results
 
 

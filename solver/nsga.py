@@ -41,7 +41,6 @@ from pymoo.core.sampling import Sampling
 from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
 from solver.batched import BatchSimulator, Candidate
-from solver.equal_splits import solve_equal_splits
 from solver.infeasibility import heuristic_no_plan
 from solver.plan import Plan, Stage, equal_split
 from solver.problem import PlanningProblem
@@ -420,15 +419,14 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
             out.append(("cpsat", result.plan))
     for name in ("cpsat", "ilp"):
         if name in solver_names():
-            try:  # every count worth trying with auto: see solver.equal_splits
-                results = solve_equal_splits(get_solver(name), problem, time_limit=share, seed=seed)
+            try:  # the largest count only: see solver.equal_splits for why not every count
+                result = get_solver(name).solve(problem.equal_split_problem(), time_limit=share, seed=seed)
             except Exception:  # an exact solver under construction must not break this one
                 continue
-            # only proved plans: a time-limited one depends on the machine's speed, and
+            # only a proved plan: a time-limited one depends on the machine's speed, and
             # the seeds must not (same seed, same plan)
-            proved = [(name, r.plan) for r in results.values() if r.plan is not None and r.status == "optimal"]
-            out.extend(proved)
-            if proved:
+            if result.plan is not None and result.status == "optimal":
+                out.append((name, result.plan))
                 break
     return out
 
