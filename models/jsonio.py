@@ -71,18 +71,21 @@ def check_values(value: Any, file: str) -> None:
     ...
     models.errors.InputError: f.json: a[1]: the number is beyond the float range (magnitude above 1.8e308)
     """
-    stack: list[tuple[str, Any]] = [("", value)]  # children pushed last first: popped in document order
+    # (path, value, is_key); children pushed last first, so they are popped in document order
+    stack: list[tuple[str, Any, bool]] = [("", value, False)]
     while stack:
-        where, item = stack.pop()
+        where, item, is_key = stack.pop()
         place = where or "top level"
-        if isinstance(item, dict):
-            for key in item:
-                if not _is_unicode(key):
-                    raise InputError(file, place, f"a key holds {_surrogates(key)}, which is not Unicode text; "
-                                                  "use real characters")
-            stack.extend((f"{where}.{key}" if where else key, child) for key, child in reversed(item.items()))
+        if is_key:
+            if not _is_unicode(item):
+                raise InputError(file, place, f"a key holds {_surrogates(item)}, which is not Unicode text; "
+                                              "use real characters")
+        elif isinstance(item, dict):
+            for key, child in reversed(item.items()):
+                stack.append((f"{where}.{key}" if where else key, child, False))
+                stack.append((where, key, True))
         elif isinstance(item, list):
-            stack.extend((f"{where}[{i}]", item[i]) for i in reversed(range(len(item))))
+            stack.extend((f"{where}[{i}]", item[i], False) for i in reversed(range(len(item))))
         elif isinstance(item, str) and not _is_unicode(item):
             raise InputError(file, place, f"the string holds {_surrogates(item)}, which is not Unicode text; "
                                           "use real characters")

@@ -43,10 +43,12 @@ def register(subparsers: Any) -> None:
     profile.add_argument("--overhead", metavar="S", help="seconds per unit call (--analytic; default 2e-5)")
     profile.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default float32)")
     profile.add_argument("--seq-len", metavar="N", help="tokens per sample of sequence models")
-    profile.add_argument("--threads", default=None, metavar="N", help="torch threads while measuring (default 1; measuring only)")
+    profile.add_argument("--threads", default=None, metavar="N",
+                         help="torch threads while measuring (default 1; measuring only)")
     profile.add_argument("--rounds", default=None, metavar="N",
                          help="passes over every unit and batch size, each timing --repeats runs; the median is "
-                              "over all (default 1; more spread the samples over time on a shared machine; measuring only)")
+                              "over all (default 1; more spread the samples over time on a shared machine; "
+                              "measuring only)")
     profile.add_argument("--warmup", default=None, metavar="N", help="untimed runs per op (default 2; measuring only)")
     profile.add_argument("--repeats", default=None, metavar="N", help="timed runs per op, median kept (default 5; measuring only)")
     profile.add_argument("--no-cache", action="store_true", help="measure again even if a cached result exists (measuring only)")

@@ -29,10 +29,10 @@ class Solver(Protocol):
 
 def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: float,
                        seed: int) -> dict[int, SolverResult]:
-    """``solver`` on the equal-split problems of ``problem``: the largest count first, with all of ``time_limit``.
+    """``solver`` on the equal-split problems of ``problem``: its own count first, with all of ``time_limit``.
 
-    The largest count gets the whole limit, as the single equal-split solve always
-    had, so its plan is the one it was; when it finishes early (a small instance is
+    The problem's own count (``K`` as the CLI sets it) gets the whole limit, as the
+    single equal-split solve always had, so its plan is the one it was; when it finishes early (a small instance is
     proved in a fraction of a second) the other counts share what it leaves, in the
     order of :meth:`PlanningProblem.equal_split_problems`, each an equal part of the
     time still left but at least :data:`MIN_PROBE_SECONDS`, until less than that is
@@ -52,7 +52,7 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
     Returns
     -------
     dict of int to SolverResult
-        Microbatch count -> result, for each count solved, the largest first.
+        Microbatch count -> result, for each count solved (a count whose solve raised is left out), its own first.
     """
     deadline = time.perf_counter() + time_limit
     first, *others = problem.equal_split_problems()

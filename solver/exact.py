@@ -182,8 +182,13 @@ MAX_MODEL_ARCS = 150_000
 
 BUILD_SECONDS_PER_ARC = 4e-5
 """About what building the model takes per arc on the 2-core machine this is measured on (CP-SAT:
-106,730 arcs in 4.2 s on 32 layers x 16 devices).  With less time left than that, no model is built:
-the build cannot be interrupted, and a limit of 0.5 s had turned into a 5 s solve."""
+106,730 arcs in 4.2 s on 32 layers x 16 devices).  The build cannot be interrupted, and a limit of
+0.5 s had turned into a 5 s solve: when the build would outlast the time left by more than
+:data:`BUILD_OVERRUN_SECONDS`, no model is built."""
+
+BUILD_OVERRUN_SECONDS = 0.5
+"""Overrun of the time left that a model build may cause (so small models, built in milliseconds,
+are built as before whatever the machine's speed)."""
 
 __all__ = ["DeviceClass", "Option", "Arc", "ExactData", "build_data", "placements", "solve_exact",
            "config_lower_bound", "OPT_TOL"]
@@ -1141,7 +1146,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         if search.proved() or (walk.complete and search.best_plan is None):
             status = "not needed" if search.best_plan is not None else "infeasible"
             return _result(name, search, data, clock, seed, status, 0, 0, details)
-    if too_big or clock.remaining() - reserve <= BUILD_SECONDS_PER_ARC * len(data):
+    build = max(BUILD_SECONDS_PER_ARC * len(data) - BUILD_OVERRUN_SECONDS, 0.0)  # time the build needs
+    if too_big or clock.remaining() - reserve <= build:
         # no model: too big to build in time, or not built in the time left; the walk's bound stands
         if not slow_done:
             run_slow(min(slow_share, clock.remaining()))

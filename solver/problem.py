@@ -127,11 +127,12 @@ class PlanningProblem:
         Without ``auto_microbatches``: that one alone.  With it, after it one problem per
         other count of :func:`probe_counts` over :attr:`split_counts`, in the order
         :func:`probe_order` gives (``K``, then its power-of-two fractions, then the rest;
-        the CLI sets ``microbatches`` to ``K``, so ``K`` comes first).  The best equal split can use fewer microbatches than the most allowed
-        (fewer, larger microbatches pay the per-op costs less often), and seeding from
-        ``K`` alone missed it (``chain8`` on ``two-servers``, GPipe, ``K = 8``: every
-        split-aware solver ended at 80.17 ms, while 4 equal microbatches give 80.05 ms
-        and 2 give 76.96 ms).
+        the CLI sets ``microbatches`` to ``K``, so ``K`` comes first).  The best equal
+        split can use fewer microbatches than the most allowed (fewer, larger
+        microbatches pay the per-op costs less often), and seeding from ``K`` alone
+        missed it (``chain8`` on ``two-servers``, GPipe, ``K = 8``: every split-aware
+        solver ended at 80.17 ms, while 4 equal microbatches give 80.05 ms and 2 give
+        76.96 ms).
         """
         if not self.auto_microbatches:
             return [self.equal_split_problem()]

@@ -136,3 +136,32 @@ class TestAtomicWriteBytes:
 
         with pytest.raises(InputError):
             atomic_write_bytes(tmp_path / "nowhere" / "plan.json", b"{}")
+
+
+class TestCheckValues:
+    """``models.jsonio.check_values``: what JSON admits but no field can hold, anywhere in a file."""
+
+    def test_valid_values_pass(self):
+        from models.jsonio import check_values
+
+        check_values({"a": [1e308, 2 ** 1023, 2 ** 1024 - 2 ** 970 - 1, True, None, "caf\u00e9 \U0001F600"],
+                      "\u00e9": {"b": -5e-324}}, "f.json")
+
+    @pytest.mark.parametrize("value, where, what", [
+        ({"a": 1, "b": [0, float("inf")]}, "b[1]", "the number is beyond the float range"),
+        ({"a": -float("inf")}, "a", "the number is beyond the float range"),
+        ({"a": 2 ** 1024 - 2 ** 970}, "a", "an integer of 309 digits"),
+        ({"a": "x\ud800"}, "a", "the string holds an unpaired UTF-16 surrogate (\\ud800)"),
+        ({"a": {"k\udfff": 1}}, "a", "a key holds an unpaired UTF-16 surrogate (\\udfff)"),
+        ("\ud800", "top level", "the string holds"),
+        # the first in document order: a value before a later key, a key before a later value
+        ({"a": "\ud800", "\ud801": 1}, "a", "(\\ud800)"),
+        ({"\ud801": 1, "a": "\ud800"}, "top level", "(\\ud801)"),
+        ({"a": float("inf"), "b": float("inf")}, "a", "beyond the float range"),
+    ])
+    def test_refused_at_its_path(self, value, where, what):
+        from models.jsonio import check_values
+
+        with pytest.raises(InputError) as caught:
+            check_values(value, "f.json")
+        assert caught.value.file == "f.json" and caught.value.where == where and what in caught.value.what
