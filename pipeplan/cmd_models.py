@@ -50,8 +50,10 @@ def register(subparsers: Any) -> None:
                               "over all (default 1; more spread the samples over time on a shared machine; "
                               "measuring only)")
     profile.add_argument("--warmup", default=None, metavar="N", help="untimed runs per op (default 2; measuring only)")
-    profile.add_argument("--repeats", default=None, metavar="N", help="timed runs per op, median kept (default 5; measuring only)")
-    profile.add_argument("--no-cache", action="store_true", help="measure again even if a cached result exists (measuring only)")
+    profile.add_argument("--repeats", default=None, metavar="N",
+                         help="timed runs per op, median kept (default 5; measuring only)")
+    profile.add_argument("--no-cache", action="store_true",
+                         help="measure again even if a cached result exists (measuring only)")
     profile.set_defaults(func=run_profile)
 
 

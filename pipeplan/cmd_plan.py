@@ -60,8 +60,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan with one solver and write the plan", description=__doc__)
     _common(p)
-    p.add_argument("--solver", required=True, metavar="NAME", help="a registered solver: cpsat, ilp, group-search, nsga, cpsat-split, a baseline "
-                   "(even, pipedream, alpa, ...); an unknown name lists them all")
+    p.add_argument("--solver", required=True, metavar="NAME",
+                   help="a registered solver: cpsat, ilp, group-search, nsga, cpsat-split, a baseline "
+                        "(even, pipedream, alpa, ...); an unknown name lists them all")
     p.add_argument("-o", "--output", required=True, metavar="PLAN.json")
     p.set_defaults(func=run_plan)
     c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)

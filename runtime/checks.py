@@ -138,10 +138,9 @@ def check_emulation(prediction: SimulationResult, timeout: float, plan_file: str
     ...
     models.errors.InputError: p.json: --emulate: an emulated op would last 0.5 s, longer than --timeout 0.25 s ...
     """
-    spans = (end - start for family in (prediction.op_times, prediction.transfer_times, prediction.gradient_times)
-             for per_stage in family for start, end in per_stage)
-    longest = max(spans, default=0.0)
-    longest = max(longest, *(st.allreduce for st in prediction.stages), 0.0)
+    spans = [end - start for family in (prediction.op_times, prediction.transfer_times, prediction.gradient_times)
+             for per_stage in family for start, end in per_stage]
+    longest = max([0.0, *spans, *(st.allreduce for st in prediction.stages)])
     if not longest < timeout:
         raise InputError(plan_file, "--emulate",
                          f"an emulated op would last {longest:.3g} s, longer than --timeout {timeout:g} s (the "

@@ -140,9 +140,10 @@ class CpSatSolver:
         Small instances: the exact branch and bound of :mod:`solver.joint_split`
         (``optimal`` when proved over every pipeline and split).  Larger ones: the
         decomposition of :mod:`solver.cpsat_split`, the best equal-split plan of this
-        solver (over the counts of :func:`solver.equal_splits.solve_equal_splits`, in
-        half the time) with its split then chosen by CP-SAT; that is reported
-        ``feasible`` with no lower bound, since the bound it proves covers one pipeline only.
+        solver (its own count in half the time, other counts in what that leaves: see
+        :func:`solver.equal_splits.solve_equal_splits`) with its split then chosen by
+        CP-SAT; that is reported ``feasible`` with no lower bound, since the bound it
+        proves covers one pipeline only.
         """
         start = time.perf_counter()
         joint = solve_joint(problem, name=self.name, time_limit=time_limit, seed=seed)

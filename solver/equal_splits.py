@@ -13,9 +13,10 @@ the machine is, and how many counts fit in the time left does.)
 from __future__ import annotations
 
 import time
-from typing import Iterable, Protocol
+from typing import Iterable
 
 from solver.problem import PlanningProblem
+from solver.registry import Solver
 from solver.result import SolverResult
 
 MIN_PROBE_SECONDS = 0.5
@@ -23,24 +24,21 @@ MIN_PROBE_SECONDS = 0.5
 left, the remaining counts are skipped."""
 
 
-class Solver(Protocol):
-    def solve(self, problem: PlanningProblem, *, time_limit: float, seed: int) -> SolverResult: ...
-
-
 def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: float,
                        seed: int) -> dict[int, SolverResult]:
     """``solver`` on the equal-split problems of ``problem``: its own count first, with all of ``time_limit``.
 
     The problem's own count (``K`` as the CLI sets it) gets the whole limit, as the
-    single equal-split solve always had, so its plan is the one it was; when it finishes early (a small instance is
-    proved in a fraction of a second) the other counts share what it leaves, in the
+    single equal-split solve always had, so its plan is the one it was; when it
+    finishes early (a small instance is proved in a fraction of a second) the other
+    counts share what it leaves, in the
     order of :meth:`PlanningProblem.equal_split_problems`, each an equal part of the
     time still left but at least :data:`MIN_PROBE_SECONDS`, until less than that is
     left.  A count after the first whose solve raises is skipped.
 
     Parameters
     ----------
-    solver : object with ``solve(problem, *, time_limit, seed)``
+    solver : Solver
         Solves fixed equal splits (an exact solver or a heuristic).
     problem : PlanningProblem
         The split problem; without ``auto_microbatches`` only its own equal split is solved.
@@ -52,7 +50,8 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
     Returns
     -------
     dict of int to SolverResult
-        Microbatch count -> result, for each count solved (a count whose solve raised is left out), its own first.
+        Microbatch count -> result for each count solved (one whose solve raised is
+        left out), the problem's own count first.
     """
     deadline = time.perf_counter() + time_limit
     first, *others = problem.equal_split_problems()
