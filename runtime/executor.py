@@ -20,7 +20,7 @@ from runtime.gradsync import GradSync
 from runtime.heartbeat import Heartbeat
 from runtime.memory import MemoryMeter
 from runtime.routing import Piece
-from runtime.stage import Stage
+from runtime.stage import Stage, piece_seed
 from solver.schedule import FORWARD, Op
 
 EVENT_KINDS = ("forward", "backward", "recompute", "send", "receive", "allreduce", "idle")
@@ -76,12 +76,15 @@ class Executor:
         Stretches compute to the device's speed.
     beat : Heartbeat, optional
         Liveness signal for the launcher, given before every op and around waits.
+    seed : int
+        The run's seed: with the step and the piece, it seeds each forward's dropout masks
+        (:func:`runtime.stage.piece_seed`).
     """
 
     def __init__(self, stage: Stage, ops: list[Op], pieces: list[Piece], global_batch: int,
                  channels: Channels, sync: GradSync, lr: float, emulator: Emulator | None = None,
-                 beat: Heartbeat | None = None) -> None:
-        self.stage, self.ops, self.pieces = stage, ops, pieces
+                 beat: Heartbeat | None = None, seed: int = 0) -> None:
+        self.stage, self.ops, self.pieces, self.seed = stage, ops, pieces, seed
         self.global_batch, self.channels, self.sync = global_batch, channels, sync
         self.emulator = emulator
         self.beat = beat or Heartbeat(0, 1)
@@ -92,6 +95,7 @@ class Executor:
         self.receive_cpu: dict[str, float] = {}
         """``"recv A3" -> seconds`` of the last iteration's receives, waits left out (tcp transport only)."""
         self._t0 = 0.0
+        self._step = 0
 
     @property
     def started(self) -> float:
@@ -115,6 +119,7 @@ class Executor:
         self.beat(step, 0, waiting=True)
         start()
         self.beat(step, 0)
+        self._step = step
         self._events, self.receive_cpu, self._t0 = [], {}, time.perf_counter()
         stash: dict[int, Stash] = {}
         for position, (kind, k) in enumerate(self.ops):
@@ -154,11 +159,11 @@ class Executor:
             if stage.recompute:
                 self.memory.hold(k, sum(t.numel() * t.element_size() for t in x.values()))
                 with torch.no_grad():
-                    done = stage.run(x)
+                    done = stage.run(x, self._seed(piece))
                 kept = Stash(x, None, None)
             else:
                 with self.memory.saving(k):
-                    done = stage.run(x)
+                    done = stage.run(x, self._seed(piece))
                     loss = stage.loss(done, targets[piece.start:piece.stop], self._share(piece)) \
                         if stage.is_last else None
                 kept = Stash(x, done, loss)
@@ -178,7 +183,7 @@ class Executor:
                 self._note_receive_cpu(f"recv G{k}", time.perf_counter() - began)
         if kept.done is None:  # recompute: re-run the forward with autograd on
             with self._timed("recompute", f"R{k}", stretch=True), self.memory.saving(("R", k)):
-                kept.done = stage.run(kept.inputs)
+                kept.done = stage.rerun(kept.inputs, self._seed(piece))
                 if stage.is_last:
                     kept.loss = stage.loss(kept.done, targets[piece.start:piece.stop], self._share(piece))
         with self._timed("backward", f"B{k}", stretch=True):
@@ -194,6 +199,9 @@ class Executor:
     def _note_receive_cpu(self, label: str, unpacking: float) -> None:
         if self.channels.receive_cpu is not None:
             self.receive_cpu[label] = self.channels.receive_cpu + unpacking
+
+    def _seed(self, piece: Piece) -> int:
+        return piece_seed(self.seed, self._step, piece.stage, piece.microbatch, piece.replica)
 
     def _share(self, piece: Piece) -> float:
         return piece.size / self.global_batch

@@ -4,16 +4,35 @@ The reference builds the whole model with the same seed, draws the same batch at
 every step, takes the mean loss over the whole batch and the same SGD step.  Every
 copy of every parameter on every rank (replicas and tied copies included) must
 match it.
+
+[Note: pieces in the reference]  Most layers treat each sample on its own, and then
+any split of the batch gives the whole batch's gradient: the reference runs the whole
+batch at once.  Two kinds of layer do not.  BatchNorm normalises with the statistics
+of the samples it is given, so a pipeline computes a different function from the one
+whole-batch training computes (GPipe's and torchgpipe's caveat), on any executor.
+Dropout draws a random mask per forward call.  For a model holding either, the
+reference runs the plan's own pieces instead: stage by stage, each microbatch of
+the stage, each replica's part of it, seeded like the rank that runs it
+(:func:`runtime.stage.piece_seed`), its outputs joined back in sample order.  That
+is still one process and one SGD step on the mean loss over the batch, and it is
+exactly the function the plan trains, so the check stays as strict for these models
+(a misrouted sample, a replica's lost gradient or a recompute that draws another mask
+still fails).  Only parameters are compared: BatchNorm's running statistics are
+buffers, and each replica keeps its own, as DDP without buffer broadcasting does.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Callable, Iterable
+from itertools import accumulate
+from typing import Callable, Iterable, Sequence
 
 import torch
 
-from models.zoo import build_model
+from models.zoo import ZooModel, build_model
+from runtime.routing import replica_split
+from runtime.stage import batch_statistics, draws_random_numbers, piece_seed
+from solver.plan import Plan
 
 TOLERANCE = 1e-6
 """Largest accepted relative difference (float64 runs agree to ~1e-15)."""
@@ -25,20 +44,76 @@ def batch_seed(seed: int, step: int) -> int:
 
 
 def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: float, seed: int,
-                         dtype: torch.dtype, seq_len: int | None,
+                         dtype: torch.dtype, seq_len: int | None, plan: Plan | None = None,
                          beat: Callable[[int], None] = lambda step: None) -> dict[str, torch.Tensor]:
-    """``"unit.param" -> tensor`` after ``steps`` SGD steps on one process."""
+    """``"unit.param" -> tensor`` after ``steps`` SGD steps on one process.
+
+    With ``plan`` given and a model that holds BatchNorm or dropout, each step runs the
+    plan's pieces (see [Note: pieces in the reference]); otherwise the whole batch at once.
+    """
     model = build_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
+    in_pieces = plan is not None and needs_pieces(model)
     for step in range(steps):
         beat(step)
         inputs, targets = model.example_batch(global_batch, batch_seed(seed, step))
-        model.loss(model(inputs), targets).backward()
+        output = forward_in_pieces(model, plan, inputs, seed, step) if in_pieces else model(inputs)  # type: ignore
+        model.loss(output, targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return {f"{unit.name}.{name}": p.detach().clone() for unit in model.units
             for name, p in unit.module.named_parameters(remove_duplicate=False)}
+
+
+def needs_pieces(model: ZooModel) -> bool:
+    """Whether the gradient depends on how the batch is cut (BatchNorm) or on per-call random masks (dropout)."""
+    modules = [unit.module for unit in model.units]
+    return bool(batch_statistics(modules)) or draws_random_numbers(modules)
+
+
+def plan_pieces(plan: Plan, stage: int) -> list[tuple[int, int, int, int]]:
+    """``(microbatch, replica, start, stop)`` of every non-empty piece of ``stage``, in sample order.
+
+    Microbatch ``k`` covers samples ``[C(k-1), C(k))`` (spec section 3); its replicas
+    take contiguous parts, as equal as integers allow, larger first.
+
+    Examples
+    --------
+    >>> from solver.plan import Plan, Stage
+    >>> plan = Plan("g", "c", 5, 4.0, "gpipe", (Stage((0, 1), ("a", "b"), (3, 2), False),))
+    >>> plan_pieces(plan, 0)
+    [(0, 0, 0, 2), (0, 1, 2, 3), (1, 0, 3, 4), (1, 1, 4, 5)]
+    """
+    st = plan.stages[stage]
+    found = []
+    for k, (start, n) in enumerate(zip(accumulate(st.microbatches, initial=0), st.microbatches)):
+        for j, (offset, size) in enumerate(zip(accumulate(replica_split(n, len(st.devices)), initial=0),
+                                                replica_split(n, len(st.devices)))):
+            if size:
+                found.append((k, j, start + offset, start + offset + size))
+    return found
+
+
+def forward_in_pieces(model: ZooModel, plan: Plan, inputs: torch.Tensor, seed: int, step: int) -> torch.Tensor:
+    """The model output when every stage runs the plan's pieces, as the ranks do.
+
+    Each piece is seeded with :func:`runtime.stage.piece_seed`; its outputs (and the
+    relayed tensors it reads) are rows of whole-batch tensors, so autograd carries
+    every gradient back through the joins.
+    """
+    done: dict[int, torch.Tensor] = {-1: inputs}
+    for s, st in enumerate(plan.stages):
+        lo, hi = st.layers
+        parts: dict[int, list[torch.Tensor]] = {i: [] for i in range(lo, hi)}
+        for k, j, start, stop in plan_pieces(plan, s):
+            rows = {u: t[start:stop] for u, t in done.items()}
+            torch.manual_seed(piece_seed(seed, step, s, k, j))
+            out = model.forward(rows[-1], lo, hi, rows)
+            for i in range(lo, hi):
+                parts[i].append(out[i])
+        done.update({i: torch.cat(parts[i]) for i in range(lo, hi)})
+    return done[len(model.units) - 1]
 
 
 def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -255,7 +255,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     sync = GradSync.for_stage(stage_index, stage.parameters(), model, plan, members, groups, transport)
     mine = [p for p in pieces(plan, stage_index) if p.rank == rank]
     executor = Executor(stage, op_lists[stage_index], mine, plan.global_batch, channels, sync,
-                        args.lr, emulator, beat)
+                        args.lr, emulator, beat, seed=args.seed)
     need_data = stage_index in (0, last) or any(-1 in u.inputs for u in model.units[lo:hi])
     return executor, need_data
 
@@ -361,6 +361,7 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
     if args.verify:
         reference = reference_parameters(inputs.model_name, steps=args.steps, global_batch=plan.global_batch,
                                          lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
+                                         plan=plan,
                                          beat=lambda step: beat(-2, step))
         diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
         # JSON has no inf: a non-finite difference (NaN or inf in some parameter) is reported as null

@@ -20,7 +20,12 @@ import pytest
 from models.graph import Layer, LayerGraph
 from models.jsonio import dumps
 from models.zoo import build_model
+import torch
+
 from runtime.routing import cut_messages, grad_order, pieces, replica_split
+from runtime.stage import Stage as RunStage
+from runtime.stage import piece_seed
+from runtime.verify import forward_in_pieces, needs_pieces, plan_pieces, reference_parameters
 from solver.plan import Plan, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +49,7 @@ def model_graph(name: str) -> LayerGraph:
 def graphs(tmp_path_factory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("graphs")
     paths = {}
-    for name in ("gpt-tiny", "unet"):
+    for name in ("gpt-tiny", "unet", "vgg-tiny"):
         path = folder / f"{name}.graph.json"
         path.write_text(dumps(model_graph(name).to_dict()))
         paths[name] = str(path)
@@ -230,6 +235,101 @@ def test_unet_replication_recompute_unequal_1f1b(graphs, tmp_path):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 1, 1], False),
                                  (3, 8, ["g2", "g3"], [3, 1], True)], 4, "1f1b", graph="unet-8")
     run_verify(graphs["unet"], plan, "unet")
+
+
+# ----------------------------------------------------------------- BatchNorm and dropout (vgg-tiny)
+def test_vgg_tiny_batchnorm_dropout_replication_recompute_unequal_gpipe(graphs, tmp_path):
+    # BatchNorm statistics over each replica's part (3 -> 2 + 1), dropout masks recomputed in stage 1
+    plan = write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 2], True), (3, 6, ["g2"], [1, 2, 2], True)], 5, "gpipe",
+                      graph="vgg-tiny-6")
+    run_verify(graphs["vgg-tiny"], plan, "vgg-tiny")
+
+
+def test_vgg_tiny_replicated_dropout_stage_1f1b(graphs, tmp_path):
+    # the last microbatch has 1 sample for 2 replicas: one of them skips it
+    plan = write_plan(tmp_path, [(0, 4, ["g0"], [2, 2, 1]), (4, 6, ["g2", "g3"], [2, 2, 1], True)], 5, "1f1b",
+                      graph="vgg-tiny-6")
+    run_verify(graphs["vgg-tiny"], plan, "vgg-tiny")
+
+
+def _pieces_plan(batch=5, schedule="gpipe") -> Plan:
+    return Plan("vgg-tiny-6", "two-servers", batch, 4.0, schedule,
+                (Stage((0, 3), ("g0", "g1"), (3, 2)), Stage((3, 6), ("g2",), (1, 2, 2), True)))
+
+
+class TestPlanPieces:
+    def test_replica_parts_in_sample_order(self):
+        plan = _pieces_plan()
+        assert plan_pieces(plan, 0) == [(0, 0, 0, 2), (0, 1, 2, 3), (1, 0, 3, 4), (1, 1, 4, 5)]
+        assert plan_pieces(plan, 1) == [(0, 0, 0, 1), (1, 0, 1, 3), (2, 0, 3, 5)]
+
+    def test_empty_replica_parts_are_left_out(self):
+        plan = Plan("g", "c", 3, 4.0, "gpipe", (Stage((0, 1), ("a", "b"), (1, 2)),))
+        assert plan_pieces(plan, 0) == [(0, 0, 0, 1), (1, 0, 1, 2), (1, 1, 2, 3)]
+
+    def test_agrees_with_the_ranks_pieces(self):
+        plan = _pieces_plan()
+        for s in range(2):
+            ranks = sorted((p.start, p.stop, p.microbatch, p.replica) for p in pieces(plan, s) if p.size)
+            assert ranks == sorted((a, b, k, j) for k, j, a, b in plan_pieces(plan, s))
+
+
+class TestNeedsPieces:
+    @pytest.mark.parametrize(("name", "expected"), [("gpt-tiny", False), ("unet", False), ("vgg-tiny", True),
+                                                    ("resnet50", True), ("vgg16", True)])
+    def test_batchnorm_or_dropout(self, name, expected):
+        assert needs_pieces(build_model(name, device="meta")) is expected
+
+
+class TestForwardInPieces:
+    def test_equals_the_whole_batch_for_sample_independent_layers(self):
+        model = build_model("unet", dtype=torch.float64)
+        inputs, _ = model.example_batch(5, seed=3)
+        plan = Plan("unet-8", "c", 5, 4.0, "gpipe", (Stage((0, 2), ("a", "b"), (3, 2)), Stage((2, 5), ("c",), (1, 4)),
+                                                      Stage((5, 8), ("d",), (5,))))
+        with torch.no_grad():
+            torch.testing.assert_close(forward_in_pieces(model, plan, inputs, 0, 0), model(inputs), rtol=1e-12,
+                                       atol=1e-12)
+
+    def test_differs_from_the_whole_batch_with_batchnorm(self):
+        # the reason the reference runs pieces: BatchNorm sees other statistics
+        model = build_model("vgg-tiny", dtype=torch.float64)
+        model.units[4].module[3].p = 0.0  # dropout off: only BatchNorm differs
+        inputs, _ = model.example_batch(5, seed=3)
+        with torch.no_grad():
+            assert not torch.allclose(forward_in_pieces(model, _pieces_plan(), inputs, 0, 0), model(inputs))
+
+    def test_reference_fails_whole_batch_training_for_vgg_tiny(self):
+        kw = dict(steps=1, global_batch=5, lr=0.1, seed=0, dtype=torch.float64, seq_len=None)
+        whole = reference_parameters("vgg-tiny", **kw)
+        pieced = reference_parameters("vgg-tiny", plan=_pieces_plan(), **kw)
+        assert max((whole[n] - pieced[n]).abs().max().item() for n in whole) > 1e-6
+
+
+class TestStageRerun:
+    def _stage(self) -> RunStage:
+        model = build_model("vgg-tiny", dtype=torch.float64)
+        return RunStage(model, 2, 6, True, None, None)
+
+    def test_same_masks_and_untouched_running_statistics(self):
+        stage = self._stage()
+        x = {-1: torch.randn(3, 8, 16, 16, dtype=torch.float64), 1: torch.randn(3, 16, 8, 8, dtype=torch.float64)}
+        seed = piece_seed(0, 1, 1, 0, 0)
+        with torch.no_grad():
+            first = stage.run(x, seed)[5]
+        stats = [b.clone() for m in stage.norms for b in m.buffers()]
+        again = stage.rerun({k: v.requires_grad_() if k == 1 else v for k, v in x.items()}, seed)
+        torch.testing.assert_close(again[5], first, rtol=0, atol=0)
+        assert all(torch.equal(a, b) for a, b in zip(stats, [b for m in stage.norms for b in m.buffers()]))
+        again[5].sum().backward()  # the restored buffers must not break the backward
+        assert x[1].grad is not None
+
+    def test_another_piece_draws_another_mask(self):
+        stage = self._stage()
+        x = {1: torch.randn(3, 16, 8, 8, dtype=torch.float64)}
+        with torch.no_grad():
+            a, b = stage.run(x, piece_seed(0, 1, 1, 0, 0))[5], stage.run(x, piece_seed(0, 1, 1, 1, 0))[5]
+        assert not torch.equal(a, b)
 
 
 def test_trace_gantt_and_emulation(graphs, tmp_path):

@@ -36,9 +36,14 @@ class TestBuildModel:
 
     @pytest.mark.parametrize(("name", "units"), [("gpt1", 14), ("gpt-tiny", 6), ("gpt2-medium", 26),
                                                  ("gpt3-1.3b", 26), ("bert-large", 26), ("vgg16", 16),
-                                                 ("resnet50", 18), ("unet", 8)])
+                                                 ("resnet50", 18), ("unet", 8), ("vgg-tiny", 6)])
     def test_unit_counts(self, name: str, units: int) -> None:
         assert len(build_model(name, device="meta").units) == units
+
+    def test_vgg_tiny_count_by_hand(self) -> None:
+        # conv (9 in*out + out) + BatchNorm (2 out) per conv unit; fc1 from 32 channels x 2 x 2
+        convs = sum(9 * i * o + o + 2 * o for i, o in ((3, 8), (8, 16), (16, 32), (32, 32)))
+        assert build_model("vgg-tiny", device="meta").num_parameters() == convs + (128 * 64 + 64) + (64 * 10 + 10)
 
     def test_gpt_head_shares_the_embedding_parameter(self) -> None:
         model = build_model("gpt-tiny")
@@ -98,7 +103,7 @@ class TestModelNames:
     def test_all_models_listed(self) -> None:
         assert model_names() == list(ZOO)
         assert set(model_names()) == {"gpt-tiny", "gpt1", "gpt2-medium", "gpt3-1.3b", "bert-large",
-                                      "vgg16", "resnet50", "unet"}
+                                      "vgg16", "vgg-tiny", "resnet50", "unet"}
 
 
 class TestZooModel:

@@ -19,6 +19,7 @@ from models.zoo.gpt import build_gpt
 from models.zoo.resnet import build_resnet50
 from models.zoo.unet import build_unet
 from models.zoo.vgg import build_vgg16
+from models.zoo.vgg_tiny import build_vgg_tiny
 
 __all__ = ["ZOO", "Unit", "ZooModel", "build_model", "model_names"]
 
@@ -30,6 +31,7 @@ ZOO: dict[str, Callable[..., ZooModel]] = {
     "gpt3-1.3b": partial(build_gpt, "gpt3-1.3b"),
     "bert-large": partial(build_bert, "bert-large"),
     "vgg16": partial(build_vgg16, "vgg16"),
+    "vgg-tiny": partial(build_vgg_tiny, "vgg-tiny"),
     "resnet50": partial(build_resnet50, "resnet50"),
     "unet": partial(build_unet, "unet"),
 }
