@@ -20,7 +20,8 @@ from runtime.gradsync import GradSync
 from runtime.heartbeat import Heartbeat
 from runtime.memory import MemoryMeter
 from runtime.routing import Piece
-from runtime.stage import Stage, piece_seed
+from runtime.pieces import piece_seed
+from runtime.stage import Stage
 from solver.schedule import FORWARD, Op
 
 EVENT_KINDS = ("forward", "backward", "recompute", "send", "receive", "allreduce", "idle")
@@ -78,7 +79,7 @@ class Executor:
         Liveness signal for the launcher, given before every op and around waits.
     seed : int
         The run's seed: with the step and the piece, it seeds each forward's dropout masks
-        (:func:`runtime.stage.piece_seed`).
+        (:func:`runtime.pieces.piece_seed`).
     """
 
     def __init__(self, stage: Stage, ops: list[Op], pieces: list[Piece], global_batch: int,

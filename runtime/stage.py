@@ -9,16 +9,14 @@ sample's parts flattened side by side, so regrouping samples is slicing rows.
 
 from __future__ import annotations
 
-import hashlib
 import math
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
 
 import torch
 from torch import nn
 
 from models.zoo import ZooModel
+from runtime.pieces import batch_norms, frozen_statistics, has_dropout
 from runtime.routing import boundary
 
 
@@ -56,56 +54,6 @@ class CutLayout:
             tensor = part.reshape(n, *shape).detach()
             out[u] = tensor.requires_grad_() if requires_grad else tensor
         return out
-
-
-def batch_statistics(modules: Iterable[nn.Module]) -> list[nn.Module]:
-    """The BatchNorm layers among ``modules``.
-
-    In training they normalise with the statistics of the samples they are given, so
-    their output for one sample depends on the other samples of the same piece, and a
-    pipeline that runs a microbatch (or a replica's part of it) trains differently from
-    one process running the whole batch, whatever the executor does.
-    """
-    return [m for module in modules for m in module.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-
-def draws_random_numbers(modules: Iterable[nn.Module]) -> bool:
-    """Whether any of ``modules`` holds a dropout layer (it draws a random mask on every forward)."""
-    return any(isinstance(m, nn.modules.dropout._DropoutNd) for module in modules for m in module.modules())
-
-
-def piece_seed(seed: int, step: int, stage: int, microbatch: int, replica: int) -> int:
-    """The RNG seed of one piece's forward pass (and of its recomputation).
-
-    A function of the run's seed and of the piece alone, so the recomputed forward draws
-    the same dropout masks as the first one, every run of a plan draws the same masks,
-    and ``--verify``'s one-process reference can draw them too.
-
-    Examples
-    --------
-    >>> piece_seed(0, 1, 2, 3, 0) == piece_seed(0, 1, 2, 3, 0) != piece_seed(0, 1, 2, 3, 1)
-    True
-    """
-    digest = hashlib.blake2b(f"{seed}:{step}:{stage}:{microbatch}:{replica}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-@contextmanager
-def frozen_statistics(norms: list[nn.Module]) -> Iterator[None]:
-    """Restore the running statistics of ``norms`` on exit.
-
-    A recomputed forward must not count its samples twice in BatchNorm's running mean
-    and variance (what torch's activation checkpointing also leaves to the user).
-    """
-    saved = [{name: b.detach().clone() for name, b in m.named_buffers(recurse=False)} for m in norms]
-    try:
-        yield
-    finally:
-        for m, buffers in zip(norms, saved):
-            for name, b in m.named_buffers(recurse=False):
-                # through .data: autograd saved these tensors for the backward (which ignores
-                # them in training) and would refuse a version bump as a modified input
-                b.data.copy_(buffers[name])
 
 
 def unit_shapes(model: ZooModel) -> dict[int, tuple[tuple[int, ...], torch.dtype]]:
@@ -148,15 +96,15 @@ class Stage:
     """Tensors leaving for the next stage (``None`` on the last)."""
     modules: nn.ModuleList = field(init=False)
     """The stage's unit modules (a Parameter shared by two of them appears once)."""
-    random: bool = field(init=False)
-    """Whether a forward draws random numbers (dropout): each piece then gets its own seed."""
+    has_dropout: bool = field(init=False)
+    """Whether a forward draws random masks: each piece then gets its own seed."""
     norms: list[nn.Module] = field(init=False)
     """The stage's BatchNorm layers (their running statistics are kept out of recomputation)."""
 
     def __post_init__(self) -> None:
         self.modules = nn.ModuleList(u.module for u in self.model.units[self.lo:self.hi])
-        self.random = draws_random_numbers(self.modules)
-        self.norms = batch_statistics(self.modules)
+        self.has_dropout = has_dropout(self.modules)
+        self.norms = batch_norms(self.modules)
 
     @property
     def is_last(self) -> bool:
@@ -174,11 +122,12 @@ class Stage:
     def run(self, inputs: dict[int, torch.Tensor], seed: int | None = None) -> dict[int, torch.Tensor]:
         """Run the stage's units; returns every tensor by unit (inputs included).
 
-        ``seed`` (see :func:`piece_seed`) seeds the RNG first when the stage draws random numbers.
+        ``seed`` (see :func:`runtime.pieces.piece_seed`) seeds the RNG first when the stage has dropout.
         """
-        if self.random and seed is not None:
+        if self.has_dropout and seed is not None:
             torch.manual_seed(seed)
-        return self.model.forward(inputs[-1] if -1 in inputs else None, self.lo, self.hi, inputs)  # type: ignore
+        first = inputs[-1] if -1 in inputs else None
+        return self.model.forward(first, self.lo, self.hi, inputs)  # type: ignore[arg-type]
 
     def rerun(self, inputs: dict[int, torch.Tensor], seed: int | None = None) -> dict[int, torch.Tensor]:
         """:meth:`run` again for a recomputing backward: the same masks, running statistics untouched."""

@@ -13,25 +13,29 @@ whole-batch training computes (GPipe's and torchgpipe's caveat), on any executor
 Dropout draws a random mask per forward call.  For a model holding either, the
 reference runs the plan's own pieces instead: stage by stage, each microbatch of
 the stage, each replica's part of it, seeded like the rank that runs it
-(:func:`runtime.stage.piece_seed`), its outputs joined back in sample order.  That
+(:func:`runtime.pieces.piece_seed`), its outputs joined back in sample order.  That
 is still one process and one SGD step on the mean loss over the batch, and it is
-exactly the function the plan trains, so the check stays as strict for these models
-(a misrouted sample, a replica's lost gradient or a recompute that draws another mask
-still fails).  Only parameters are compared: BatchNorm's running statistics are
-buffers, and each replica keeps its own, as DDP without buffer broadcasting does.
+exactly the function the plan trains: for these models "verified" means the ranks
+computed what the plan defines, not what whole-batch training computes.  The check
+stays strict (a misrouted sample, a replica's lost gradient, a recompute that draws
+another mask all fail it); the pieces themselves come from :func:`runtime.routing.pieces`,
+the ranks' own rule (tested on its own).  The reference runs on the ranks' device
+type: CUDA draws dropout masks from another generator than the CPU.  Only parameters
+are compared: BatchNorm's running statistics are buffers (a recompute leaves them
+alone, see :func:`runtime.pieces.frozen_statistics`, checked by a unit test, not by
+``--verify``), and each replica keeps its own, as DDP without buffer broadcasting does.
 """
 
 from __future__ import annotations
 
 import math
-from itertools import accumulate
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 import torch
 
 from models.zoo import ZooModel, build_model
-from runtime.routing import replica_split
-from runtime.stage import batch_statistics, draws_random_numbers, piece_seed
+from runtime.pieces import batch_norms, has_dropout, piece_seed
+from runtime.routing import pieces
 from solver.plan import Plan
 
 TOLERANCE = 1e-6
@@ -45,38 +49,38 @@ def batch_seed(seed: int, step: int) -> int:
 
 def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: float, seed: int,
                          dtype: torch.dtype, seq_len: int | None, plan: Plan | None = None,
+                         device: torch.device | str = "cpu",
                          beat: Callable[[int], None] = lambda step: None) -> dict[str, torch.Tensor]:
-    """``"unit.param" -> tensor`` after ``steps`` SGD steps on one process.
+    """``"unit.param" -> tensor`` (on the CPU) after ``steps`` SGD steps on one process.
 
     With ``plan`` given and a model that holds BatchNorm or dropout, each step runs the
     plan's pieces (see [Note: pieces in the reference]); otherwise the whole batch at once.
+    ``device``: where the reference trains (the ranks' device type).
     """
-    model = build_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed)
+    model = build_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed, device=device)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
-    in_pieces = plan is not None and needs_pieces(model)
+    in_pieces = needs_pieces(model)
     for step in range(steps):
         beat(step)
         inputs, targets = model.example_batch(global_batch, batch_seed(seed, step))
-        output = forward_in_pieces(model, plan, inputs, seed, step) if in_pieces else model(inputs)  # type: ignore
+        output = forward_in_pieces(model, plan, inputs, seed, step) if plan is not None and in_pieces \
+            else model(inputs)
         model.loss(output, targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return {f"{unit.name}.{name}": p.detach().clone() for unit in model.units
+    return {f"{unit.name}.{name}": p.detach().cpu().clone() for unit in model.units
             for name, p in unit.module.named_parameters(remove_duplicate=False)}
 
 
 def needs_pieces(model: ZooModel) -> bool:
     """Whether the gradient depends on how the batch is cut (BatchNorm) or on per-call random masks (dropout)."""
     modules = [unit.module for unit in model.units]
-    return bool(batch_statistics(modules)) or draws_random_numbers(modules)
+    return bool(batch_norms(modules)) or has_dropout(modules)
 
 
 def plan_pieces(plan: Plan, stage: int) -> list[tuple[int, int, int, int]]:
     """``(microbatch, replica, start, stop)`` of every non-empty piece of ``stage``, in sample order.
-
-    Microbatch ``k`` covers samples ``[C(k-1), C(k))`` (spec section 3); its replicas
-    take contiguous parts, as equal as integers allow, larger first.
 
     Examples
     --------
@@ -85,20 +89,14 @@ def plan_pieces(plan: Plan, stage: int) -> list[tuple[int, int, int, int]]:
     >>> plan_pieces(plan, 0)
     [(0, 0, 0, 2), (0, 1, 2, 3), (1, 0, 3, 4), (1, 1, 4, 5)]
     """
-    st = plan.stages[stage]
-    found = []
-    for k, (start, n) in enumerate(zip(accumulate(st.microbatches, initial=0), st.microbatches)):
-        for j, (offset, size) in enumerate(zip(accumulate(replica_split(n, len(st.devices)), initial=0),
-                                                replica_split(n, len(st.devices)))):
-            if size:
-                found.append((k, j, start + offset, start + offset + size))
-    return found
+    found = [(p.microbatch, p.replica, p.start, p.stop) for p in pieces(plan, stage) if p.size]
+    return sorted(found, key=lambda piece: piece[2])
 
 
 def forward_in_pieces(model: ZooModel, plan: Plan, inputs: torch.Tensor, seed: int, step: int) -> torch.Tensor:
     """The model output when every stage runs the plan's pieces, as the ranks do.
 
-    Each piece is seeded with :func:`runtime.stage.piece_seed`; its outputs (and the
+    Each piece is seeded with :func:`runtime.pieces.piece_seed`; its outputs (and the
     relayed tensors it reads) are rows of whole-batch tensors, so autograd carries
     every gradient back through the joins.
     """

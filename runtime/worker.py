@@ -361,7 +361,7 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
     if args.verify:
         reference = reference_parameters(inputs.model_name, steps=args.steps, global_batch=plan.global_batch,
                                          lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
-                                         plan=plan,
+                                         plan=plan, device=executor.memory.device,
                                          beat=lambda step: beat(-2, step))
         diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
         # JSON has no inf: a non-finite difference (NaN or inf in some parameter) is reported as null

@@ -16,15 +16,14 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from models.graph import Layer, LayerGraph
 from models.jsonio import dumps
 from models.zoo import build_model
-import torch
-
+from runtime.pieces import piece_seed
 from runtime.routing import cut_messages, grad_order, pieces, replica_split
 from runtime.stage import Stage as RunStage
-from runtime.stage import piece_seed
 from runtime.verify import forward_in_pieces, needs_pieces, plan_pieces, reference_parameters
 from solver.plan import Plan, Stage
 
@@ -239,9 +238,10 @@ def test_unet_replication_recompute_unequal_1f1b(graphs, tmp_path):
 
 # ----------------------------------------------------------------- BatchNorm and dropout (vgg-tiny)
 def test_vgg_tiny_batchnorm_dropout_replication_recompute_unequal_gpipe(graphs, tmp_path):
-    # BatchNorm statistics over each replica's part (3 -> 2 + 1), dropout masks recomputed in stage 1
-    plan = write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 2], True), (3, 6, ["g2"], [1, 2, 2], True)], 5, "gpipe",
-                      graph="vgg-tiny-6")
+    # BatchNorm statistics over each replica's part (3 -> 2 + 1; 1 -> 1 + 0: the second replica
+    # skips that microbatch), dropout masks recomputed in stage 1
+    plan = write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 1, 1], True), (3, 6, ["g2"], [1, 2, 2], True)], 5,
+                      "gpipe", graph="vgg-tiny-6")
     run_verify(graphs["vgg-tiny"], plan, "vgg-tiny")
 
 
@@ -299,7 +299,7 @@ class TestForwardInPieces:
         with torch.no_grad():
             assert not torch.allclose(forward_in_pieces(model, _pieces_plan(), inputs, 0, 0), model(inputs))
 
-    def test_reference_fails_whole_batch_training_for_vgg_tiny(self):
+    def test_whole_batch_reference_would_differ_for_vgg_tiny(self):
         kw = dict(steps=1, global_batch=5, lr=0.1, seed=0, dtype=torch.float64, seq_len=None)
         whole = reference_parameters("vgg-tiny", **kw)
         pieced = reference_parameters("vgg-tiny", plan=_pieces_plan(), **kw)

@@ -58,10 +58,8 @@ def build_vgg_tiny(name: str = "vgg-tiny", *, seq_len: int | None = None, dtype:
     no_seq_len(name, seq_len)
     device = torch.device(device)
     with seeded_build(seed, device):
-        units: list[Unit] = []
-        for out_ch in CHANNELS:
-            units.append(Unit(f"conv{len(units) + 1}", _conv(CHANNELS[len(units) - 1] if units else 3, out_ch),
-                              (len(units) - 1,)))
+        units = [Unit(f"conv{i + 1}", _conv(in_ch, out_ch), (i - 1,))
+                 for i, (in_ch, out_ch) in enumerate(zip((3, *CHANNELS), CHANNELS))]
         side = IMAGE // 2 ** len(CHANNELS)
         units.append(Unit("fc1", nn.Sequential(nn.Flatten(), nn.Linear(CHANNELS[-1] * side * side, HIDDEN),
                                                nn.ReLU(inplace=True), nn.Dropout()), (len(units) - 1,)))
