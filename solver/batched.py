@@ -83,7 +83,9 @@ class BatchResult:
     fits: np.ndarray
     """Whether every stage fits its devices, shape ``(N,)`` bool."""
     overuse: np.ndarray
-    """Largest ``(peak - capacity) / capacity`` over the stages, ``(N,)`` (``<= 0``: fits)."""
+    """Largest ``(peak - capacity) / max(capacity, 1)`` over the stages, ``(N,)`` (``<= 0``: fits).
+
+    The floor of one byte keeps a device with no memory (``"memory": 0``, allowed) finite."""
     batched: np.ndarray
     """Whether the batched path (not the scalar fallback) evaluated the plan, ``(N,)`` bool."""
 
@@ -476,7 +478,7 @@ class BatchSimulator:
             done = ~np.isnan(out[0])
             times[idx], peaks[idx] = out[0], out[1].max(axis=1)
             fits[idx] = (out[1] <= out[2]).all(axis=1)
-            overuse[idx] = ((out[1] - out[2]) / out[2]).max(axis=1)
+            overuse[idx] = relative_overuse(out[1], out[2]).max(axis=1)
             batched[idx] = done
             for i in idx[~done]:  # plans no static order served: one by one
                 times[i], peaks[i], fits[i], overuse[i] = self._scalar(candidates[i])
@@ -492,8 +494,23 @@ class BatchSimulator:
             result = simulate(plan, self.graph, self.cluster, validate=False)
         except DeadlockError:
             return float("inf"), 0.0, False, float("inf")
-        over = max((st.peak_memory - st.capacity) / st.capacity for st in result.stages)
+        over = max(relative_overuse(st.peak_memory, st.capacity) for st in result.stages)
         return result.iteration_time, max(result.peak_memory), result.fits, over
+
+
+def relative_overuse(peak, capacity):
+    """``(peak - capacity) / max(capacity, 1)``: how far a peak exceeds its memory, relatively (``<= 0``: fits).
+
+    Works on floats and numpy arrays alike.  The floor of one byte keeps a device with
+    no memory finite (its overuse is the peak in bytes).
+
+    Examples
+    --------
+    >>> relative_overuse(3.0, 2.0), relative_overuse(5.0, 0.0), relative_overuse(0.0, 0.0)
+    (0.5, 5.0, 0.0)
+    """
+    over = (peak - capacity) / np.maximum(capacity, 1.0)
+    return float(over) if np.ndim(over) == 0 else over
 
 
 def simulate_batch(plans: Sequence["Plan"], graph: "LayerGraph", cluster: "Cluster") -> BatchResult:
@@ -523,7 +540,7 @@ def simulate_batch(plans: Sequence["Plan"], graph: "LayerGraph", cluster: "Clust
                 res = simulate(plans[i], graph, cluster, validate=False)
                 out.iteration_time[i], out.peak_memory[i], out.fits[i] = \
                     res.iteration_time, max(res.peak_memory), res.fits
-                out.overuse[i] = max((st.peak_memory - st.capacity) / st.capacity for st in res.stages)
+                out.overuse[i] = max(relative_overuse(st.peak_memory, st.capacity) for st in res.stages)
             continue
         sim = BatchSimulator(graph, cluster, schedule, factor)
         res = sim.evaluate([Candidate.from_plan(plans[i]) for i in members])

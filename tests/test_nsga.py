@@ -79,6 +79,17 @@ class TestNsga:
         from solver.baselines import best_baseline
         assert a.iteration_time <= best_baseline(problem, time_limit=5).iteration_time
 
+    def test_a_device_without_memory(self):
+        # "memory": 0 is allowed; the overuse of a stage on it once divided by zero
+        from models.graph import Layer, LayerGraph
+        from solver.cluster import Cluster, Device, Link
+        graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-4, 1e-4), (2e-4, 2e-4), 1e6, 1e5, 1e3) for i in range(6)])
+        cluster = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e9, 1e-5),
+                          (Device("d0", "s0", 1.0, 0.0), Device("d1", "s0", 1.0, 1e8), Device("d2", "s0", 1.0, 1e8)))
+        problem = PlanningProblem(graph, cluster, global_batch=4, microbatches=2)
+        result = Nsga(generations=3, population=8).solve(problem, time_limit=60, seed=0)
+        assert result.status == "feasible" and "d0" not in {d for st in result.plan.stages for d in st.devices}
+
     @pytest.mark.parametrize("seed", [0, 1])
     def test_within_two_percent_of_cpsat(self, seed):
         from solver.cpsat_split import optimize_splits
