@@ -189,12 +189,14 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
     order = sorted((pipeline_bound(problem, p), i) for i, p in enumerate(found))
     best_plan, best_time = None, math.inf
     open_bounds: list[float] = []  # bounds of pipelines not settled (not proved, or skipped)
+    settled_bounds: list[float] = []  # proved bounds of the settled ones: "optimal" is up to a tolerance
     trace: list[TracePoint] = []
     solved = unstarted = 0
     timed_out = False
     for position, (bound, i) in enumerate(order):
         if bound >= best_time * (1 - 1e-9):
-            break  # this and every later pipeline cannot beat the incumbent
+            settled_bounds.append(bound)  # the least bound of this and every later pipeline
+            break  # none of them can beat the incumbent by more than 1e-9
         left = time_limit - (time.perf_counter() - start)
         if left <= 0.05:
             open_bounds.extend(b for b, _ in order[position:])
@@ -211,6 +213,8 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
         solved += 1
         if search.status != "optimal":
             open_bounds.append(max(bound, search.lower_bound or 0.0))
+        elif search.lower_bound is not None:
+            settled_bounds.append(max(bound, search.lower_bound))
         if search.iteration_time < best_time:
             best_plan, best_time = search.plan, search.iteration_time
             trace.append(TracePoint(time.perf_counter() - start, best_time, None))
@@ -224,7 +228,7 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
                                 "no pipeline fits in memory under any split", details)
         return SolverResult(name, "timeout-no-solution", None, None, min(open_bounds), wall, seed, tuple(trace),
                             f"no plan found: {why}", details)
-    lower = min([best_time, *open_bounds])
+    lower = min([best_time, *open_bounds, *settled_bounds])  # never the incumbent when a tolerance proved it
     status = "optimal" if not open_bounds else "feasible"
     trace.append(TracePoint(wall, best_time, lower))
     return SolverResult(name, status, best_plan, best_time, lower, wall, seed, tuple(trace),
