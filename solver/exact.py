@@ -182,8 +182,13 @@ solver's objective honours its constraints only to its feasibility tolerance (CB
 PLACEMENT_LIMIT = 64
 """Most placements simulated per configuration before falling back to the pool bound."""
 
-FINISH_SECONDS_PER_ARC = 2.5e-7
-"""Time :func:`build_data` needs per arc to sort and finish its table (measured: 0.35 s for 1.9 million arcs)."""
+FINISH_SECONDS_PER_ARC = 1.5e-6
+"""Time :func:`build_data` needs per arc to sort and finish its table, on the large side.
+
+Measured: 0.35 s for 1.9 million arcs once, but 5 s for 4.2 million and 17 s for 13
+million (44 layers x 14 devices of distinct speeds: 19 columns of 8 bytes, memory-bound).
+At 2.5e-7 a 20 s limit became 31-34 s on that instance; a table that may not be
+finished in time is not finished (no model, no bound from it)."""
 
 MAX_MODEL_ARCS = 150_000
 """Above this many candidate arcs the model is not built (building alone would exceed typical limits)."""
@@ -359,13 +364,20 @@ def _link_bounds(cluster: Cluster, classes: Sequence[DeviceClass], composition: 
     return bw_ub, lat_lb, send
 
 
-def stage_options(problem: PlanningProblem, classes: Sequence[DeviceClass]) -> tuple[Option, ...]:
-    """Every composition (respecting ``allow_replication``) times recompute flags."""
+def stage_options(problem: PlanningProblem, classes: Sequence[DeviceClass], clock: TimeLimit | None = None
+                  ) -> tuple[Option, ...] | None:
+    """Every composition (respecting ``allow_replication``) times recompute flags.
+
+    ``None`` when ``clock`` expires first: with many classes (16 devices of distinct
+    speeds have 65,535 compositions, about 1 s) this alone can outlast a short limit.
+    """
     cluster = problem.cluster
     max_r = len(cluster.devices) if problem.allow_replication else 1
     flags = (False, True) if problem.allow_recompute else (False,)
     options = []
-    for composition in product(*(range(c.count + 1) for c in classes)):
+    for count, composition in enumerate(product(*(range(c.count + 1) for c in classes))):
+        if clock is not None and count % 1024 == 1023 and clock.expired():
+            return None
         r = sum(composition)
         if not 1 <= r <= max_r:
             continue
@@ -432,7 +444,13 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
     """
     graph, cluster = problem.graph, problem.cluster
     classes = device_classes(cluster)
-    options = stage_options(problem, classes)
+    found = stage_options(problem, classes, clock)
+    if found is None:  # out of time already
+        data = ExactData(problem, classes, (), {name: _empty(name) for name in ARC_FIELDS}, 0, problem.stage_limit,
+                         0.0, False)
+        data.static_bound = work_bound(problem)
+        return data
+    options = found
     layers = graph.layers
     L, K, sizes = len(graph), problem.stage_limit, problem.split
     M, devices = len(sizes), len(cluster.devices)

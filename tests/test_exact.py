@@ -14,10 +14,11 @@ from models.graph import Layer, LayerGraph, load_graph
 from solver.cluster import Cluster, Device, Link, load_cluster
 from solver.cpsat import CpSatSolver
 from solver.exact import (OPT_TOL, build_data, config_lower_bound, device_classes, greedy_plans, model_rows,
-                          optimistic_time, placements, plan_config, two_round_trips)
+                          optimistic_time, placements, plan_config, stage_options, two_round_trips)
 from solver.ilp import IlpSolver
 from solver.problem import PlanningProblem
 from solver.simulator import simulate
+from solver.termination import TimeLimit
 
 REL = 1e-9  # float noise allowed when comparing iteration times
 
@@ -233,7 +234,33 @@ def test_time_limit_holds_when_the_arc_table_takes_longer(solver):
         assert result.wall_time < 1.5 + 0.3 and result.plan is not None
 
 
+@pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver()], ids=["ilp", "cpsat"])
+def test_time_limit_holds_with_many_device_classes(solver):
+    # 16 devices of distinct speeds: 65,535 compositions, about 1 s to list before the
+    # first clock check (a 0.05 s limit became 1.05 s)
+    rng = random.Random(3)
+    layers = [Layer(f"l{i}", (1e-4, 1e-5), (2e-4, 2e-5), 1e6, 1e5, 1e4) for i in range(30)]
+    devs = tuple(Device(f"d{i}", f"s{i % 4}", 1.0 + 0.01 * i, 1e9) for i in range(16))
+    cluster = Cluster("c", tuple(Link(rng.choice([5e9, 5e10]), 1e-6, f"s{j}") for j in range(4)), Link(1e9, 1e-5),
+                      devs)
+    problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, 32, 4)
+    solver.solve(problem, time_limit=0.05, seed=0)  # first call: lazy imports
+    start = time.perf_counter()
+    result = solver.solve(problem, time_limit=0.05, seed=0)
+    assert time.perf_counter() - start < 0.05 + 0.3 and result.plan is not None
+
+
 class TestBuildData:
+    def test_stage_options_stop_when_the_clock_expires(self):
+        problem = random_problem(15, layers=5, devices=4, schedule="1f1b")
+        expired = TimeLimit(0.0).start()
+        many = PlanningProblem(problem.graph, Cluster("c", problem.cluster.servers, problem.cluster.network,
+                                                      tuple(Device(f"d{i}", "s0", 1.0 + i / 100, 1e9)
+                                                            for i in range(12))), 8, 2)
+        assert stage_options(many, device_classes(many.cluster), expired) is None
+        data = build_data(many, clock=expired)
+        assert not data.complete and not len(data)
+
     def test_every_arc_fits_and_bounds_its_stage(self):
         problem = random_problem(15, layers=5, devices=4, schedule="1f1b")
         data = build_data(problem)
