@@ -104,6 +104,13 @@ BAND_WORK_LIMIT = 2.5e8
 """Bands are kept only when arcs x devices-left vectors stays below this (on 64 devices the table
 rebuilds would take most of the time, and one band measured best there)."""
 
+SHIFT_SECONDS_PER_ENTRY = 5.5e-8
+"""Time the walk's shift table takes per entry (stage compositions x devices-left vectors), before
+the walk can check its clock: 14.4 s for 268 million entries (14 devices of distinct speeds)."""
+
+MAX_SHIFT_ENTRIES = 3e8
+"""Largest shift table the walk builds (int64: 2.4 GB); 15 devices of distinct speeds would need 8.6 GB."""
+
 __all__ = ["EnumerationResult", "enumerate_configurations"]
 
 
@@ -125,6 +132,8 @@ class EnumerationResult:
     """Configurations simulated."""
     passes: int = 1
     """Passes run (each with a higher target)."""
+    skipped: bool = False
+    """Not started: its tables would not fit in the time left or in memory (see :data:`MAX_SHIFT_ENTRIES`)."""
 
 
 class _Walk:
@@ -494,4 +503,24 @@ def enumerate_configurations(data: ExactData, search: _Search, clock: TimeLimit)
     """
     if not len(data):
         return EnumerationResult(True, math.inf, 0, 0)
+    entries = shift_entries(data)
+    if entries > MAX_SHIFT_ENTRIES or entries * SHIFT_SECONDS_PER_ENTRY > clock.remaining():
+        return EnumerationResult(False, search.bound, 0, 0, 0, skipped=True)
     return _Walk(data, search, clock).run()
+
+
+def shift_entries(data: ExactData) -> int:
+    """Entries of the walk's shift table: distinct stage compositions x devices-left vectors.
+
+    Examples
+    --------
+    Two classes of 2 and 3 devices: 3 x 4 devices-left vectors, 11 non-empty compositions.
+
+    >>> from types import SimpleNamespace as NS
+    >>> data = NS(classes=[NS(count=2), NS(count=3)], options=[NS(composition=(a, b)) for a in range(3)
+    ...                                                            for b in range(4) if a + b])
+    >>> shift_entries(data)
+    132
+    """
+    vectors = math.prod(c.count + 1 for c in data.classes)
+    return len({o.composition for o in data.options}) * vectors

@@ -1163,7 +1163,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
 
         share = max(clock.remaining() - reserve, 0.0) * (1.0 if too_big else ENUMERATION_SHARE)
         walk = enumerate_configurations(data, search, TimeLimit(share).start())
-        details.update(enumeration="complete" if walk.complete else "stopped", enumeration_prefixes=walk.prefixes,
+        details.update(enumeration="complete" if walk.complete else "skipped" if walk.skipped else "stopped",
+                       enumeration_prefixes=walk.prefixes,
                        enumeration_leaves=walk.leaves, enumeration_passes=walk.passes)
         if walk.complete:  # every configuration below the cutoff was simulated
             search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)

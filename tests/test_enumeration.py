@@ -208,3 +208,34 @@ class TestShiftTable:
             for a in (0, walk.full_index, int(flat)):
                 fits = (walk.avail[a] >= comp).all()
                 assert walk.shift[row, a] == (a - flat if fits else walk.size)
+
+
+class TestShiftEntries:
+    """The walk does not start when its shift table would outlast the time left or memory."""
+
+    def _problem(self) -> PlanningProblem:
+        graph = LayerGraph.chain("g", [Layer(f"l{i}", (2e-4, 5e-4), (4e-4, 1e-3), 5e6, 5e5, 5e5) for i in range(5)],
+                                 input_bytes=1e4)
+        devices = tuple(Device(f"d{i}", "s0", 1.0 - 0.05 * i, 1e12) for i in range(6))  # 6 classes
+        cluster = Cluster("c", (Link(5e10, 1e-6, "s0"),), Link(1e10, 1e-5), devices)
+        return PlanningProblem(graph, cluster, global_batch=8, microbatches=4)
+
+    def test_counts_compositions_times_vectors(self):
+        data = build_data(self._problem())
+        assert enumeration.shift_entries(data) == (2 ** 6 - 1) * 2 ** 6  # every non-empty subset x vectors
+
+    def test_skipped_beyond_the_memory_cap(self, monkeypatch):
+        problem = self._problem()
+        monkeypatch.setattr(enumeration, "MAX_SHIFT_ENTRIES", 100)
+        search, result = _walk(problem, warm=True)
+        assert result.skipped and not result.complete and result.prefixes == 0
+        assert result.bound == search.bound  # nothing more proved
+
+    def test_skipped_when_the_table_would_outlast_the_clock(self, monkeypatch):
+        monkeypatch.setattr(enumeration, "SHIFT_SECONDS_PER_ENTRY", 1.0)
+        _, result = _walk(self._problem(), warm=True, seconds=5.0)
+        assert result.skipped and result.prefixes == 0
+
+    def test_runs_otherwise(self):
+        _, result = _walk(self._problem(), warm=True)
+        assert not result.skipped and result.complete
