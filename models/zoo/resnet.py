@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.zoo.base import Unit, ZooModel, class_loss, seeded_build
-from models.zoo.vision import dtype_name, image_batch, no_seq_len
+from models.zoo.base import Unit, ZooModel, seeded_build
+from models.zoo.vision import image_classifier, no_seq_len
 
 #: (blocks, bottleneck width) of the four stages.
 STAGES = ((3, 64), (4, 128), (6, 256), (3, 512))
@@ -88,9 +88,4 @@ def build_resnet50(name: str = "resnet50", *, seq_len: int | None = None, dtype:
         for unit in units:
             unit.module.to(dtype)
 
-    def batch(n: int, seed: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return image_batch(n, seed, dev, shape=(3, IMAGE, IMAGE), dtype=dtype, classes=CLASSES)
-
-    elem = torch.empty((), dtype=dtype).element_size()
-    return ZooModel(name, units, batch, class_loss, input_bytes_per_sample=3 * IMAGE * IMAGE * elem,
-                    device=device, config={"image": IMAGE, "classes": CLASSES, "dtype": dtype_name(dtype)})
+    return image_classifier(name, units, image=IMAGE, classes=CLASSES, dtype=dtype, device=device)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.zoo.base import Unit, ZooModel, class_loss, seeded_build
-from models.zoo.vision import dtype_name, image_batch, no_seq_len
+from models.zoo.base import Unit, ZooModel, seeded_build
+from models.zoo.vision import image_classifier, no_seq_len
 
 #: Output channels of the 13 convs; ``"M"`` marks a 2x2 max-pool after the previous conv.
 LAYOUT: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",
@@ -71,9 +71,4 @@ def build_vgg16(name: str = "vgg16", *, seq_len: int | None = None, dtype: torch
         for unit in units:
             unit.module.to(dtype)
 
-    def batch(n: int, seed: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return image_batch(n, seed, dev, shape=(3, IMAGE, IMAGE), dtype=dtype, classes=CLASSES)
-
-    elem = torch.empty((), dtype=dtype).element_size()
-    return ZooModel(name, units, batch, class_loss, input_bytes_per_sample=3 * IMAGE * IMAGE * elem,
-                    device=device, config={"image": IMAGE, "classes": CLASSES, "dtype": dtype_name(dtype)})
+    return image_classifier(name, units, image=IMAGE, classes=CLASSES, dtype=dtype, device=device)

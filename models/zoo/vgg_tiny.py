@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.zoo.base import Unit, ZooModel, class_loss, seeded_build
-from models.zoo.vision import dtype_name, image_batch, no_seq_len
+from models.zoo.base import Unit, ZooModel, seeded_build
+from models.zoo.vision import image_classifier, no_seq_len
 
 #: Output channels of the four conv units (each halves the image).
 CHANNELS = (8, 16, 32, 32)
@@ -29,24 +29,8 @@ def build_vgg_tiny(name: str = "vgg-tiny", *, seq_len: int | None = None, dtype:
                    device: str | torch.device = "cpu", seed: int = 0) -> ZooModel:
     """Build vgg-tiny as 6 units: ``conv1`` ... ``conv4``, ``fc1`` (with dropout), ``fc2``.
 
-    Parameters
-    ----------
-    name : str
-        The zoo name.
-    seq_len : None
-        Must be ``None``: the input is a 3x32x32 image.
-    dtype, device, seed
-        Parameter dtype, device (``meta``: no memory) and initialisation seed.
-
-    Returns
-    -------
-    ZooModel
-        Inputs ``(n, 3, 32, 32)``, targets class labels ``(n,)`` in ``0 .. 9``.
-
-    Raises
-    ------
-    InputError
-        If ``seq_len`` is given.
+    Parameters, result and errors as :func:`models.zoo.vgg.build_vgg16`, but the inputs
+    are ``(n, 3, 32, 32)`` images and the labels lie in ``0 .. 9``.
 
     Examples
     --------
@@ -67,9 +51,4 @@ def build_vgg_tiny(name: str = "vgg-tiny", *, seq_len: int | None = None, dtype:
         for unit in units:
             unit.module.to(dtype)
 
-    def batch(n: int, seed: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        return image_batch(n, seed, dev, shape=(3, IMAGE, IMAGE), dtype=dtype, classes=CLASSES)
-
-    elem = torch.empty((), dtype=dtype).element_size()
-    return ZooModel(name, units, batch, class_loss, input_bytes_per_sample=3 * IMAGE * IMAGE * elem,
-                    device=device, config={"image": IMAGE, "classes": CLASSES, "dtype": dtype_name(dtype)})
+    return image_classifier(name, units, image=IMAGE, classes=CLASSES, dtype=dtype, device=device)

@@ -1,11 +1,11 @@
-"""Batches and dtype handling shared by the image models (VGG, ResNet, U-Net)."""
+"""Batches, dtype handling and the classifier wrapper shared by the image models (VGG, ResNet, U-Net)."""
 
 from __future__ import annotations
 
 import torch
 
 from models.errors import InputError
-from models.zoo.base import generator
+from models.zoo.base import Unit, ZooModel, class_loss, generator
 
 
 def no_seq_len(name: str, seq_len: int | None) -> None:
@@ -29,3 +29,15 @@ def image_batch(n: int, seed: int, device: torch.device, *, shape: tuple[int, ..
 def dtype_name(dtype: torch.dtype) -> str:
     """``torch.float32`` -> ``float32``."""
     return str(dtype).removeprefix("torch.")
+
+
+def image_classifier(name: str, units: list[Unit], *, image: int, classes: int, dtype: torch.dtype,
+                     device: torch.device) -> ZooModel:
+    """A zoo model over ``units`` that classifies ``(n, 3, image, image)`` images into ``classes``."""
+
+    def batch(n: int, seed: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        return image_batch(n, seed, dev, shape=(3, image, image), dtype=dtype, classes=classes)
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    return ZooModel(name, units, batch, class_loss, input_bytes_per_sample=3 * image * image * elem,
+                    device=device, config={"image": image, "classes": classes, "dtype": dtype_name(dtype)})
