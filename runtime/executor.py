@@ -19,8 +19,8 @@ from runtime.emulate import Emulator
 from runtime.gradsync import GradSync
 from runtime.heartbeat import Heartbeat
 from runtime.memory import MemoryMeter
-from runtime.routing import Piece
 from runtime.pieces import piece_seed
+from runtime.routing import Piece
 from runtime.stage import Stage
 from solver.schedule import FORWARD, Op
 
@@ -96,7 +96,6 @@ class Executor:
         self.receive_cpu: dict[str, float] = {}
         """``"recv A3" -> seconds`` of the last iteration's receives, waits left out (tcp transport only)."""
         self._t0 = 0.0
-        self._step = 0
 
     @property
     def started(self) -> float:
@@ -120,7 +119,6 @@ class Executor:
         self.beat(step, 0, waiting=True)
         start()
         self.beat(step, 0)
-        self._step = step
         self._events, self.receive_cpu, self._t0 = [], {}, time.perf_counter()
         stash: dict[int, Stash] = {}
         for position, (kind, k) in enumerate(self.ops):
@@ -128,10 +126,12 @@ class Executor:
             if piece.size == 0:  # see [Note: replica remainders] in runtime.routing
                 continue
             self.beat(step, position)
+            seed = piece_seed(self.seed, step, piece.stage, piece.microbatch, piece.replica) \
+                if self.stage.has_dropout else None  # a hash per op only where masks are drawn
             if kind == FORWARD:
-                stash[k] = self._forward(k, piece, inputs, targets)
+                stash[k] = self._forward(k, piece, seed, inputs, targets)
             else:
-                self._backward(k, piece, stash.pop(k), targets)
+                self._backward(k, piece, seed, stash.pop(k), targets)
         self.beat(step, len(self.ops))
         with self._timed("send", "wait sends", waiting=True):
             self.channels.finish()
@@ -146,7 +146,7 @@ class Executor:
         return self._events, end
 
     # ----------------------------------------------------------------- ops
-    def _forward(self, k: int, piece: Piece, inputs: torch.Tensor, targets: torch.Tensor) -> Stash:
+    def _forward(self, k: int, piece: Piece, seed: int | None, inputs: torch.Tensor, targets: torch.Tensor) -> Stash:
         stage = self.stage
         x: dict[int, torch.Tensor] = {}
         if stage.input_layout is not None:
@@ -160,11 +160,11 @@ class Executor:
             if stage.recompute:
                 self.memory.hold(k, sum(t.numel() * t.element_size() for t in x.values()))
                 with torch.no_grad():
-                    done = stage.run(x, self._seed(piece))
+                    done = stage.run(x, seed)
                 kept = Stash(x, None, None)
             else:
                 with self.memory.saving(k):
-                    done = stage.run(x, self._seed(piece))
+                    done = stage.run(x, seed)
                     loss = stage.loss(done, targets[piece.start:piece.stop], self._share(piece)) \
                         if stage.is_last else None
                 kept = Stash(x, done, loss)
@@ -173,7 +173,7 @@ class Executor:
                 self.channels.send_activations(k, stage.output_layout.pack(stage.outputs(done)), piece.start)
         return kept
 
-    def _backward(self, k: int, piece: Piece, kept: Stash, targets: torch.Tensor) -> None:
+    def _backward(self, k: int, piece: Piece, seed: int | None, kept: Stash, targets: torch.Tensor) -> None:
         stage = self.stage
         grads = None
         if stage.output_layout is not None:
@@ -184,7 +184,7 @@ class Executor:
                 self._note_receive_cpu(f"recv G{k}", time.perf_counter() - began)
         if kept.done is None:  # recompute: re-run the forward with autograd on
             with self._timed("recompute", f"R{k}", stretch=True), self.memory.saving(("R", k)):
-                kept.done = stage.rerun(kept.inputs, self._seed(piece))
+                kept.done = stage.rerun(kept.inputs, seed)
                 if stage.is_last:
                     kept.loss = stage.loss(kept.done, targets[piece.start:piece.stop], self._share(piece))
         with self._timed("backward", f"B{k}", stretch=True):
@@ -200,9 +200,6 @@ class Executor:
     def _note_receive_cpu(self, label: str, unpacking: float) -> None:
         if self.channels.receive_cpu is not None:
             self.receive_cpu[label] = self.channels.receive_cpu + unpacking
-
-    def _seed(self, piece: Piece) -> int:
-        return piece_seed(self.seed, self._step, piece.stage, piece.microbatch, piece.replica)
 
     def _share(self, piece: Piece) -> float:
         return piece.size / self.global_batch

@@ -60,12 +60,11 @@ def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: 
     model = build_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed, device=device)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
-    in_pieces = needs_pieces(model)
+    pieced = plan if plan is not None and needs_pieces(model) else None
     for step in range(steps):
         beat(step)
         inputs, targets = model.example_batch(global_batch, batch_seed(seed, step))
-        output = forward_in_pieces(model, plan, inputs, seed, step) if plan is not None and in_pieces \
-            else model(inputs)
+        output = forward_in_pieces(model, pieced, inputs, seed, step) if pieced else model(inputs)
         model.loss(output, targets).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -89,8 +88,7 @@ def plan_pieces(plan: Plan, stage: int) -> list[tuple[int, int, int, int]]:
     >>> plan_pieces(plan, 0)
     [(0, 0, 0, 2), (0, 1, 2, 3), (1, 0, 3, 4), (1, 1, 4, 5)]
     """
-    found = [(p.microbatch, p.replica, p.start, p.stop) for p in pieces(plan, stage) if p.size]
-    return sorted(found, key=lambda piece: piece[2])
+    return [(p.microbatch, p.replica, p.start, p.stop) for p in pieces(plan, stage) if p.size]
 
 
 def forward_in_pieces(model: ZooModel, plan: Plan, inputs: torch.Tensor, seed: int, step: int) -> torch.Tensor:

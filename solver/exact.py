@@ -446,10 +446,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
     classes = device_classes(cluster)
     found = stage_options(problem, classes, clock)
     if found is None:  # out of time already
-        data = ExactData(problem, classes, (), {name: _empty(name) for name in ARC_FIELDS}, 0, problem.stage_limit,
-                         0.0, False)
-        data.static_bound = work_bound(problem)
-        return data
+        return _unfinished(problem, classes, (), 0)
     options = found
     layers = graph.layers
     L, K, sizes = len(graph), problem.stage_limit, problem.split
@@ -593,7 +590,13 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
         return data
     # Out of time, or too little left to sort and finish the table (its time is estimated
     # from the arcs): an unfinished table serves no model and no bound.
-    data = ExactData(problem, classes, options, {name: _empty(name) for name in ARC_FIELDS}, max_tau, K, 0.0, False)
+    return _unfinished(problem, classes, options, max_tau)
+
+
+def _unfinished(problem: PlanningProblem, classes, options, max_tau: int) -> ExactData:
+    """Data without arcs (``complete = False``): only the model-free work bound holds."""
+    data = ExactData(problem, classes, options, {name: _empty(name) for name in ARC_FIELDS}, max_tau,
+                     problem.stage_limit, 0.0, False)
     data.static_bound = work_bound(problem)
     return data
 
