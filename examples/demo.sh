@@ -32,6 +32,9 @@ echo "== 4. the model zoo; profile gpt-tiny on this machine, plan it for two loc
 echo "-- measured against the prediction (float32, as profiled):"
 "$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
     --steps 10 --gantt out/gpt-tiny.run.png --side-by-side
+echo "-- the cluster's speeds measured in this pipeline (pipeplan calibrate), for predictions that charge it:"
+"$PIPEPLAN" calibrate out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
+    --runs 2 --steps 10 -o out/cpu-pair.calibrated.cluster.json
 echo "-- trained exactly like one process (float64):"
 "$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
     --steps 4 --verify

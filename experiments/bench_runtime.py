@@ -35,18 +35,23 @@ timeline on the op times the run measured), which splits the error into the
 timeline's part (measured vs replayed) and the op costs' part (replayed vs
 predicted).
 
+Each model's cluster is also calibrated (``pipeplan calibrate``) on a probe plan that is
+not in the set (:func:`probe_plans`), right after the model's profile, and every plan
+is predicted a second time with the calibrated cluster: the *calibrated* error.
+
 Runs use ``pipeplan run --transport`` as given (default ``auto``: the
 rank-driven TCP sockets on CPU), and the loopback link is measured over the same
 transport.
 
 Usage: ``python experiments/bench_runtime.py [--steps 12] [--repeats 3] [--rounds 5]
 [--only predicted|torch] [--transport auto|tcp|dist] [--out out/bench_runtime]``;
-prints tables and writes ``results.jsonl`` in ``--out``.
+prints tables and writes ``results.jsonl`` and the README's table (``table.md``) in ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -157,6 +162,45 @@ def unet_plans() -> dict[str, dict]:
                                                  (half[1], ["c1"], [4] * 4, False)]),
         "unet data-parallel r=2": plan("gpipe", [((0, 8), ["c0", "c1"], [8, 8], False)]),
     }
+
+
+def probe_plans() -> dict[str, tuple[str, dict]]:
+    """Per model, the plan ``pipeplan calibrate`` measures device speeds with: ``(name, plan)``.
+
+    Neither is one of the benchmark's plans (other global batches: 48 and 12), so the
+    calibrated predictions are checked on plans the calibration never ran.
+    """
+    gpt = {"format": "pipeplan.plan/1", "graph": f"{MODEL}-6", "cluster": "local-2cpu", "global_batch": 48,
+           "state_factor": 4, "schedule": "1f1b",
+           "stages": [{"layers": [0, 3], "devices": ["c0"], "microbatches": [12] * 4, "recompute": False},
+                      {"layers": [3, 6], "devices": ["c1"], "microbatches": [12] * 4, "recompute": False}]}
+    unet = {"format": "pipeplan.plan/1", "graph": "unet-8", "cluster": "local-2cpu", "global_batch": 12,
+            "state_factor": 4, "schedule": "1f1b",
+            "stages": [{"layers": [0, 4], "devices": ["c0"], "microbatches": [3] * 4, "recompute": False},
+                       {"layers": [4, 8], "devices": ["c1"], "microbatches": [3] * 4, "recompute": False}]}
+    return {MODEL: ("b48 1f1b 3|3 4x12", gpt), "unet": ("unet b12 1f1b 4|4 4x3", unet)}
+
+
+def calibrate(graph: Path, cluster: Path, out: Path, steps: int, model: str) -> tuple[Path, dict]:
+    """``pipeplan calibrate`` on the model's probe plan: the calibrated cluster and its summary."""
+    name, plan = probe_plans()[model]
+    probe = out / f"probe-{model}.plan.json"
+    probe.write_text(json.dumps(plan, indent=1))
+    path = out / f"{graph.stem}.calibrated.cluster.json"
+    done = _pipeplan("calibrate", str(graph), str(cluster), str(probe), "--model", model, "--steps", str(steps),
+                     "--warmup", "3", "--transport", TRANSPORT, "--json", "-o", str(path))
+    summary = json.loads(done.stdout)
+    print(f"calibrated on {name} ({model}): factors "
+          f"{' '.join(f'{d} {f:.3f}' for d, f in summary['factors'].items())}; probe measured "
+          f"{summary['measured_iteration_time'] * 1e3:.3f} ms, predicted {summary['predicted_before'] * 1e3:.3f} "
+          f"ms before, {summary['predicted_after'] * 1e3:.3f} ms after  [{_load()}]", flush=True)
+    return path, summary
+
+
+@functools.lru_cache(maxsize=None)
+def predict(graph: Path, cluster: Path, plan: Path) -> float:
+    """The simulator's iteration time of ``plan`` (``pipeplan simulate --json``; the files do not change)."""
+    return json.loads(_pipeplan("simulate", str(graph), str(cluster), str(plan), "--json").stdout)["iteration_time"]
 
 
 # ----------------------------------------------------------------- runs
@@ -315,10 +359,15 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
         path.write_text(json.dumps(plan, indent=1))
         paths[name] = path
     runs: dict[str, list[dict]] = {name: [] for name in paths}
+    calibrated: dict[Path, Path] = {}  # profile -> the cluster calibrated with it
     for round_ in range(repeats):
         graph = profile(round_)
+        if graph not in calibrated:
+            calibrated[graph] = calibrate(graph, cluster, out, steps, model)[0]
         for name, path in paths.items():
-            runs[name].append(run_ours(graph, cluster, path, steps, model))
+            got = run_ours(graph, cluster, path, steps, model)
+            got["calibrated_prediction"] = predict(graph, calibrated[graph], path)
+            runs[name].append(got)
     rows = []
     for name, got in runs.items():
         first = got[0]["predicted_iteration_time"]  # round 0's prediction
@@ -332,7 +381,10 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
         error = statistics.median(ratios) - 1
         op_cost_error = statistics.median(replay_ratios) - 1
         timeline_error = statistics.median(r["measured_iteration_time"] / r["replayed_iteration_time"] for r in got) - 1
+        calibrated_error = statistics.median(r["measured_iteration_time"] / r["calibrated_prediction"] for r in got) - 1
         row = {"plan": name, "measured": measured, "predicted": predicted, "error": error,
+               "calibrated_predicted": statistics.median(r["calibrated_prediction"] for r in got),
+               "calibrated_error": calibrated_error,
                "first_profile_error": measured / first - 1,
                "replayed": replayed, "timeline_error": timeline_error,
                "op_cost_error": op_cost_error,
@@ -342,13 +394,49 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
         rows.append(row)
         busy = " ".join(f"{b * 1e3:.2f}/{p * 1e3:.2f}" for b, p in zip(row["busy"], row["predicted_busy"]))
         print(f"{name:<26} measured {measured * 1e3:8.3f} ms  predicted {predicted * 1e3:8.3f} ms  "
-              f"error {100 * error:+6.1f} % (first profile {100 * row['first_profile_error']:+6.1f} %)  "
+              f"error {100 * error:+6.1f} % (first profile {100 * row['first_profile_error']:+6.1f} %, "
+              f"calibrated {100 * calibrated_error:+6.1f} %)  "
               f"replayed {replayed * 1e3:8.3f} ms (timeline "
               f"{100 * row['timeline_error']:+5.1f} %, op costs {100 * op_cost_error:+5.1f} %)"
               f"  | per rank: compute meas/pred {busy} ms, send cpu "
               f"{' '.join(f'{x * 1e3:.2f}' for x in row['send_cpu'])} ms, grad sync "
               f"{' '.join(f'{x * 1e3:.2f}' for x in row['sync'])} ms", flush=True)
     return rows
+
+
+def markdown_table(rows: list[dict]) -> str:
+    """The README's table: per plan shape, each model's times and errors (raw, calibrated, timeline)."""
+    groups = (("b32 ", "gpt-tiny b32"), ("b64 ", "gpt-tiny b64"), ("unet ", "unet b16"))
+    by_shape: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        prefix = next(p for p, _ in groups if r["plan"].startswith(p))
+        by_shape.setdefault(_shape(r["plan"]), {})[prefix] = r
+    head = "| plan | " + " | ".join(f"{label}: measured / predicted / calibrated / replayed | error | calibrated "
+                                    f"| timeline" for _, label in groups) + " |"
+    lines = [head, "|---|" + "---|---:|---:|---:|" * len(groups)]
+    for shape, got in by_shape.items():
+        cells = []
+        for prefix, _ in groups:
+            r = got.get(prefix)
+            cells += ["", "", "", ""] if r is None else [
+                " / ".join(f"{r[k] * 1e3:.{1 if prefix == 'unet ' else 2}f}"
+                           for k in ("measured", "predicted", "calibrated_predicted", "replayed")) + " ms",
+                f"{100 * r['error']:+.0f} %", f"{100 * r['calibrated_error']:+.0f} %",
+                f"{100 * r['timeline_error']:+.0f} %"]
+        lines.append(f"| {shape} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _shape(plan: str) -> str:
+    """``"b32 1f1b 3|3 4x8"`` -> ``"1f1b, even split, 4 microbatches"``: the models' versions of a plan share it."""
+    words = plan.split()[1:]
+    if words[0] == "data-parallel":
+        return "data parallel, one stage on 2 replicas"
+    schedule, cut, rest = words
+    part = {"3|3": "even split", "4|4": "even split", "2|4": "light first stage", "3|5": "light first stage",
+            "4|2": "light second stage", "5|3": "light second stage"}[cut]
+    tail = f"{rest.split('x')[0]} microbatches" if "x" in rest else {"unequal": "unequal per-stage splits"}.get(rest, rest)
+    return f"{schedule}, {part}, {tail}"
 
 
 def ours_vs_torch(graph: Path, cluster: Path, out: Path, steps: int, rounds: int) -> list[dict]:
@@ -432,12 +520,20 @@ def main() -> None:
         print(f"median |error| over all {len(rows)} plans: {100 * median_error:.1f} % (target <= 10 %)  [{_load()}]")
         first_error = statistics.median(abs(r["first_profile_error"]) for r in rows)
         print(f"median |error| predicting every run from the first profile: {100 * first_error:.1f} %")
+        calibrated_error = statistics.median(abs(r["calibrated_error"]) for r in rows)
+        for prefix, label in (("b32 ", "gpt-tiny, batch 32"), ("b64 ", "gpt-tiny, batch 64"), ("unet ", "unet, batch 16")):
+            mine = [abs(r["calibrated_error"]) for r in rows if r["plan"].startswith(prefix)]
+            print(f"median |error| with the calibrated cluster, {label}: {100 * statistics.median(mine):.1f} %")
+        print(f"median |error| with the calibrated cluster (pipeplan calibrate on each model's probe plan): "
+              f"{100 * calibrated_error:.1f} %")
         for key, label in (("timeline_error", "measured vs replayed (the timeline)"),
                            ("op_cost_error", "replayed vs predicted (the op costs)")):
             print(f"median |{label}|: {100 * statistics.median(abs(r[key]) for r in rows):.1f} %")
+        (out / "table.md").write_text(markdown_table(rows))
         records += [{"bench": "measured-vs-predicted", **r, **meta} for r in rows]
         records.append({"bench": "measured-vs-predicted-summary", "median_abs_error": median_error,
-                        "median_abs_first_profile_error": first_error, "profile": args.profile, **meta})
+                        "median_abs_first_profile_error": first_error,
+                        "median_abs_calibrated_error": calibrated_error, "profile": args.profile, **meta})
         save()
     if args.only != "predicted":
         records += [{"bench": "ours-vs-torch-1f1b", **r, **meta}

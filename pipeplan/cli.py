@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "pipeplan.cmd_plan",
     "pipeplan.cmd_models",
     "pipeplan.cmd_run",
+    "pipeplan.cmd_calibrate",
     "pipeplan.cmd_pareto",
 )
 

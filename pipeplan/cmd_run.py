@@ -20,7 +20,7 @@ from pathlib import Path
 from models.errors import one_line
 from models.jsonio import check_writable
 from pipeplan.loading import warn_names
-from runtime.checks import check_emulation, load_inputs
+from runtime.checks import RunInputs, check_emulation, load_inputs
 from runtime.launch import WorkerError, launch_local
 from runtime.report import present
 from runtime.routing import rank_of
@@ -54,11 +54,30 @@ def run(args: argparse.Namespace) -> int:
     # Everything that can be refused is refused here, before any process starts.
     check_writable(args.trace, args.gantt)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
-    plan = inputs.plan
     if args.emulate:
         check_emulation(inputs.prediction, args.timeout, args.plan)
-    for note in warn_names(plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
+    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
         print(note, file=sys.stderr)
+    if args.emulate and "calibration" in inputs.cluster.extra:
+        print(one_line(f"warning: {args.cluster}: calibration: --emulate stretches each op to its device's "
+                       "calibrated speed, which already counts the slowdown the probe measured on this machine: "
+                       "emulate with the cluster before calibration"), file=sys.stderr)
+    try:
+        result = launch(args, inputs)
+    except WorkerError as exc:
+        return report_worker_error(exc, args.plan)
+    return present(args, inputs, result)
+
+
+def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
+    """Run the plan's workers once, on local processes; the run's result (rank records).
+
+    Raises
+    ------
+    WorkerError
+        If a worker failed or hung; every worker has been stopped by then.
+    """
+    plan = inputs.plan
     ranks = rank_of(plan)
 
     def describe(rank: int) -> str:
@@ -67,14 +86,14 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="pipeplan-run-") as tmp:
         result_file = Path(tmp) / "result.json"
-        try:
-            launch_local(worker_args(args, result_file), len(ranks), Path(tmp), timeout=args.timeout,
-                         describe=describe)
-        except WorkerError as exc:
-            print(one_line(f"error: {args.plan}: run: {exc}; all workers stopped"), file=sys.stderr)
-            if exc.log_tail:
-                print("  last lines of its log:\n    " + exc.log_tail.replace("\n", "\n    "), file=sys.stderr)
-            return 1
-        result = json.loads(result_file.read_text())
-    return present(args, inputs, result)
+        launch_local(worker_args(args, result_file), len(ranks), Path(tmp), timeout=args.timeout,
+                     describe=describe)
+        return json.loads(result_file.read_text())
 
+
+def report_worker_error(exc: WorkerError, plan_file: str) -> int:
+    """Say which worker failed and why (with its log's last lines); exit status 1."""
+    print(one_line(f"error: {plan_file}: run: {exc}; all workers stopped"), file=sys.stderr)
+    if exc.log_tail:
+        print("  last lines of its log:\n    " + exc.log_tail.replace("\n", "\n    "), file=sys.stderr)
+    return 1

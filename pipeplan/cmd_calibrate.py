@@ -1,0 +1,109 @@
+"""``pipeplan calibrate GRAPH CLUSTER PLAN --model NAME -o OUT``: device speeds measured in a pipeline.
+
+Runs the probe plan ``--runs`` times on local processes, as ``pipeplan run`` does,
+and writes the cluster with each of the plan's devices at the speed its stage's ops
+ran at (see :mod:`runtime.calibrate`): predictions made with the written cluster
+charge the slowdown a pipeline meets on this machine, which a graph profiled op by op
+in isolation does not see.  Nothing is written if a run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from models.errors import InputError
+from models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.cmd_run import launch, report_worker_error
+from pipeplan.loading import warn_names
+from runtime.calibrate import calibrated_cluster, device_factors, stage_factors
+from runtime.checks import load_inputs
+from runtime.launch import WorkerError
+from runtime.measure import align, measured_steps, median_step
+from runtime.worker import DEFAULT_TIMEOUT, DEFAULT_WARMUP, check_options
+from solver.simulator import simulate
+
+DEFAULT_RUNS = 3
+"""Probe runs; each device takes the median of its stage's factors over them."""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure device speeds in a pipeline and write a calibrated cluster",
+                       description=__doc__.split("\n\n")[0])
+    p.add_argument("graph", metavar="GRAPH", help="layer graph profiled from the model")
+    p.add_argument("cluster", metavar="CLUSTER", help="cluster to calibrate (its devices run the probe locally)")
+    p.add_argument("plan", metavar="PLAN", help="probe plan: the devices it uses are calibrated")
+    p.add_argument("--model", required=True, metavar="NAME", help="zoo model whose units are the graph's layers")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.json", help="the calibrated cluster")
+    p.add_argument("--runs", type=int, default=DEFAULT_RUNS, metavar="R",
+                   help=f"probe runs, each device takes its median factor (default {DEFAULT_RUNS})")
+    p.add_argument("--steps", type=int, default=12, metavar="N", help="training steps per run (default 12)")
+    p.add_argument("--warmup", type=int, default=None, metavar="N",
+                   help=f"first steps of each run left out (default {DEFAULT_WARMUP}, or steps-1 when fewer steps)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
+    p.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
+                   help="point-to-point messages, as for pipeplan run (default auto); calibrate with the "
+                        "transport the runs will use")
+    p.add_argument("--spin", default="auto", metavar="S", help="as for pipeplan run (default auto)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                   help=f"seconds without progress before a worker counts as hung (default {DEFAULT_TIMEOUT:g})")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    # What pipeplan run's workers also take: a calibration measures float32 training at real speed.
+    p.set_defaults(func=run, verify=False, emulate=False, lr=0.05)
+
+
+def run(args: argparse.Namespace) -> int:
+    check_options(args)
+    if args.runs < 1:
+        raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
+    check_writable(args.output)
+    inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, False, args.seed)
+    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating with"):
+        print(note, file=sys.stderr)
+    runs, measured = [], []
+    for i in range(args.runs):
+        print(f"probe run {i + 1}/{args.runs} ...", file=sys.stderr, flush=True)
+        try:
+            result = align(launch(args, inputs))
+        except WorkerError as exc:
+            return report_worker_error(exc, args.plan)
+        runs.append(stage_factors(result["ranks"], measured_steps(result), inputs.prediction))
+        measured.append(median_step(result)[0])
+    factors = device_factors(inputs.plan, runs)
+    if not factors:
+        raise InputError(args.plan, "stages", "no stage's ops took measurable time, so there is nothing to "
+                                              "calibrate; use a probe plan with real work on its devices")
+    note = {"graph": inputs.graph.name, "model": args.model, "plan": os.path.basename(args.plan),
+            "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "transport": args.transport}
+    cluster = calibrated_cluster(inputs.cluster, factors, note)
+    after = simulate(inputs.plan, inputs.graph, cluster, file=args.plan, validate=False)
+    atomic_write_text(args.output, dumps(cluster.to_dict()))
+    summary = {"cluster": args.output, "factors": factors,
+               "speeds": {d.id: d.speed for d in cluster.devices if d.id in factors},
+               "stage_factors": runs, "measured_iteration_time": statistics.median(measured),
+               "predicted_before": inputs.prediction.iteration_time, "predicted_after": after.iteration_time}
+    if args.json:
+        print(json.dumps(summary))
+    else:
+        _print_text(summary, inputs.cluster, inputs.plan)
+    return 0
+
+
+def _print_text(summary: dict, before, plan) -> None:
+    speeds_before = {d.id: d.speed for d in before.devices}
+    print(f"probe {plan.graph} ({plan.schedule}, {len(plan.stages)} stages): measured "
+          f"{summary['measured_iteration_time'] * 1e3:.3f} ms (median of the runs' medians), predicted "
+          f"{summary['predicted_before'] * 1e3:.3f} ms before calibration, {summary['predicted_after'] * 1e3:.3f} ms "
+          f"after")
+    print(f"{'device':<10}{'stage':>6}  {'speed before':>12}  {'factor':>7}  {'per run':<24}{'speed after':>11}")
+    for s, stage in enumerate(plan.stages):
+        per_run = " ".join("-" if run[s] is None else f"{run[s]:.3f}" for run in summary["stage_factors"])
+        for device in stage.devices:
+            if device in summary["factors"]:
+                print(f"{device:<10}{s:>6}  {speeds_before[device]:>12.4g}  {summary['factors'][device]:>7.3f}  "
+                      f"{per_run:<24}{summary['speeds'][device]:>11.4g}")
+    print(f"wrote {summary['cluster']} (factor = measured / predicted seconds of the stage's ops; "
+          f"speed after = speed before / factor)")

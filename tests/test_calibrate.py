@@ -1,0 +1,149 @@
+"""Calibrating device speeds from measured probe runs (``runtime.calibrate``, ``pipeplan calibrate``).
+
+The unit tests use the hand-timed graphs of ``conftest`` (F = n, B = 2n seconds for n
+samples, instantaneous links), so every factor is worked out by hand; the command
+runs a real two-process probe of ``gpt-tiny``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import chain, cluster, plan
+from models.jsonio import dumps
+from runtime.calibrate import calibrated_cluster, device_factors, stage_factors
+from solver.cluster import Cluster, load_cluster
+from solver.simulator import simulate
+from test_replay import rank, two_stage_prediction
+from test_runtime import CLUSTER, model_graph, pipeplan, write_plan
+
+
+def two_stage_ranks():
+    """Stage 0 runs F in 1.5 and B in 3 (9 s against 6 predicted); stage 1 as predicted plus 0.5 s per send."""
+    return [rank(0, [[("F0", 1.5), ("F1", 1.5), ("B0", 3), ("B1", 3)]]),
+            rank(1, [[("F0", 1), ("F1", 1), ("B0", 2), ("send G0", 0.5), ("B1", 2), ("send G1", 0.5)]])]
+
+
+class TestStageFactors:
+    def test_measured_over_predicted_seconds_of_each_stage(self):
+        # Predicted per stage: F = 1 and B = 2 for each of the two microbatches, 6 s.
+        factors = stage_factors(two_stage_ranks(), [0], two_stage_prediction())
+        assert factors == pytest.approx([9 / 6, 7 / 6])
+
+    def test_the_slowest_replica_counts(self):
+        p = plan([(0, 2, ["d0", "d1"], [2, 1])], batch=3)
+        prediction = simulate(p, chain(2), cluster(2))  # one sample per replica: F = 2, B = 4 per microbatch
+        ranks = [rank(0, [[("F0", 1), ("F1", 1), ("B0", 2), ("B1", 2)]]),
+                 rank(0, [[("F0", 3), ("B0", 1)]])]  # slowest: F (3, 1), B (2, 2)
+        assert stage_factors(ranks, [0], prediction) == pytest.approx([8 / 12])
+
+    def test_a_stage_that_took_no_time_has_no_factor(self):
+        ranks = [rank(0, [[("F0", 1.5), ("F1", 1.5), ("B0", 3), ("B1", 3)]]), rank(1, [[]])]
+        assert stage_factors(ranks, [0], two_stage_prediction()) == [pytest.approx(1.5), None]
+
+
+class TestDeviceFactors:
+    def test_median_over_runs_for_every_device_of_the_stage(self):
+        p = plan([(0, 1, ["d0", "d1"], [2]), (1, 2, ["d2"], [2])], batch=2)
+        got = device_factors(p, [[1.1, 2.0], [1.3, None], [1.2, 4.0]])
+        assert got == pytest.approx({"d0": 1.2, "d1": 1.2, "d2": 3.0})
+
+    def test_a_stage_never_measured_is_left_out(self):
+        p = plan([(0, 1, ["d0"], [2]), (1, 2, ["d1"], [2])], batch=2)
+        assert device_factors(p, [[None, 1.5]]) == {"d1": 1.5}
+
+
+class TestCalibratedCluster:
+    def test_speeds_divided_by_the_factors_and_the_rest_unchanged(self):
+        c = cluster(3, speed=[1.0, 0.5, 2.0])
+        got = calibrated_cluster(c, {"d0": 1.25, "d1": 0.5}, {"graph": "g"})
+        assert [d.speed for d in got.devices] == pytest.approx([0.8, 1.0, 2.0])
+        assert (got.name, got.servers, got.network) == (c.name, c.servers, c.network)
+        assert [d.memory for d in got.devices] == [d.memory for d in c.devices]
+        record = got.extra["calibration"]
+        assert record["graph"] == "g" and record["factors"] == {"d0": 1.25, "d1": 0.5}
+        assert record["speeds_before"] == {"d0": 1.0, "d1": 0.5} and record["not_calibrated"] == ["d2"]
+
+    def test_the_calibrated_prediction_charges_the_measured_op_times(self):
+        prediction = two_stage_prediction()
+        factors = device_factors(plan([(0, 1, ["d0"], [1, 1]), (1, 2, ["d1"], [1, 1])], batch=2),
+                                 [stage_factors(two_stage_ranks(), [0], prediction)])
+        again = simulate(plan([(0, 1, ["d0"], [1, 1]), (1, 2, ["d1"], [1, 1])], batch=2), chain(2),
+                         calibrated_cluster(cluster(2), factors, {}))
+        assert [sum(s.fwd) + sum(s.bwd) for s in again.stages] == pytest.approx([9, 7])
+
+    def test_round_trip_through_json_keeps_speeds_and_record(self):
+        got = calibrated_cluster(cluster(2), {"d1": 1.5}, {"model": "gpt-tiny"})
+        back = Cluster.from_dict(json.loads(dumps(got.to_dict())))
+        assert [d.speed for d in back.devices] == pytest.approx([1.0, 1 / 1.5])
+        assert back.extra["calibration"]["model"] == "gpt-tiny"
+
+    @pytest.mark.parametrize("factor", [0.0, -1.0, float("inf"), float("nan")])
+    def test_refuses_a_factor_that_is_not_finite_and_positive(self, factor):
+        with pytest.raises(ValueError, match="calibration factor"):
+            calibrated_cluster(cluster(2), {"d0": factor}, {})
+
+
+class TestCalibrateCommand:
+    @pytest.fixture
+    def probe(self, tmp_path) -> tuple[str, str]:
+        graph = tmp_path / "gpt-tiny.graph.json"
+        graph.write_text(dumps(model_graph("gpt-tiny").to_dict()))
+        return str(graph), write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g2"], [2, 2])], 4, "1f1b")
+
+    def test_writes_the_cluster_with_the_probe_devices_calibrated(self, probe, tmp_path):
+        graph, plan_file = probe
+        out = tmp_path / "calibrated.json"
+        done = pipeplan("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", "--runs", "2",
+                        "--steps", "3", "--warmup", "1", "--json", "-o", str(out), timeout=120)
+        assert done.returncode == 0, done.stderr
+        summary = json.loads(done.stdout)
+        before, after = load_cluster(CLUSTER), load_cluster(str(out))
+        assert set(summary["factors"]) == {"g0", "g2"} and len(summary["stage_factors"]) == 2
+        for b, a in zip(before.devices, after.devices):
+            expected = b.speed / summary["factors"][b.id] if b.id in summary["factors"] else b.speed
+            assert a.speed == pytest.approx(expected) and a.memory == b.memory
+        record = after.extra["calibration"]
+        assert record["model"] == "gpt-tiny" and record["runs"] == 2
+        assert record["not_calibrated"] == ["g1", "g3", "g4", "g5"]
+        assert summary["predicted_after"] > 0 and summary["measured_iteration_time"] > 0
+        # the calibrated cluster is an ordinary cluster: the plan simulates on it
+        assert pipeplan("simulate", graph, str(out), plan_file, "--json").returncode == 0
+
+    @pytest.mark.parametrize("option, value, message", [("--runs", "0", "--runs: must be at least 1"),
+                                                        ("--steps", "0", "--steps: must be at least 1")])
+    def test_bad_option_is_refused_and_nothing_written(self, probe, tmp_path, run_cli, option, value, message):
+        graph, plan_file = probe
+        out = tmp_path / "calibrated.json"
+        status, _, err = run_cli("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", option, value,
+                                 "-o", str(out))
+        assert status == 2 and message in err and err.startswith("error: ") and not out.exists()
+
+    def test_plan_for_another_model_is_refused_before_any_process(self, probe, tmp_path, run_cli):
+        graph, plan_file = probe
+        out = tmp_path / "calibrated.json"
+        status, _, err = run_cli("calibrate", graph, CLUSTER, plan_file, "--model", "unet", "-o", str(out))
+        assert status == 2 and err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+
+    def test_a_failed_probe_run_writes_nothing(self, probe, tmp_path):
+        graph, plan_file = probe
+        out = tmp_path / "calibrated.json"
+        done = pipeplan("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", "--steps", "2",
+                        "-o", str(out), env={"PIPEPLAN_FAULT": "1:1:raise"})
+        assert done.returncode == 1 and "rank 1" in done.stderr and "injected fault" in done.stderr
+        assert not out.exists()
+
+
+class TestRunOnCalibratedCluster:
+    def test_emulating_a_calibrated_cluster_warns(self, tmp_path):
+        graph = tmp_path / "gpt-tiny.graph.json"
+        graph.write_text(dumps(model_graph("gpt-tiny").to_dict()))
+        plan_file = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
+        calibrated = tmp_path / "calibrated.json"
+        calibrated.write_text(dumps(calibrated_cluster(load_cluster(CLUSTER), {"g0": 1.1, "g1": 1.2}, {}).to_dict()))
+        done = pipeplan("run", str(graph), str(calibrated), plan_file, "--model", "gpt-tiny", "--steps", "1",
+                        "--emulate", "--json")
+        assert done.returncode == 0, done.stderr
+        assert "warning:" in done.stderr and "calibrat" in done.stderr and "Traceback" not in done.stderr
