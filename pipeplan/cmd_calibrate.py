@@ -1,10 +1,12 @@
 """``pipeplan calibrate GRAPH CLUSTER PLAN --model NAME -o OUT``: device speeds measured in a pipeline.
 
 Runs the probe plan ``--runs`` times on local processes, as ``pipeplan run`` does,
-and writes the cluster with each of the plan's devices at the speed its stage's ops
-ran at (see :mod:`runtime.calibrate`): predictions made with the written cluster
-charge the slowdown a pipeline meets on this machine, which a graph profiled op by op
-in isolation does not see.  Nothing is written if a run fails.
+and writes the cluster with each of the plan's devices at the speed its ops ran at
+(see :mod:`runtime.calibrate`): predictions made with the written cluster charge the
+slowdown a pipeline meets on this machine, which a graph profiled op by op in
+isolation does not see.  Locally every process runs at this machine's speed, whatever
+the cluster file says, so the written speeds describe this machine.  Nothing is
+written if a run fails.
 """
 
 from __future__ import annotations
@@ -15,11 +17,11 @@ import os
 import statistics
 import sys
 
-from models.errors import InputError
+from models.errors import InputError, one_line
 from models.jsonio import atomic_write_text, check_writable, dumps
 from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
-from runtime.calibrate import calibrated_cluster, device_factors, stage_factors
+from runtime.calibrate import calibrated_cluster, device_factors, run_factors
 from runtime.checks import load_inputs
 from runtime.launch import WorkerError
 from runtime.measure import align, measured_steps, median_step
@@ -27,7 +29,10 @@ from runtime.worker import DEFAULT_TIMEOUT, DEFAULT_WARMUP, check_options
 from solver.simulator import simulate
 
 DEFAULT_RUNS = 3
-"""Probe runs; each device takes the median of its stage's factors over them."""
+"""Probe runs; each device takes the median of its factors over them."""
+
+PROBE_GAP = 0.10
+"""A probe whose measured time is off its calibrated prediction by more than this gets a note."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,40 +75,60 @@ def run(args: argparse.Namespace) -> int:
             result = align(launch(args, inputs))
         except WorkerError as exc:
             return report_worker_error(exc, args.plan)
-        runs.append(stage_factors(result["ranks"], measured_steps(result), inputs.prediction))
+        runs.append(run_factors(result["ranks"], measured_steps(result), inputs.plan, inputs.graph, inputs.cluster))
         measured.append(median_step(result)[0])
-    factors = device_factors(inputs.plan, runs)
+    factors = device_factors(runs)
     if not factors:
-        raise InputError(args.plan, "stages", "no stage's ops took measurable time, so there is nothing to "
+        raise InputError(args.plan, "stages", "no device's ops took measurable time, so there is nothing to "
                                               "calibrate; use a probe plan with real work on its devices")
     note = {"graph": inputs.graph.name, "model": args.model, "plan": os.path.basename(args.plan),
             "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "transport": args.transport}
-    cluster = calibrated_cluster(inputs.cluster, factors, note)
+    try:
+        cluster = calibrated_cluster(inputs.cluster, factors, note)
+    except ValueError as exc:
+        raise InputError(args.cluster, "devices", str(exc)) from None
     after = simulate(inputs.plan, inputs.graph, cluster, file=args.plan, validate=False)
-    atomic_write_text(args.output, dumps(cluster.to_dict()))
+    after.check_finite(args.plan)
     summary = {"cluster": args.output, "factors": factors,
                "speeds": {d.id: d.speed for d in cluster.devices if d.id in factors},
-               "stage_factors": runs, "measured_iteration_time": statistics.median(measured),
+               "run_factors": runs, "not_calibrated": cluster.extra["calibration"]["not_calibrated"],
+               "measured_iteration_time": statistics.median(measured),
                "predicted_before": inputs.prediction.iteration_time, "predicted_after": after.iteration_time}
+    atomic_write_text(args.output, dumps(cluster.to_dict()))
+    for note_line in _notes(summary):
+        print(note_line, file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:
-        _print_text(summary, inputs.cluster, inputs.plan)
+        _print_text(summary, inputs.cluster)
     return 0
 
 
-def _print_text(summary: dict, before, plan) -> None:
+def _notes(summary: dict) -> list[str]:
+    """Warnings about what the calibrated cluster does not capture."""
+    notes = []
+    if summary["not_calibrated"]:
+        notes.append(f"warning: {summary['cluster']}: not_calibrated: devices {', '.join(summary['not_calibrated'])} "
+                     f"keep the speed of the cluster file (the probe gave them no work); a planner will see the "
+                     f"calibrated devices slower or faster than these by the calibration alone")
+    gap = summary["measured_iteration_time"] / summary["predicted_after"] - 1
+    if abs(gap) > PROBE_GAP:
+        notes.append(f"note: the probe measured {summary['measured_iteration_time'] * 1e3:.3f} ms, "
+                     f"{100 * gap:+.1f} % off its calibrated prediction {summary['predicted_after'] * 1e3:.3f} ms: "
+                     f"speeds scale op times only, and the rest is the timeline (messages, iteration starts) "
+                     f"or a run slower than the others")
+    return [one_line(n) for n in notes]
+
+
+def _print_text(summary: dict, before) -> None:
     speeds_before = {d.id: d.speed for d in before.devices}
-    print(f"probe {plan.graph} ({plan.schedule}, {len(plan.stages)} stages): measured "
-          f"{summary['measured_iteration_time'] * 1e3:.3f} ms (median of the runs' medians), predicted "
-          f"{summary['predicted_before'] * 1e3:.3f} ms before calibration, {summary['predicted_after'] * 1e3:.3f} ms "
-          f"after")
-    print(f"{'device':<10}{'stage':>6}  {'speed before':>12}  {'factor':>7}  {'per run':<24}{'speed after':>11}")
-    for s, stage in enumerate(plan.stages):
-        per_run = " ".join("-" if run[s] is None else f"{run[s]:.3f}" for run in summary["stage_factors"])
-        for device in stage.devices:
-            if device in summary["factors"]:
-                print(f"{device:<10}{s:>6}  {speeds_before[device]:>12.4g}  {summary['factors'][device]:>7.3f}  "
-                      f"{per_run:<24}{summary['speeds'][device]:>11.4g}")
-    print(f"wrote {summary['cluster']} (factor = measured / predicted seconds of the stage's ops; "
+    print(f"probe measured {summary['measured_iteration_time'] * 1e3:.3f} ms (median of the runs' medians), "
+          f"predicted {summary['predicted_before'] * 1e3:.3f} ms before calibration, "
+          f"{summary['predicted_after'] * 1e3:.3f} ms after")
+    print(f"{'device':<10}{'speed before':>13}  {'factor':>7}  {'per run':<24}{'speed after':>11}")
+    for device, factor in summary["factors"].items():
+        per_run = " ".join(f"{run[device]:.3f}" if device in run else "-" for run in summary["run_factors"])
+        print(f"{device:<10}{speeds_before[device]:>13.4g}  {factor:>7.3f}  {per_run:<24}"
+              f"{summary['speeds'][device]:>11.4g}")
+    print(f"wrote {summary['cluster']} (factor = measured / charged seconds of the device's ops; "
           f"speed after = speed before / factor)")

@@ -3,14 +3,14 @@
 A graph profiled here times each unit alone, back to back.  Inside a pipeline the
 same ops run slower (a rank that waited computes slower for a while, a message costs
 its sender and receiver CPU time the spec does not charge; see the runtime
-benchmark in the README), by an amount that is steady for one machine and model.
-Calibration measures it: run a probe plan, and for each stage compare what its ops
-took (as :mod:`runtime.replay` counts them: compute plus the CPU of the messages
-next to it, the slowest replica) with what the simulator predicted for them.  Each
-device of the stage gets ``speed / factor``, where ``factor = measured / predicted``
-(the median over the probe's runs), so the spec's ``t / speed`` of an op becomes what
-the probe measured.  Devices of one stage keep their ratios from the cluster file;
-devices the probe plan does not use keep their speed.
+benchmark in the README), by an amount that is steady for one machine and model over
+minutes, not hours.  Calibration measures it: run a probe plan, and for each device
+compare what its ops took (compute plus the CPU of the messages next to them, as
+:mod:`runtime.replay` counts them) with what the spec charges those ops at the
+device's own speed for the samples it held.  The device gets ``speed / factor``,
+where ``factor = measured / charged`` (the median over the probe's runs): the speed
+it actually ran at, so that the spec's ``t / speed`` of an op becomes what the probe
+measured.  Devices the probe plan does not use, or gives no samples, keep their speed.
 
 The calibrated cluster holds for the graph it was measured with: another model's
 ops meet other slowdowns.  Its ``calibration`` field says where it came from.
@@ -18,54 +18,83 @@ ops meet other slowdowns.  Its ``calibration`` field says where it came from.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import replace
 from typing import Any
 
-from runtime.replay import replayed_durations
+from models.graph import LayerGraph
+from runtime.replay import op_seconds
+from runtime.routing import replica_split
 from solver.cluster import Cluster
 from solver.plan import Plan
-from solver.simulator import SimulationResult
+
+_FORWARD = ("recv A", "F", "send A")
+_BACKWARD = ("recv G", "R", "B", "send G")
+"""Labels of a microbatch's forward and backward ops on a rank (as in ``runtime.replay``)."""
 
 
-def stage_factors(ranks: list[dict], steps: list[int], prediction: SimulationResult) -> list[float | None]:
-    """Per stage, measured / predicted seconds of all its ops in one iteration.
+def charged_seconds(plan: Plan, graph: LayerGraph, stage: int, replica: int) -> float:
+    """Seconds the spec charges one replica's ops in an iteration, on a speed-1 device.
 
-    Parameters
-    ----------
-    ranks : list of dict
-        The run's per-rank records (``stage``, and ``steps`` with their events).
-    steps : list of int
-        The measured steps (after warm-up); each op counts with its median.
-    prediction : SimulationResult
-        The simulator's result for the plan the run executed.
-
-    Returns
-    -------
-    list of float or None
-        ``None`` for a stage whose ops were predicted or measured to take no time
-        (nothing to scale).
+    Only microbatches that give the replica samples count (a replica with none runs
+    nothing); each at the replica's own share of samples, not the stage's largest.
 
     Examples
     --------
     See ``tests/test_calibrate.py``.
     """
-    factors: list[float | None] = []
-    for cost, measured in zip(prediction.stages, replayed_durations(ranks, steps, prediction)):
-        predicted = sum(cost.fwd) + sum(cost.bwd)
-        took = sum(measured["fwd"]) + sum(measured["bwd"])
-        factors.append(took / predicted if predicted > 0 and took > 0 else None)
-    return factors
+    st = plan.stages[stage]
+    af, bf, ab, bb = graph.range_time(*st.layers)
+    total = 0.0
+    for n in st.microbatches:
+        q = replica_split(n, len(st.devices))[replica]
+        if q:
+            forward = af + bf * q
+            total += forward + ab + bb * q + (forward if st.recompute else 0.0)
+    return total
 
 
-def device_factors(plan: Plan, runs: list[list[float | None]]) -> dict[str, float]:
-    """``device -> median factor`` of its stage over the runs (devices of unmeasured stages left out)."""
+def run_factors(ranks: list[dict], steps: list[int], plan: Plan, graph: LayerGraph,
+                cluster: Cluster) -> dict[str, float]:
+    """Per device, measured / charged seconds of its ops in one iteration of a run.
+
+    Parameters
+    ----------
+    ranks : list of dict
+        The run's per-rank records (``stage``, ``replica``, and ``steps`` with their events).
+    steps : list of int
+        The measured steps (after warm-up); each op counts with its median.
+    plan, graph, cluster
+        What the run executed; the charge is at each device's speed in ``cluster``.
+
+    Returns
+    -------
+    dict
+        ``device -> factor``; a device whose ops were charged or measured no time
+        (no samples) is left out.
+
+    Examples
+    --------
+    See ``tests/test_calibrate.py``.
+    """
     out: dict[str, float] = {}
-    for s, stage in enumerate(plan.stages):
-        seen = [run[s] for run in runs if run[s] is not None]
-        if seen:
-            out.update({device: statistics.median(seen) for device in stage.devices})
+    for r in ranks:
+        stage, replica = r["stage"], r["replica"]
+        device = plan.stages[stage].devices[replica]
+        seen = op_seconds(r, steps)
+        took = sum(seen.get(f"{label}{k}", 0.0) for k in range(len(plan.stages[stage].microbatches))
+                   for label in _FORWARD + _BACKWARD)
+        charged = charged_seconds(plan, graph, stage, replica) / cluster.device_index[device].speed
+        if charged > 0 and took > 0:
+            out[device] = took / charged
     return out
+
+
+def device_factors(runs: list[dict[str, float]]) -> dict[str, float]:
+    """``device -> median factor`` over the runs that measured it."""
+    devices = dict.fromkeys(d for run in runs for d in run)
+    return {d: statistics.median(run[d] for run in runs if d in run) for d in devices}
 
 
 def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[str, Any]) -> Cluster:
@@ -74,10 +103,11 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
     Parameters
     ----------
     cluster : Cluster
-        The cluster the probe ran on (already calibrated ones calibrate further:
-        the factors are measured against its own speeds).
+        The cluster the probe ran on.  An already calibrated one calibrates further
+        (the factors are measured against its own speeds); its earlier records are
+        kept in the list ``previous``, oldest first.
     factors : dict
-        ``device -> measured / predicted`` (see :func:`device_factors`).
+        ``device -> measured / charged`` (see :func:`device_factors`).
     note : dict
         What the calibration measured (graph, model, plan, runs), stored with the
         factors and the speeds before in the cluster's ``calibration`` field.
@@ -90,7 +120,7 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
     Raises
     ------
     ValueError
-        If a factor is not a finite positive number.
+        If a factor, or a speed it gives, is not a finite positive number.
 
     Examples
     --------
@@ -100,11 +130,20 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
     >>> [d.speed for d in calibrated_cluster(c, {"g0": 1.25}, {}).devices]
     [0.8, 0.5]
     """
+    speeds = {d.id: d.speed / factors[d.id] if factors[d.id] else math.inf
+              for d in cluster.devices if d.id in factors}
     for device, factor in factors.items():
-        if not 0 < factor < float("inf"):
-            raise ValueError(f"device {device!r}: calibration factor must be finite and > 0, got {factor!r}")
-    devices = tuple(replace(d, speed=d.speed / factors[d.id]) if d.id in factors else d for d in cluster.devices)
+        speed = speeds.get(device, math.nan)
+        if not (0 < factor < math.inf and 0 < speed < math.inf):
+            raise ValueError(f"device {device!r}: calibration factor {factor!r} gives speed {speed!r}; both must be "
+                             f"finite and > 0 (a device of the cluster whose ops took measurable time)")
+    devices = tuple(replace(d, speed=speeds[d.id]) if d.id in speeds else d for d in cluster.devices)
     record = {**note, "factors": dict(factors),
               "speeds_before": {d.id: d.speed for d in cluster.devices if d.id in factors},
               "not_calibrated": [d.id for d in cluster.devices if d.id not in factors]}
+    earlier = cluster.extra.get("calibration")
+    if isinstance(earlier, dict):  # a flat list, oldest first: nesting would grow with every calibration
+        older = earlier.get("previous")
+        record["previous"] = [*(older if isinstance(older, list) else []),
+                              {k: v for k, v in earlier.items() if k != "previous"}]
     return replace(cluster, devices=devices, extra={**cluster.extra, "calibration": record})

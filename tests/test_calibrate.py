@@ -8,51 +8,85 @@ runs a real two-process probe of ``gpt-tiny``.
 from __future__ import annotations
 
 import json
+import statistics
 
 import pytest
 
 from conftest import chain, cluster, plan
 from models.jsonio import dumps
-from runtime.calibrate import calibrated_cluster, device_factors, stage_factors
+from runtime.calibrate import calibrated_cluster, charged_seconds, device_factors, run_factors
 from solver.cluster import Cluster, load_cluster
 from solver.simulator import simulate
-from test_replay import rank, two_stage_prediction
+from test_replay import rank
 from test_runtime import CLUSTER, model_graph, pipeplan, write_plan
 
 
 def two_stage_ranks():
-    """Stage 0 runs F in 1.5 and B in 3 (9 s against 6 predicted); stage 1 as predicted plus 0.5 s per send."""
+    """Stage 0 runs F in 1.5 and B in 3 (9 s against 6 charged); stage 1 as charged plus 0.5 s per send."""
     return [rank(0, [[("F0", 1.5), ("F1", 1.5), ("B0", 3), ("B1", 3)]]),
             rank(1, [[("F0", 1), ("F1", 1), ("B0", 2), ("send G0", 0.5), ("B1", 2), ("send G1", 0.5)]])]
 
 
-class TestStageFactors:
-    def test_measured_over_predicted_seconds_of_each_stage(self):
-        # Predicted per stage: F = 1 and B = 2 for each of the two microbatches, 6 s.
-        factors = stage_factors(two_stage_ranks(), [0], two_stage_prediction())
-        assert factors == pytest.approx([9 / 6, 7 / 6])
+def two_stage_plan():
+    """Two stages of one layer each on d0 and d1, GPipe, 2 microbatches of 1 (F = 1, B = 2 each)."""
+    return plan([(0, 1, ["d0"], [1, 1]), (1, 2, ["d1"], [1, 1])], batch=2)
 
-    def test_the_slowest_replica_counts(self):
-        p = plan([(0, 2, ["d0", "d1"], [2, 1])], batch=3)
-        prediction = simulate(p, chain(2), cluster(2))  # one sample per replica: F = 2, B = 4 per microbatch
-        ranks = [rank(0, [[("F0", 1), ("F1", 1), ("B0", 2), ("B1", 2)]]),
-                 rank(0, [[("F0", 3), ("B0", 1)]])]  # slowest: F (3, 1), B (2, 2)
-        assert stage_factors(ranks, [0], prediction) == pytest.approx([8 / 12])
 
-    def test_a_stage_that_took_no_time_has_no_factor(self):
-        ranks = [rank(0, [[("F0", 1.5), ("F1", 1.5), ("B0", 3), ("B1", 3)]]), rank(1, [[]])]
-        assert stage_factors(ranks, [0], two_stage_prediction()) == [pytest.approx(1.5), None]
+def ranked(records: list[dict], replicas: list[int]) -> list[dict]:
+    """``records`` with their replica index, as the runtime reports them."""
+    return [{**r, "replica": j} for r, j in zip(records, replicas)]
+
+
+class TestChargedSeconds:
+    def test_forward_and_backward_of_the_replicas_own_share(self):
+        p = plan([(0, 2, ["d0", "d1"], [3, 1])], batch=4)  # shares: d0 2 and 1, d1 1 and none
+        # Two layers: F = 2q, B = 4q for q samples; d1 runs only microbatch 0.
+        assert charged_seconds(p, chain(2), 0, 0) == pytest.approx(6 * 2 + 6 * 1)
+        assert charged_seconds(p, chain(2), 0, 1) == pytest.approx(6 * 1)
+
+    def test_recompute_charges_the_forward_again(self):
+        p = plan([(0, 1, ["d0"], [2], True)], batch=2)
+        assert charged_seconds(p, chain(1), 0, 0) == pytest.approx(2 + 4 + 2)
+
+    def test_fixed_part_of_each_op(self):
+        p = plan([(0, 1, ["d0"], [2, 2])], batch=4)
+        graph = chain(1, fwd=(0.5, 1.0), bwd=(0.25, 2.0))
+        assert charged_seconds(p, graph, 0, 0) == pytest.approx(2 * (0.5 + 2 + 0.25 + 4))
+
+
+class TestRunFactors:
+    def test_measured_over_charged_seconds_of_each_device(self):
+        got = run_factors(ranked(two_stage_ranks(), [0, 0]), [0], two_stage_plan(), chain(2), cluster(2))
+        assert got == pytest.approx({"d0": 9 / 6, "d1": 7 / 6})
+
+    def test_charged_at_the_devices_own_speed(self):
+        # d1 is declared at speed 0.5: its ops are charged 12 s, and took 7.
+        got = run_factors(ranked(two_stage_ranks(), [0, 0]), [0], two_stage_plan(), chain(2),
+                          cluster(2, speed=[1.0, 0.5]))
+        assert got == pytest.approx({"d0": 9 / 6, "d1": 7 / 12})
+
+    def test_each_replica_against_its_own_share(self):
+        p = plan([(0, 2, ["d0", "d1"], [2, 1])], batch=3)  # d0: 1 and 1 sample, d1: 1 and none
+        ranks = ranked([rank(0, [[("F0", 1), ("F1", 1), ("B0", 2), ("B1", 2)]]),
+                        rank(0, [[("F0", 3), ("B0", 1)]])], [0, 1])
+        got = run_factors(ranks, [0], p, chain(2), cluster(2))
+        assert got == pytest.approx({"d0": 6 / 12, "d1": 4 / 6})
+
+    def test_recompute_counts_on_both_sides(self):
+        p = plan([(0, 1, ["d0"], [1], True)], batch=1)  # charged F 1 + R 1 + B 2
+        ranks = ranked([rank(0, [[("F0", 1), ("R0", 2), ("B0", 3)]])], [0])
+        assert run_factors(ranks, [0], p, chain(1), cluster(1)) == pytest.approx({"d0": 6 / 4})
+
+    def test_a_device_that_ran_nothing_has_no_factor(self):
+        p = plan([(0, 2, ["d0", "d1"], [1])], batch=1)  # d1's share is empty
+        ranks = ranked([rank(0, [[("F0", 2), ("B0", 4)]]), rank(0, [[]])], [0, 1])
+        assert run_factors(ranks, [0], p, chain(2), cluster(2)) == pytest.approx({"d0": 1.0})
 
 
 class TestDeviceFactors:
-    def test_median_over_runs_for_every_device_of_the_stage(self):
-        p = plan([(0, 1, ["d0", "d1"], [2]), (1, 2, ["d2"], [2])], batch=2)
-        got = device_factors(p, [[1.1, 2.0], [1.3, None], [1.2, 4.0]])
-        assert got == pytest.approx({"d0": 1.2, "d1": 1.2, "d2": 3.0})
-
-    def test_a_stage_never_measured_is_left_out(self):
-        p = plan([(0, 1, ["d0"], [2]), (1, 2, ["d1"], [2])], batch=2)
-        assert device_factors(p, [[None, 1.5]]) == {"d1": 1.5}
+    def test_median_over_the_runs_that_measured_the_device(self):
+        got = device_factors([{"d0": 1.0, "d1": 2.0}, {"d0": 1.1}, {"d0": 5.0, "d1": 4.0}])
+        assert got == pytest.approx({"d0": 1.1, "d1": 3.0})
 
 
 class TestCalibratedCluster:
@@ -66,13 +100,30 @@ class TestCalibratedCluster:
         assert record["graph"] == "g" and record["factors"] == {"d0": 1.25, "d1": 0.5}
         assert record["speeds_before"] == {"d0": 1.0, "d1": 0.5} and record["not_calibrated"] == ["d2"]
 
+    def test_replicas_declared_at_other_speeds_get_the_speed_they_ran_at(self):
+        """Both replicas ran their equal shares 1.1x slower than the profile: both ran at 1 / 1.1."""
+        p = plan([(0, 1, ["d0", "d1"], [2])], batch=2)
+        ranks = ranked([rank(0, [[("F0", 1.1), ("B0", 2.2)]]), rank(0, [[("F0", 1.1), ("B0", 2.2)]])], [0, 1])
+        c = cluster(2, speed=[1.0, 0.5])
+        got = calibrated_cluster(c, device_factors([run_factors(ranks, [0], p, chain(1), c)]), {})
+        assert [d.speed for d in got.devices] == pytest.approx([1 / 1.1, 1 / 1.1])
+
     def test_the_calibrated_prediction_charges_the_measured_op_times(self):
-        prediction = two_stage_prediction()
-        factors = device_factors(plan([(0, 1, ["d0"], [1, 1]), (1, 2, ["d1"], [1, 1])], batch=2),
-                                 [stage_factors(two_stage_ranks(), [0], prediction)])
-        again = simulate(plan([(0, 1, ["d0"], [1, 1]), (1, 2, ["d1"], [1, 1])], batch=2), chain(2),
-                         calibrated_cluster(cluster(2), factors, {}))
+        factors = device_factors([run_factors(ranked(two_stage_ranks(), [0, 0]), [0], two_stage_plan(), chain(2),
+                                              cluster(2))])
+        again = simulate(two_stage_plan(), chain(2), calibrated_cluster(cluster(2), factors, {}))
         assert [sum(s.fwd) + sum(s.bwd) for s in again.stages] == pytest.approx([9, 7])
+
+    def test_calibrating_again_with_the_same_times_changes_nothing_and_keeps_history(self):
+        ranks = ranked(two_stage_ranks(), [0, 0])
+        once = calibrated_cluster(cluster(2), device_factors([run_factors(ranks, [0], two_stage_plan(), chain(2),
+                                                                          cluster(2))]), {"n": 1})
+        factors = device_factors([run_factors(ranks, [0], two_stage_plan(), chain(2), once)])
+        twice = calibrated_cluster(once, factors, {"n": 2})
+        thrice = calibrated_cluster(twice, factors, {"n": 3})
+        assert factors == pytest.approx({"d0": 1.0, "d1": 1.0})
+        assert [d.speed for d in thrice.devices] == pytest.approx([d.speed for d in once.devices])
+        assert [r["n"] for r in thrice.extra["calibration"]["previous"]] == [1, 2]  # flat, oldest first
 
     def test_round_trip_through_json_keeps_speeds_and_record(self):
         got = calibrated_cluster(cluster(2), {"d1": 1.5}, {"model": "gpt-tiny"})
@@ -84,6 +135,15 @@ class TestCalibratedCluster:
     def test_refuses_a_factor_that_is_not_finite_and_positive(self, factor):
         with pytest.raises(ValueError, match="calibration factor"):
             calibrated_cluster(cluster(2), {"d0": factor}, {})
+
+    @pytest.mark.parametrize("speed, factor", [(5e-324, 2.0), (1e308, 0.5)])
+    def test_refuses_a_speed_that_would_underflow_or_overflow(self, speed, factor):
+        with pytest.raises(ValueError, match="gives speed"):
+            calibrated_cluster(cluster(1, speed=speed), {"d0": factor}, {})
+
+    def test_refuses_a_device_the_cluster_does_not_have(self):
+        with pytest.raises(ValueError, match="'x9'"):
+            calibrated_cluster(cluster(1), {"x9": 1.0}, {})
 
 
 class TestCalibrateCommand:
@@ -101,7 +161,11 @@ class TestCalibrateCommand:
         assert done.returncode == 0, done.stderr
         summary = json.loads(done.stdout)
         before, after = load_cluster(CLUSTER), load_cluster(str(out))
-        assert set(summary["factors"]) == {"g0", "g2"} and len(summary["stage_factors"]) == 2
+        assert set(summary["factors"]) == {"g0", "g2"} and len(summary["run_factors"]) == 2
+        assert summary["not_calibrated"] == ["g1", "g3", "g4", "g5"]
+        assert "warning:" in done.stderr and "g1, g3, g4, g5" in done.stderr  # they keep the file's speeds
+        for device, factor in summary["factors"].items():  # each the median of its runs
+            assert factor == pytest.approx(statistics.median(run[device] for run in summary["run_factors"]))
         for b, a in zip(before.devices, after.devices):
             expected = b.speed / summary["factors"][b.id] if b.id in summary["factors"] else b.speed
             assert a.speed == pytest.approx(expected) and a.memory == b.memory
