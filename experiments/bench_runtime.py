@@ -204,6 +204,9 @@ def predict(graph: Path, cluster: Path, plan: Path) -> float:
 
 
 # ----------------------------------------------------------------- runs
+GROUPS = (("b32 ", "gpt-tiny, batch 32"), ("b64 ", "gpt-tiny, batch 64"), ("unet ", "unet, batch 16"))
+"""The plan sets, by the prefix of their names, and how the summary calls them."""
+
 TRANSPORT = "auto"
 """``pipeplan run --transport`` of every run (set by ``--transport``)."""
 
@@ -435,7 +438,8 @@ def _shape(plan: str) -> str:
     schedule, cut, rest = words
     part = {"3|3": "even split", "4|4": "even split", "2|4": "light first stage", "3|5": "light first stage",
             "4|2": "light second stage", "5|3": "light second stage"}[cut]
-    tail = f"{rest.split('x')[0]} microbatches" if "x" in rest else {"unequal": "unequal per-stage splits"}.get(rest, rest)
+    named = {"unequal": "unequal per-stage splits"}
+    tail = f"{rest.split('x')[0]} microbatches" if "x" in rest else named.get(rest, rest)
     return f"{schedule}, {part}, {tail}"
 
 
@@ -514,14 +518,14 @@ def main() -> None:
         unet = profile("unet", "1,2,4,8")
         rows += measured_vs_predicted(unet, cluster, out, max(6, args.steps // 2), args.repeats, "unet", unet_plans())
         median_error = statistics.median(abs(r["error"]) for r in rows)
-        for prefix, label in (("b32 ", "gpt-tiny, batch 32"), ("b64 ", "gpt-tiny, batch 64"), ("unet ", "unet, batch 16")):
+        for prefix, label in GROUPS:
             mine = [abs(r["error"]) for r in rows if r["plan"].startswith(prefix)]
             print(f"median |error|, {label}: {100 * statistics.median(mine):.1f} % over {len(mine)} plans")
         print(f"median |error| over all {len(rows)} plans: {100 * median_error:.1f} % (target <= 10 %)  [{_load()}]")
         first_error = statistics.median(abs(r["first_profile_error"]) for r in rows)
         print(f"median |error| predicting every run from the first profile: {100 * first_error:.1f} %")
         calibrated_error = statistics.median(abs(r["calibrated_error"]) for r in rows)
-        for prefix, label in (("b32 ", "gpt-tiny, batch 32"), ("b64 ", "gpt-tiny, batch 64"), ("unet ", "unet, batch 16")):
+        for prefix, label in GROUPS:
             mine = [abs(r["calibrated_error"]) for r in rows if r["plan"].startswith(prefix)]
             print(f"median |error| with the calibrated cluster, {label}: {100 * statistics.median(mine):.1f} %")
         print(f"median |error| with the calibrated cluster (pipeplan calibrate on each model's probe plan): "
