@@ -204,8 +204,9 @@ def predict(graph: Path, cluster: Path, plan: Path) -> float:
 
 
 # ----------------------------------------------------------------- runs
-GROUPS = (("b32 ", "gpt-tiny, batch 32"), ("b64 ", "gpt-tiny, batch 64"), ("unet ", "unet, batch 16"))
-"""The plan sets, by the prefix of their names, and how the summary calls them."""
+GROUPS = (("b32 ", "gpt-tiny, batch 32", "gpt-tiny b32"), ("b64 ", "gpt-tiny, batch 64", "gpt-tiny b64"),
+          ("unet ", "unet, batch 16", "unet b16"))
+"""The plan sets, by the prefix of their names, and how the summary and the table call them."""
 
 TRANSPORT = "auto"
 """``pipeplan run --transport`` of every run (set by ``--transport``)."""
@@ -409,17 +410,16 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
 
 def markdown_table(rows: list[dict]) -> str:
     """The README's table: per plan shape, each model's times and errors (raw, calibrated, timeline)."""
-    groups = (("b32 ", "gpt-tiny b32"), ("b64 ", "gpt-tiny b64"), ("unet ", "unet b16"))
     by_shape: dict[str, dict[str, dict]] = {}
     for r in rows:
-        prefix = next(p for p, _ in groups if r["plan"].startswith(p))
+        prefix = next(p for p, _, _ in GROUPS if r["plan"].startswith(p))
         by_shape.setdefault(_shape(r["plan"]), {})[prefix] = r
     head = "| plan | " + " | ".join(f"{label}: measured / predicted / calibrated / replayed | error | calibrated "
-                                    f"| timeline" for _, label in groups) + " |"
-    lines = [head, "|---|" + "---|---:|---:|---:|" * len(groups)]
+                                    f"| timeline" for _, _, label in GROUPS) + " |"
+    lines = [head, "|---|" + "---|---:|---:|---:|" * len(GROUPS)]
     for shape, got in by_shape.items():
         cells = []
-        for prefix, _ in groups:
+        for prefix, _, _ in GROUPS:
             r = got.get(prefix)
             cells += ["", "", "", ""] if r is None else [
                 " / ".join(f"{r[k] * 1e3:.{1 if prefix == 'unet ' else 2}f}"
@@ -518,14 +518,14 @@ def main() -> None:
         unet = profile("unet", "1,2,4,8")
         rows += measured_vs_predicted(unet, cluster, out, max(6, args.steps // 2), args.repeats, "unet", unet_plans())
         median_error = statistics.median(abs(r["error"]) for r in rows)
-        for prefix, label in GROUPS:
+        for prefix, label, _ in GROUPS:
             mine = [abs(r["error"]) for r in rows if r["plan"].startswith(prefix)]
             print(f"median |error|, {label}: {100 * statistics.median(mine):.1f} % over {len(mine)} plans")
         print(f"median |error| over all {len(rows)} plans: {100 * median_error:.1f} % (target <= 10 %)  [{_load()}]")
         first_error = statistics.median(abs(r["first_profile_error"]) for r in rows)
         print(f"median |error| predicting every run from the first profile: {100 * first_error:.1f} %")
         calibrated_error = statistics.median(abs(r["calibrated_error"]) for r in rows)
-        for prefix, label in GROUPS:
+        for prefix, label, _ in GROUPS:
             mine = [abs(r["calibrated_error"]) for r in rows if r["plan"].startswith(prefix)]
             print(f"median |error| with the calibrated cluster, {label}: {100 * statistics.median(mine):.1f} %")
         print(f"median |error| with the calibrated cluster (pipeplan calibrate on each model's probe plan): "

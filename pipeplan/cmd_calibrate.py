@@ -25,7 +25,8 @@ from runtime.calibrate import calibrated_cluster, device_factors, run_factors
 from runtime.checks import load_inputs
 from runtime.launch import WorkerError
 from runtime.measure import align, measured_steps, median_step
-from runtime.worker import DEFAULT_TIMEOUT, DEFAULT_WARMUP, check_options
+from runtime.worker import DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, check_options
+from solver.cluster import Cluster
 from solver.simulator import simulate
 
 DEFAULT_RUNS = 3
@@ -57,10 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"seconds without progress before a worker counts as hung (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # What pipeplan run's workers also take: a calibration measures float32 training at real speed.
-    p.set_defaults(func=run, verify=False, emulate=False, lr=0.05)
+    p.set_defaults(func=run, verify=False, emulate=False, lr=DEFAULT_LR)
 
 
 def run(args: argparse.Namespace) -> int:
+    """Probe, calibrate, write; 0, or 1 if a probe run failed (``InputError`` on bad input)."""
     check_options(args)
     if args.runs < 1:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
@@ -68,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, False, args.seed)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating with"):
         print(note, file=sys.stderr)
-    runs, measured = [], []
+    runs, measured, transports = [], [], set()
     for i in range(args.runs):
         print(f"probe run {i + 1}/{args.runs} ...", file=sys.stderr, flush=True)
         try:
@@ -77,12 +79,14 @@ def run(args: argparse.Namespace) -> int:
             return report_worker_error(exc, args.plan)
         runs.append(run_factors(result["ranks"], measured_steps(result), inputs.plan, inputs.graph, inputs.cluster))
         measured.append(median_step(result)[0])
+        transports.add(result.get("transport", args.transport))
     factors = device_factors(runs)
     if not factors:
         raise InputError(args.plan, "stages", "no device's ops took measurable time, so there is nothing to "
                                               "calibrate; use a probe plan with real work on its devices")
     note = {"graph": inputs.graph.name, "model": args.model, "plan": os.path.basename(args.plan),
-            "runs": args.runs, "steps": args.steps, "warmup": args.warmup, "transport": args.transport}
+            "runs": args.runs, "steps": args.steps, "warmup": args.warmup,
+            "transport": "/".join(sorted(transports))}
     try:
         cluster = calibrated_cluster(inputs.cluster, factors, note)
     except ValueError as exc:
@@ -109,8 +113,8 @@ def _notes(summary: dict) -> list[str]:
     notes = []
     if summary["not_calibrated"]:
         notes.append(f"warning: {summary['cluster']}: not_calibrated: devices {', '.join(summary['not_calibrated'])} "
-                     f"keep the speed of the cluster file (the probe gave them no work); a planner will see the "
-                     f"calibrated devices slower or faster than these by the calibration alone")
+                     f"keep their uncalibrated speed (no probe gave them work); a planner will see the calibrated "
+                     f"devices slower or faster than these by the calibration alone")
     gap = summary["measured_iteration_time"] / summary["predicted_after"] - 1
     if abs(gap) > PROBE_GAP:
         notes.append(f"note: the probe measured {summary['measured_iteration_time'] * 1e3:.3f} ms, "
@@ -120,7 +124,7 @@ def _notes(summary: dict) -> list[str]:
     return [one_line(n) for n in notes]
 
 
-def _print_text(summary: dict, before) -> None:
+def _print_text(summary: dict, before: Cluster) -> None:
     speeds_before = {d.id: d.speed for d in before.devices}
     print(f"probe measured {summary['measured_iteration_time'] * 1e3:.3f} ms (median of the runs' medians), "
           f"predicted {summary['predicted_before'] * 1e3:.3f} ms before calibration, "

@@ -70,7 +70,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
-    """Run the plan's workers once, on local processes; the run's result (rank records).
+    """Run the plan's workers once, on local processes.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        The run's options (those of :func:`runtime.worker.add_arguments`).
+    inputs : RunInputs
+        The checked graph, cluster, plan and model.
+
+    Returns
+    -------
+    dict
+        The run's result as rank 0 wrote it: ``ranks`` (each rank's records), ``transport``
+        and the run's settings.
 
     Raises
     ------

@@ -24,14 +24,10 @@ from dataclasses import replace
 from typing import Any
 
 from models.graph import LayerGraph
-from runtime.replay import op_seconds
+from runtime.replay import BACKWARD_LABELS, FORWARD_LABELS, op_seconds
 from runtime.routing import replica_split
 from solver.cluster import Cluster
 from solver.plan import Plan
-
-_FORWARD = ("recv A", "F", "send A")
-_BACKWARD = ("recv G", "R", "B", "send G")
-"""Labels of a microbatch's forward and backward ops on a rank (as in ``runtime.replay``)."""
 
 
 def charged_seconds(plan: Plan, graph: LayerGraph, stage: int, replica: int) -> float:
@@ -39,6 +35,21 @@ def charged_seconds(plan: Plan, graph: LayerGraph, stage: int, replica: int) -> 
 
     Only microbatches that give the replica samples count (a replica with none runs
     nothing); each at the replica's own share of samples, not the stage's largest.
+
+    Parameters
+    ----------
+    plan : Plan
+        The probe plan.
+    graph : LayerGraph
+        Its graph (the ``a + b * n`` fits of forward and backward).
+    stage, replica : int
+        Which replica: the stage's index and the device's position in it.
+
+    Returns
+    -------
+    float
+        Forward, backward and (with recompute) the forward again, summed over the
+        microbatches that give the replica samples.
 
     Examples
     --------
@@ -84,7 +95,7 @@ def run_factors(ranks: list[dict], steps: list[int], plan: Plan, graph: LayerGra
         device = plan.stages[stage].devices[replica]
         seen = op_seconds(r, steps)
         took = sum(seen.get(f"{label}{k}", 0.0) for k in range(len(plan.stages[stage].microbatches))
-                   for label in _FORWARD + _BACKWARD)
+                   for label in FORWARD_LABELS + BACKWARD_LABELS)
         charged = charged_seconds(plan, graph, stage, replica) / cluster.device_index[device].speed
         if charged > 0 and took > 0:
             out[device] = took / charged
@@ -92,7 +103,23 @@ def run_factors(ranks: list[dict], steps: list[int], plan: Plan, graph: LayerGra
 
 
 def device_factors(runs: list[dict[str, float]]) -> dict[str, float]:
-    """``device -> median factor`` over the runs that measured it."""
+    """``device -> median factor`` over the runs that measured it.
+
+    Parameters
+    ----------
+    runs : list of dict
+        Each run's :func:`run_factors`.
+
+    Returns
+    -------
+    dict
+        Devices in the order they first appear.
+
+    Examples
+    --------
+    >>> device_factors([{"g0": 1.0, "g1": 2.0}, {"g0": 1.2}, {"g0": 5.0}])
+    {'g0': 1.2, 'g1': 2.0}
+    """
     devices = dict.fromkeys(d for run in runs for d in run)
     return {d: statistics.median(run[d] for run in runs if d in run) for d in devices}
 
@@ -130,20 +157,40 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
     >>> [d.speed for d in calibrated_cluster(c, {"g0": 1.25}, {}).devices]
     [0.8, 0.5]
     """
+    for device in factors:
+        if device not in cluster.device_index:
+            raise ValueError(f"device {device!r} has a calibration factor but is not in cluster {cluster.name!r}")
     speeds = {d.id: d.speed / factors[d.id] if factors[d.id] else math.inf
               for d in cluster.devices if d.id in factors}
     for device, factor in factors.items():
-        speed = speeds.get(device, math.nan)
-        if not (0 < factor < math.inf and 0 < speed < math.inf):
-            raise ValueError(f"device {device!r}: calibration factor {factor!r} gives speed {speed!r}; both must be "
-                             f"finite and > 0 (a device of the cluster whose ops took measurable time)")
+        if not (0 < factor < math.inf and 0 < speeds[device] < math.inf):
+            raise ValueError(f"device {device!r}: calibration factor {factor!r} gives speed {speeds[device]!r}; "
+                             f"both must be finite and > 0 (a device of the cluster whose ops took measurable time)")
     devices = tuple(replace(d, speed=speeds[d.id]) if d.id in speeds else d for d in cluster.devices)
+    history = _history(cluster.extra.get("calibration"))
+    done = factors.keys() | {d for record in history for d in _calibrated_in(record)}
     record = {**note, "factors": dict(factors),
               "speeds_before": {d.id: d.speed for d in cluster.devices if d.id in factors},
-              "not_calibrated": [d.id for d in cluster.devices if d.id not in factors]}
-    earlier = cluster.extra.get("calibration")
-    if isinstance(earlier, dict):  # a flat list, oldest first: nesting would grow with every calibration
-        older = earlier.get("previous")
-        record["previous"] = [*(older if isinstance(older, list) else []),
-                              {k: v for k, v in earlier.items() if k != "previous"}]
+              "not_calibrated": [d.id for d in cluster.devices if d.id not in done]}
+    if history:
+        record["previous"] = history
     return replace(cluster, devices=devices, extra={**cluster.extra, "calibration": record})
+
+
+def _history(earlier: Any) -> list[dict]:
+    """The records of an earlier ``calibration`` field, oldest first, as one flat list.
+
+    Flat, because nesting each record in the next would deepen the file with every
+    calibration, until the loader refuses it as nested too deeply.
+    """
+    if not isinstance(earlier, dict):
+        return []
+    older = earlier.get("previous")
+    return [*(r for r in (older if isinstance(older, list) else []) if isinstance(r, dict)),
+            {k: v for k, v in earlier.items() if k != "previous"}]
+
+
+def _calibrated_in(record: dict) -> list[str]:
+    """Devices an earlier record calibrated (a device calibrated in part of the cluster keeps its speed)."""
+    factors = record.get("factors")
+    return list(factors) if isinstance(factors, dict) else []

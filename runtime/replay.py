@@ -24,6 +24,13 @@ from dataclasses import replace
 from solver.simulator import SimulationResult, run_timeline
 
 
+FORWARD_LABELS = ("recv A", "F", "send A")
+"""What a microbatch's forward costs a rank: taking in its activations, the forward, posting them on."""
+
+BACKWARD_LABELS = ("recv G", "R", "B", "send G")
+"""What its backward costs: taking in the gradients, the recompute, the backward, posting them on."""
+
+
 def op_seconds(rank: dict, steps: list[int]) -> dict[str, float]:
     """``label -> seconds`` of one rank: medians over ``steps``; receives by their CPU part.
 
@@ -64,8 +71,8 @@ def replayed_durations(ranks: list[dict], steps: list[int], prediction: Simulati
         def slowest(*labels: str, k: int) -> float:
             return max(sum(seen.get(f"{label}{k}", 0.0) for label in labels) for seen in replicas)
 
-        out.append({"fwd": tuple(slowest("recv A", "F", "send A", k=k) for k in range(count)),
-                    "bwd": tuple(slowest("recv G", "R", "B", "send G", k=k) for k in range(count)),
+        out.append({"fwd": tuple(slowest(*FORWARD_LABELS, k=k) for k in range(count)),
+                    "bwd": tuple(slowest(*BACKWARD_LABELS, k=k) for k in range(count)),
                     "recompute": tuple(slowest("R", k=k) for k in range(count))})
     return out
 

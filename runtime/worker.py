@@ -54,6 +54,9 @@ DEFAULT_WARMUP = 2
 DEFAULT_TIMEOUT = 50.0
 """``--timeout``: the launcher's check and the kill add well under a second, so a hang ends the run within 60 s."""
 
+DEFAULT_LR = 0.05
+"""SGD learning rate of the runs (the step the timings leave out)."""
+
 MAX_SEED = 2 ** 63 - 1
 """Largest ``--seed`` (torch generators take a signed 64-bit seed)."""
 
@@ -76,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="OUT.json", help="write the measured Chrome trace")
     p.add_argument("--gantt", metavar="OUT.png", help="write the measured Gantt chart")
     p.add_argument("--side-by-side", action="store_true", help="draw the simulated Gantt chart above the measured one")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
+    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"SGD learning rate (default {DEFAULT_LR:g})")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
     p.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
                    help="point-to-point messages: tcp (sockets moved by each rank's own thread, CPU only), "
@@ -357,6 +360,7 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
         return 0
     result = {"model": inputs.model_name, "dtype": str(inputs.dtype).removeprefix("torch."),
               "steps": args.steps, "warmup": args.warmup, "emulate": args.emulate,
+              "transport": "tcp" if _uses_tcp(args.transport, executor.memory.device) else "dist",
               "ranks": [item[0] for item in gathered]}
     if args.verify:
         reference = reference_parameters(inputs.model_name, steps=args.steps, global_batch=plan.global_batch,

@@ -11,8 +11,10 @@ import json
 import statistics
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from conftest import chain, cluster, plan
+from conftest import chain, cluster, make_layer, plan
+from models.graph import LayerGraph
 from models.jsonio import dumps
 from runtime.calibrate import calibrated_cluster, charged_seconds, device_factors, run_factors
 from solver.cluster import Cluster, load_cluster
@@ -142,8 +144,15 @@ class TestCalibratedCluster:
             calibrated_cluster(cluster(1, speed=speed), {"d0": factor}, {})
 
     def test_refuses_a_device_the_cluster_does_not_have(self):
-        with pytest.raises(ValueError, match="'x9'"):
+        with pytest.raises(ValueError, match="'x9' has a calibration factor but is not in cluster"):
             calibrated_cluster(cluster(1), {"x9": 1.0}, {})
+
+    def test_devices_calibrated_by_an_earlier_probe_are_not_listed_as_uncalibrated(self):
+        first = calibrated_cluster(cluster(4), {"d0": 1.1, "d1": 1.2}, {"n": 1})
+        second = calibrated_cluster(first, {"d2": 1.3}, {"n": 2})
+        assert first.extra["calibration"]["not_calibrated"] == ["d2", "d3"]
+        assert second.extra["calibration"]["not_calibrated"] == ["d3"]
+        assert [d.speed for d in second.devices] == pytest.approx([1 / 1.1, 1 / 1.2, 1 / 1.3, 1.0])
 
 
 class TestCalibrateCommand:
@@ -151,9 +160,11 @@ class TestCalibrateCommand:
     def probe(self, tmp_path) -> tuple[str, str]:
         graph = tmp_path / "gpt-tiny.graph.json"
         graph.write_text(dumps(model_graph("gpt-tiny").to_dict()))
-        return str(graph), write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g2"], [2, 2])], 4, "1f1b")
+        # A replicated first stage whose second microbatch (1 sample) leaves g1 without work.
+        return str(graph), write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 1]), (3, 6, ["g2"], [2, 2])], 4, "1f1b")
 
     def test_writes_the_cluster_with_the_probe_devices_calibrated(self, probe, tmp_path):
+        """Three processes: g0 and g1 (declared speed 1) replicate stage 0, g2 (0.45) runs stage 1."""
         graph, plan_file = probe
         out = tmp_path / "calibrated.json"
         done = pipeplan("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", "--runs", "2",
@@ -161,17 +172,17 @@ class TestCalibrateCommand:
         assert done.returncode == 0, done.stderr
         summary = json.loads(done.stdout)
         before, after = load_cluster(CLUSTER), load_cluster(str(out))
-        assert set(summary["factors"]) == {"g0", "g2"} and len(summary["run_factors"]) == 2
-        assert summary["not_calibrated"] == ["g1", "g3", "g4", "g5"]
-        assert "warning:" in done.stderr and "g1, g3, g4, g5" in done.stderr  # they keep the file's speeds
+        assert set(summary["factors"]) == {"g0", "g1", "g2"} and len(summary["run_factors"]) == 2
+        assert summary["not_calibrated"] == ["g3", "g4", "g5"]
+        assert "warning:" in done.stderr and "g3, g4, g5" in done.stderr  # they keep the file's speeds
         for device, factor in summary["factors"].items():  # each the median of its runs
             assert factor == pytest.approx(statistics.median(run[device] for run in summary["run_factors"]))
         for b, a in zip(before.devices, after.devices):
             expected = b.speed / summary["factors"][b.id] if b.id in summary["factors"] else b.speed
             assert a.speed == pytest.approx(expected) and a.memory == b.memory
         record = after.extra["calibration"]
-        assert record["model"] == "gpt-tiny" and record["runs"] == 2
-        assert record["not_calibrated"] == ["g1", "g3", "g4", "g5"]
+        assert record["model"] == "gpt-tiny" and record["runs"] == 2 and record["transport"] == "tcp"
+        assert record["not_calibrated"] == ["g3", "g4", "g5"]
         assert summary["predicted_after"] > 0 and summary["measured_iteration_time"] > 0
         # the calibrated cluster is an ordinary cluster: the plan simulates on it
         assert pipeplan("simulate", graph, str(out), plan_file, "--json").returncode == 0
@@ -211,3 +222,49 @@ class TestRunOnCalibratedCluster:
                         "--emulate", "--json")
         assert done.returncode == 0, done.stderr
         assert "warning:" in done.stderr and "calibrat" in done.stderr and "Traceback" not in done.stderr
+
+
+@st.composite
+def probes(draw):
+    """A random plan of one device per stage (unequal per-stage splits, recompute, fixed op parts,
+    any speeds), and each device's true slowdown."""
+    count = draw(st.integers(1, 5))
+    times = st.tuples(st.floats(0.0, 1.0), st.floats(0.1, 2.0))
+    graph = LayerGraph.chain("g", [make_layer(i, fwd=draw(times), bwd=draw(times)) for i in range(count)])
+    stages = draw(st.integers(1, min(3, count)))
+    inner = st.integers(1, max(count - 1, 1))
+    cuts = sorted(draw(st.sets(inner, min_size=stages - 1, max_size=stages - 1)))
+    bounds = list(zip([0, *cuts], [*cuts, count]))
+    batch = draw(st.integers(1, 8))
+
+    def split() -> list[int]:
+        marks = sorted(draw(st.sets(st.integers(1, batch - 1), max_size=3))) if batch > 1 else []
+        return [b - a for a, b in zip([0, *marks], [*marks, batch])]
+
+    p = plan([(lo, hi, [f"d{s}"], split(), draw(st.booleans())) for s, (lo, hi) in enumerate(bounds)], batch=batch)
+    speeds = [draw(st.floats(0.25, 4.0)) for _ in bounds]
+    slowdowns = [draw(st.floats(0.5, 3.0)) for _ in bounds]
+    return graph, p, cluster(len(bounds), speed=speeds), slowdowns
+
+
+class TestCalibrationProperty:
+    @settings(max_examples=200, deadline=None)
+    @given(probes())
+    def test_recovers_each_slowdown_and_the_simulator_then_charges_what_was_measured(self, probe):
+        """Ops that took ``slowdown`` times the spec's charge, spread over the op labels as a run
+        records them: calibration finds each slowdown, and the calibrated simulation's stage
+        times are the measured ones (which ties ``charged_seconds`` to the simulator's costs)."""
+        graph, p, c, slowdowns = probe
+        prediction = simulate(p, graph, c)
+        ranks = []
+        for s, (cost, slowdown) in enumerate(zip(prediction.stages, slowdowns)):
+            spans = []
+            for k, (fwd, bwd, rec) in enumerate(zip(cost.fwd, cost.bwd, cost.recompute)):
+                spans += [(f"F{k}", 0.75 * fwd * slowdown), (f"send A{k}", 0.25 * fwd * slowdown),
+                          (f"R{k}", rec * slowdown), (f"B{k}", (bwd - rec) * slowdown)]
+            ranks.append({**rank(s, [spans]), "replica": 0})
+        factors = device_factors([run_factors(ranks, [0], p, graph, c)])
+        assert factors == pytest.approx({f"d{s}": f for s, f in enumerate(slowdowns)}, rel=1e-9)
+        again = simulate(p, graph, calibrated_cluster(c, factors, {}))
+        measured = [slowdown * (sum(cost.fwd) + sum(cost.bwd)) for cost, slowdown in zip(prediction.stages, slowdowns)]
+        assert [sum(s.fwd) + sum(s.bwd) for s in again.stages] == pytest.approx(measured, rel=1e-9)
