@@ -35,6 +35,9 @@ DEFAULT_RUNS = 3
 PROBE_GAP = 0.10
 """A probe whose measured time is off its calibrated prediction by more than this gets a note."""
 
+FAR_FACTOR = 2.0
+"""A factor above this (or below its inverse) gets a warning: the probe measured that device poorly."""
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure device speeds in a pipeline and write a calibrated cluster",
@@ -67,8 +70,9 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
     check_writable(args.output)
+    _refuse_overwriting_inputs(args)
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, False, args.seed)
-    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating with"):
+    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating"):
         print(note, file=sys.stderr)
     runs, measured, transports = [], [], set()
     for i in range(args.runs):
@@ -108,9 +112,23 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
+    """``-o`` may replace the cluster with its calibrated self, never the graph or the plan."""
+    for what, path in (("graph", args.graph), ("plan", args.plan)):
+        if os.path.exists(args.output) and os.path.exists(path) and os.path.samefile(args.output, path):
+            raise InputError(args.output, "output", f"is the {what} file {path}; the calibrated cluster would "
+                                                    f"replace it: name another file")
+
+
 def _notes(summary: dict) -> list[str]:
     """Warnings about what the calibrated cluster does not capture."""
     notes = []
+    far = {d: f for d, f in summary["factors"].items() if not 1 / FAR_FACTOR <= f <= FAR_FACTOR}
+    if far:
+        notes.append(f"warning: {summary['cluster']}: factors: "
+                     f"{', '.join(f'{d} {f:.3g}' for d, f in far.items())} (measured / charged) are far from 1: "
+                     f"such a device's ops took little time next to its messages' CPU, or the graph was not "
+                     f"profiled on this machine; a probe that gives each device several layers measures it better")
     if summary["not_calibrated"]:
         notes.append(f"warning: {summary['cluster']}: not_calibrated: devices {', '.join(summary['not_calibrated'])} "
                      f"keep their uncalibrated speed (no probe gave them work); a planner will see the calibrated "

@@ -177,20 +177,23 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
     return replace(cluster, devices=devices, extra={**cluster.extra, "calibration": record})
 
 
-def _history(earlier: Any) -> list[dict]:
+def _history(earlier: Any) -> list:
     """The records of an earlier ``calibration`` field, oldest first, as one flat list.
 
     Flat, because nesting each record in the next would deepen the file with every
-    calibration, until the loader refuses it as nested too deeply.
+    calibration, until the loader refuses it as nested too deeply.  Nothing is dropped:
+    a field that is not one of our records (a string, a list, a ``previous`` that is
+    not a list) is kept as it was, as one more entry.
     """
-    if not isinstance(earlier, dict):
+    if earlier is None:
         return []
-    older = earlier.get("previous")
-    return [*(r for r in (older if isinstance(older, list) else []) if isinstance(r, dict)),
-            {k: v for k, v in earlier.items() if k != "previous"}]
+    if not isinstance(earlier, dict):
+        return [earlier]
+    older = earlier.get("previous", [])
+    return [*(older if isinstance(older, list) else [older]), {k: v for k, v in earlier.items() if k != "previous"}]
 
 
-def _calibrated_in(record: dict) -> list[str]:
+def _calibrated_in(record: Any) -> list[str]:
     """Devices an earlier record calibrated (a device calibrated in part of the cluster keeps its speed)."""
-    factors = record.get("factors")
+    factors = record.get("factors") if isinstance(record, dict) else None
     return list(factors) if isinstance(factors, dict) else []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -20,6 +21,7 @@ from runtime.calibrate import calibrated_cluster, charged_seconds, device_factor
 from solver.cluster import Cluster, load_cluster
 from solver.simulator import simulate
 from test_replay import rank
+from pipeplan.cmd_calibrate import _notes
 from test_runtime import CLUSTER, model_graph, pipeplan, write_plan
 
 
@@ -127,6 +129,20 @@ class TestCalibratedCluster:
         assert [d.speed for d in thrice.devices] == pytest.approx([d.speed for d in once.devices])
         assert [r["n"] for r in thrice.extra["calibration"]["previous"]] == [1, 2]  # flat, oldest first
 
+    @pytest.mark.parametrize("earlier, kept", [
+        ("a note", ["a note"]),
+        ([1, 2], [[1, 2]]),
+        ({"previous": 5, "factors": {"d1": 1.5}}, [5, {"factors": {"d1": 1.5}}]),
+        ({"previous": [1, "x"], "factors": 3}, [1, "x", {"factors": 3}]),
+    ])
+    def test_an_odd_earlier_calibration_field_is_kept_not_dropped(self, earlier, kept):
+        c = cluster(2)
+        got = calibrated_cluster(Cluster(c.name, c.servers, c.network, c.devices, {"calibration": earlier}),
+                                 {"d0": 1.1}, {})
+        assert got.extra["calibration"]["previous"] == kept
+        calibrated_before = isinstance(earlier, dict) and isinstance(earlier.get("factors"), dict)
+        assert got.extra["calibration"]["not_calibrated"] == ([] if calibrated_before else ["d1"])
+
     def test_round_trip_through_json_keeps_speeds_and_record(self):
         got = calibrated_cluster(cluster(2), {"d1": 1.5}, {"model": "gpt-tiny"})
         back = Cluster.from_dict(json.loads(dumps(got.to_dict())))
@@ -195,6 +211,13 @@ class TestCalibrateCommand:
         status, _, err = run_cli("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", option, value,
                                  "-o", str(out))
         assert status == 2 and message in err and err.startswith("error: ") and not out.exists()
+
+    @pytest.mark.parametrize("which", [0, 1])
+    def test_output_onto_the_graph_or_plan_is_refused(self, probe, run_cli, which):
+        before = Path(probe[which]).read_bytes()
+        status, _, err = run_cli("calibrate", *probe[:1], CLUSTER, probe[1], "--model", "gpt-tiny", "-o", probe[which])
+        assert status == 2 and "output: is the" in err and err.count("\n") == 1
+        assert Path(probe[which]).read_bytes() == before
 
     def test_plan_for_another_model_is_refused_before_any_process(self, probe, tmp_path, run_cli):
         graph, plan_file = probe
@@ -268,3 +291,21 @@ class TestCalibrationProperty:
         again = simulate(p, graph, calibrated_cluster(c, factors, {}))
         measured = [slowdown * (sum(cost.fwd) + sum(cost.bwd)) for cost, slowdown in zip(prediction.stages, slowdowns)]
         assert [sum(s.fwd) + sum(s.bwd) for s in again.stages] == pytest.approx(measured, rel=1e-9)
+
+
+class TestNotes:
+    def summary(self, **kw) -> dict:
+        return {"cluster": "out.json", "factors": {"g0": 1.1}, "not_calibrated": [],
+                "measured_iteration_time": 1.0, "predicted_after": 1.0, **kw}
+
+    def test_nothing_to_say(self):
+        assert _notes(self.summary()) == []
+
+    def test_a_factor_far_from_one_is_named(self):
+        notes = _notes(self.summary(factors={"g0": 1.1, "g5": 31.4, "g2": 0.4}))
+        assert len(notes) == 1 and "g5 31.4" in notes[0] and "g2 0.4" in notes[0] and "g0" not in notes[0]
+
+    def test_uncalibrated_devices_and_a_probe_far_off_its_prediction(self):
+        notes = _notes(self.summary(not_calibrated=["g3", "g4"], measured_iteration_time=1.5))
+        assert [n.split(":")[0] for n in notes] == ["warning", "note"] and "g3, g4" in notes[0]
+        assert "+50.0 %" in notes[1]
