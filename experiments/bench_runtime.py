@@ -181,8 +181,8 @@ def probe_plans() -> dict[str, tuple[str, dict]]:
     return {MODEL: ("b48 1f1b 3|3 4x12", gpt), "unet": ("unet b12 1f1b 4|4 4x3", unet)}
 
 
-def calibrate(graph: Path, cluster: Path, out: Path, steps: int, model: str) -> tuple[Path, dict]:
-    """``pipeplan calibrate`` on the model's probe plan: the calibrated cluster and its summary."""
+def calibrate(graph: Path, cluster: Path, out: Path, steps: int, model: str) -> Path:
+    """``pipeplan calibrate`` on the model's probe plan; the calibrated cluster (its factors printed)."""
     name, plan = probe_plans()[model]
     probe = out / f"probe-{model}.plan.json"
     probe.write_text(json.dumps(plan, indent=1))
@@ -194,7 +194,7 @@ def calibrate(graph: Path, cluster: Path, out: Path, steps: int, model: str) -> 
           f"{' '.join(f'{d} {f:.3f}' for d, f in summary['factors'].items())}; probe measured "
           f"{summary['measured_iteration_time'] * 1e3:.3f} ms, predicted {summary['predicted_before'] * 1e3:.3f} "
           f"ms before, {summary['predicted_after'] * 1e3:.3f} ms after  [{_load()}]", flush=True)
-    return path, summary
+    return path
 
 
 @functools.lru_cache(maxsize=None)
@@ -367,7 +367,7 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
     for round_ in range(repeats):
         graph = profile(round_)
         if graph not in calibrated:
-            calibrated[graph] = calibrate(graph, cluster, out, steps, model)[0]
+            calibrated[graph] = calibrate(graph, cluster, out, steps, model)
         for name, path in paths.items():
             got = run_ours(graph, cluster, path, steps, model)
             got["calibrated_prediction"] = predict(graph, calibrated[graph], path)

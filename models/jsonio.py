@@ -331,16 +331,18 @@ def number_list(value: Any, file: str, where: str, length: int) -> tuple[float, 
     return tuple(check_number(v, file, f"{where}[{i}]") for i, v in enumerate(value))
 
 
-def check_writable(*paths: str | os.PathLike | None) -> None:
+def check_writable(*paths: str | os.PathLike | None, inputs: dict[str, str | None] | None = None) -> None:
     """Check, before any work, that every output path given can be written.
 
     Commands call this first so that a bad output path fails before anything is
     computed or written (and so never leaves some outputs written and others not).
+    ``inputs`` (``role -> path``, e.g. ``{"graph": ...}``) are the files the command
+    reads: an output that is one of them (the same file, under any name) would replace it.
 
     Raises
     ------
     InputError
-        Naming the first path whose folder is missing or not writable.
+        Naming the first path whose folder is missing or not writable, or that is an input.
     """
     for path in paths:
         if path is None:
@@ -354,3 +356,15 @@ def check_writable(*paths: str | os.PathLike | None) -> None:
             raise InputError(str(path), "output", f"folder {str(folder)!r} is not writable")
         if Path(path).is_dir():
             raise InputError(str(path), "output", "is a folder, not a file name")
+        for role, source in (inputs or {}).items():
+            if source is not None and _same_file(path, source):
+                raise InputError(str(path), "output", f"is the {role} file {source}; writing it would replace "
+                                                      f"the input: name another file")
+
+
+def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` both exist and are one file."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

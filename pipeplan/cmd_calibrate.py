@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     if args.runs < 1:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
-    check_writable(args.output)
-    _refuse_overwriting_inputs(args)
+    # The cluster may be replaced by its calibrated self; the graph and plan may not.
+    check_writable(args.output, inputs={"graph": args.graph, "plan": args.plan})
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, False, args.seed)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating"):
         print(note, file=sys.stderr)
@@ -110,14 +110,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print_text(summary, inputs.cluster)
     return 0
-
-
-def _refuse_overwriting_inputs(args: argparse.Namespace) -> None:
-    """``-o`` may replace the cluster with its calibrated self, never the graph or the plan."""
-    for what, path in (("graph", args.graph), ("plan", args.plan)):
-        if os.path.exists(args.output) and os.path.exists(path) and os.path.samefile(args.output, path):
-            raise InputError(args.output, "output", f"is the {what} file {path}; the calibrated cluster would "
-                                                    f"replace it: name another file")
 
 
 def _notes(summary: dict) -> list[str]:

@@ -58,7 +58,7 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
-    check_writable(args.output, args.plot)
+    check_writable(args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
     problem = problem_from_args(args)

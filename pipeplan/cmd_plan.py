@@ -204,7 +204,7 @@ def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     """``pipeplan plan``: solve with one solver and write the plan atomically."""
-    check_writable(args.output)
+    check_writable(args.output, inputs={"graph": args.graph, "cluster": args.cluster})
     problem = problem_from_args(args)
     result = _solve(problem, [args.solver], args)[0]
     if result.plan is None:
@@ -279,7 +279,7 @@ def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     """``pipeplan compare``: run every (or the chosen) solver and report side by side."""
-    check_writable(args.csv, args.plot, args.best, args.gantt)
+    check_writable(args.csv, args.plot, args.best, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster})
     problem = problem_from_args(args)
     names = solver_names() if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
     if not names:

@@ -52,7 +52,7 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     check_options(args)
     # Everything that can be refused is refused here, before any process starts.
-    check_writable(args.trace, args.gantt)
+    check_writable(args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
     if args.emulate:
         check_emulation(inputs.prediction, args.timeout, args.plan)

@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_writable(args.trace, args.gantt)
+    check_writable(args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
     graph = load_graph(args.graph)
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan, graph, cluster)

@@ -157,15 +157,15 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
     >>> [d.speed for d in calibrated_cluster(c, {"g0": 1.25}, {}).devices]
     [0.8, 0.5]
     """
-    for device in factors:
+    speeds: dict[str, float] = {}
+    for device, factor in factors.items():
         if device not in cluster.device_index:
             raise ValueError(f"device {device!r} has a calibration factor but is not in cluster {cluster.name!r}")
-    speeds = {d.id: d.speed / factors[d.id] if factors[d.id] else math.inf
-              for d in cluster.devices if d.id in factors}
-    for device, factor in factors.items():
-        if not (0 < factor < math.inf and 0 < speeds[device] < math.inf):
-            raise ValueError(f"device {device!r}: calibration factor {factor!r} gives speed {speeds[device]!r}; "
-                             f"both must be finite and > 0 (a device of the cluster whose ops took measurable time)")
+        speed = cluster.device_index[device].speed / factor if 0 < factor < math.inf else math.nan
+        if not 0 < speed < math.inf:
+            raise ValueError(f"device {device!r}: calibration factor {factor!r} gives speed {speed!r}; both must be "
+                             f"finite and > 0 (a device of the cluster whose ops took measurable time)")
+        speeds[device] = speed
     devices = tuple(replace(d, speed=speeds[d.id]) if d.id in speeds else d for d in cluster.devices)
     history = _history(cluster.extra.get("calibration"))
     done = factors.keys() | {d for record in history for d in _calibrated_in(record)}

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -230,6 +231,23 @@ class TestOutputPaths:
         status, out, err = run_cli(*[a.replace("{tmp}", str(tmp_path)) for a in argv])
         assert status == 2 and err.startswith("error: ") and "output: folder" in err and "does not exist" in err
         assert list(tmp_path.iterdir()) == []
+
+    @pytest.mark.parametrize("argv, role", [
+        (["plan", "{g}", "{c}", "--batch", "8", "--microbatches", "2", "--solver", "even", "-o", "{g}"], "graph"),
+        (["compare", "{g}", "{c}", "--batch", "8", "--microbatches", "2", "--solvers", "even", "--best", "{c}"],
+         "cluster"),
+        (["simulate", "{g}", "{c}", "{p}", "--trace", "{p}"], "plan"),
+        (["pareto", "{g}", "{c}", "--batch", "8", "--microbatches", "2", "-o", "{g}"], "graph"),
+    ])
+    def test_an_output_onto_an_input_is_refused_and_the_input_kept(self, argv, role, run_cli, tmp_path):
+        files = {}
+        for key, source in (("g", GRAPH), ("c", CLUSTER), ("p", PLAN)):
+            files[key] = tmp_path / Path(source).name
+            files[key].write_bytes(Path(source).read_bytes())
+        before = {key: path.read_bytes() for key, path in files.items()}
+        status, _, err = run_cli(*[a.format(**{k: str(v) for k, v in files.items()}) for a in argv])
+        assert status == 2 and f"output: is the {role} file" in err and err.count("\n") == 1
+        assert {key: path.read_bytes() for key, path in files.items()} == before
 
     def test_a_trailing_slash_names_no_file(self, run_cli, tmp_path):
         status, _, err = run_cli("simulate", GRAPH, CLUSTER, PLAN, "--trace", f"{tmp_path}/t/")
