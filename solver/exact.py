@@ -1100,14 +1100,16 @@ ENUMERATION_SHARE = 0.6
 
 
 def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[ExactData], LowerBoundModel], *,
-                time_limit: float, seed: int, details: dict | None = None, enumerate_first: bool = True
-                ) -> SolverResult:
+                time_limit: float, seed: int, details: dict | None = None, enumerate_first: bool = True,
+                build_seconds_per_arc: float = BUILD_SECONDS_PER_ARC) -> SolverResult:
     """Run the configuration walk, then the cut loop described in the module docstring; report the result.
 
     With ``enumerate_first`` (the default) :func:`solver.enumeration.enumerate_configurations`
     first walks the configurations directly, with up to :data:`ENUMERATION_SHARE` of the
     time left; when it finishes, the incumbent is proved optimal without the model.
-    Otherwise the model's cut loop goes on from the improved incumbent.
+    Otherwise the model's cut loop goes on from the improved incumbent, if the model can
+    be built and handed to its solver in the time left (``build_seconds_per_arc``: what
+    that takes per arc, which no time limit can interrupt).
     """
     details = dict(details or {})
     clock = TimeLimit(time_limit).start()
@@ -1176,7 +1178,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         if search.proved() or (walk.complete and search.best_plan is None):
             status = "not needed" if search.best_plan is not None else "infeasible"
             return _result(name, search, data, clock, seed, status, 0, 0, details)
-    build = max(BUILD_SECONDS_PER_ARC * len(data) - BUILD_OVERRUN_SECONDS, 0.0)  # time the build needs
+    build = max(build_seconds_per_arc * len(data) - BUILD_OVERRUN_SECONDS, 0.0)  # time the build needs
     if too_big or clock.remaining() - reserve <= build:
         # no model: too big to build in time, or not built in the time left; the walk's bound stands
         if not slow_done:

@@ -234,6 +234,20 @@ def test_time_limit_holds_when_the_arc_table_takes_longer(solver):
         assert result.wall_time < 1.5 + 0.3 and result.plan is not None
 
 
+def test_time_limit_holds_when_pulp_hands_the_model_to_highs():
+    # 31 layers on 7 devices of distinct speeds, 40,918 arcs: PuLP writes the MILP in
+    # about 1.3 s and translates it for HiGHS in another 1.2 s, neither interruptible;
+    # a 3 s limit on the model loop alone took 4.1-4.3 s before both counted
+    data = Path(__file__).parent / "data" / "time_limit"
+    problem = PlanningProblem(load_graph(str(data / "chain31.graph.json")),
+                              load_cluster(str(data / "near7.cluster.json")), 41, 16)
+    solver = IlpSolver(enumerate_first=False)
+    solver.solve(problem, time_limit=0.5, seed=0)  # first call: lazy imports
+    start = time.perf_counter()
+    result = solver.solve(problem, time_limit=3.0, seed=0)
+    assert time.perf_counter() - start < 3.0 + 0.3 and result.plan is not None
+
+
 @pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver()], ids=["ilp", "cpsat"])
 def test_time_limit_holds_with_many_device_classes(solver):
     # 16 devices of distinct speeds: 65,535 compositions, about 1 s to list before the
