@@ -130,7 +130,7 @@ class MilpModel:
             h.setOptionValue("threads", 1)
             h.setOptionValue("random_seed", self.seed)
             self.highs = h
-            if limit <= 0.05:  # the translation took the time: no run (the next call has the model)
+            if limit <= 0.05:  # the translation took the time left: no run, no result
                 return "unknown", None, None
         h = self.highs
         h.changeColBounds(self.T.index, 0.0, highspy.kHighsInf if upper is None else upper)
