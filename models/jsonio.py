@@ -342,16 +342,22 @@ def check_writable(*paths: str | os.PathLike | None, inputs: dict[str, str | Non
     Raises
     ------
     InputError
-        Naming the first path whose folder is missing or not writable, or that is an input.
+        Naming the first path whose folder is missing or not writable, that is an input,
+        or that names the same file as an earlier output (the later write would replace it).
     """
-    for path in paths:
-        if path is None:
-            continue
+    given = [path for path in paths if path is not None]
+    for k, path in enumerate(given):
         if str(path).endswith(("/", os.sep)):
             raise InputError(str(path), "output", "ends in a slash: name a file, not a folder")
         folder = Path(path).parent if str(Path(path).parent) else Path(".")
+        if folder.exists() and not folder.is_dir():
+            raise InputError(str(path), "output", f"{str(folder)!r} is a file, not a folder")
         if not folder.is_dir():
             raise InputError(str(path), "output", f"folder {str(folder)!r} does not exist")
+        for earlier in given[:k]:
+            if _same_output(path, earlier):
+                raise InputError(str(path), "output", f"is also the file of another output ({earlier}); "
+                                                      f"one would replace the other: name another file")
         if not os.access(folder, os.W_OK):
             raise InputError(str(path), "output", f"folder {str(folder)!r} is not writable")
         if Path(path).is_dir():
@@ -360,6 +366,11 @@ def check_writable(*paths: str | os.PathLike | None, inputs: dict[str, str | Non
             if source is not None and _same_file(path, source):
                 raise InputError(str(path), "output", f"is the {role} file {source}; writing it would replace "
                                                       f"the input: name another file")
+
+
+def _same_output(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether outputs ``a`` and ``b`` would be one file (they need not exist yet)."""
+    return Path(a).resolve() == Path(b).resolve() or _same_file(a, b)
 
 
 def _same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:

@@ -284,6 +284,9 @@ def run_compare(args: argparse.Namespace) -> int:
     names = solver_names() if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
     if not names:
         raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(solver_names())}")
+    unknown = [name for name in names if name not in solver_names()]
+    if unknown:  # here, not in get_solver, so that the error names the option given
+        raise InputError("-", "--solvers", f"unknown solver {unknown[0]!r}; valid: {', '.join(solver_names())}")
     results = _solve(problem, names, args)
     if all(r.plan is None for r in results):
         return no_plan(problem, results)

@@ -212,11 +212,17 @@ def _model_verdict(problem: PlanningProblem, memories: list[float]) -> tuple[boo
                 f"'{names[hi - 1].name}' together already need {format_bytes(need)} at microbatch {n}, more "
                 f"than the largest device's {format_bytes(memories[0])}; a plan has at most {k} stage(s) "
                 f"({_stage_limit_cause(problem)})")
+    # Only the exact solvers can decide this case; the sentence says what they weighed,
+    # without a sum that would suggest the plan fits (activations are spread over replicas).
     acts = n * sum(l.act for l in problem.graph.layers)
-    return False, (f"every layer fits on a device alone, but no split into at most {k} stages fits: the "
-            f"model's state is {format_bytes(state)} and its activations {format_bytes(acts)} per "
-            f"microbatch of {n} (kept for every microbatch in flight); the {k} largest devices hold "
-            f"{format_bytes(room)} together")
+    in_flight = "all of them under GPipe" if problem.schedule == "gpipe" else \
+        "under 1F1B, one per later stage plus one, up to the microbatch count"
+    return False, (f"every layer fits on a device alone, and the model's training state "
+                   f"({format_bytes(state)}) fits the {k} largest devices' {format_bytes(room)} taken "
+                   f"together, but no split into at most {k} contiguous stages fits device by device: "
+                   f"each replica holds its stage's whole training state and its share of the activations "
+                   f"of every microbatch in flight on the stage ({in_flight}; {format_bytes(acts)} per "
+                   f"microbatch of {n} for the whole model)")
 
 
 UNPROVED = "that does not prove that no plan fits (ilp and cpsat decide it)"

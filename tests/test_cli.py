@@ -253,6 +253,28 @@ class TestOutputPaths:
         status, _, err = run_cli("simulate", GRAPH, CLUSTER, PLAN, "--trace", f"{tmp_path}/t/")
         assert status == 2 and "ends in a slash" in err and list(tmp_path.iterdir()) == []
 
+    @pytest.mark.parametrize("second", ["{tmp}/a.csv", "{tmp}/./sub/../a.csv"])
+    def test_two_outputs_onto_one_file_are_refused(self, second, run_cli, tmp_path):
+        # the plan JSON had replaced the CSV, silently
+        (tmp_path / "sub").mkdir()
+        status, _, err = run_cli("compare", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "2", "--solvers", "even",
+                                 "--csv", f"{tmp_path}/a.csv", "--best", second.format(tmp=tmp_path))
+        assert status == 2 and "is also the file of another output" in err and err.count("\n") == 1
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["sub"]
+
+    def test_a_file_as_the_folder_is_called_a_file(self, run_cli, tmp_path):
+        (tmp_path / "g.json").write_text("{}")
+        status, _, err = run_cli("plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "2", "--solver", "even",
+                                 "-o", f"{tmp_path}/g.json/p.json")
+        assert status == 2 and "'g.json' is a file, not a folder" in err.replace(str(tmp_path) + "/", "")
+
+
+class TestSolverNames:
+    def test_compare_blames_the_option_given(self, run_cli):
+        status, _, err = run_cli("compare", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "2",
+                                 "--solvers", "even,foo")
+        assert status == 2 and err.startswith("error: -: --solvers: unknown solver 'foo'; valid: even")
+
 
 class TestOverflow:
     def test_a_plan_whose_time_overflows_is_refused_not_printed_as_infinity(self, run_cli, tmp_path):

@@ -78,6 +78,9 @@ class TestTightestConstraint:
     def test_packing_may_fit_and_then_the_model_is_described(self):
         text = tightest_constraint(problem([1e9, 1e9, 1e9], params=(1.5e8,) * 3, act=1.0, batch=4, m=2))
         assert text.startswith("every layer fits on a device alone")
+        # no "state X and activations Y; the devices hold Z together" whose sum fits (it read as if a plan did)
+        assert "fits the 3 largest devices' 3.0 GB taken together, but no split into at most 3" in text
+        assert "device by device" in text and "(under 1F1B, one per later stage plus one" in text
 
 
 class TestLargestMicrobatch:
