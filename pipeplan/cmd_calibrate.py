@@ -25,7 +25,7 @@ from runtime.calibrate import calibrated_cluster, device_factors, run_factors
 from runtime.checks import load_inputs
 from runtime.launch import WorkerError
 from runtime.measure import align, measured_steps, median_step
-from runtime.worker import DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, check_options
+from runtime.worker import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
 from solver.cluster import Cluster
 from solver.simulator import simulate
 
@@ -52,13 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--steps", type=int, default=12, metavar="N", help="training steps per run (default 12)")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
                    help=f"first steps of each run left out (default {DEFAULT_WARMUP}, or steps-1 when fewer steps)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
-    p.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
-                   help="point-to-point messages, as for pipeplan run (default auto); calibrate with the "
-                        "transport the runs will use")
-    p.add_argument("--spin", default="auto", metavar="S", help="as for pipeplan run (default auto)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds without progress before a worker counts as hung (default {DEFAULT_TIMEOUT:g})")
+    add_launch_options(p)  # calibrate with the transport the runs will use
     p.add_argument("--json", action="store_true", help="print one JSON object")
     # What pipeplan run's workers also take: a calibration measures float32 training at real speed.
     p.set_defaults(func=run, verify=False, emulate=False, lr=DEFAULT_LR)

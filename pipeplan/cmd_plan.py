@@ -281,12 +281,13 @@ def run_compare(args: argparse.Namespace) -> int:
     """``pipeplan compare``: run every (or the chosen) solver and report side by side."""
     check_writable(args.csv, args.plot, args.best, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster})
     problem = problem_from_args(args)
-    names = solver_names() if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
+    valid = solver_names()
+    names = valid if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
     if not names:
-        raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(solver_names())}")
-    unknown = [name for name in names if name not in solver_names()]
+        raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(valid)}")
+    unknown = [name for name in names if name not in valid]
     if unknown:  # here, not in get_solver, so that the error names the option given
-        raise InputError("-", "--solvers", f"unknown solver {unknown[0]!r}; valid: {', '.join(solver_names())}")
+        raise InputError("-", "--solvers", f"unknown solver {unknown[0]!r}; valid: {', '.join(valid)}")
     results = _solve(problem, names, args)
     if all(r.plan is None for r in results):
         return no_plan(problem, results)

@@ -80,6 +80,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gantt", metavar="OUT.png", help="write the measured Gantt chart")
     p.add_argument("--side-by-side", action="store_true", help="draw the simulated Gantt chart above the measured one")
     p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"SGD learning rate (default {DEFAULT_LR:g})")
+    add_launch_options(p)
+    p.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)  # set by the local launcher
+
+
+def add_launch_options(p: argparse.ArgumentParser) -> None:
+    """How the workers run and talk: ``--seed``, ``--transport``, ``--spin``, ``--timeout`` (run and calibrate)."""
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
     p.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
                    help="point-to-point messages: tcp (sockets moved by each rank's own thread, CPU only), "
@@ -90,7 +96,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                    help=f"seconds without progress before a worker counts as hung (default {DEFAULT_TIMEOUT:g}: "
                         "a hung or dead worker ends the run within 60 s)")
-    p.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)  # set by the local launcher
 
 
 def main(argv: list[str] | None = None) -> int:
