@@ -22,11 +22,11 @@ import time
 
 import numpy as np
 
-from models.graph import Layer, LayerGraph
-from solver.batched import BatchSimulator, Candidate, timeline_arrays
-from solver.cluster import Cluster, Device, Link
-from solver.plan import Plan, Stage
-from solver.simulator import simulate
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.batched import BatchSimulator, Candidate, timeline_arrays
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.plan import Plan, Stage
+from pipeplan.solver.simulator import simulate
 
 
 def instance(stages: int, layers_per_stage: int = 4) -> tuple[LayerGraph, Cluster]:

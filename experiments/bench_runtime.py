@@ -16,7 +16,7 @@
    run on ``unet`` (:func:`unet_plans`, ops of 2-10 ms), each ``--repeats``
    times round-robin; a plan's time is the median over its runs.  Each row also
    says where the time went per rank (the run's ``busy``/``predicted_busy``,
-   ``send_cpu`` and ``sync`` fields, see ``runtime.report.breakdown``), so the
+   ``send_cpu`` and ``sync`` fields, see ``pipeplan.runtime.report.breakdown``), so the
    remaining error can be told apart: compute slower than profiled in isolation,
    sender-side cost of posting messages, gradient sums.  Target (issue 6): median
    error <= 10 %.
@@ -30,7 +30,7 @@
 The machine is shared: every line carries the load average, and bursts of other
 work show up as outliers, which the medians absorb.
 
-Each row also has the run's *replayed* time (``runtime.replay``: the simulator's
+Each row also has the run's *replayed* time (``pipeplan.runtime.replay``: the simulator's
 timeline on the op times the run measured), which splits the error into the
 timeline's part (measured vs replayed) and the op costs' part (replayed vs
 predicted).
@@ -263,13 +263,13 @@ def _rank_main(rank: int, task: str, result: str, kw: dict) -> None:
 def _ping_pong(rank: int, transport: str) -> dict:
     """Loopback latency (1-element round trips) and bandwidth (8 MB one way) over ``transport``.
 
-    The runs' own transport (``runtime.transport``): gloo for ``dist``, the rank-driven
+    The runs' own transport (``pipeplan.runtime.transport``): gloo for ``dist``, the rank-driven
     sockets for ``tcp`` (and ``auto`` on CPU), so the cluster's link is the one the
     runs use.
     """
     import torch.distributed as dist
 
-    from runtime.transport import DistTransport, TcpTransport
+    from pipeplan.runtime.transport import DistTransport, TcpTransport
 
     key = ("ping",)
     if transport == "dist":
@@ -307,7 +307,7 @@ def _torch_1f1b(rank: int, steps: int, warmup: int, batch: int, microbatches: in
     from torch import nn
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    from models.zoo import build_model
+    from pipeplan.models.zoo import build_model
 
     model = build_model(MODEL, seed=0)
 

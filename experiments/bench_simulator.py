@@ -16,10 +16,10 @@ import platform
 import statistics
 import time
 
-from models.graph import Layer, LayerGraph
-from solver.cluster import Cluster, Device, Link
-from solver.plan import Plan, Stage, equal_split
-from solver.simulator import run_timeline, simulate, stage_costs
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.plan import Plan, Stage, equal_split
+from pipeplan.solver.simulator import run_timeline, simulate, stage_costs
 
 
 def instance(stages: int, microbatches: int, layers_per_stage: int = 4):

@@ -13,7 +13,7 @@ baseline that returned no plan.  HiGHS's banner is silenced at the fd level.
 
 Usage::
 
-    python -m experiments.bench_solvers [--quick] [--time-limit 60] [--out bench.json]
+    python -m pipeplan.experiments.bench_solvers [--quick] [--time-limit 60] [--out bench.json]
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from models.graph import Layer, LayerGraph  # noqa: E402
-from solver.cluster import Cluster, Device, Link  # noqa: E402
-from solver.problem import PlanningProblem  # noqa: E402
-from solver.ilp import quiet_stdout  # noqa: E402
-from solver.registry import get_solver, solver_names  # noqa: E402
+from pipeplan.models.graph import Layer, LayerGraph  # noqa: E402
+from pipeplan.solver.cluster import Cluster, Device, Link  # noqa: E402
+from pipeplan.solver.problem import PlanningProblem  # noqa: E402
+from pipeplan.solver.ilp import quiet_stdout  # noqa: E402
+from pipeplan.solver.registry import get_solver, solver_names  # noqa: E402
 
 LAYERS = (16, 32, 64, 96, 128)
 DEVICES = (4, 8, 16, 32, 64)

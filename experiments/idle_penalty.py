@@ -1,6 +1,6 @@
 """How much slower an op runs right after its core sat idle: the runtime error the spec cannot see.
 
-A pipeline rank waits for messages between ops; the profiler (``models.profile_measured``)
+A pipeline rank waits for messages between ops; the profiler (``pipeplan.models.profile_measured``)
 times each unit's forward and backward back to back.  This script times one unit of a
 zoo model both ways on this machine: back to back, after the core idled for ``g``
 seconds (``time.sleep``: the thread blocks, as a rank blocked on a receive does), and
@@ -29,9 +29,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from models.jsonio import atomic_write_text  # noqa: E402
-from models.profile_measured import time_unit, unit_args  # noqa: E402
-from models.zoo import build_model  # noqa: E402
+from pipeplan.models.jsonio import atomic_write_text  # noqa: E402
+from pipeplan.models.profile_measured import time_unit, unit_args  # noqa: E402
+from pipeplan.models.zoo import build_model  # noqa: E402
 
 
 def spin(seconds: float) -> None:

@@ -29,15 +29,15 @@ from pathlib import Path
 
 import numpy as np
 
-from models.graph import LayerGraph, load_graph
-from models.jsonio import atomic_write_text
-from models.synthetic import synthetic_graph
-from solver.baselines import best_baseline
-from solver.cluster import Cluster, Device, Link, load_cluster
-from solver.problem import PlanningProblem
-from solver.cpsat_split import optimize_splits
-from solver.figures import pyplot, save_png
-from solver.registry import get_solver
+from pipeplan.models.graph import LayerGraph, load_graph
+from pipeplan.models.jsonio import atomic_write_text
+from pipeplan.models.synthetic import synthetic_graph
+from pipeplan.solver.baselines import best_baseline
+from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.cpsat_split import optimize_splits
+from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.registry import get_solver
 
 ROOT = Path(__file__).resolve().parents[1]
 UNEQUAL = ("umpipe-local", "umpipe-dp", "autopipe-slicing", "cpsat-split", "nsga")
@@ -52,7 +52,7 @@ def homogeneous() -> Cluster:
 
 def networks(quick: bool) -> dict[str, LayerGraph]:
     """GPT1-14 (example file), VGG16 (analytic profile), synthetic networks."""
-    from models.profile_analytic import profile_analytic
+    from pipeplan.models.profile_analytic import profile_analytic
 
     nets = {"gpt1-14": load_graph(str(ROOT / "examples" / "gpt1.graph.json")), "vgg16": profile_analytic("vgg16")}
     nets["synthetic-16"] = synthetic_graph(16, 1, compute_spread=1.0, fixed_cost=2e-3, per_sample_time=2e-4)

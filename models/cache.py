@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from models.errors import InputError
-from models.jsonio import atomic_write_text, dumps, load_json
+from pipeplan.models.errors import InputError
+from pipeplan.models.jsonio import atomic_write_text, dumps, load_json
 
 
 def cache_dir() -> Path:

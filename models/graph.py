@@ -14,8 +14,8 @@ from typing import Any
 
 import networkx as nx
 
-from models.errors import InputError
-from models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json, number_list
+from pipeplan.models.errors import InputError
+from pipeplan.models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json, number_list
 
 GRAPH_FORMAT = "pipeplan.graph/1"
 

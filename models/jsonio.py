@@ -1,7 +1,7 @@
 """Reading JSON input with exact error places, and writing files atomically.
 
 The readers below take a decoded JSON value and the path to it, and either return a
-value of the right type or raise :class:`~models.errors.InputError` naming the file
+value of the right type or raise :class:`~pipeplan.models.errors.InputError` naming the file
 and the path.  Only JSON is ever read: no pickles, no eval.
 """
 
@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from models.errors import InputError
+from pipeplan.models.errors import InputError
 
 
 def load_json(path: str | os.PathLike) -> Any:

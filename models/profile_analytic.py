@@ -17,12 +17,12 @@ from typing import Any, Sequence
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from models.errors import InputError
-from models.fit import LinearFit
-from models.graph import LayerGraph
-from models.profile_measured import (UnitProfile, leaf_args, out_bytes, param_bytes, per_sample,
+from pipeplan.models.errors import InputError
+from pipeplan.models.fit import LinearFit
+from pipeplan.models.graph import LayerGraph
+from pipeplan.models.profile_measured import (UnitProfile, leaf_args, out_bytes, param_bytes, per_sample,
                                      saved_bytes, to_graph, unit_args)
-from models.zoo import ZooModel, build_model
+from pipeplan.models.zoo import ZooModel, build_model
 
 #: The two microbatch sizes counted; FLOPs are affine in the batch size.
 SIZES = (1, 2)

@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 
-from models.cache import cache_key, load_cached, machine, store_cached
-from models.errors import InputError
-from models.fit import LinearFit, fit_linear
-from models.graph import Layer, LayerGraph
-from models.zoo import ZooModel, build_model
+from pipeplan.models.cache import cache_key, load_cached, machine, store_cached
+from pipeplan.models.errors import InputError
+from pipeplan.models.fit import LinearFit, fit_linear
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.models.zoo import ZooModel, build_model
 
 #: Bumped when the measuring method changes, so old cache entries are not reused.
 PROFILE_VERSION = 3  # 2: the last unit is timed with the loss; 3: F and B alternate
@@ -297,7 +297,7 @@ def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len:
     dtype : torch.dtype
         Parameter and activation dtype.
     use_cache : bool
-        Reuse and store results under :func:`models.cache.cache_dir`.
+        Reuse and store results under :func:`pipeplan.models.cache.cache_dir`.
     progress : bool
         Show a rich progress bar on stderr.
 

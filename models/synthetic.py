@@ -14,8 +14,8 @@ import math
 
 import numpy as np
 
-from models.errors import InputError
-from models.graph import Layer, LayerGraph
+from pipeplan.models.errors import InputError
+from pipeplan.models.graph import Layer, LayerGraph
 
 
 def synthetic_graph(layers: int, seed: int, *, compute_spread: float = 0.5, fixed_cost: float = 1e-4,

@@ -2,7 +2,7 @@
 
 Each command module exposes ``register(subparsers)``, which adds its parser and sets
 ``func`` to a handler ``(args) -> int``.  Bad input raises
-:class:`models.errors.InputError`; :func:`main` prints it as one ``error:`` line and
+:class:`pipeplan.models.errors.InputError`; :func:`main` prints it as one ``error:`` line and
 returns 2, so no traceback ever reaches the user.
 """
 
@@ -13,7 +13,7 @@ import importlib
 import signal
 import sys
 
-from models.errors import InputError, one_line
+from pipeplan.models.errors import InputError, one_line
 
 #: Command modules, in the order ``pipeplan --help`` lists them.
 COMMAND_MODULES = (

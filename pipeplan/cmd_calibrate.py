@@ -2,7 +2,7 @@
 
 Runs the probe plan ``--runs`` times on local processes, as ``pipeplan run`` does,
 and writes the cluster with each of the plan's devices at the speed its ops ran at
-(see :mod:`runtime.calibrate`): predictions made with the written cluster charge the
+(see :mod:`pipeplan.runtime.calibrate`): predictions made with the written cluster charge the
 slowdown a pipeline meets on this machine, which a graph profiled op by op in
 isolation does not see.  Locally every process runs at this machine's speed, whatever
 the cluster file says, so the written speeds describe this machine.  Nothing is
@@ -17,17 +17,17 @@ import os
 import statistics
 import sys
 
-from models.errors import InputError, one_line
-from models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.models.errors import InputError, one_line
+from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
 from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
-from runtime.calibrate import calibrated_cluster, device_factors, run_factors
-from runtime.checks import load_inputs
-from runtime.launch import WorkerError
-from runtime.measure import align, measured_steps, median_step
-from runtime.worker import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
-from solver.cluster import Cluster
-from solver.simulator import simulate
+from pipeplan.runtime.calibrate import calibrated_cluster, device_factors, run_factors
+from pipeplan.runtime.checks import load_inputs
+from pipeplan.runtime.launch import WorkerError
+from pipeplan.runtime.measure import align, measured_steps, median_step
+from pipeplan.runtime.worker import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
+from pipeplan.solver.cluster import Cluster
+from pipeplan.solver.simulator import simulate
 
 DEFAULT_RUNS = 3
 """Probe runs; each device takes the median of its factors over them."""

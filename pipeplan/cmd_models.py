@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from models.errors import InputError
-from models.jsonio import atomic_write_text, check_integer, check_writable, dumps
-from models.zoo import build_model, model_names
+from pipeplan.models.errors import InputError
+from pipeplan.models.jsonio import atomic_write_text, check_integer, check_writable, dumps
+from pipeplan.models.zoo import build_model, model_names
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -100,7 +100,7 @@ MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "wa
 
 
 def _analytic(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
-    from models.profile_analytic import DeviceModel, profile_analytic
+    from pipeplan.models.profile_analytic import DeviceModel, profile_analytic
 
     for key in (*MEASURE_DEFAULTS, "no_cache"):
         if getattr(args, key) not in (None, False):
@@ -116,7 +116,7 @@ def _analytic(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
 
 
 def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
-    from models.profile_measured import MeasureConfig, profile_measured
+    from pipeplan.models.profile_measured import MeasureConfig, profile_measured
 
     for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead)):
         if value is not None:

@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from models.errors import InputError
-from models.jsonio import atomic_write_text, check_writable, dumps
-from solver.figures import pyplot, save_png
+from pipeplan.models.errors import InputError
+from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.solver.figures import pyplot, save_png
 from pipeplan.cmd_plan import _common, no_plan, problem_from_args
-from solver.infeasibility import heuristic_no_plan
-from solver.nsga import NsgaRun, run_nsga
+from pipeplan.solver.infeasibility import heuristic_no_plan
+from pipeplan.solver.nsga import NsgaRun, run_nsga
 
 PARETO_FORMAT = "pipeplan.pareto/1"
 

@@ -14,18 +14,18 @@ import json
 import sys
 from typing import Any
 
-from models.errors import InputError
-from models.graph import load_graph
-from models.jsonio import atomic_write_text, check_writable, dumps
-from solver.cluster import load_cluster
-from solver.figures import pyplot, save_png
-from solver.gantt import write_gantt
-from solver.infeasibility import UNPROVED, memory_verdict
-from solver.nsga import MAX_POPULATION
-from solver.plan import MAX_SAMPLES
-from solver.problem import Overflow, PlanningProblem
-from solver.registry import get_solver, solver_names
-from solver.result import SolverResult
+from pipeplan.models.errors import InputError
+from pipeplan.models.graph import load_graph
+from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.gantt import write_gantt
+from pipeplan.solver.infeasibility import UNPROVED, memory_verdict
+from pipeplan.solver.nsga import MAX_POPULATION
+from pipeplan.solver.plan import MAX_SAMPLES
+from pipeplan.solver.problem import Overflow, PlanningProblem
+from pipeplan.solver.registry import get_solver, solver_names
+from pipeplan.solver.result import SolverResult
 
 NO_PLAN = 3
 """Exit status when no plan fits."""

@@ -1,11 +1,11 @@
 """``pipeplan run GRAPH CLUSTER PLAN --model NAME``: train with a plan on local processes.
 
 One process per device of the plan, on loopback (messages over TCP sockets on CPU,
-see :mod:`runtime.transport`; NCCL with CUDA).
+see :mod:`pipeplan.runtime.transport`; NCCL with CUDA).
 Prints the measured iteration time next to the simulator's prediction; with
 ``--verify`` also checks every parameter against one-process training.  The same
-workers run across machines under ``torchrun -m runtime.worker`` (see
-:mod:`runtime.worker`).
+workers run across machines under ``torchrun -m pipeplan.runtime.worker`` (see
+:mod:`pipeplan.runtime.worker`).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from models.errors import one_line
-from models.jsonio import check_writable
+from pipeplan.models.errors import one_line
+from pipeplan.models.jsonio import check_writable
 from pipeplan.loading import warn_names
-from runtime.checks import RunInputs, check_emulation, load_inputs
-from runtime.launch import WorkerError, launch_local
-from runtime.report import present
-from runtime.routing import rank_of
-from runtime.worker import add_arguments, check_options
+from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
+from pipeplan.runtime.launch import WorkerError, launch_local
+from pipeplan.runtime.report import present
+from pipeplan.runtime.routing import rank_of
+from pipeplan.runtime.worker import add_arguments, check_options
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,7 +38,7 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
     """The workers' command line: the run's own arguments, reporting to ``result``.
 
     The files are passed as absolute paths: the workers start in the project's root (so
-    that ``-m runtime.worker`` imports this pipeplan, whatever the caller's folder holds),
+    that ``-m pipeplan.runtime.worker`` imports this pipeplan, whatever the caller's folder holds),
     where a path relative to the caller's folder would name another file or none.
     """
     files = [os.path.abspath(path) for path in (args.graph, args.cluster, args.plan)]
@@ -75,7 +75,7 @@ def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
     Parameters
     ----------
     args : argparse.Namespace
-        The run's options (those of :func:`runtime.worker.add_arguments`).
+        The run's options (those of :func:`pipeplan.runtime.worker.add_arguments`).
     inputs : RunInputs
         The checked graph, cluster, plan and model.
 

@@ -6,13 +6,13 @@ import argparse
 import json
 import sys
 
-from models.graph import load_graph
-from models.jsonio import atomic_write_text, check_writable
-from solver.cluster import load_cluster
-from solver.gantt import write_gantt
-from solver.plan import Plan, load_plan
-from solver.simulator import SimulationResult, simulate
-from solver.trace import chrome_trace
+from pipeplan.models.graph import load_graph
+from pipeplan.models.jsonio import atomic_write_text, check_writable
+from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.gantt import write_gantt
+from pipeplan.solver.plan import Plan, load_plan
+from pipeplan.solver.simulator import SimulationResult, simulate
+from pipeplan.solver.trace import chrome_trace
 from pipeplan.loading import warn_names
 
 

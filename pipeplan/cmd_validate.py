@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from models.errors import one_line
-from solver.simulator import check_deadlock_free
+from pipeplan.models.errors import one_line
+from pipeplan.solver.simulator import check_deadlock_free
 from pipeplan.loading import load_any
 
 

@@ -6,7 +6,7 @@ its sender and receiver CPU time the spec does not charge; see the runtime
 benchmark in the README), by an amount that is steady for one machine and model over
 minutes, not hours.  Calibration measures it: run a probe plan, and for each device
 compare what its ops took (compute plus the CPU of the messages next to them, as
-:mod:`runtime.replay` counts them) with what the spec charges those ops at the
+:mod:`pipeplan.runtime.replay` counts them) with what the spec charges those ops at the
 device's own speed for the samples it held.  The device gets ``speed / factor``,
 where ``factor = measured / charged`` (the median over the probe's runs): the speed
 it actually ran at, so that the spec's ``t / speed`` of an op becomes what the probe
@@ -23,11 +23,11 @@ import statistics
 from dataclasses import replace
 from typing import Any
 
-from models.graph import LayerGraph
-from runtime.replay import BACKWARD_LABELS, FORWARD_LABELS, op_seconds
-from runtime.routing import replica_split
-from solver.cluster import Cluster
-from solver.plan import Plan
+from pipeplan.models.graph import LayerGraph
+from pipeplan.runtime.replay import BACKWARD_LABELS, FORWARD_LABELS, op_seconds
+from pipeplan.runtime.routing import replica_split
+from pipeplan.solver.cluster import Cluster
+from pipeplan.solver.plan import Plan
 
 
 def charged_seconds(plan: Plan, graph: LayerGraph, stage: int, replica: int) -> float:
@@ -151,7 +151,7 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
 
     Examples
     --------
-    >>> from solver.cluster import Device, Link
+    >>> from pipeplan.solver.cluster import Device, Link
     >>> c = Cluster("c", (Link(1e11, 1e-6, "s0"),), Link(1e10, 1e-5),
     ...             (Device("g0", "s0", 1.0, 8e9), Device("g1", "s0", 0.5, 8e9)))
     >>> [d.speed for d in calibrated_cluster(c, {"g0": 1.25}, {}).devices]

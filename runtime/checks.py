@@ -4,7 +4,7 @@ A plan is run on a zoo model through its layer graph: the graph's layers must be
 the model's units (same count, same names, same edges and ties), the plan must be
 valid on the graph and the cluster, and its dependencies must not deadlock (the
 simulator's prediction, computed here, proves that).  Any mismatch is an
-:class:`~models.errors.InputError`, so the CLI refuses the run with one ``error:``
+:class:`~pipeplan.models.errors.InputError`, so the CLI refuses the run with one ``error:``
 line and exit status 2.
 """
 
@@ -14,12 +14,12 @@ from dataclasses import dataclass
 
 import torch
 
-from models.errors import InputError
-from models.graph import LayerGraph, load_graph
-from models.zoo import ZooModel, build_model, model_names
-from solver.cluster import Cluster, load_cluster
-from solver.plan import Plan, load_plan
-from solver.simulator import SimulationResult, simulate
+from pipeplan.models.errors import InputError
+from pipeplan.models.graph import LayerGraph, load_graph
+from pipeplan.models.zoo import ZooModel, build_model, model_names
+from pipeplan.solver.cluster import Cluster, load_cluster
+from pipeplan.solver.plan import Plan, load_plan
+from pipeplan.solver.simulator import SimulationResult, simulate
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def check_emulation(prediction: SimulationResult, timeout: float, plan_file: str
 
     Examples
     --------
-    >>> from solver.simulator import SimulationResult
+    >>> from pipeplan.solver.simulator import SimulationResult
     >>> fast = SimulationResult(1.0, 1, (), (((0.0, 0.5),),), (), ())
     >>> check_emulation(fast, 50.0, "p.json")
     >>> check_emulation(fast, 0.25, "p.json")  # doctest: +ELLIPSIS

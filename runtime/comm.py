@@ -1,7 +1,7 @@
 """Activations and gradients between the ranks of neighbouring stages.
 
 Every receive of an iteration is posted when the iteration starts, into a buffer
-sized from the plan (``samples x features`` of the cut, see :mod:`runtime.routing`),
+sized from the plan (``samples x features`` of the cut, see :mod:`pipeplan.runtime.routing`),
 so a transfer proceeds as soon as its sender posts it, as the spec's timing assumes,
 and a rank only blocks when it needs data that has not arrived.  Each cut and
 direction has its own process group, and both ends post a cut's messages in the
@@ -17,12 +17,12 @@ from typing import Sequence
 
 import torch
 
-from runtime.emulate import Emulator, sleep_until
-from runtime.routing import Message, cut_messages, grad_order
-from runtime.stage import CutLayout
-from runtime.transport import Transport, Work
-from solver.plan import Plan
-from solver.schedule import Op
+from pipeplan.runtime.emulate import Emulator, sleep_until
+from pipeplan.runtime.routing import Message, cut_messages, grad_order
+from pipeplan.runtime.stage import CutLayout
+from pipeplan.runtime.transport import Transport, Work
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.schedule import Op
 
 STAMP_TAG = 1 << 20
 """Added to a message's tag for its emulated-arrival stamp."""
@@ -49,7 +49,7 @@ class Direction:
     """One direction across one cut, as seen by this rank."""
 
     key: tuple
-    """The key of the cut's process group for this direction (see ``runtime.gradsync.group_members``)."""
+    """The key of the cut's process group for this direction (see ``pipeplan.runtime.gradsync.group_members``)."""
     layout: CutLayout | None
     """Buffer layout of the cut."""
     incoming: list[Message] = field(default_factory=list)
@@ -73,7 +73,7 @@ class Channels:
     layouts : (CutLayout or None, CutLayout or None)
         Layout of the cut before and after the stage.
     transport : Transport
-        Moves the messages (see :mod:`runtime.transport`).
+        Moves the messages (see :mod:`pipeplan.runtime.transport`).
     device : torch.device
         Where buffers live.
     emulator : Emulator, optional

@@ -1,7 +1,7 @@
 """Run one rank's op list: the plan's ``Fk`` / ``Bk`` actions on real tensors.
 
 Per iteration a rank posts its receives, runs its stage's op list in order (each op
-on its own piece of the microbatch, see :mod:`runtime.routing`), waits for its sends,
+on its own piece of the microbatch, see :mod:`pipeplan.runtime.routing`), waits for its sends,
 sums gradients over its groups after the last backward, and takes an SGD step.
 Every piece of work is timed with ``time.perf_counter`` into an :class:`Event`.
 """
@@ -14,15 +14,15 @@ from typing import Callable
 
 import torch
 
-from runtime.comm import Channels
-from runtime.emulate import Emulator
-from runtime.gradsync import GradSync
-from runtime.heartbeat import Heartbeat
-from runtime.memory import MemoryMeter
-from runtime.pieces import piece_seed
-from runtime.routing import Piece
-from runtime.stage import Stage
-from solver.schedule import FORWARD, Op
+from pipeplan.runtime.comm import Channels
+from pipeplan.runtime.emulate import Emulator
+from pipeplan.runtime.gradsync import GradSync
+from pipeplan.runtime.heartbeat import Heartbeat
+from pipeplan.runtime.memory import MemoryMeter
+from pipeplan.runtime.pieces import piece_seed
+from pipeplan.runtime.routing import Piece
+from pipeplan.runtime.stage import Stage
+from pipeplan.solver.schedule import FORWARD, Op
 
 EVENT_KINDS = ("forward", "backward", "recompute", "send", "receive", "allreduce", "idle")
 """Kinds of :class:`Event` (``idle`` is derived from the gaps when reporting)."""
@@ -79,7 +79,7 @@ class Executor:
         Liveness signal for the launcher, given before every op and around waits.
     seed : int
         The run's seed: with the step and the piece, it seeds each forward's dropout masks
-        (:func:`runtime.pieces.piece_seed`).
+        (:func:`pipeplan.runtime.pieces.piece_seed`).
     """
 
     def __init__(self, stage: Stage, ops: list[Op], pieces: list[Piece], global_batch: int,

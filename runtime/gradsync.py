@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.zoo import ZooModel
-from runtime.routing import stage_ranks
-from runtime.transport import Transport, Work
-from solver.plan import Plan
+from pipeplan.models.zoo import ZooModel
+from pipeplan.runtime.routing import stage_ranks
+from pipeplan.runtime.transport import Transport, Work
+from pipeplan.solver.plan import Plan
 
 
 def tied_holders(model: ZooModel, plan: Plan) -> dict[int, tuple[int, ...]]:

@@ -1,10 +1,10 @@
 """Start one worker process per device on this machine, over loopback, and watch them.
 
-Each worker runs ``python -m runtime.worker`` with the environment ``torchrun`` would
+Each worker runs ``python -m pipeplan.runtime.worker`` with the environment ``torchrun`` would
 give it.  The launcher is their watchdog:
 
 - a worker that exits with an error or a signal stops the run at once;
-- a worker whose heartbeat (:mod:`runtime.heartbeat`) stands still for ``timeout``
+- a worker whose heartbeat (:mod:`pipeplan.runtime.heartbeat`) stands still for ``timeout``
   seconds is hung: the rank named is the one that stopped on its own, not one
   merely blocked waiting for it (:func:`_hang_key`);
 - every worker is killed when the run ends, however it ends (each runs in its own
@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from runtime import heartbeat
+from pipeplan.runtime import heartbeat
 
 ROOT = Path(__file__).resolve().parents[1]
 _PEER_ERRORS = ("connection", "gloo", "timed out", "timeout", "broken pipe", "peer", "remote", "nccl")
@@ -58,7 +58,7 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
     Parameters
     ----------
     worker_args : list of str
-        Arguments of ``python -m runtime.worker``.
+        Arguments of ``python -m pipeplan.runtime.worker``.
     world : int
         Number of processes (one per device of the plan).
     workdir : Path
@@ -87,7 +87,7 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
         for rank in range(world):
             with open(logs[rank], "wb") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "runtime.worker", *worker_args],
+                    [sys.executable, "-m", "pipeplan.runtime.worker", *worker_args],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=ROOT,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True, preexec_fn=_die_with_parent))
@@ -125,7 +125,7 @@ def _hang_key(pid: int, beat: heartbeat.Beat, started: float) -> tuple:
     First a process the kernel reports stopped (``SIGSTOP``, a debugger); then a rank
     not waiting for peers (stuck in its own work); then, among waiting ranks, the one
     whose last sign of life is oldest (a live waiter refreshes it while it sleeps, see
-    :mod:`runtime.heartbeat`), and last the one whose progress stopped first (the ranks
+    :mod:`pipeplan.runtime.heartbeat`), and last the one whose progress stopped first (the ranks
     waiting for it may have gone quiet after it).
     """
     return (not _stopped(pid), beat.waiting, max(beat.alive, started), max(beat.time, started))

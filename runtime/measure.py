@@ -1,7 +1,7 @@
 """Measured timelines: iteration times, a Chrome trace and a Gantt chart.
 
 Each rank times its work from its own iteration start (right after a start line
-that every rank leaves together, see ``runtime.worker._start_together``), so the ranks' timelines line up without comparing
+that every rank leaves together, see ``pipeplan.runtime.worker._start_together``), so the ranks' timelines line up without comparing
 clocks across machines.  An iteration ends when the last rank has synchronised its
 gradients, as the spec's ``T``; the optimizer step after it is not counted.
 Gaps between a rank's timed work are its *idle* time.
@@ -12,9 +12,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from solver.figures import pyplot, save_png
-from solver.gantt import Bar, bars_of, draw_gantt, gantt_title
-from solver.simulator import SimulationResult
+from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.gantt import Bar, bars_of, draw_gantt, gantt_title
+from pipeplan.solver.simulator import SimulationResult
 
 _US = 1e6
 _COMPUTE = {"forward": "forward", "backward": "backward", "recompute": "recompute", "allreduce": "allreduce"}

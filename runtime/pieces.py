@@ -1,7 +1,7 @@
 """What makes one piece's forward pass reproducible: its dropout seed and BatchNorm's statistics.
 
 A *piece* is the samples one rank handles in one microbatch of its stage
-(:class:`runtime.routing.Piece`).  Most layers treat each sample on its own; two kinds
+(:class:`pipeplan.runtime.routing.Piece`).  Most layers treat each sample on its own; two kinds
 do not, and they need care when a stage recomputes its forward and when ``--verify``
 rebuilds the training on one process:
 

@@ -6,12 +6,12 @@ import json
 import sys
 from typing import Any
 
-from models.errors import one_line
-from models.jsonio import atomic_write_text
-from runtime.checks import RunInputs
-from runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
-from runtime.replay import replay
-from runtime.verify import TOLERANCE
+from pipeplan.models.errors import one_line
+from pipeplan.models.jsonio import atomic_write_text
+from pipeplan.runtime.checks import RunInputs
+from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
+from pipeplan.runtime.replay import replay
+from pipeplan.runtime.verify import TOLERANCE
 
 
 def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:

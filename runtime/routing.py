@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Sequence
 
-from solver.plan import Plan
-from solver.schedule import Op
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.schedule import Op
 
 
 @dataclass(frozen=True)

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from models.zoo import ZooModel
-from runtime.pieces import batch_norms, frozen_statistics, has_dropout
-from runtime.routing import boundary
+from pipeplan.models.zoo import ZooModel
+from pipeplan.runtime.pieces import batch_norms, frozen_statistics, has_dropout
+from pipeplan.runtime.routing import boundary
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ class Stage:
     def run(self, inputs: dict[int, torch.Tensor], seed: int | None = None) -> dict[int, torch.Tensor]:
         """Run the stage's units; returns every tensor by unit (inputs included).
 
-        ``seed`` (see :func:`runtime.pieces.piece_seed`) seeds the RNG first when the stage has dropout.
+        ``seed`` (see :func:`pipeplan.runtime.pieces.piece_seed`) seeds the RNG first when the stage has dropout.
         """
         if self.has_dropout and seed is not None:
             torch.manual_seed(seed)

@@ -3,7 +3,7 @@
 Every message of the runtime (activations, gradients, the pairwise gradient sums,
 the start-of-iteration tokens) goes through one :class:`Transport`, addressed by a
 *key* (which process group it belongs to, as made by
-``runtime.gradsync.make_groups``), a peer rank and a tag.  Both ends post a key's
+``pipeplan.runtime.gradsync.make_groups``), a peer rank and a tag.  Both ends post a key's
 messages between two ranks in the same order, so they match in order, as NCCL
 matches them.
 
@@ -18,7 +18,7 @@ each message a 16-byte header (tag, bytes) and the tensor's bytes, moved by the
 rank's own thread whenever it posts a send or waits for anything (``poll`` when
 nothing can move, so a waiting rank sleeps in the kernel until its data arrives).
 Sends that do not fit in the socket buffer continue during later waits.  A wait
-may first poll for ``spin`` seconds before it sleeps (see ``runtime.worker``'s
+may first poll for ``spin`` seconds before it sleeps (see ``pipeplan.runtime.worker``'s
 ``--spin``).  CPU tensors only; NCCL and multi-member all-reduces stay with
 torch.distributed.
 """

@@ -13,16 +13,16 @@ whole-batch training computes (GPipe's and torchgpipe's caveat), on any executor
 Dropout draws a random mask per forward call.  For a model holding either, the
 reference runs the plan's own pieces instead: stage by stage, each microbatch of
 the stage, each replica's part of it, seeded like the rank that runs it
-(:func:`runtime.pieces.piece_seed`), its outputs joined back in sample order.  That
+(:func:`pipeplan.runtime.pieces.piece_seed`), its outputs joined back in sample order.  That
 is still one process and one SGD step on the mean loss over the batch, and it is
 exactly the function the plan trains: for these models "verified" means the ranks
 computed what the plan defines, not what whole-batch training computes.  The check
 stays strict (a misrouted sample, a replica's lost gradient, a recompute that draws
-another mask all fail it); the pieces themselves come from :func:`runtime.routing.pieces`,
+another mask all fail it); the pieces themselves come from :func:`pipeplan.runtime.routing.pieces`,
 the ranks' own rule (tested on its own).  The reference runs on the ranks' device
 type: CUDA draws dropout masks from another generator than the CPU.  Only parameters
 are compared: BatchNorm's running statistics are buffers (a recompute leaves them
-alone, see :func:`runtime.pieces.frozen_statistics`, checked by a unit test, not by
+alone, see :func:`pipeplan.runtime.pieces.frozen_statistics`, checked by a unit test, not by
 ``--verify``), and each replica keeps its own, as DDP without buffer broadcasting does.
 """
 
@@ -33,10 +33,10 @@ from typing import Callable, Iterable
 
 import torch
 
-from models.zoo import ZooModel, build_model
-from runtime.pieces import batch_norms, has_dropout, piece_seed
-from runtime.routing import pieces
-from solver.plan import Plan
+from pipeplan.models.zoo import ZooModel, build_model
+from pipeplan.runtime.pieces import batch_norms, has_dropout, piece_seed
+from pipeplan.runtime.routing import pieces
+from pipeplan.solver.plan import Plan
 
 TOLERANCE = 1e-6
 """Largest accepted relative difference (float64 runs agree to ~1e-15)."""
@@ -83,7 +83,7 @@ def plan_pieces(plan: Plan, stage: int) -> list[tuple[int, int, int, int]]:
 
     Examples
     --------
-    >>> from solver.plan import Plan, Stage
+    >>> from pipeplan.solver.plan import Plan, Stage
     >>> plan = Plan("g", "c", 5, 4.0, "gpipe", (Stage((0, 1), ("a", "b"), (3, 2), False),))
     >>> plan_pieces(plan, 0)
     [(0, 0, 0, 2), (0, 1, 2, 3), (1, 0, 3, 4), (1, 1, 4, 5)]
@@ -94,7 +94,7 @@ def plan_pieces(plan: Plan, stage: int) -> list[tuple[int, int, int, int]]:
 def forward_in_pieces(model: ZooModel, plan: Plan, inputs: torch.Tensor, seed: int, step: int) -> torch.Tensor:
     """The model output when every stage runs the plan's pieces, as the ranks do.
 
-    Each piece is seeded with :func:`runtime.pieces.piece_seed`; its outputs (and the
+    Each piece is seeded with :func:`pipeplan.runtime.pieces.piece_seed`; its outputs (and the
     relayed tensors it reads) are rows of whole-batch tensors, so autograd carries
     every gradient back through the joins.
     """

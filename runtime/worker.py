@@ -3,11 +3,11 @@
 Reads the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``); rank ``i`` runs the ``i``-th device of the plan
 (devices numbered stage by stage, in each stage's order).  The local launcher
-(:mod:`runtime.launch`) sets the same variables, so across machines::
+(:mod:`pipeplan.runtime.launch`) sets the same variables, so across machines::
 
     torchrun --nnodes=2 --nproc-per-node=2 --node-rank=N \\
         --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
-        -m runtime.worker GRAPH CLUSTER PLAN --model gpt-tiny --verify --json
+        -m pipeplan.runtime.worker GRAPH CLUSTER PLAN --model gpt-tiny --verify --json
 
 Rank 0 gathers every rank's timings (and parameters with ``--verify``), checks them
 against single-process training and writes the report.
@@ -29,19 +29,19 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from models.errors import InputError
-from models.jsonio import atomic_write_text, dumps
-from runtime.checks import RunInputs, check_emulation, check_world, load_inputs
-from runtime.comm import Channels
-from runtime.emulate import make_emulator
-from runtime.executor import Executor
-from runtime.gradsync import GradSync, group_members, links, make_groups
-from runtime.heartbeat import Heartbeat
-from runtime.memory import rss_peak_bytes
-from runtime.routing import pieces, rank_of
-from runtime.stage import Stage, cut_layout, unit_shapes
-from runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
-from runtime.verify import batch_seed, max_difference, reference_parameters
+from pipeplan.models.errors import InputError
+from pipeplan.models.jsonio import atomic_write_text, dumps
+from pipeplan.runtime.checks import RunInputs, check_emulation, check_world, load_inputs
+from pipeplan.runtime.comm import Channels
+from pipeplan.runtime.emulate import make_emulator
+from pipeplan.runtime.executor import Executor
+from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups
+from pipeplan.runtime.heartbeat import Heartbeat
+from pipeplan.runtime.memory import rss_peak_bytes
+from pipeplan.runtime.routing import pieces, rank_of
+from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
+from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
+from pipeplan.runtime.verify import batch_seed, max_difference, reference_parameters
 
 FAULT_ENV = "PIPEPLAN_FAULT"
 """Test hook: ``RANK:STEP:KIND`` makes that rank fail at that step: ``kill`` (SIGKILL), ``hang``
@@ -100,7 +100,7 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run this rank; on rank 0 also verify and report.  Returns the exit status."""
-    parser = argparse.ArgumentParser(prog="python -m runtime.worker", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeplan.runtime.worker", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
@@ -165,7 +165,7 @@ def _uses_tcp(transport: str, device: torch.device) -> bool:
 
 
 def _transport(args, rank: int, plan, members: dict, control, beat: Heartbeat) -> TcpTransport:
-    """The tcp transport of this rank; see :mod:`runtime.transport`."""
+    """The tcp transport of this rank; see :mod:`pipeplan.runtime.transport`."""
     world = dist.get_world_size()
     start = [(START, a, b) for a in range(world) for b in range(a + 1, world)]
 
@@ -378,7 +378,7 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
     if args.result:
         atomic_write_text(args.result, dumps(result))
         return 0
-    from runtime.report import present  # under torchrun: report from here
+    from pipeplan.runtime.report import present  # under torchrun: report from here
 
     return present(args, inputs, result)
 

@@ -20,7 +20,7 @@ of their own; small leftovers, plans that deadlock and ``custom`` schedules go t
 scalar simulator (:attr:`BatchResult.batched` says which path served a plan).
 
 Every number is computed with the same floating-point operations in the same order as
-:func:`solver.simulator.simulate` (range sums are tabulated by the same running sums),
+:func:`pipeplan.solver.simulator.simulate` (range sums are tabulated by the same running sums),
 so results agree with the scalar simulator to rounding, far inside the promised
 ``1e-9`` relative.
 """
@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from models.errors import DeadlockError
-from solver.schedule import FORWARD, stage_ops
-from solver.simulator import simulate
+from pipeplan.models.errors import DeadlockError
+from pipeplan.solver.schedule import FORWARD, stage_ops
+from pipeplan.solver.simulator import simulate
 
 if TYPE_CHECKING:
-    from models.graph import LayerGraph
-    from solver.cluster import Cluster
-    from solver.plan import Plan
+    from pipeplan.models.graph import LayerGraph
+    from pipeplan.solver.cluster import Cluster
+    from pipeplan.solver.plan import Plan
 
 __all__ = ["Candidate", "BatchResult", "StageArrays", "BatchSimulator", "simulate_batch", "timeline_arrays"]
 
@@ -485,7 +485,7 @@ class BatchSimulator:
         return BatchResult(times, peaks, fits, overuse, batched)
 
     def _scalar(self, cand: Candidate) -> tuple[float, float, bool, float]:
-        from solver.plan import Plan, Stage
+        from pipeplan.solver.plan import Plan, Stage
 
         plan = Plan(self.graph.name, self.cluster.name, sum(cand.splits[0]), self.state_factor, self.schedule,
                     tuple(Stage(b, g, sp, rc) for b, g, sp, rc in

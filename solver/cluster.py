@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any, Iterable
 
-from models.errors import InputError
-from models.jsonio import Reader, load_json
+from pipeplan.models.errors import InputError
+from pipeplan.models.jsonio import Reader, load_json
 
 CLUSTER_FORMAT = "pipeplan.cluster/1"
 

@@ -1,16 +1,16 @@
 """``cpsat``: the exact planner as a CP-SAT model (OR-Tools).
 
-The lower-bound model of :mod:`solver.exact` in integers: times are scaled to
+The lower-bound model of :mod:`pipeplan.solver.exact` in integers: times are scaled to
 ``unit`` seconds and every arc's time is floored, so the integer optimum times
 ``unit`` never exceeds the real lower bound (the rounding only loosens it, by at
 most one unit per arc of a path).  The auxiliary time variables of
-:func:`solver.exact.model_rows` are integers defined by equalities over the same
+:func:`pipeplan.solver.exact.model_rows` are integers defined by equalities over the same
 floored values; a difference row floors the negated value, so it may take away up to
 one unit more than the arc once added (values of either sign), and every auxiliary
 variable is at most its exact sum.  Since they appear only with a plus sign in the
 ``>=`` rows (``G`` only as a difference ``G_l' - G_l`` of additions), every row stays
 valid.  The greedy or baseline configuration is passed as a
-hint; :func:`solver.exact.solve_exact` runs the cut loop.
+hint; :func:`pipeplan.solver.exact.solve_exact` runs the cut loop.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ from typing import Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
-from solver.cpsat_split import optimize_splits
-from solver.equal_splits import fastest, solve_equal_splits
-from solver.exact import ExactData, model_rows, solve_exact
-from solver.joint_split import solve_joint
-from solver.problem import PlanningProblem
-from solver.registry import register
-from solver.result import SolverResult, TracePoint
+from pipeplan.solver.cpsat_split import optimize_splits
+from pipeplan.solver.equal_splits import fastest, solve_equal_splits
+from pipeplan.solver.exact import ExactData, model_rows, solve_exact
+from pipeplan.solver.joint_split import solve_joint
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
+from pipeplan.solver.result import SolverResult, TracePoint
 
 RESOLUTION = 1e7
 """Integer units per reference time: the rounding loosens the bound by about 1e-7 per term."""
@@ -120,10 +120,10 @@ class CpSatSolver:
     def __init__(self, workers: int = 1, enumerate_first: bool = True) -> None:
         self.workers = workers
         self.enumerate_first = enumerate_first
-        """Walk the configurations before the model (:mod:`solver.enumeration`); off: the model loop only."""
+        """Walk the configurations before the model (:mod:`pipeplan.solver.enumeration`); off: the model loop only."""
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
-        """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof.
+        """Plan ``problem`` exactly; see :mod:`pipeplan.solver.exact` for the method and its proof.
 
         With ``auto_microbatches`` or ``per_stage`` the splits are decisions too: see
         :meth:`solve_splits`.
@@ -137,11 +137,11 @@ class CpSatSolver:
     def solve_splits(self, problem: PlanningProblem, *, time_limit: float, seed: int) -> SolverResult:
         """Pipelines and microbatch splits together.
 
-        Small instances: the exact branch and bound of :mod:`solver.joint_split`
+        Small instances: the exact branch and bound of :mod:`pipeplan.solver.joint_split`
         (``optimal`` when proved over every pipeline and split).  Larger ones: the
-        decomposition of :mod:`solver.cpsat_split`, the best equal-split plan of this
+        decomposition of :mod:`pipeplan.solver.cpsat_split`, the best equal-split plan of this
         solver (its own count in half the time, other counts in what that leaves: see
-        :func:`solver.equal_splits.solve_equal_splits`) with its split then chosen by
+        :func:`pipeplan.solver.equal_splits.solve_equal_splits`) with its split then chosen by
         CP-SAT; that is reported ``feasible`` with no lower bound, since the bound it
         proves covers one pipeline only.
         """

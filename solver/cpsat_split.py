@@ -3,7 +3,7 @@
 Decomposition.  The joint model (stages, devices *and* splits) is too large beyond toy
 sizes, so the search is split in two: (1) the partition, device mapping and recompute
 flags are fixed, taken from the fastest equal-split plan of the baselines
-(:func:`solver.baselines.best_baseline`) or, when registered and successful, of
+(:func:`pipeplan.solver.baselines.best_baseline`) or, when registered and successful, of
 ``group-search`` and the exact solvers (``cpsat``, ``ilp``); (2) for that fixed pipeline a CP-SAT scheduling
 model chooses the number of microbatches (within :attr:`PlanningProblem.split_counts`)
 and their sizes, one split shared by all stages or, with ``per_stage``, one per stage.
@@ -44,14 +44,14 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
-from solver.equal_splits import fastest, solve_equal_splits
-from solver.infeasibility import heuristic_no_plan
-from solver.plan import Plan, Stage, equal_split
-from solver.problem import PlanningProblem
-from solver.registry import register
-from solver.result import SolverResult, TracePoint
-from solver.schedule import FORWARD, stage_ops
-from solver.simulator import SimulationResult, stage_costs, simulate
+from pipeplan.solver.equal_splits import fastest, solve_equal_splits
+from pipeplan.solver.infeasibility import heuristic_no_plan
+from pipeplan.solver.plan import Plan, Stage, equal_split
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
+from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.schedule import FORWARD, stage_ops
+from pipeplan.solver.simulator import SimulationResult, stage_costs, simulate
 
 __all__ = ["SplitSearch", "optimize_splits", "base_plans", "CpSatSplit"]
 
@@ -362,8 +362,8 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> lis
     ``group-search`` and the exact solvers (``cpsat``, ``ilp``) are tried when the
     registry has them; one that fails or finds nothing is skipped.  Sorted fastest first.
     """
-    from solver.baselines import best_baseline
-    from solver.registry import solver_names, get_solver
+    from pipeplan.solver.baselines import best_baseline
+    from pipeplan.solver.registry import solver_names, get_solver
 
     found: list[tuple[str, SolverResult]] = []
     share = time_limit / 4
@@ -389,8 +389,8 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> lis
 
 def _warm_split(problem: PlanningProblem, base: Plan) -> Plan:
     """``base`` with the best split the ``umpipe-dp`` and ``autopipe-slicing`` candidates give."""
-    from solver.baselines.slicing import AutoPipeSlicing
-    from solver.baselines.umpipe import UmpipeDP, judge_splits
+    from pipeplan.solver.baselines.slicing import AutoPipeSlicing
+    from pipeplan.solver.baselines.umpipe import UmpipeDP, judge_splits
 
     deadline = time.perf_counter() + 5.0
     options = UmpipeDP().options(problem, base, deadline) + AutoPipeSlicing().options(problem, base, deadline)
@@ -422,7 +422,7 @@ class CpSatSplit:
         if self.use_exact:
             bases = base_plans(problem, time_limit=base_share, seed=seed)
         else:
-            from solver.baselines import best_baseline
+            from pipeplan.solver.baselines import best_baseline
             found = best_baseline(problem, seed=seed, time_limit=base_share)
             bases = [] if found is None else [(found.name, found)]
         if not bases:

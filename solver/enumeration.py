@@ -1,19 +1,19 @@
 """Branch and bound over configurations: the exact solvers' first phase.
 
-The lower-bound model of :mod:`solver.exact` is a path of arcs (candidate stages) from
+The lower-bound model of :mod:`pipeplan.solver.exact` is a path of arcs (candidate stages) from
 layer 0 to layer ``L``.  On small and medium instances it is faster to walk those paths
 directly than to solve the MILP or CP-SAT model once per configuration: this module
 grows paths from layer 0, one stage at a time, and prunes a partial path (a *prefix*)
 as soon as a bound valid for every completion of it reaches the incumbent.  A complete
-path whose configuration bound (:func:`solver.exact.config_lower_bound`) is below the
+path whose configuration bound (:func:`pipeplan.solver.exact.config_lower_bound`) is below the
 incumbent is simulated on its placements, exactly like a configuration the model
-returns, unless its :func:`solver.exact.optimistic_time` (the simulator with the best
+returns, unless its :func:`pipeplan.solver.exact.optimistic_time` (the simulator with the best
 conceivable links) already reaches the cutoff.  When the walk ends, every configuration
 was simulated or proved no better than the incumbent: the incumbent is optimal.
 
 Bound of a prefix
 -----------------
-Each term is a term of :mod:`solver.exact`'s docstring evaluated with the prefix's own
+Each term is a term of :mod:`pipeplan.solver.exact`'s docstring evaluated with the prefix's own
 arcs and, for the layers ``[h, L)`` still to cover, the least any completion can add.
 Completions are counted with the devices the prefix leaves (*device-aware completion
 tables*, by dynamic programming over ``(h, label, devices left)``, from the arcs whose
@@ -79,8 +79,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from solver.exact import ExactData, _evaluate, _Search, config_lower_bound, optimistic_time
-from solver.termination import TimeLimit
+from pipeplan.solver.exact import ExactData, _evaluate, _Search, config_lower_bound, optimistic_time
+from pipeplan.solver.termination import TimeLimit
 
 CHECK_EVERY = 64
 """Prefixes expanded between two looks at the clock."""
@@ -497,7 +497,7 @@ def enumerate_configurations(data: ExactData, search: _Search, clock: TimeLimit)
     Returns
     -------
     EnumerationResult
-        ``complete`` means the incumbent is optimal (to :data:`solver.exact.OPT_TOL`),
+        ``complete`` means the incumbent is optimal (to :data:`pipeplan.solver.exact.OPT_TOL`),
         or that no configuration exists if there is none; otherwise ``bound`` bounds
         every configuration left unexplored (also raised in ``search``).
     """

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 from typing import Iterable
 
-from solver.problem import PlanningProblem
-from solver.registry import Solver
-from solver.result import SolverResult
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import Solver
+from pipeplan.solver.result import SolverResult
 
 MIN_PROBE_SECONDS = 0.5
 """Least time a count after the first is given (a model build alone can take seconds); with less

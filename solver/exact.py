@@ -1,6 +1,6 @@
 """Shared machinery of the exact solvers (``ilp`` and ``cpsat``).
 
-Both solvers first walk the configurations directly (:mod:`solver.enumeration`, a
+Both solvers first walk the configurations directly (:mod:`pipeplan.solver.enumeration`, a
 branch and bound with the bounds below, which proves small and medium instances
 optimal without any model).  If that does not finish, they minimise a *provable lower
 bound* ``LB(config) <= T(plan)`` over type-level configurations, simulate the best
@@ -125,11 +125,11 @@ from layer to layer (``C_l = C_{l-1} + sum_{lo=l} c x - sum_{hi=l} c x``), so ev
 arc appears in O(1) rows per term; the relaxation is the same as with the expanded
 rows.
 
-Memory is exact: each arc's peak is :func:`solver.memory.stage_peak_memory` of its op
+Memory is exact: each arc's peak is :func:`pipeplan.solver.memory.stage_peak_memory` of its op
 list, which under 1F1B depends on the stage only through ``w = min(tau, M)``.  The
 vectorised sums (differences of prefix sums) can differ from the simulator's by
 rounding, so a peak within rounding of the memory (relative to the prefix sums it came
-from) is decided by the simulator's own sum (:func:`solver.memory.settle_borderline`):
+from) is decided by the simulator's own sum (:func:`pipeplan.solver.memory.settle_borderline`):
 a stage whose peak equals the memory fits.
 
 Exactness of the loop
@@ -154,14 +154,14 @@ from typing import Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 
-from solver.cluster import Cluster
-from solver.memory import range_peak_memory, settle_borderline
-from solver.plan import Plan
-from solver.problem import PlanningProblem
-from solver.result import SolverResult, TracePoint
-from solver.schedule import FORWARD, gpipe_ops, one_f_one_b_ops
-from solver.simulator import StageCost, run_timeline, simulate
-from solver.termination import TimeLimit
+from pipeplan.solver.cluster import Cluster
+from pipeplan.solver.memory import range_peak_memory, settle_borderline
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.schedule import FORWARD, gpipe_ops, one_f_one_b_ops
+from pipeplan.solver.simulator import StageCost, run_timeline, simulate
+from pipeplan.solver.termination import TimeLimit
 
 OPT_TOL = 1e-12
 """Relative tolerance of an optimality proof: the float noise of the bounds' sums.
@@ -398,7 +398,7 @@ def _op_list(schedule: str, m: int, tau: int):
 def stash_points(ops, per_replica: Sequence[int]) -> np.ndarray:
     """``(inputs, working)`` sample counts at every point where the stash may peak.
 
-    The peak of :func:`solver.memory.stash_peak` is ``max(a * stash + b * working)``
+    The peak of :func:`pipeplan.solver.memory.stash_peak` is ``max(a * stash + b * working)``
     over these rows (``stash``, ``working`` per sample), exactly.
     """
     stash, points = 0, set()
@@ -994,13 +994,13 @@ SLOW_BASELINES = ("Dapple", "Alpa")
 def warm_start_plans(problem: PlanningProblem, seed: int, time_limit: float, slow: bool = False) -> list[Plan]:
     """Baseline plans within ``time_limit`` seconds, and the greedy plans.
 
-    Like :func:`solver.baselines.best_baseline`, each baseline gets an equal share of
+    Like :func:`pipeplan.solver.baselines.best_baseline`, each baseline gets an equal share of
     what is left, cheapest first.  ``slow=False`` runs every baseline but those of
     :data:`SLOW_BASELINES` (and adds :func:`greedy_plans`); ``slow=True`` runs only those.
     """
     plans = [] if slow else greedy_plans(problem)
     try:
-        from solver.baselines import BASELINES  # written separately; may be missing
+        from pipeplan.solver.baselines import BASELINES  # written separately; may be missing
     except Exception:  # noqa: BLE001 - a broken baseline must not break an exact solver
         return plans
     chosen = [cls for cls in BASELINES if (cls.__name__ in SLOW_BASELINES) == slow]
@@ -1074,7 +1074,7 @@ def improve_with_ga(problem: PlanningProblem, search: "_Search", clock: TimeLimi
     """
     if search.best_plan is None or problem.free_sizes or clock.remaining() < 1.0:
         return
-    from solver.nsga import run_nsga  # the GA imports the registry; import it only when needed
+    from pipeplan.solver.nsga import run_nsga  # the GA imports the registry; import it only when needed
 
     seeds = [("incumbent", search.best_plan)]
     for round_ in range(8):  # restart from the best front (a new seed each time) while time is left
@@ -1087,7 +1087,7 @@ def improve_with_ga(problem: PlanningProblem, search: "_Search", clock: TimeLimi
 
 
 GROUP_SEARCH_SHARE = 0.3
-"""Most of the time limit :mod:`solver.group_search` may take for the incumbent.  It stops on its own
+"""Most of the time limit :mod:`pipeplan.solver.group_search` may take for the incumbent.  It stops on its own
 when done (about 4 s on 96 layers x 64 devices), so the share only binds at short limits, where its
 plan is the best the solvers return: with 10 % of a 2 s limit on 48 layers x 14 devices of 6 classes
 it was cut short and the exact solvers returned the best baseline (421 ms); with 30 %, 347 ms."""
@@ -1096,7 +1096,7 @@ GA_SHARE, GA_SHARE_NO_MODEL = 0.2, 0.05
 """Share of the time limit kept for NSGA-II from the incumbent, with and without a model to solve."""
 
 ENUMERATION_SHARE = 0.6
-"""Share of the time left that the configuration walk (:mod:`solver.enumeration`) may use before the model."""
+"""Share of the time left that the configuration walk (:mod:`pipeplan.solver.enumeration`) may use before the model."""
 
 
 def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[ExactData], LowerBoundModel], *,
@@ -1104,7 +1104,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
                 build_seconds_per_arc: float = BUILD_SECONDS_PER_ARC) -> SolverResult:
     """Run the configuration walk, then the cut loop described in the module docstring; report the result.
 
-    With ``enumerate_first`` (the default) :func:`solver.enumeration.enumerate_configurations`
+    With ``enumerate_first`` (the default) :func:`pipeplan.solver.enumeration.enumerate_configurations`
     first walks the configurations directly, with up to :data:`ENUMERATION_SHARE` of the
     time left; when it finishes, the incumbent is proved optimal without the model.
     Otherwise the model's cut loop goes on from the improved incumbent, if the model can
@@ -1116,7 +1116,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     search = _Search(problem, clock)
     for plan in warm_start_plans(problem, seed, min(1.0, 0.03 * time_limit)):
         search.offer(plan)
-    from solver.group_search import group_search  # it imports the baselines, which import this module
+    from pipeplan.solver.group_search import group_search  # it imports the baselines, which import this module
 
     for judged in group_search(problem, min(GROUP_SEARCH_SHARE * time_limit, clock.remaining())).plans:
         search.offer(judged.plan)
@@ -1164,7 +1164,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     ga_share = (GA_SHARE_NO_MODEL if too_big else GA_SHARE) * time_limit if time_limit >= 10.0 else 0.0
     reserve = ga_share + (0.0 if slow_done else min(slow_share, 0.5 * clock.remaining()))
     if enumerate_first:
-        from solver.enumeration import enumerate_configurations  # it imports this module
+        from pipeplan.solver.enumeration import enumerate_configurations  # it imports this module
 
         share = max(clock.remaining() - reserve, 0.0) * (1.0 if too_big else ENUMERATION_SHARE)
         walk = enumerate_configurations(data, search, TimeLimit(share).start())
@@ -1316,6 +1316,6 @@ def _result(name, search: _Search, data: ExactData, clock: TimeLimit, seed, stat
 
 
 def _infeasible_message(data: ExactData) -> str:
-    from solver.infeasibility import tightest_constraint
+    from pipeplan.solver.infeasibility import tightest_constraint
 
     return f"no plan fits in memory: {tightest_constraint(data.problem)}"

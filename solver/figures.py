@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 
-from models.jsonio import atomic_write_bytes
+from pipeplan.models.jsonio import atomic_write_bytes
 
 
 def pyplot():

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from solver.figures import pyplot, save_png
-from solver.simulator import SimulationResult
+from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.simulator import SimulationResult
 
 COLOURS = {
     "forward": "#4C72B0",

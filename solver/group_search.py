@@ -23,7 +23,7 @@ baselines and NSGA-II rarely find these plans.  This heuristic searches them dir
    stage time per microbatch (its replicas' share, at its speed) is as small as it can
    be among the splits whose every stage fits in memory (a dynamic program over the
    spec's exact peak, with recompute where allowed).  Stages that need it recompute
-   (:func:`solver.baselines.common.finalize`); the simulator judges.
+   (:func:`pipeplan.solver.baselines.common.finalize`); the simulator judges.
 4. **Refining.**  The best :data:`REFINE` plans move each stage boundary by up to three
    layers while the simulated time improves.
 5. **Reshaping.**  The best :data:`RESHAPE` of those then change shape one step at a
@@ -56,14 +56,14 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from solver.baselines.common import Judged, finalize
-from solver.exact import DeviceClass, device_classes, stash_points
-from solver.infeasibility import heuristic_no_plan
-from solver.memory import range_peak_memory, settle_borderline, stash_peak
-from solver.problem import PlanningProblem
-from solver.registry import register
-from solver.result import SolverResult, TracePoint
-from solver.schedule import Op, stage_ops
+from pipeplan.solver.baselines.common import Judged, finalize
+from pipeplan.solver.exact import DeviceClass, device_classes, stash_points
+from pipeplan.solver.infeasibility import heuristic_no_plan
+from pipeplan.solver.memory import range_peak_memory, settle_borderline, stash_peak
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
+from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.schedule import Op, stage_ops
 
 EVALUATIONS = 400
 """Patterns built and simulated, best estimate first."""
@@ -241,10 +241,10 @@ class _Costs:
     def fits(self, r: int, memory: float, ops: Sequence[Op]) -> np.ndarray:
         """``fits[lo, hi]``: whether layers ``[lo, hi)`` fit on a replica of ``r`` devices of ``memory`` bytes.
 
-        The spec's peak (:func:`solver.memory.stage_peak_memory`) for a stage running
+        The spec's peak (:func:`pipeplan.solver.memory.stage_peak_memory`) for a stage running
         ``ops`` on the equal split, without recompute or, when the problem allows it,
         with: a split that fits stage by stage here fits as a plan
-        (:func:`solver.baselines.common.finalize` switches recompute on where needed).
+        (:func:`pipeplan.solver.baselines.common.finalize` switches recompute on where needed).
         """
         key = (r, memory, tuple(ops))
         if key not in self._fits:
@@ -287,7 +287,7 @@ def _recompute_points(ops: Sequence[Op], per_replica: Sequence[int]) -> list[tup
     """``(stashed samples, working samples)`` after every forward and during every backward of a recomputing stage.
 
     Its peak is the largest ``stashed * I + working * A`` over these points (as
-    :func:`solver.memory.stash_peak` walks the ops); only the points not dominated
+    :func:`pipeplan.solver.memory.stash_peak` walks the ops); only the points not dominated
     in both counts are kept (usually one: the stash when the first backward starts).
 
     Examples

@@ -1,9 +1,9 @@
 """``ilp``: the exact planner as a MILP in PuLP, solved with HiGHS (or CBC).
 
-The model is the lower-bound model of :mod:`solver.exact`: one binary ``x[arc]`` per
+The model is the lower-bound model of :mod:`pipeplan.solver.exact`: one binary ``x[arc]`` per
 candidate stage, a path of arcs over the layers, device counts per class, and the
-busy-path, pivot-path and work bounds (:func:`solver.exact.model_rows`);
-:func:`solver.exact.solve_exact` iterates it with no-good cuts until its optimum meets
+busy-path, pivot-path and work bounds (:func:`pipeplan.solver.exact.model_rows`);
+:func:`pipeplan.solver.exact.solve_exact` iterates it with no-good cuts until its optimum meets
 the simulated incumbent.
 
 The model is written once in PuLP.  With HiGHS it is handed to an in-process
@@ -23,11 +23,11 @@ from typing import Sequence
 
 import pulp
 
-from models.errors import InputError
-from solver.exact import SIGNED_AUX, ExactData, model_rows, solve_exact
-from solver.problem import PlanningProblem
-from solver.registry import register
-from solver.result import SolverResult
+from pipeplan.models.errors import InputError
+from pipeplan.solver.exact import SIGNED_AUX, ExactData, model_rows, solve_exact
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
+from pipeplan.solver.result import SolverResult
 
 BACKENDS = ("highs", "cbc")
 
@@ -36,7 +36,7 @@ BUILD_SECONDS_PER_ARC = 1.2e-4
 
 Measured on 179,819 arcs (31 layers x 7 devices of distinct speeds): 9.4-14.9 s to write
 the model, 10.1-11.0 s for PuLP's translation into HiGHS; neither can be interrupted.
-With :data:`solver.exact.BUILD_SECONDS_PER_ARC` (CP-SAT's 4e-5) a 3 s limit on 40,918
+With :data:`pipeplan.solver.exact.BUILD_SECONDS_PER_ARC` (CP-SAT's 4e-5) a 3 s limit on 40,918
 arcs became 4.1-4.3 s: the model was built, then its translation overran the limit."""
 
 
@@ -197,10 +197,10 @@ class IlpSolver:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
         self.enumerate_first = enumerate_first
-        """Walk the configurations before the model (:mod:`solver.enumeration`); off: the model loop only."""
+        """Walk the configurations before the model (:mod:`pipeplan.solver.enumeration`); off: the model loop only."""
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
-        """Plan ``problem`` exactly; see :mod:`solver.exact` for the method and its proof.
+        """Plan ``problem`` exactly; see :mod:`pipeplan.solver.exact` for the method and its proof.
 
         Raises
         ------

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 
-from solver.problem import PlanningProblem
-from solver.result import SolverResult
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.result import SolverResult
 
 
 def format_bytes(n: float) -> str:
@@ -248,7 +248,7 @@ def heuristic_no_plan(problem: PlanningProblem, name: str, why: str, wall: float
         Seconds it ran.
     seed : int
     trace, details
-        As in :class:`solver.result.SolverResult`.
+        As in :class:`pipeplan.solver.result.SolverResult`.
 
     Returns
     -------
@@ -256,8 +256,8 @@ def heuristic_no_plan(problem: PlanningProblem, name: str, why: str, wall: float
 
     Examples
     --------
-    >>> from models.graph import Layer, LayerGraph
-    >>> from solver.cluster import Cluster, Device, Link
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.cluster import Cluster, Device, Link
     >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 1), params=9.0, act=0.0, out=0.0)])
     >>> c = Cluster("c", (Link(1.0, 0.0, "s"),), Link(1.0, 0.0), (Device("d", "s", 1.0, 10.0),))
     >>> heuristic_no_plan(PlanningProblem(g, c, 1, 1), "nsga", "nothing fitted", 0.1, 0).status

@@ -2,7 +2,7 @@
 
 ``cpsat`` with ``auto_microbatches`` or ``per_stage`` must find the best plan over every
 partition, device mapping, recompute choice *and* split.  The split model of
-:mod:`solver.cpsat_split` is exact for one fixed pipeline, so this module wraps it in a
+:mod:`pipeplan.solver.cpsat_split` is exact for one fixed pipeline, so this module wraps it in a
 branch and bound over pipelines:
 
 1. enumerate every pipeline (contiguous stages, ordered disjoint device groups,
@@ -15,7 +15,7 @@ branch and bound over pipelines:
 The result is ``optimal`` only when every pipeline was either solved to proved
 optimality or pruned by its bound.  When there are too many pipelines to enumerate,
 :func:`solve_joint` returns ``None`` and the caller falls back to the decomposition of
-:mod:`solver.cpsat_split` (whose bound covers one pipeline only).
+:mod:`pipeplan.solver.cpsat_split` (whose bound covers one pipeline only).
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ import time
 from itertools import combinations, product
 from typing import Iterator, Sequence
 
-from solver.cpsat_split import optimize_splits
-from solver.infeasibility import exceeds
-from solver.plan import Plan, Stage, equal_split
-from solver.problem import PlanningProblem
-from solver.result import SolverResult, TracePoint
-from solver.simulator import simulate
+from pipeplan.solver.cpsat_split import optimize_splits
+from pipeplan.solver.infeasibility import exceeds
+from pipeplan.solver.plan import Plan, Stage, equal_split
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.simulator import simulate
 
 MAX_PIPELINES = 4000
 """Most pipelines the joint search enumerates before handing over to the decomposition."""

@@ -11,8 +11,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from models.graph import LayerGraph
-from solver.schedule import FORWARD, Op
+from pipeplan.models.graph import LayerGraph
+from pipeplan.solver.schedule import FORWARD, Op
 
 ROUNDING = 1e-9
 """Relative band around a memory within which a peak summed in another order is re-checked.

@@ -40,12 +40,12 @@ from pymoo.core.repair import Repair
 from pymoo.core.sampling import Sampling
 from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
-from solver.batched import BatchSimulator, Candidate
-from solver.infeasibility import heuristic_no_plan
-from solver.plan import Plan, Stage, equal_split
-from solver.problem import PlanningProblem
-from solver.registry import register
-from solver.result import SolverResult, TracePoint
+from pipeplan.solver.batched import BatchSimulator, Candidate
+from pipeplan.solver.infeasibility import heuristic_no_plan
+from pipeplan.solver.plan import Plan, Stage, equal_split
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
+from pipeplan.solver.result import SolverResult, TracePoint
 
 __all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "run_nsga", "Nsga"]
 
@@ -391,8 +391,8 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     faster one keeps).  ``group-search`` runs first with up to half of ``time_limit``;
     the others share what is left equally.
     """
-    from solver.baselines import BASELINES, SPLIT_BASELINES
-    from solver.registry import get_solver, solver_names
+    from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
+    from pipeplan.solver.registry import get_solver, solver_names
 
     out: list[tuple[str, Plan]] = []
     started = time.perf_counter()

@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
-from models.errors import InputError
-from models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json
-from solver.schedule import SCHEDULES, Op, check_ops, format_op, stage_ops
+from pipeplan.models.errors import InputError
+from pipeplan.models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json
+from pipeplan.solver.schedule import SCHEDULES, Op, check_ops, format_op, stage_ops
 
 if TYPE_CHECKING:
-    from models.graph import LayerGraph
-    from solver.cluster import Cluster
+    from pipeplan.models.graph import LayerGraph
+    from pipeplan.solver.cluster import Cluster
 
 PLAN_FORMAT = "pipeplan.plan/1"
 

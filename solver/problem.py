@@ -6,10 +6,10 @@ import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from models.graph import LayerGraph
-from solver.cluster import Cluster
-from solver.plan import MAX_SAMPLES, Plan, Stage, equal_split
-from solver.simulator import SimulationResult, simulate
+from pipeplan.models.graph import LayerGraph
+from pipeplan.solver.cluster import Cluster
+from pipeplan.solver.plan import MAX_SAMPLES, Plan, Stage, equal_split
+from pipeplan.solver.simulator import SimulationResult, simulate
 
 
 def probe_counts(top: int) -> list[int]:
@@ -59,8 +59,8 @@ class PlanningProblem:
 
     Examples
     --------
-    >>> from models.graph import Layer, LayerGraph
-    >>> from solver.cluster import Cluster, Device, Link
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.cluster import Cluster, Device, Link
     >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 4, 8, 16)])
     >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 1, 1e9),))
     >>> p = PlanningProblem(g, c, global_batch=8, microbatches=4)
@@ -240,8 +240,8 @@ def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state
 
     Examples
     --------
-    >>> from models.graph import Layer
-    >>> from solver.cluster import Device, Link
+    >>> from pipeplan.models.graph import Layer
+    >>> from pipeplan.solver.cluster import Device, Link
     >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 4, 8, 16)])
     >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 5e-324, 1e9),))
     >>> what, why = overflow_cause(g, c, 8, 4.0)

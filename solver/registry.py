@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 from typing import Callable, Protocol
 
-from models.errors import InputError
-from solver.problem import PlanningProblem
-from solver.result import SolverResult
+from pipeplan.models.errors import InputError
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.result import SolverResult
 
 
 class Solver(Protocol):
@@ -26,7 +26,7 @@ class Solver(Protocol):
 _SOLVERS: dict[str, Callable[[], Solver]] = {}
 
 #: Modules that register solvers when imported (a missing one is simply not built yet).
-SOLVER_MODULES = ("solver.baselines", "solver.group_search", "solver.ilp", "solver.cpsat", "solver.cpsat_split", "solver.nsga")
+SOLVER_MODULES = ("pipeplan.solver.baselines", "pipeplan.solver.group_search", "pipeplan.solver.ilp", "pipeplan.solver.cpsat", "pipeplan.solver.cpsat_split", "pipeplan.solver.nsga")
 
 
 def register(name: str) -> Callable[[Callable[[], Solver]], Callable[[], Solver]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from solver.plan import Plan
+from pipeplan.solver.plan import Plan
 
 STATUSES = ("optimal", "feasible", "infeasible", "timeout-no-solution")
 """``optimal`` only when proved; ``feasible`` for a fitting plan without proof."""

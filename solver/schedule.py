@@ -13,7 +13,7 @@ import io
 import re
 from typing import Iterable, Sequence
 
-from models.errors import InputError
+from pipeplan.models.errors import InputError
 
 SCHEDULES = ("gpipe", "1f1b", "custom")
 """Schedule names a plan may use."""

@@ -18,14 +18,14 @@ from functools import cached_property
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from models.errors import DeadlockError, InputError
-from solver.memory import stage_peak_memory
-from solver.schedule import FORWARD, Op, format_op
+from pipeplan.models.errors import DeadlockError, InputError
+from pipeplan.solver.memory import stage_peak_memory
+from pipeplan.solver.schedule import FORWARD, Op, format_op
 
 if TYPE_CHECKING:
-    from models.graph import LayerGraph
-    from solver.cluster import Cluster
-    from solver.plan import Plan, Stage
+    from pipeplan.models.graph import LayerGraph
+    from pipeplan.solver.cluster import Cluster
+    from pipeplan.solver.plan import Plan, Stage
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from solver.simulator import SimulationResult
+from pipeplan.solver.simulator import SimulationResult
 
 _US = 1e6
 

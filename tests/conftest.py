@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from models.graph import Layer, LayerGraph
-from solver.cluster import Cluster, Device, Link
-from solver.plan import Plan, Stage
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.plan import Plan, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -8,17 +8,17 @@ import random
 import numpy as np
 import pytest
 
-from models.graph import Layer, LayerGraph, load_graph
-from solver.baselines import BASELINES, best_baseline
-from solver.baselines.alpa import _inner_dp, _rebuild
-from solver.baselines.autopipe import balanced_cuts
-from solver.baselines.dapple import append_first, fresh_first, scatter_first
-from solver.baselines.deepspeed import partition_balanced, partition_uniform
-from solver.baselines.even import even_cuts
-from solver.baselines.greedy_speed import proportional_cuts
-from solver.cluster import Cluster, Device, Link, load_cluster
-from solver.problem import PlanningProblem
-from solver.registry import get_solver, solver_names
+from pipeplan.models.graph import Layer, LayerGraph, load_graph
+from pipeplan.solver.baselines import BASELINES, best_baseline
+from pipeplan.solver.baselines.alpa import _inner_dp, _rebuild
+from pipeplan.solver.baselines.autopipe import balanced_cuts
+from pipeplan.solver.baselines.dapple import append_first, fresh_first, scatter_first
+from pipeplan.solver.baselines.deepspeed import partition_balanced, partition_uniform
+from pipeplan.solver.baselines.even import even_cuts
+from pipeplan.solver.baselines.greedy_speed import proportional_cuts
+from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import get_solver, solver_names
 
 NAMES = ["even", "deepspeed-uniform", "deepspeed-parameters", "pipedream", "dapple", "alpa", "autopipe",
          "greedy-speed"]
@@ -56,7 +56,7 @@ class TestRegistry:
 
 
     def test_names_in_module_order_whatever_was_imported_first(self):
-        import solver.nsga  # noqa: F401 - the CLI's pareto command imports it before the registry loads
+        import pipeplan.solver.nsga  # noqa: F401 - the CLI's pareto command imports it before the registry loads
 
         names = solver_names()
         assert names[0] == "even" and names[-1] == "nsga"

@@ -7,12 +7,12 @@ import random
 import numpy as np
 import pytest
 
-from models.errors import DeadlockError
-from models.graph import Layer, LayerGraph
-from solver.batched import BatchSimulator, Candidate, simulate_batch, timeline_arrays
-from solver.cluster import Cluster, Device, Link
-from solver.plan import Plan, Stage
-from solver.simulator import simulate
+from pipeplan.models.errors import DeadlockError
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.batched import BatchSimulator, Candidate, simulate_batch, timeline_arrays
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.plan import Plan, Stage
+from pipeplan.solver.simulator import simulate
 
 
 def random_split(rng: random.Random, batch: int, m: int) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""Calibrating device speeds from measured probe runs (``runtime.calibrate``, ``pipeplan calibrate``).
+"""Calibrating device speeds from measured probe runs (``pipeplan.runtime.calibrate``, ``pipeplan calibrate``).
 
 The unit tests use the hand-timed graphs of ``conftest`` (F = n, B = 2n seconds for n
 samples, instantaneous links), so every factor is worked out by hand; the command
@@ -15,11 +15,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from conftest import chain, cluster, make_layer, plan
-from models.graph import LayerGraph
-from models.jsonio import dumps
-from runtime.calibrate import calibrated_cluster, charged_seconds, device_factors, run_factors
-from solver.cluster import Cluster, load_cluster
-from solver.simulator import simulate
+from pipeplan.models.graph import LayerGraph
+from pipeplan.models.jsonio import dumps
+from pipeplan.runtime.calibrate import calibrated_cluster, charged_seconds, device_factors, run_factors
+from pipeplan.solver.cluster import Cluster, load_cluster
+from pipeplan.solver.simulator import simulate
 from test_replay import rank
 from pipeplan.cmd_calibrate import _notes
 from test_runtime import CLUSTER, model_graph, pipeplan, write_plan

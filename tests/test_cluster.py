@@ -5,8 +5,8 @@ import json
 import pytest
 
 from conftest import EXAMPLES
-from models.errors import InputError
-from solver.cluster import Cluster, Device, load_cluster
+from pipeplan.models.errors import InputError
+from pipeplan.solver.cluster import Cluster, Device, load_cluster
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import time
 
 import pytest
 
-from models.errors import InputError
-from solver.baselines import BASELINES
-from solver.plan import load_plan
+from pipeplan.models.errors import InputError
+from pipeplan.solver.baselines import BASELINES
+from pipeplan.solver.plan import load_plan
 from pipeplan import cmd_plan
 
 GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"

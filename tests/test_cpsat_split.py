@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from models.errors import DeadlockError
-from models.graph import Layer, LayerGraph
-from solver.cluster import Cluster, Device, Link
-from solver.cpsat_split import CpSatSplit, optimize_splits
-from solver.plan import Plan, Stage, equal_split
-from solver.problem import PlanningProblem
-from solver.registry import get_solver
-from solver.simulator import simulate
+from pipeplan.models.errors import DeadlockError
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.cpsat_split import CpSatSplit, optimize_splits
+from pipeplan.solver.plan import Plan, Stage, equal_split
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import get_solver
+from pipeplan.solver.simulator import simulate
 
 
 def compositions(batch: int, counts: range):
@@ -108,7 +108,7 @@ class TestCpSatSplit:
         assert again.plan == result.plan
 
     def test_no_base_plan_is_not_called_infeasible(self, monkeypatch):
-        import solver.cpsat_split as module
+        import pipeplan.solver.cpsat_split as module
 
         problem, _ = instance(0)
         slow = lambda *a, **k: time.sleep(0.05) or []  # noqa: E731 - no base, found after the base's time share

@@ -8,13 +8,13 @@ import time
 import numpy as np
 import pytest
 
-from models.graph import Layer, LayerGraph
-from solver.cluster import Cluster, Device, Link
-from solver import enumeration
-from solver.enumeration import _Walk, enumerate_configurations
-from solver.exact import _evaluate, _Search, build_data, greedy_plans, optimistic_time
-from solver.problem import PlanningProblem
-from solver.termination import TimeLimit
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver import enumeration
+from pipeplan.solver.enumeration import _Walk, enumerate_configurations
+from pipeplan.solver.exact import _evaluate, _Search, build_data, greedy_plans, optimistic_time
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.termination import TimeLimit
 
 from tests.test_exact import REL, brute_force, random_problem
 

@@ -8,12 +8,12 @@ from dataclasses import replace
 import pytest
 
 from conftest import EXAMPLES
-from models.graph import load_graph
-from solver.cluster import load_cluster
-from solver.equal_splits import MIN_PROBE_SECONDS, fastest, solve_equal_splits
-from solver.problem import PlanningProblem, probe_counts, probe_order
-from solver.registry import get_solver
-from solver.result import SolverResult
+from pipeplan.models.graph import load_graph
+from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.equal_splits import MIN_PROBE_SECONDS, fastest, solve_equal_splits
+from pipeplan.solver.problem import PlanningProblem, probe_counts, probe_order
+from pipeplan.solver.registry import get_solver
+from pipeplan.solver.result import SolverResult
 
 
 class TestProbeCounts:
@@ -170,10 +170,10 @@ class TestSplitSolversStartFromTheBestEqualSplit:
 
     @pytest.mark.parametrize("name", ["cpsat", "cpsat-split"])
     def test_no_worse_than_every_equal_split(self, name, best_equal, monkeypatch):
-        import solver.cpsat
+        import pipeplan.solver.cpsat
 
         # the decomposition, not the joint search, on any machine (it hands over here anyway)
-        monkeypatch.setattr(solver.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.cpsat, "solve_joint", lambda *a, **k: None)
         problem = example_problem()
         # cpsat-split gives an exact solver a tenth of its limit for a base plan: 1 s here
         result = get_solver(name).solve(problem, time_limit=4 if name == "cpsat" else 10, seed=0)
@@ -182,9 +182,9 @@ class TestSplitSolversStartFromTheBestEqualSplit:
         assert result.lower_bound is None  # the decomposition proves nothing over every pipeline
 
     def test_decomposition_says_what_it_tried(self, monkeypatch):
-        import solver.cpsat
+        import pipeplan.solver.cpsat
 
-        monkeypatch.setattr(solver.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.cpsat, "solve_joint", lambda *a, **k: None)
         result = get_solver("cpsat").solve(example_problem(max_microbatches=4), time_limit=2, seed=0)
         assert list(result.details["equal_splits"]) == [4, 2, 1, 3]
         assert result.details["equal_split_time"] == min(t for _, t in result.details["equal_splits"].values())

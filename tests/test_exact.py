@@ -10,15 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from models.graph import Layer, LayerGraph, load_graph
-from solver.cluster import Cluster, Device, Link, load_cluster
-from solver.cpsat import CpSatSolver
-from solver.exact import (OPT_TOL, build_data, config_lower_bound, device_classes, greedy_plans, model_rows,
+from pipeplan.models.graph import Layer, LayerGraph, load_graph
+from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
+from pipeplan.solver.cpsat import CpSatSolver
+from pipeplan.solver.exact import (OPT_TOL, build_data, config_lower_bound, device_classes, greedy_plans, model_rows,
                           optimistic_time, placements, plan_config, stage_options, two_round_trips)
-from solver.ilp import IlpSolver
-from solver.problem import PlanningProblem
-from solver.simulator import simulate
-from solver.termination import TimeLimit
+from pipeplan.solver.ilp import IlpSolver
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.simulator import simulate
+from pipeplan.solver.termination import TimeLimit
 
 REL = 1e-9  # float noise allowed when comparing iteration times
 
@@ -141,8 +141,8 @@ class TestIlpSolve:
         # out 1.5e-8 above the optimum on these instances (found by a randomized check).
         from pathlib import Path
 
-        from models.graph import load_graph
-        from solver.cluster import load_cluster
+        from pipeplan.models.graph import load_graph
+        from pipeplan.solver.cluster import load_cluster
 
         data = Path(__file__).parent / "data" / "cbc_bound"
         problem = PlanningProblem(load_graph(str(data / f"seed{seed}.graph.json")),

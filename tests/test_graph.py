@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, strategies as st
 
 from conftest import EXAMPLES, chain, make_layer
-from models.errors import InputError
-from models.graph import LayerGraph, load_graph
+from pipeplan.models.errors import InputError
+from pipeplan.models.graph import LayerGraph, load_graph
 
 
 def skip_graph() -> LayerGraph:
@@ -119,7 +119,7 @@ class TestAtomicWriteBytes:
         import os
         import stat
 
-        from models.jsonio import atomic_write_bytes
+        from pipeplan.models.jsonio import atomic_write_bytes
 
         old = os.umask(0o022)
         try:
@@ -131,18 +131,18 @@ class TestAtomicWriteBytes:
         assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
     def test_missing_folder_is_input_error(self, tmp_path):
-        from models.errors import InputError
-        from models.jsonio import atomic_write_bytes
+        from pipeplan.models.errors import InputError
+        from pipeplan.models.jsonio import atomic_write_bytes
 
         with pytest.raises(InputError):
             atomic_write_bytes(tmp_path / "nowhere" / "plan.json", b"{}")
 
 
 class TestCheckValues:
-    """``models.jsonio.check_values``: what JSON admits but no field can hold, anywhere in a file."""
+    """``pipeplan.models.jsonio.check_values``: what JSON admits but no field can hold, anywhere in a file."""
 
     def test_valid_values_pass(self):
-        from models.jsonio import check_values
+        from pipeplan.models.jsonio import check_values
 
         check_values({"a": [1e308, 2 ** 1023, 2 ** 1024 - 2 ** 970 - 1, True, None, "caf\u00e9 \U0001F600"],
                       "\u00e9": {"b": -5e-324}}, "f.json")
@@ -160,7 +160,7 @@ class TestCheckValues:
         ({"a": float("inf"), "b": float("inf")}, "a", "beyond the float range"),
     ])
     def test_refused_at_its_path(self, value, where, what):
-        from models.jsonio import check_values
+        from pipeplan.models.jsonio import check_values
 
         with pytest.raises(InputError) as caught:
             check_values(value, "f.json")

@@ -11,14 +11,14 @@ import warnings
 import numpy as np
 import pytest
 
-from experiments.bench_solvers import chain_graph, two_type_cluster
-from models.graph import Layer, LayerGraph
-from solver.cluster import Cluster, Device, Link
-from solver.baselines.common import finalize
-from solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped, balanced_bounds, group_search, patterns, refine,
+from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.baselines.common import finalize
+from pipeplan.solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped, balanced_bounds, group_search, patterns, refine,
                                  replica_groups, reshape, reshapes)
-from solver.problem import PlanningProblem
-from solver.registry import get_solver
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import get_solver
 from tests.test_baselines import random_problem
 
 

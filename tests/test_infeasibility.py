@@ -6,11 +6,11 @@ import random
 
 import pytest
 
-from models.graph import Layer, LayerGraph
-from solver.cluster import Cluster, Device, Link
-from solver.infeasibility import (exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.infeasibility import (exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
                                    heuristic_no_plan, proves_infeasible, tightest_constraint)
-from solver.problem import PlanningProblem
+from pipeplan.solver.problem import PlanningProblem
 
 
 def problem(memories, params=(1e9, 7.8e9, 1e9), act=1e8, **kw) -> PlanningProblem:
@@ -123,7 +123,7 @@ class TestFewestStages:
 
     @pytest.mark.parametrize("seed", range(30))
     def test_proof_agrees_with_the_exact_solver(self, seed):
-        from solver.registry import get_solver
+        from pipeplan.solver.registry import get_solver
 
         rng = random.Random(seed)
         p = problem([rng.choice([0.5e9, 1e9, 1.6e9]) for _ in range(rng.randint(1, 3))],

@@ -6,9 +6,9 @@ import math
 
 import numpy as np
 
-from models.graph import Layer, LayerGraph
-from solver.memory import ROUNDING, range_peak_memory, settle_borderline, stage_peak_memory
-from solver.schedule import stage_ops
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.memory import ROUNDING, range_peak_memory, settle_borderline, stage_peak_memory
+from pipeplan.solver.schedule import stage_ops
 
 
 class TestRangePeakMemory:

@@ -8,12 +8,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from models.graph import load_graph
-from solver.cluster import load_cluster
-from solver.nsga import BIG, Codec, Nsga, run_nsga
-from solver.plan import Plan
-from solver.problem import PlanningProblem
-from solver.simulator import simulate
+from pipeplan.models.graph import load_graph
+from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.nsga import BIG, Codec, Nsga, run_nsga
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.simulator import simulate
 from test_cpsat_split import instance
 from conftest import EXAMPLES
 
@@ -36,7 +36,7 @@ class TestCodec:
             assert np.array_equal(codec.repair(x), x)  # repair is idempotent
             cand = codec.decode(x)
             plan = Plan("gpt1-14", "two-servers", 16, 4.0, "1f1b", tuple(
-                __import__("solver.plan", fromlist=["Stage"]).Stage(b, g, sp, rc)
+                __import__("pipeplan.solver.plan", fromlist=["Stage"]).Stage(b, g, sp, rc)
                 for b, g, sp, rc in zip(cand.bounds, cand.groups, cand.splits, cand.recompute)))
             plan.validate(problem.graph, problem.cluster)
             assert problem.in_split_space(plan)
@@ -76,13 +76,13 @@ class TestNsga:
         b = Nsga(generations=5, population=12).solve(problem, time_limit=200, seed=3)
         assert a.status == "feasible" and a.lower_bound is None
         assert a.plan == b.plan and a.iteration_time == b.iteration_time
-        from solver.baselines import best_baseline
+        from pipeplan.solver.baselines import best_baseline
         assert a.iteration_time <= best_baseline(problem, time_limit=5).iteration_time
 
     def test_a_device_without_memory(self):
         # "memory": 0 is allowed; the overuse of a stage on it once divided by zero
-        from models.graph import Layer, LayerGraph
-        from solver.cluster import Cluster, Device, Link
+        from pipeplan.models.graph import Layer, LayerGraph
+        from pipeplan.solver.cluster import Cluster, Device, Link
         graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-4, 1e-4), (2e-4, 2e-4), 1e6, 1e5, 1e3) for i in range(6)])
         cluster = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e9, 1e-5),
                           (Device("d0", "s0", 1.0, 0.0), Device("d1", "s0", 1.0, 1e8), Device("d2", "s0", 1.0, 1e8)))
@@ -92,7 +92,7 @@ class TestNsga:
 
     @pytest.mark.parametrize("seed", [0, 1])
     def test_within_two_percent_of_cpsat(self, seed):
-        from solver.cpsat_split import optimize_splits
+        from pipeplan.solver.cpsat_split import optimize_splits
         problem, base = instance(seed)
         best = optimize_splits(problem, base, time_limit=20).iteration_time
         result = Nsga(generations=15, population=24).solve(problem, time_limit=60, seed=0)
@@ -103,11 +103,11 @@ class TestSeedPlans:
     def test_group_search_goes_first_with_half_the_seeding_time(self, monkeypatch):
         # On 64 devices it needs seconds: an equal share of the seeding time left it cut
         # short and unused, and NSGA-II started 70 % above its plan on 96 x 64.
-        import solver.registry
-        from solver.nsga import seed_plans
+        import pipeplan.solver.registry
+        from pipeplan.solver.nsga import seed_plans
 
         calls = []
-        real = solver.registry.get_solver
+        real = pipeplan.solver.registry.get_solver
 
         def recording(name):
             solver_ = real(name)
@@ -119,7 +119,7 @@ class TestSeedPlans:
             solver_.solve = solve_recorded
             return solver_
 
-        monkeypatch.setattr(solver.registry, "get_solver", recording)
+        monkeypatch.setattr(pipeplan.solver.registry, "get_solver", recording)
         seeds = seed_plans(gpt_problem(), seed=0, time_limit=8.0)
         assert calls[0] == ("group-search", 4.0)
         assert seeds[0][0] == "group-search"

@@ -5,10 +5,10 @@ import json
 import pytest
 
 from conftest import EXAMPLES, chain, cluster
-from models.errors import InputError
-from models.graph import load_graph
-from solver.cluster import load_cluster
-from solver.plan import Plan, equal_split, load_plan
+from pipeplan.models.errors import InputError
+from pipeplan.models.graph import load_graph
+from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.plan import Plan, equal_split, load_plan
 
 
 def base() -> dict:

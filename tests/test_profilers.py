@@ -10,12 +10,12 @@ import pytest
 import torch
 from torch import nn
 
-import models.profile_measured as measured
-from models.errors import InputError
-from models.fit import fit_linear
-from models.graph import load_graph
-from models.profile_analytic import DeviceModel, profile_analytic
-from models.profile_measured import MeasureConfig, per_sample, profile_measured, saved_bytes
+import pipeplan.models.profile_measured as measured
+from pipeplan.models.errors import InputError
+from pipeplan.models.fit import fit_linear
+from pipeplan.models.graph import load_graph
+from pipeplan.models.profile_analytic import DeviceModel, profile_analytic
+from pipeplan.models.profile_measured import MeasureConfig, per_sample, profile_measured, saved_bytes
 from pipeplan.cli import main
 
 FAST = MeasureConfig(batch_sizes=(1, 2), warmup=0, repeats=1)
@@ -238,7 +238,7 @@ class TestRunProfile:
 
 class TestCacheKey:
     def test_stable_and_sensitive(self, temp_cache: Path) -> None:
-        from models.cache import cache_dir, cache_key
+        from pipeplan.models.cache import cache_dir, cache_key
 
         assert cache_dir() == temp_cache
         assert cache_key("measured", {"model": "a", "sizes": [1, 2]}) == cache_key("measured", {"sizes": [1, 2], "model": "a"})

@@ -1,4 +1,4 @@
-"""Replaying a run's measured op times through the simulator's timeline (``runtime.replay``).
+"""Replaying a run's measured op times through the simulator's timeline (``pipeplan.runtime.replay``).
 
 Layers take F = n and B = 2n seconds for n samples and links are instantaneous (see
 ``conftest``), so the expected timelines can be worked out by hand.
@@ -7,8 +7,8 @@ Layers take F = n and B = 2n seconds for n samples and links are instantaneous (
 import pytest
 
 from conftest import chain, cluster, plan
-from runtime.replay import op_seconds, replay, replayed_durations
-from solver.simulator import simulate
+from pipeplan.runtime.replay import op_seconds, replay, replayed_durations
+from pipeplan.solver.simulator import simulate
 
 
 def two_stage_prediction():

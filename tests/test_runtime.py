@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.graph import Layer, LayerGraph
-from models.jsonio import dumps
-from models.zoo import build_model
-from runtime.pieces import piece_seed
-from runtime.routing import cut_messages, grad_order, pieces, replica_split
-from runtime.stage import Stage as RunStage
-from runtime.verify import forward_in_pieces, needs_pieces, plan_pieces, reference_parameters
-from solver.plan import Plan, Stage
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.models.jsonio import dumps
+from pipeplan.models.zoo import build_model
+from pipeplan.runtime.pieces import piece_seed
+from pipeplan.runtime.routing import cut_messages, grad_order, pieces, replica_split
+from pipeplan.runtime.stage import Stage as RunStage
+from pipeplan.runtime.verify import forward_in_pieces, needs_pieces, plan_pieces, reference_parameters
+from pipeplan.solver.plan import Plan, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = str(ROOT / "examples" / "two-servers.cluster.json")
@@ -95,7 +95,7 @@ def workers_alive(token: str) -> list[int]:
                 state = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("State"))
             except (OSError, StopIteration):
                 continue
-            if token in cmdline and "runtime.worker" in cmdline and "zombie" not in state:
+            if token in cmdline and "pipeplan.runtime.worker" in cmdline and "zombie" not in state:
                 pids.append(int(entry.name))
     return pids
 
@@ -207,7 +207,7 @@ class TestMaxDifference:
     def test_nan_anywhere_is_the_worst(self):
         import torch
 
-        from runtime.verify import max_difference
+        from pipeplan.runtime.verify import max_difference
 
         want = {"a.w": torch.ones(3), "b.w": torch.ones(3)}
         got = {"a.w": torch.ones(3), "b.w": torch.tensor([1.0, math.nan, 1.0])}
@@ -216,7 +216,7 @@ class TestMaxDifference:
     def test_relative_and_absolute(self):
         import torch
 
-        from runtime.verify import relative_difference
+        from pipeplan.runtime.verify import relative_difference
 
         assert relative_difference(torch.tensor([2.0, 4.5]), torch.tensor([2.0, 4.0])) == 0.5 / 4.0
         assert relative_difference(torch.tensor([0.25]), torch.zeros(1)) == 0.25
@@ -439,14 +439,14 @@ class TestCheckOptions:
 
     @pytest.mark.parametrize("steps, warmup", [(1, 0), (2, 1), (3, 2), (6, 2)])
     def test_default_warmup_leaves_at_least_one_step(self, steps, warmup):
-        from runtime.worker import check_options
+        from pipeplan.runtime.worker import check_options
 
         ns = self.options(steps=steps)
         check_options(ns)
         assert ns.warmup == warmup
 
     def test_given_warmup_is_kept(self):
-        from runtime.worker import check_options
+        from pipeplan.runtime.worker import check_options
 
         ns = self.options(steps=4, warmup=3)
         check_options(ns)
@@ -455,8 +455,8 @@ class TestCheckOptions:
     @pytest.mark.parametrize("kw", [{"timeout": float("inf")}, {"timeout": -5.0}, {"seed": -1}, {"spin": "x"},
                                     {"steps": 2, "warmup": 2}])
     def test_refuses(self, kw):
-        from models.errors import InputError
-        from runtime.worker import check_options
+        from pipeplan.models.errors import InputError
+        from pipeplan.runtime.worker import check_options
 
         with pytest.raises(InputError):
             check_options(self.options(**kw))
@@ -467,7 +467,7 @@ class TestHangKey:
 
     @staticmethod
     def blamed(beats: dict, stopped: set = frozenset()) -> int:
-        from runtime import launch
+        from pipeplan.runtime import launch
 
         real = launch._stopped
         launch._stopped = lambda pid: pid in stopped
@@ -477,26 +477,26 @@ class TestHangKey:
             launch._stopped = real
 
     def test_a_working_rank_before_waiting_ones(self):
-        from runtime.heartbeat import Beat
+        from pipeplan.runtime.heartbeat import Beat
 
         beats = {0: Beat(1.0, 3, 2, True, 1.0), 1: Beat(2.0, 3, 0, False, 2.0)}
         assert self.blamed(beats) == 1
 
     def test_among_waiting_ranks_the_one_whose_waits_stopped_living(self):
-        from runtime.heartbeat import Beat
+        from pipeplan.runtime.heartbeat import Beat
 
         # rank 0 began waiting first but kept polling (alive 9.0); rank 1 froze in its wait at 2.0
         beats = {0: Beat(1.0, 3, 2, True, 9.0), 1: Beat(2.0, 3, 0, True, 2.0)}
         assert self.blamed(beats) == 1
 
     def test_a_stopped_process_first(self):
-        from runtime.heartbeat import Beat
+        from pipeplan.runtime.heartbeat import Beat
 
         beats = {0: Beat(1.0, 3, 2, False, 1.0), 1: Beat(2.0, 3, 0, True, 9.0)}
         assert self.blamed(beats, stopped={1}) == 1
 
     def test_this_process_is_not_stopped(self):
-        from runtime.launch import _stopped
+        from pipeplan.runtime.launch import _stopped
 
         assert not _stopped(os.getpid())
 

@@ -3,8 +3,8 @@
 import pytest
 
 from conftest import ROOT
-from models.errors import InputError
-from solver.schedule import (check_ops, format_op, from_csv, gpipe_ops, one_f_one_b_ops, parse_op, to_csv)
+from pipeplan.models.errors import InputError
+from pipeplan.solver.schedule import (check_ops, format_op, from_csv, gpipe_ops, one_f_one_b_ops, parse_op, to_csv)
 
 
 def text(ops):

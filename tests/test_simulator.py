@@ -7,9 +7,9 @@ links are instantaneous, so the arithmetic can be done by hand in the docstrings
 import pytest
 
 from conftest import chain, cluster, make_layer, plan
-from models.errors import DeadlockError
-from models.graph import LayerGraph
-from solver.simulator import check_deadlock_free, simulate
+from pipeplan.models.errors import DeadlockError
+from pipeplan.models.graph import LayerGraph
+from pipeplan.solver.simulator import check_deadlock_free, simulate
 
 
 def flat(pairs):

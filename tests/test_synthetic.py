@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from models.errors import InputError
-from models.graph import LayerGraph
-from models.synthetic import synthetic_graph
+from pipeplan.models.errors import InputError
+from pipeplan.models.graph import LayerGraph
+from pipeplan.models.synthetic import synthetic_graph
 
 
 class TestSyntheticGraph:

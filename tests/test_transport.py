@@ -1,4 +1,4 @@
-"""The rank-driven TCP transport (``runtime.transport``), between threads of one process.
+"""The rank-driven TCP transport (``pipeplan.runtime.transport``), between threads of one process.
 
 Each thread plays one rank with its own :class:`TcpTransport`; the ranks publish
 their listening addresses through a shared list, as ``dist.all_gather_object``
@@ -13,9 +13,9 @@ import time
 import pytest
 import torch
 
-from runtime.gradsync import links
-from runtime.transport import TcpTransport
-from runtime.worker import check_spin
+from pipeplan.runtime.gradsync import links
+from pipeplan.runtime.transport import TcpTransport
+from pipeplan.runtime.worker import check_spin
 
 KEY = ("fwd",)
 OTHER = ("bwd",)
@@ -197,7 +197,7 @@ class TestTcpTransport:
 
 class TestLinks:
     def test_cuts_pair_the_two_stages_and_only_two_member_groups_get_links(self):
-        from solver.plan import Plan, Stage
+        from pipeplan.solver.plan import Plan, Stage
 
         plan = Plan("g", "c", 4, 4.0, "gpipe", (Stage((0, 1), ("d0",), (4,)), Stage((1, 2), ("d1", "d2"), (4,)),
                                                Stage((2, 3), ("d3", "d4", "d5"), (4,))))
@@ -213,7 +213,7 @@ class TestCheckSpin:
 
     @pytest.mark.parametrize("bad", ["x", "-1", "nan", "inf"])
     def test_bad_values_are_refused(self, bad):
-        from models.errors import InputError
+        from pipeplan.models.errors import InputError
 
         with pytest.raises(InputError, match="--spin"):
             check_spin(bad)

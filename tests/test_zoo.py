@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from models.errors import InputError
-from models.zoo import ZOO, build_model, model_names
+from pipeplan.models.errors import InputError
+from pipeplan.models.zoo import ZOO, build_model, model_names
 from pipeplan.cli import main
 
 

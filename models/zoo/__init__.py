@@ -1,7 +1,7 @@
 """The model zoo: real ``torch.nn.Module`` models split into named partition units.
 
-Every model is a :class:`~models.zoo.base.ZooModel`: an ordered list of
-:class:`~models.zoo.base.Unit` (a pipeline stage is a contiguous slice), an example
+Every model is a :class:`~pipeplan.models.zoo.base.ZooModel`: an ordered list of
+:class:`~pipeplan.models.zoo.base.Unit` (a pipeline stage is a contiguous slice), an example
 batch, a loss and the input size.  Build one with :func:`build_model`.
 """
 
@@ -12,14 +12,14 @@ from typing import Callable
 
 import torch
 
-from models.errors import InputError
-from models.zoo.base import Unit, ZooModel
-from models.zoo.bert import build_bert
-from models.zoo.gpt import build_gpt
-from models.zoo.resnet import build_resnet50
-from models.zoo.unet import build_unet
-from models.zoo.vgg import build_vgg16
-from models.zoo.vgg_tiny import build_vgg_tiny
+from pipeplan.models.errors import InputError
+from pipeplan.models.zoo.base import Unit, ZooModel
+from pipeplan.models.zoo.bert import build_bert
+from pipeplan.models.zoo.gpt import build_gpt
+from pipeplan.models.zoo.resnet import build_resnet50
+from pipeplan.models.zoo.unet import build_unet
+from pipeplan.models.zoo.vgg import build_vgg16
+from pipeplan.models.zoo.vgg_tiny import build_vgg_tiny
 
 __all__ = ["ZOO", "Unit", "ZooModel", "build_model", "model_names"]
 

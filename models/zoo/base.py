@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import torch
 from torch import nn
 
-from models.errors import InputError
+from pipeplan.models.errors import InputError
 
 #: Builds ``(inputs, targets)`` for ``n`` samples from a seed, on a device.
 BatchFn = Callable[[int, int, torch.device], tuple[torch.Tensor, torch.Tensor]]

@@ -12,8 +12,8 @@ import math
 import torch
 from torch import nn
 
-from models.errors import InputError
-from models.zoo.base import Unit, ZooModel, class_loss, generator, seeded_build
+from pipeplan.models.errors import InputError
+from pipeplan.models.zoo.base import Unit, ZooModel, class_loss, generator, seeded_build
 
 VOCAB, POSITIONS, TYPES, D_MODEL, HEADS, LAYERS, CLASSES = 30522, 512, 2, 1024, 16, 24, 2
 

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
-from models.errors import InputError
-from models.zoo.base import Unit, ZooModel, seeded_build, token_batch, token_loss
+from pipeplan.models.errors import InputError
+from pipeplan.models.zoo.base import Unit, ZooModel, seeded_build, token_batch, token_loss
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.zoo.base import Unit, ZooModel, seeded_build
-from models.zoo.vision import image_classifier, no_seq_len
+from pipeplan.models.zoo.base import Unit, ZooModel, seeded_build
+from pipeplan.models.zoo.vision import image_classifier, no_seq_len
 
 #: (blocks, bottleneck width) of the four stages.
 STAGES = ((3, 64), (4, 128), (6, 256), (3, 512))

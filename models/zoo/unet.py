@@ -11,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.zoo.base import Unit, ZooModel, class_loss, seeded_build
-from models.zoo.vision import dtype_name, image_batch, no_seq_len
+from pipeplan.models.zoo.base import Unit, ZooModel, class_loss, seeded_build
+from pipeplan.models.zoo.vision import dtype_name, image_batch, no_seq_len
 
 IMAGE, IN_CH, BASE, CLASSES, DEPTH = 64, 3, 16, 2, 3
 

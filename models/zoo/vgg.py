@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.zoo.base import Unit, ZooModel, seeded_build
-from models.zoo.vision import image_classifier, no_seq_len
+from pipeplan.models.zoo.base import Unit, ZooModel, seeded_build
+from pipeplan.models.zoo.vision import image_classifier, no_seq_len
 
 #: Output channels of the 13 convs; ``"M"`` marks a 2x2 max-pool after the previous conv.
 LAYOUT: tuple[int | str, ...] = (64, 64, "M", 128, 128, "M", 256, 256, 256, "M",

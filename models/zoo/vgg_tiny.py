@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.zoo.base import Unit, ZooModel, seeded_build
-from models.zoo.vision import image_classifier, no_seq_len
+from pipeplan.models.zoo.base import Unit, ZooModel, seeded_build
+from pipeplan.models.zoo.vision import image_classifier, no_seq_len
 
 #: Output channels of the four conv units (each halves the image).
 CHANNELS = (8, 16, 32, 32)
@@ -29,7 +29,7 @@ def build_vgg_tiny(name: str = "vgg-tiny", *, seq_len: int | None = None, dtype:
                    device: str | torch.device = "cpu", seed: int = 0) -> ZooModel:
     """Build vgg-tiny as 6 units: ``conv1`` ... ``conv4``, ``fc1`` (with dropout), ``fc2``.
 
-    Parameters, result and errors as :func:`models.zoo.vgg.build_vgg16`, but the inputs
+    Parameters, result and errors as :func:`pipeplan.models.zoo.vgg.build_vgg16`, but the inputs
     are ``(n, 3, 32, 32)`` images and the labels lie in ``0 .. 9``.
 
     Examples

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from models.errors import InputError
-from models.zoo.base import Unit, ZooModel, class_loss, generator
+from pipeplan.models.errors import InputError
+from pipeplan.models.zoo.base import Unit, ZooModel, class_loss, generator
 
 
 def no_seq_len(name: str, seq_len: int | None) -> None:

@@ -13,16 +13,16 @@ from __future__ import annotations
 import time
 
 # Import order is registration order (what ``pipeplan compare`` lists): cheapest first.
-from solver.baselines import even, deepspeed, greedy_speed, autopipe, pipedream, dapple, alpa  # noqa: F401,I001
-from solver.baselines.alpa import Alpa
-from solver.baselines.autopipe import AutoPipe
-from solver.baselines.dapple import Dapple
-from solver.baselines.deepspeed import DeepSpeedParameters, DeepSpeedUniform
-from solver.baselines.even import EvenSplit
-from solver.baselines.greedy_speed import GreedySpeed
-from solver.baselines.pipedream import PipeDream
-from solver.problem import PlanningProblem
-from solver.result import SolverResult
+from pipeplan.solver.baselines import even, deepspeed, greedy_speed, autopipe, pipedream, dapple, alpa  # noqa: F401,I001
+from pipeplan.solver.baselines.alpa import Alpa
+from pipeplan.solver.baselines.autopipe import AutoPipe
+from pipeplan.solver.baselines.dapple import Dapple
+from pipeplan.solver.baselines.deepspeed import DeepSpeedParameters, DeepSpeedUniform
+from pipeplan.solver.baselines.even import EvenSplit
+from pipeplan.solver.baselines.greedy_speed import GreedySpeed
+from pipeplan.solver.baselines.pipedream import PipeDream
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.result import SolverResult
 
 BASELINES = (EvenSplit, DeepSpeedUniform, DeepSpeedParameters, GreedySpeed, AutoPipe, PipeDream, Dapple, Alpa)
 """Every baseline class, cheapest first (the order :func:`best_baseline` runs them)."""
@@ -72,9 +72,9 @@ def run_baselines(problem: PlanningProblem, *, seed: int = 0, time_limit: float 
 
 # Split-aware baselines (unequal microbatches on the best equal-split pipeline): they
 # return plans outside the equal-split search space, so they stay out of BASELINES.
-from solver.baselines import umpipe, slicing  # noqa: E402,F401,I001
-from solver.baselines.slicing import AutoPipeSlicing  # noqa: E402
-from solver.baselines.umpipe import UmpipeDP, UmpipeLocal  # noqa: E402
+from pipeplan.solver.baselines import umpipe, slicing  # noqa: E402,F401,I001
+from pipeplan.solver.baselines.slicing import AutoPipeSlicing  # noqa: E402
+from pipeplan.solver.baselines.umpipe import UmpipeDP, UmpipeLocal  # noqa: E402
 
 SPLIT_BASELINES = (UmpipeLocal, UmpipeDP, AutoPipeSlicing)
 """Baselines that choose microbatch splits (``umpipe-local``, ``umpipe-dp``, ``autopipe-slicing``)."""

@@ -10,7 +10,7 @@ for layers ``k..L-1`` on ``d`` devices) minimising the sum with every stage at m
 number of microbatches a stage must hold given the ``s - 1`` stages after it.
 
 Heterogeneous adaptation: stage device groups ("submeshes") have power-of-two sizes and
-are consecutive slices of :func:`~solver.baselines.common.rank_devices` over a pool of
+are consecutive slices of :func:`~pipeplan.solver.baselines.common.rank_devices` over a pool of
 the ``U`` fastest devices (first stage fastest); a stage's latency per microbatch uses its
 slowest replica, plus its all-reduce spread over the ``M`` microbatches; the memory test
 is the spec's exact peak for its position, with recompute when allowed and needed.
@@ -25,11 +25,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
-from solver.memory import stage_peak_memory
-from solver.problem import PlanningProblem
-from solver.registry import register
-from solver.schedule import stage_ops
+from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
+from pipeplan.solver.memory import stage_peak_memory
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
+from pipeplan.solver.schedule import stage_ops
 
 T_MAX_GAP = 1e-6
 """Seconds: a ``t_max`` candidate this close to the last one tried is skipped, as in Alpa."""

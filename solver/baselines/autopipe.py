@@ -27,10 +27,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from solver.baselines.common import (Baseline, Bounds, Groups, Proposal, StageModel, bounds_from_cuts,
+from pipeplan.solver.baselines.common import (Baseline, Bounds, Groups, Proposal, StageModel, bounds_from_cuts,
                                      finalize, rank_devices, split_groups)
-from solver.problem import PlanningProblem
-from solver.registry import register
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
 
 
 def balanced_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[int]:

@@ -17,10 +17,10 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from solver.plan import Plan
-from solver.problem import PlanningProblem
-from solver.result import SolverResult, TracePoint
-from solver.simulator import SimulationResult, run_timeline, stage_costs
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.simulator import SimulationResult, run_timeline, stage_costs
 
 Bounds = tuple[tuple[int, int], ...]
 """Half-open layer ranges of the stages, in order."""

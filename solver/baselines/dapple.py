@@ -24,9 +24,9 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
-from solver.baselines.common import Baseline, Proposal, StageModel
-from solver.problem import PlanningProblem
-from solver.registry import register
+from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
 
 Policy = Callable[[list[list[str]], frozenset[str], int], "list[str] | None"]
 

@@ -8,7 +8,7 @@ problem that minimises ``max - min`` part weight.  Neither knows compute time or
 
 Heterogeneous adaptation: DeepSpeed runs a PP x DP grid with the pipe axis outermost,
 so stage ``s`` gets ``r`` consecutive ranks.  We take ranks from the fastest devices
-(:func:`~solver.baselines.common.rank_devices`) and try, for every stage count ``S``,
+(:func:`~pipeplan.solver.baselines.common.rank_devices`) and try, for every stage count ``S``,
 ``r = 1`` and (with replication allowed) ``r = D // S``, the largest grid that fits.
 """
 
@@ -18,9 +18,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from solver.baselines.common import Baseline, Proposal, bounds_from_cuts, rank_devices, split_groups
-from solver.problem import PlanningProblem
-from solver.registry import register
+from pipeplan.solver.baselines.common import Baseline, Proposal, bounds_from_cuts, rank_devices, split_groups
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
 
 
 def partition_uniform(num_items: int, num_parts: int) -> list[int]:

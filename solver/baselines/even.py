@@ -6,7 +6,7 @@ evenly over the pipeline stages (``peers.md`` §1.2).  It optimises nothing but 
 counts: every stage gets ``L // S`` layers and the first ``L % S`` stages one more.
 
 Heterogeneous adaptation: one device per stage (a pure pipeline, as GPipe), the ``S``
-fastest devices in :func:`~solver.baselines.common.rank_devices` order; every stage
+fastest devices in :func:`~pipeplan.solver.baselines.common.rank_devices` order; every stage
 count ``S = 1 .. stage_limit`` is tried and the simulator keeps the fastest fitting plan.
 """
 
@@ -16,9 +16,9 @@ from typing import Iterator
 
 import numpy as np
 
-from solver.baselines.common import Baseline, Proposal, bounds_from_cuts, rank_devices, split_groups
-from solver.problem import PlanningProblem
-from solver.registry import register
+from pipeplan.solver.baselines.common import Baseline, Proposal, bounds_from_cuts, rank_devices, split_groups
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
 
 
 def even_cuts(num_layers: int, num_stages: int) -> list[int]:

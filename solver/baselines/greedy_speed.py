@@ -17,9 +17,9 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from solver.baselines.common import Baseline, Proposal, StageModel, bounds_from_cuts, rank_devices
-from solver.problem import PlanningProblem
-from solver.registry import register
+from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, bounds_from_cuts, rank_devices
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
 
 
 def proportional_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[int]:

@@ -10,7 +10,7 @@ where ``T`` is a stage's compute time on ``m'`` replicas plus its weight
 synchronisation and ``C_i`` the activation transfer across the cut.
 
 Heterogeneous adaptation: the ``m`` devices of ``A(j, m)`` are the first ``m`` of
-:func:`~solver.baselines.common.rank_devices` (fastest first) and a stage with ``m'``
+:func:`~pipeplan.solver.baselines.common.rank_devices` (fastest first) and a stage with ``m'``
 replicas gets the next ``m'`` of them, so ``T`` uses their real (slowest) speed, the
 spec's ring all-reduce and the real link of the cut, instead of PipeDream's per-level
 homogeneous machines.  Stages that cannot fit even with one microbatch in flight are
@@ -26,9 +26,9 @@ from typing import Iterator
 
 import numpy as np
 
-from solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
-from solver.problem import PlanningProblem
-from solver.registry import register
+from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
 
 
 class _Vectors:

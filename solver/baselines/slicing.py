@@ -15,10 +15,10 @@ outside :attr:`PlanningProblem.split_counts` are skipped, so with a fixed count
 
 from __future__ import annotations
 
-from solver.baselines.umpipe import Split, _SplitBaseline
-from solver.plan import Plan, equal_split
-from solver.problem import PlanningProblem
-from solver.registry import register
+from pipeplan.solver.baselines.umpipe import Split, _SplitBaseline
+from pipeplan.solver.plan import Plan, equal_split
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
 
 
 def sliced(split: Split, k: int) -> Split:

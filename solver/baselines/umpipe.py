@@ -28,11 +28,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from solver.batched import BatchSimulator, Candidate
-from solver.plan import Plan, Stage, equal_split
-from solver.problem import PlanningProblem
-from solver.registry import register
-from solver.result import SolverResult, TracePoint
+from pipeplan.solver.batched import BatchSimulator, Candidate
+from pipeplan.solver.plan import Plan, Stage, equal_split
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import register
+from pipeplan.solver.result import SolverResult, TracePoint
 
 Split = tuple[int, ...]
 """Microbatch sizes of one stage."""
@@ -80,7 +80,7 @@ def stage_estimate(problem: PlanningProblem, plan: Plan, s: int, m: int) -> floa
 
 def _base(problem: PlanningProblem, seed: int, time_limit: float) -> tuple[SolverResult | None, bool]:
     """The best equal-split baseline, and whether any baseline was cut short by its share of the time."""
-    from solver.baselines import fastest, run_baselines
+    from pipeplan.solver.baselines import fastest, run_baselines
 
     results = run_baselines(problem, seed=seed, time_limit=time_limit)
     return fastest(results), any(r.details.get("stopped_by_time_limit") for r in results)
