@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -25,9 +26,17 @@ class TestInstalledNames:
         assert top_level.split() == ["pipeplan"]
 
     def test_the_wheel_holds_nothing_outside_pipeplan(self, tmp_path):
+        # Build from a copy: setuptools would otherwise leave (and later reuse) a build/
+        # folder in the checkout.
+        source = tmp_path / "source"
+        source.mkdir()
+        for name in ("pyproject.toml", "README.md"):
+            shutil.copy(ROOT / name, source / name)
+        for folder in ("pipeplan", *SUB_PACKAGES):
+            shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-             "-w", str(tmp_path), str(ROOT)],
+             "-w", str(tmp_path), str(source)],
             check=True, capture_output=True, timeout=300,
         )
         (wheel,) = tmp_path.glob("pipeplan-*.whl")
