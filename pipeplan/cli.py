@@ -27,12 +27,43 @@ COMMAND_MODULES = (
 )
 
 
+#: One example invocation per command, printed at the end of its ``--help``; the
+#: files named are the ones in ``examples/`` or what the tutorial writes.
+EXAMPLES = {
+    "pipeplan": "pipeplan plan examples/chain8.graph.json examples/two-servers.cluster.json "
+                "--batch 64 --microbatches 8 --solver cpsat -o plan.json",
+    "validate": "pipeplan validate examples/chain8.graph.json examples/two-servers.cluster.json "
+                "examples/hetero.plan.json",
+    "simulate": "pipeplan simulate examples/chain8.graph.json examples/two-servers.cluster.json "
+                "examples/hetero.plan.json --gantt hetero.png",
+    "plan": "pipeplan plan examples/chain8.graph.json examples/two-servers.cluster.json "
+            "--batch 64 --microbatches 8 --solver cpsat --time-limit 20 -o plan.json",
+    "compare": "pipeplan compare examples/chain8.graph.json examples/two-servers.cluster.json "
+               "--batch 64 --microbatches 8 --time-limit 10 --plot compare.png",
+    "pareto": "pipeplan pareto examples/chain8.graph.json examples/two-servers.cluster.json "
+              "--batch 64 --microbatches 8 --time-limit 10 -o front.json --plot front.png",
+    "models": "pipeplan models --json",
+    "profile": "pipeplan profile gpt-tiny --batch-sizes 1,2,4,8 -o gpt-tiny.graph.json",
+    "run": "pipeplan run gpt-tiny.graph.json examples/cpu-pair.cluster.json plan.json "
+           "--model gpt-tiny --steps 4 --verify",
+    "calibrate": "pipeplan calibrate gpt-tiny.graph.json examples/cpu-pair.cluster.json plan.json "
+                 "--model gpt-tiny -o calibrated.cluster.json",
+}
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse with usage errors in pipeplan's one-line form (exit 2)."""
+    """argparse with usage errors in pipeplan's one-line form (exit 2), and ``--help``
+    ending with the command's example from :data:`EXAMPLES`."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
         sys.stderr.write(one_line(f"error: {self.prog}: arguments: {message}") + "\n")
         raise SystemExit(2)
+
+    def format_help(self) -> str:
+        # Appended after formatting, so argparse does not re-wrap the command line.
+        example = EXAMPLES.get(self.prog.split()[-1])
+        text = super().format_help()
+        return f"{text}\nexample:\n  {example}\n" if example else text
 
 
 def build_parser() -> argparse.ArgumentParser:
