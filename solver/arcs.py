@@ -9,9 +9,9 @@ all-reduces depend on which servers hold the devices, and the lower bound uses
 optimistic values for those.  A model decision is therefore an *arc*
 ``(lo, hi, tau, option)``: layers ``[lo, hi)``, ``tau = min(later stages, M)``, and an
 option = (composition, recompute).  A configuration is a path of arcs from layer 0 to
-layer ``L``; it is mapped to concrete device ids afterwards by :func:`placements`,
-which enumerates placements up to server symmetry (identical devices on one server,
-identical servers) and simulates each.
+layer ``L``; it is mapped to concrete device ids afterwards by
+:func:`pipeplan.solver.placements.placements`, which enumerates placements up to server
+symmetry (identical devices on one server, identical servers) and simulates each.
 """
 
 from __future__ import annotations

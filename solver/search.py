@@ -25,7 +25,8 @@ the incumbent itself.  At ``1e-6`` (before) a plan 2.3e-7 faster than the one ca
 optimal was missed on near-ties (devices whose speeds differ by 1e-7), and the
 incumbent reported as the bound lay above the true optimum.  The model solvers'
 own tolerances do not enter: their optima count as bounds only lowered by
-:data:`MODEL_TOL`, and a proof from a model is an infeasible model at the cutoff."""
+:data:`pipeplan.solver.exact.MODEL_TOL`, and a proof from a model is an infeasible model at the
+cutoff."""
 
 
 @dataclass
@@ -66,14 +67,15 @@ class Search:
 
 
 def evaluate(data: ExactData, search: Search, arc_ids: Sequence[int], clock: TimeLimit,
-              target: float = math.inf, floor: float | None = None, pool_on_clock: bool = True) -> bool:
+             target: float = math.inf, floor: float | None = None, pool_on_clock: bool = True) -> bool:
     """Simulate a configuration's placements while its optimistic time is below the cutoff.
 
     The cutoff is the incumbent's, or ``target`` when lower (a caller that only claims
-    a bound of ``target``).  A configuration whose :func:`optimistic_time` ``floor``
-    (computed if not given) reaches it needs no placement.  With more placements than
-    :data:`PLACEMENT_LIMIT`, ``floor`` goes to the pool (which caps every bound
-    reported).  When the clock stops the placements, it goes to the pool too, unless
+    a bound of ``target``).  A configuration whose
+    :func:`pipeplan.solver.bounds.optimistic_time` ``floor`` (computed if not given) reaches
+    it needs no placement.  With more placements than
+    :data:`pipeplan.solver.placements.PLACEMENT_LIMIT`, ``floor`` goes to the pool (which
+    caps every bound reported).  When the clock stops the placements, it goes to the pool too, unless
     ``pool_on_clock`` is false (a caller that accounts for the configuration itself).
 
     Returns
