@@ -1,10 +1,10 @@
 """``cpsat``: the exact planner as a CP-SAT model (OR-Tools).
 
-The lower-bound model of :mod:`pipeplan.solver.exact` in integers: times are scaled to
+The lower-bound model of :mod:`pipeplan.solver.bound_model` in integers: times are scaled to
 ``unit`` seconds and every arc's time is floored, so the integer optimum times
 ``unit`` never exceeds the real lower bound (the rounding only loosens it, by at
 most one unit per arc of a path).  The auxiliary time variables of
-:func:`pipeplan.solver.exact.model_rows` are integers defined by equalities over the same
+:func:`pipeplan.solver.bound_model.model_rows` are integers defined by equalities over the same
 floored values; a difference row floors the negated value, so it may take away up to
 one unit more than the arc once added (values of either sign), and every auxiliary
 variable is at most its exact sum.  Since they appear only with a plus sign in the
@@ -25,7 +25,9 @@ from ortools.sat.python import cp_model
 
 from pipeplan.solver.cpsat_split import optimize_splits
 from pipeplan.solver.equal_splits import fastest, solve_equal_splits
-from pipeplan.solver.exact import ExactData, model_rows, solve_exact
+from pipeplan.solver.arcs import ExactData
+from pipeplan.solver.bound_model import model_rows
+from pipeplan.solver.exact import solve_exact
 from pipeplan.solver.joint_split import solve_joint
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register

@@ -44,11 +44,14 @@ from typing import Sequence
 
 from ortools.sat.python import cp_model
 
+from pipeplan.solver.baselines import best_baseline
+from pipeplan.solver.baselines.slicing import AutoPipeSlicing
+from pipeplan.solver.baselines.umpipe import UmpipeDP, judge_splits
 from pipeplan.solver.equal_splits import fastest, solve_equal_splits
 from pipeplan.solver.infeasibility import heuristic_no_plan
 from pipeplan.solver.plan import Plan, Stage, equal_split
 from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
+from pipeplan.solver.registry import get_solver, register, solver_names
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.schedule import FORWARD, stage_ops
 from pipeplan.solver.simulator import SimulationResult, stage_costs, simulate
@@ -362,9 +365,6 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> lis
     ``group-search`` and the exact solvers (``cpsat``, ``ilp``) are tried when the
     registry has them; one that fails or finds nothing is skipped.  Sorted fastest first.
     """
-    from pipeplan.solver.baselines import best_baseline
-    from pipeplan.solver.registry import solver_names, get_solver
-
     found: list[tuple[str, SolverResult]] = []
     share = time_limit / 4
     baseline = best_baseline(problem, seed=seed, time_limit=share)
@@ -389,9 +389,6 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> lis
 
 def _warm_split(problem: PlanningProblem, base: Plan) -> Plan:
     """``base`` with the best split the ``umpipe-dp`` and ``autopipe-slicing`` candidates give."""
-    from pipeplan.solver.baselines.slicing import AutoPipeSlicing
-    from pipeplan.solver.baselines.umpipe import UmpipeDP, judge_splits
-
     deadline = time.perf_counter() + 5.0
     options = UmpipeDP().options(problem, base, deadline) + AutoPipeSlicing().options(problem, base, deadline)
     return judge_splits(problem, base, options)[0]
@@ -422,7 +419,6 @@ class CpSatSplit:
         if self.use_exact:
             bases = base_plans(problem, time_limit=base_share, seed=seed)
         else:
-            from pipeplan.solver.baselines import best_baseline
             found = best_baseline(problem, seed=seed, time_limit=base_share)
             bases = [] if found is None else [(found.name, found)]
         if not bases:

@@ -1,19 +1,19 @@
 """Branch and bound over configurations: the exact solvers' first phase.
 
-The lower-bound model of :mod:`pipeplan.solver.exact` is a path of arcs (candidate stages) from
+The lower-bound model of :mod:`pipeplan.solver.bound_model` is a path of arcs (candidate stages) from
 layer 0 to layer ``L``.  On small and medium instances it is faster to walk those paths
 directly than to solve the MILP or CP-SAT model once per configuration: this module
 grows paths from layer 0, one stage at a time, and prunes a partial path (a *prefix*)
 as soon as a bound valid for every completion of it reaches the incumbent.  A complete
-path whose configuration bound (:func:`pipeplan.solver.exact.config_lower_bound`) is below the
+path whose configuration bound (:func:`pipeplan.solver.bounds.config_lower_bound`) is below the
 incumbent is simulated on its placements, exactly like a configuration the model
-returns, unless its :func:`pipeplan.solver.exact.optimistic_time` (the simulator with the best
+returns, unless its :func:`pipeplan.solver.bounds.optimistic_time` (the simulator with the best
 conceivable links) already reaches the cutoff.  When the walk ends, every configuration
 was simulated or proved no better than the incumbent: the incumbent is optimal.
 
 Bound of a prefix
 -----------------
-Each term is a term of :mod:`pipeplan.solver.exact`'s docstring evaluated with the prefix's own
+Each term is a term of :mod:`pipeplan.solver.bounds`'s docstring evaluated with the prefix's own
 arcs and, for the layers ``[h, L)`` still to cover, the least any completion can add.
 Completions are counted with the devices the prefix leaves (*device-aware completion
 tables*, by dynamic programming over ``(h, label, devices left)``, from the arcs whose
@@ -79,7 +79,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeplan.solver.exact import ExactData, _evaluate, _Search, config_lower_bound, optimistic_time
+from pipeplan.solver.arcs import ExactData
+from pipeplan.solver.bounds import config_lower_bound, optimistic_time
+from pipeplan.solver.search import Search, evaluate
 from pipeplan.solver.termination import TimeLimit
 
 CHECK_EVERY = 64
@@ -139,7 +141,7 @@ class EnumerationResult:
 class _Walk:
     """The precomputed arrays and the depth-first walk."""
 
-    def __init__(self, data: ExactData, search: _Search, clock: TimeLimit) -> None:
+    def __init__(self, data: ExactData, search: Search, clock: TimeLimit) -> None:
         self.data, self.search, self.clock = data, search, clock
         problem = data.problem
         self.L = len(problem.graph)
@@ -432,7 +434,7 @@ class _Walk:
             return
         self.leaves += 1
         # stopped by the clock: not pooled (the pass ends and reports its open bounds); it stays unsettled
-        if _evaluate(self.data, self.search, list(path), self.clock, self.target, floor, pool_on_clock=False):
+        if evaluate(self.data, self.search, list(path), self.clock, self.target, floor, pool_on_clock=False):
             self.settled.add(key)
         else:
             self.pruned(floor)
@@ -482,14 +484,14 @@ class _Walk:
                 return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes)
 
 
-def enumerate_configurations(data: ExactData, search: _Search, clock: TimeLimit) -> EnumerationResult:
+def enumerate_configurations(data: ExactData, search: Search, clock: TimeLimit) -> EnumerationResult:
     """Simulate every configuration whose bound is below the incumbent, or stop at ``clock``.
 
     Parameters
     ----------
     data : ExactData
         The candidate arcs (complete: every arc below the cutoff it was built with).
-    search : _Search
+    search : Search
         The incumbent; improved in place as configurations are simulated.
     clock : TimeLimit
         When to stop.
@@ -497,7 +499,7 @@ def enumerate_configurations(data: ExactData, search: _Search, clock: TimeLimit)
     Returns
     -------
     EnumerationResult
-        ``complete`` means the incumbent is optimal (to :data:`pipeplan.solver.exact.OPT_TOL`),
+        ``complete`` means the incumbent is optimal (to :data:`pipeplan.solver.search.OPT_TOL`),
         or that no configuration exists if there is none; otherwise ``bound`` bounds
         every configuration left unexplored (also raised in ``search``).
     """

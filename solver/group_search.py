@@ -57,9 +57,9 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from pipeplan.solver.baselines.common import Judged, finalize
-from pipeplan.solver.exact import DeviceClass, device_classes, stash_points
+from pipeplan.solver.device_classes import DeviceClass, device_classes
 from pipeplan.solver.infeasibility import heuristic_no_plan
-from pipeplan.solver.memory import range_peak_memory, settle_borderline, stash_peak
+from pipeplan.solver.memory import range_peak_memory, settle_borderline, stash_peak, stash_points
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint

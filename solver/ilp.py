@@ -1,8 +1,8 @@
 """``ilp``: the exact planner as a MILP in PuLP, solved with HiGHS (or CBC).
 
-The model is the lower-bound model of :mod:`pipeplan.solver.exact`: one binary ``x[arc]`` per
+The model is the lower-bound model of :mod:`pipeplan.solver.bound_model`: one binary ``x[arc]`` per
 candidate stage, a path of arcs over the layers, device counts per class, and the
-busy-path, pivot-path and work bounds (:func:`pipeplan.solver.exact.model_rows`);
+busy-path, pivot-path and work bounds (:func:`pipeplan.solver.bound_model.model_rows`);
 :func:`pipeplan.solver.exact.solve_exact` iterates it with no-good cuts until its optimum meets
 the simulated incumbent.
 
@@ -24,7 +24,9 @@ from typing import Sequence
 import pulp
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.exact import SIGNED_AUX, ExactData, model_rows, solve_exact
+from pipeplan.solver.arcs import ExactData
+from pipeplan.solver.bound_model import SIGNED_AUX, model_rows
+from pipeplan.solver.exact import solve_exact
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult

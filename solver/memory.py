@@ -130,3 +130,20 @@ def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candida
     for index in np.flatnonzero(near):
         fits[np.unravel_index(index, fits.shape)] = exact_peak(int(index)) <= memory
     return fits
+
+
+def stash_points(ops, per_replica: Sequence[int]) -> np.ndarray:
+    """``(inputs, working)`` sample counts at every point where the stash may peak.
+
+    The peak of :func:`pipeplan.solver.memory.stash_peak` is ``max(a * stash + b * working)``
+    over these rows (``stash``, ``working`` per sample), exactly.
+    """
+    stash, points = 0, set()
+    for kind, k in ops:
+        if kind == FORWARD:
+            stash += per_replica[k]
+            points.add((stash, 0))
+        else:
+            points.add((stash, per_replica[k]))
+            stash -= per_replica[k]
+    return np.array(sorted(points), dtype=float)

@@ -12,7 +12,11 @@ from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
 from pipeplan.solver import enumeration
 from pipeplan.solver.enumeration import _Walk, enumerate_configurations
-from pipeplan.solver.exact import _evaluate, _Search, build_data, greedy_plans, optimistic_time
+from pipeplan.solver.bounds import optimistic_time
+from pipeplan.solver.exact_data import build_data
+from pipeplan.solver.incumbents import greedy_plans
+from pipeplan.solver.search import Search as _Search
+from pipeplan.solver.search import evaluate as _evaluate
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.termination import TimeLimit
 

@@ -13,8 +13,15 @@ import pytest
 from pipeplan.models.graph import Layer, LayerGraph, load_graph
 from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.cpsat import CpSatSolver
-from pipeplan.solver.exact import (OPT_TOL, build_data, config_lower_bound, device_classes, greedy_plans, model_rows,
-                          optimistic_time, placements, plan_config, stage_options, two_round_trips)
+from pipeplan.solver.arcs import two_round_trips
+from pipeplan.solver.bound_model import model_rows
+from pipeplan.solver.bounds import config_lower_bound, optimistic_time
+from pipeplan.solver.device_classes import device_classes
+from pipeplan.solver.exact_data import build_data
+from pipeplan.solver.incumbents import greedy_plans
+from pipeplan.solver.placements import placements, plan_config
+from pipeplan.solver.search import OPT_TOL
+from pipeplan.solver.stage_options import stage_options
 from pipeplan.solver.ilp import IlpSolver
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.simulator import simulate

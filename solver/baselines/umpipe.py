@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from pipeplan.solver.baselines.portfolio import fastest, run_baselines
 from pipeplan.solver.batched import BatchSimulator, Candidate
 from pipeplan.solver.plan import Plan, Stage, equal_split
 from pipeplan.solver.problem import PlanningProblem
@@ -80,8 +81,6 @@ def stage_estimate(problem: PlanningProblem, plan: Plan, s: int, m: int) -> floa
 
 def _base(problem: PlanningProblem, seed: int, time_limit: float) -> tuple[SolverResult | None, bool]:
     """The best equal-split baseline, and whether any baseline was cut short by its share of the time."""
-    from pipeplan.solver.baselines import fastest, run_baselines
-
     results = run_baselines(problem, seed=seed, time_limit=time_limit)
     return fastest(results), any(r.details.get("stopped_by_time_limit") for r in results)
 
