@@ -23,7 +23,7 @@ MAX_DEVICES = 1_000_000
 DEFAULT_MEMORY_RESERVE = 0.1
 """Share of each device's memory left to the framework (CUDA context, allocator, workspaces)."""
 
-_SERVER = re.compile(r"^(?:(?P<servers>[+-]?\d+)x)?(?P<devices>[+-]?\d+):(?P<kind>[^:]+)(?::(?P<link>[^:]+))?$")
+_SERVER = re.compile(r"^(?:(?P<servers>[+-]?\d+)x)?(?P<devices>[+-]?\d+):(?P<kind>[A-Za-z][^:]*)(?::(?P<link>[^:]+))?$")
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def parse_server_group(text: str, where: str = "--server") -> ServerGroup:
     return ServerGroup(servers, devices, match["kind"], match["link"], text)
 
 
-def build_cluster(groups: list[ServerGroup], network: str, *, reference: str | None = None,
+def build_cluster(groups: list[ServerGroup], network: str | None, *, reference: str | None = None,
                   memory_reserve: float = DEFAULT_MEMORY_RESERVE, name: str | None = None,
                   catalog: Catalog | None = None) -> Cluster:
     """The cluster of the server groups joined by the ``network`` link, figures from the catalog.
@@ -78,8 +78,9 @@ def build_cluster(groups: list[ServerGroup], network: str, *, reference: str | N
     ----------
     groups : list of ServerGroup
         The servers, in order (their numbering is the devices' order).
-    network : str
-        Catalog id of the link between servers.
+    network : str or None
+        Catalog id of the link between servers; ``None`` only for a single server, whose
+        cluster never uses one (its own link then stands in).
     reference : str, optional
         Catalog id of the device the graph's times are for (speed 1); default the kind of
         the first group.
@@ -98,7 +99,8 @@ def build_cluster(groups: list[ServerGroup], network: str, *, reference: str | N
     ------
     InputError
         For an unknown kind or link (naming the closest ones), a link of the wrong scope,
-        no groups, too many devices, or a reserve outside ``[0, 1)``.
+        no groups, too many devices, no network for several servers, or a reserve outside
+        ``[0, 1)``.
 
     Examples
     --------
@@ -116,7 +118,10 @@ def build_cluster(groups: list[ServerGroup], network: str, *, reference: str | N
         raise InputError("-", "--server", f"more than {MAX_DEVICES:,} devices in all")
     kinds = [catalog.accelerator(g.kind, f"--server {g.text}") for g in groups]
     ref = catalog.accelerator(reference or groups[0].kind, "--reference")
-    net = catalog.link(network, "network", "--network")
+    if network is None and sum(g.servers for g in groups) > 1:
+        raise InputError("-", "--network", f"{sum(g.servers for g in groups)} servers need the link between them, "
+                                           "e.g. --network ib-hdr")
+    net = catalog.link(network, "network", "--network") if network is not None else None
     servers: list[Link] = []
     devices: list[Device] = []
     for group, kind in zip(groups, kinds):
@@ -131,10 +136,12 @@ def build_cluster(groups: list[ServerGroup], network: str, *, reference: str | N
                "speed": f"peak dense FLOP/s of the device's kind / {ref.flops / 1e12:g} TFLOPS "
                         f"({ref.flops_dtype}) of {ref.id}" + _dtype_note(kinds, ref),
                "memory": f"the kind's memory x (1 - {memory_reserve:g}) left to the framework",
-               "servers": [g.text for g in groups], "network": net.id}
+               "servers": [g.text for g in groups],
+               "network": net.id if net else "one server: its own link stands in, and no plan uses it"}
+    network_link = Link(net.bandwidth, net.latency, None, {"link": net.id}) if net else \
+        Link(servers[0].bandwidth, servers[0].latency, None, dict(servers[0].extra))
     cluster = Cluster(name or "+".join(f"{g.servers}x{g.devices}-{g.kind}" for g in groups), tuple(servers),
-                      Link(net.bandwidth, net.latency, None, {"link": net.id}), tuple(devices),
-                      {"derived": derived})
+                      network_link, tuple(devices), {"derived": derived})
     cluster.validate()
     return cluster
 
