@@ -57,8 +57,9 @@ def parse_topology(text: str) -> dict[tuple[int, int], str]:
     {(0, 1): 'NV4', (1, 0): 'NV4'}
     """
     lines = [_ANSI.sub("", line) for line in text.splitlines()]
-    header = next((line.split() for line in lines if line.split() and _GPU.match(line.split()[0]) is None
-                   and any(_GPU.match(t) for t in line.split())), None)
+    # The header names the GPU columns; unlike a row, it has no "X" (the diagonal)
+    header = next((line.split() for line in lines
+                   if "X" not in line.split() and any(_GPU.match(t) for t in line.split())), None)
     if header is None:
         return {}
     columns = [int(_GPU.match(t)[1]) for t in header if _GPU.match(t)]
