@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         speed = comparison.speed(args.statistic)
         note = (f"measured: {args.statistic} ratio {speed:.4g} of {args.reference} / {args.other} at "
                 f"{args.samples} samples (layers: median {comparison.median:.4g}, min {comparison.minimum:.4g}, "
-                f"max {comparison.maximum:.4g}, cv {comparison.cv:.3f})")
+                f"max {comparison.maximum:.4g}, time-weighted cv {comparison.weighted_cv:.3f})")
         cluster = set_kind_speed(cluster, args.kind, speed, args.reference_kind, file=args.cluster, note=note)
         atomic_write_text(args.output, dumps(cluster.to_dict()))
     if args.json:
@@ -65,8 +65,8 @@ def run(args: argparse.Namespace) -> int:
         _print(comparison, args.reference, args.other)
     if comparison.wide:
         print(f"warning: the per-layer ratio spreads from {comparison.minimum:.3f} to {comparison.maximum:.3f} "
-              f"(cv {comparison.cv:.2f} > {WIDE_SPREAD}): one speed per device misstates some layers' times; "
-              "see docs/clusters.md", file=sys.stderr)
+              f"(time-weighted cv {comparison.weighted_cv:.2f} > {WIDE_SPREAD}): one speed per device misstates "
+              "some stages' times; see docs/clusters.md", file=sys.stderr)
     if writing:
         changed = sum(d.extra.get("kind") == args.kind for d in cluster.devices)
         print(f"wrote {args.output}: {changed} devices of kind {args.kind} at speed {speed:.4g}", file=sys.stderr)
@@ -85,4 +85,4 @@ def _print(c: SpeedComparison, reference: str, other: str) -> None:
     console = Console(width=120)
     console.print(table)
     console.print(f"speed of the other device: total {c.total:.4f} (whole model), median {c.median:.4f}, "
-                  f"min {c.minimum:.4f}, max {c.maximum:.4f}, cv {c.cv:.3f}")
+                  f"min {c.minimum:.4f}, max {c.maximum:.4f}, cv {c.cv:.3f} (time-weighted {c.weighted_cv:.3f})")

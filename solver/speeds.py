@@ -9,6 +9,7 @@ a stage holding only some layers sees the ratio of its own layers instead.
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass, replace
 
@@ -47,11 +48,14 @@ class SpeedComparison:
     """Largest per-layer ratio."""
     cv: float
     """Coefficient of variation (population standard deviation / mean) of the per-layer ratios."""
+    weighted_cv: float
+    """The same with each layer weighted by its share of the reference time: a layer that
+    takes no time hardly matters to a plan, whatever its ratio."""
 
     @property
     def wide(self) -> bool:
-        """Whether the ratios spread too widely for one speed (:data:`WIDE_SPREAD`)."""
-        return self.cv > WIDE_SPREAD
+        """Whether the time-weighted ratios spread too widely for one speed (:data:`WIDE_SPREAD`)."""
+        return self.weighted_cv > WIDE_SPREAD
 
     def speed(self, statistic: str) -> float:
         """The scalar named ``statistic`` (one of :data:`STATISTICS`)."""
@@ -62,7 +66,7 @@ class SpeedComparison:
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready summary with the per-layer rows."""
         return {"samples": self.samples, "total": self.total, "median": self.median, "min": self.minimum,
-                "max": self.maximum, "cv": self.cv, "wide_spread": self.wide,
+                "max": self.maximum, "cv": self.cv, "weighted_cv": self.weighted_cv, "wide_spread": self.wide,
                 "layers": [{"name": n, "reference": r, "other": o, "ratio": q}
                            for n, r, o, q in zip(self.names, self.reference_times, self.other_times, self.ratios)]}
 
@@ -118,7 +122,14 @@ def compare_speeds(reference: LayerGraph, other: LayerGraph, samples: int, *, re
     mean = statistics.fmean(known)
     return SpeedComparison(samples, tuple(layer.name for layer in reference.layers), ref_t, oth_t, ratios,
                            sum(ref_t) / sum(oth_t), statistics.median(known), min(known), max(known),
-                           statistics.pstdev(known) / mean)
+                           statistics.pstdev(known) / mean, _weighted_cv(ratios, ref_t))
+
+
+def _weighted_cv(ratios: tuple[float | None, ...], weights: tuple[float, ...]) -> float:
+    pairs = [(q, w) for q, w in zip(ratios, weights) if q is not None]
+    total = sum(w for _, w in pairs)
+    mean = sum(q * w for q, w in pairs) / total
+    return math.sqrt(sum(w * (q - mean) ** 2 for q, w in pairs) / total) / mean
 
 
 def set_kind_speed(cluster: Cluster, kind: str, ratio: float, reference_kind: str | None, *,

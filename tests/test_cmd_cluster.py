@@ -107,8 +107,8 @@ class TestSpeedsCommand:
 
     def test_a_wide_spread_is_warned_about(self, run_cli, graphs, tmp_path):
         data = json.loads((EXAMPLES / "chain8.graph.json").read_text())
-        data["layers"][0]["fwd"] = [10 * v for v in data["layers"][0]["fwd"]]
-        data["layers"][0]["bwd"] = [10 * v for v in data["layers"][0]["bwd"]]
+        data["layers"][3]["fwd"] = [10 * v for v in data["layers"][3]["fwd"]]  # a block: 15 % of the time
+        data["layers"][3]["bwd"] = [10 * v for v in data["layers"][3]["bwd"]]
         odd = tmp_path / "odd.json"
         odd.write_text(json.dumps(data))
         status, _, err = run_cli("speeds", GRAPH, str(odd))

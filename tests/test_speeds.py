@@ -26,7 +26,14 @@ class TestCompareSpeeds:
         assert (c.total, c.median, c.minimum, c.maximum) == (15 / 39, 0.5, 0.25, 1.0)
         mean = 1.75 / 3
         std = (((0.5 - mean) ** 2 + (1 - mean) ** 2 + (0.25 - mean) ** 2) / 3) ** 0.5
-        assert c.cv == pytest.approx(std / mean) and c.wide
+        assert c.cv == pytest.approx(std / mean)
+        # weights 6, 3, 6 of 15: mean 0.5, variance 0.2 * 0.5**2 + 0.4 * 0.25**2 = 0.075
+        assert c.weighted_cv == pytest.approx(0.075 ** 0.5 / 0.5) and c.wide
+
+    def test_a_layer_that_takes_no_time_hardly_spreads_the_weighted_ratio(self):
+        c = compare_speeds(graph((0.0, 1e-6), (0.0, 1.0)), graph((0.0, 1e-6), (0.0, 2.0)), 1)
+        # weights 1e-6 and 1 (of about 1): standard deviation sqrt(1e-6) * 0.5 about a mean of 0.5
+        assert c.cv == pytest.approx(1 / 3) and c.weighted_cv == pytest.approx(1e-3, rel=1e-3) and not c.wide
 
     def test_the_per_call_cost_weighs_less_at_more_samples(self):
         ref, other = graph((1.0, 1.0)), graph((1.0, 3.0))
@@ -35,7 +42,7 @@ class TestCompareSpeeds:
 
     def test_a_uniformly_faster_device_has_no_spread(self):
         c = compare_speeds(graph((0.1, 1.0), (0.2, 3.0)), graph((0.05, 0.5), (0.1, 1.5)), 4)
-        assert c.ratios == (2.0, 2.0) and c.total == 2.0 and c.cv == 0.0 and not c.wide
+        assert c.ratios == (2.0, 2.0) and c.total == 2.0 and c.cv == 0.0 and c.weighted_cv == 0.0 and not c.wide
 
     def test_a_layer_free_on_one_device_has_no_ratio(self):
         c = compare_speeds(graph((0.0, 1.0), (0.0, 0.0)), graph((0.0, 2.0), (0.0, 0.0)), 1)
