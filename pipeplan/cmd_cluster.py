@@ -65,8 +65,7 @@ def run(args: argparse.Namespace) -> int:
         groups = [parse_server_group(text) for text in args.server]
         cluster = build_cluster(groups, args.network, reference=args.reference,
                                 memory_reserve=args.memory_reserve, name=args.name)
-    data = cluster.to_dict()
-    text = dumps({"format": data.pop("format"), "name": data.pop("name"), **data})  # the format first, as in the examples
+    text = dumps(cluster.to_dict())
     if args.output is None:
         sys.stdout.write(text)
     else:
