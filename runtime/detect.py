@@ -136,7 +136,7 @@ def detect_cluster(processes: int | None = None, *, memory_reserve: float = DEFA
     ------
     InputError
         For fewer than one process, more GPUs asked for than there are, an unknown
-        reference kind, or a reserve outside ``[0, 1)``.
+        reference kind, a reference without GPUs, or a reserve outside ``[0, 1)``.
     """
     catalog = catalog or load_catalog()
     if processes is not None and processes < 1:
@@ -145,6 +145,8 @@ def detect_cluster(processes: int | None = None, *, memory_reserve: float = DEFA
         raise InputError("-", "--memory-reserve", f"must be at least 0 and below 1, got {memory_reserve}")
     gpus = cuda_gpus()
     if not gpus:
+        if reference is not None:
+            raise InputError("-", "--reference", "no CUDA device here: CPU processes all have speed 1; drop it")
         return _cpu_cluster(processes or CPU_PROCESSES, memory_reserve, catalog)
     if processes is not None and processes > len(gpus):
         raise InputError("-", "--processes", f"this machine has {len(gpus)} GPUs, {processes} asked for; "

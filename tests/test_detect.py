@@ -122,6 +122,9 @@ class TestDetectCluster:
             (f"cpu{i}", "local", 1.0, 3.6e9) for i in range(3)]
         assert cluster.servers[0].bandwidth == 3e9 and cluster.network.latency == 6e-5
         assert len(detect_cluster()[0].devices) == 2
+        with pytest.raises(InputError) as info:
+            detect_cluster(reference="a100-80g")
+        assert info.value.where == "--reference"
 
     def test_no_processes(self):
         with pytest.raises(InputError) as info:
