@@ -123,6 +123,14 @@ class TestSpeedsCommand:
         status, _, err = run_cli("speeds", *graphs, *extra)
         assert status == 2 and err.startswith(f"error: -: {where}: ") and err.count("\n") == 1
 
+    def test_an_absent_kind_writes_nothing(self, run_cli, graphs, tmp_path):
+        cluster = tmp_path / "c.json"
+        run_cli("cluster", "--server", "1x2:a100-80g", "-o", str(cluster))
+        status, _, err = run_cli("speeds", *graphs, "--cluster", str(cluster), "--kind", "t4",
+                                 "-o", str(tmp_path / "out.json"))
+        assert status == 2 and err.startswith(f"error: {cluster}: devices: no device of kind 't4'")
+        assert not (tmp_path / "out.json").exists()
+
     def test_another_model_is_refused(self, run_cli):
         status, _, err = run_cli("speeds", GRAPH, str(EXAMPLES / "gpt1.graph.json"))
         assert status == 2 and "layers" in err and err.count("\n") == 1
