@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The main job end to end on the built-in examples: check, simulate, plan with every
-# solver, draw, profile a real model, plan it and run the plan on local processes.
+# The main job end to end on the built-in examples: describe a cluster, check, simulate,
+# plan with every solver, draw, profile a real model, plan it and run the plan on local processes.
 # Usage: examples/demo.sh PATH/TO/pipeplan   (make demo passes the venv's script)
 set -euo pipefail
 PIPEPLAN=${1:-pipeplan}
@@ -8,6 +8,12 @@ cd "$(dirname "$0")/.."
 mkdir -p out
 EX=examples
 
+echo "== 0. describe a cluster from the catalog (two A100 servers, four V100 ones, InfiniBand) and plan GPT-1 on it"
+"$PIPEPLAN" cluster --server 2x8:a100-80g:nvlink3 --server 4x8:v100-32g:pcie3 --network ib-hdr -o out/48.cluster.json
+"$PIPEPLAN" plan $EX/gpt1.graph.json out/48.cluster.json --batch 256 --microbatches 16 --solver group-search \
+    -o out/gpt1.48.plan.json
+
+echo
 echo "== 1. check the example graphs, cluster and plans"
 "$PIPEPLAN" validate $EX/chain8.graph.json $EX/two-servers.cluster.json $EX/hetero.plan.json $EX/custom.plan.json
 "$PIPEPLAN" validate $EX/skip8.graph.json $EX/two-servers.cluster.json $EX/skip8.plan.json

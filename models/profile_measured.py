@@ -171,27 +171,35 @@ def time_unit(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repe
 
 
 def time_unit_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
-                      pause: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
+                      pause: Callable[[], None] | None = None,
+                      sync: Callable[[], None] | None = None) -> tuple[list[float], list[float]]:
     """Forward and backward seconds of ``module`` on ``args``, one per timed repeat.
 
     Each repeat runs a forward and then its backward, both timed, as a pipeline stage
     runs them: timing each in a tight loop of its own measured caches that stay warm
     only in a benchmark, and came out 10-15 % below what the runtime sees.  Parameter
     gradients accumulate across repeats, as over a pipeline's microbatches.  ``pause``,
-    if given, runs untimed before every forward and every backward (a wait, say).
+    if given, runs untimed before every forward and every backward (a wait, say).  ``sync``,
+    if given, runs before each clock reading: on a GPU, where kernels run asynchronously,
+    ``torch.cuda.synchronize`` makes the clock see the work finished.
     """
+    sync = sync or (lambda: None)
     leaves = leaf_args(args)
     fwd, bwd = [], []
     for i in range(warmup + repeats):
         if pause is not None:
             pause()
+        sync()
         start = time.perf_counter()
         output = module(*leaves)
+        sync()
         f = time.perf_counter() - start
         if pause is not None:
             pause()
+        sync()
         start = time.perf_counter()
         output.backward(torch.ones_like(output))
+        sync()
         b = time.perf_counter() - start
         if i >= warmup:
             fwd.append(f)
@@ -215,8 +223,9 @@ class _WithLoss(nn.Module):
 
 # ------------------------------------------------------------------ the profiler
 def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = False) -> list[UnitProfile]:
-    """Measure every unit of a built (CPU) model; see :func:`profile_measured`."""
+    """Measure every unit of a built model, on the device it was built on; see :func:`profile_measured`."""
     sizes = list(config.batch_sizes)
+    sync = (lambda: torch.cuda.synchronize(model.device)) if model.device.type == "cuda" else None
     # samples[i][size index]: (forward seconds, backward seconds) of unit i, over all rounds
     samples = [[([], []) for _ in sizes] for _ in model.units]
     acts: list[list[float]] = [[] for _ in model.units]
@@ -236,7 +245,7 @@ def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = Fa
                     # Training computes the loss right after the last unit, on the same stage:
                     # time it as part of that unit, as the runtime runs it.
                     timed = _WithLoss(unit.module, model, targets) if i == last else unit.module
-                    f, b = time_unit_samples(timed, args, config.warmup, config.repeats)
+                    f, b = time_unit_samples(timed, args, config.warmup, config.repeats, sync=sync)
                     samples[i][k][0].extend(f)
                     samples[i][k][1].extend(b)
                     advance(f"{unit.name} n={n}" + (f" (round {round_ + 1})" if config.rounds > 1 else ""))
@@ -283,7 +292,7 @@ def to_graph(model: ZooModel, profiles: Sequence[UnitProfile], source: dict[str,
 
 def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len: int | None = None,
                      dtype: torch.dtype = torch.float32, use_cache: bool = True,
-                     progress: bool = False) -> LayerGraph:
+                     progress: bool = False, device: str = "cpu") -> LayerGraph:
     """Measure the zoo model ``name`` on this machine and return its layer graph.
 
     Parameters
@@ -300,6 +309,9 @@ def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len:
         Reuse and store results under :func:`pipeplan.models.cache.cache_dir`.
     progress : bool
         Show a rich progress bar on stderr.
+    device : str
+        Where to measure: ``cpu`` or a CUDA device (``cuda``, ``cuda:1``); the graph's
+        ``profile.device`` names a GPU measured on.
 
     Returns
     -------
@@ -319,9 +331,11 @@ def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len:
     ('gpt-tiny-6', 6, 0)
     """
     config = config or MeasureConfig()
-    model = build_model(name, seq_len=seq_len, dtype=dtype, seed=config.seed)
+    model = build_model(name, seq_len=seq_len, dtype=dtype, seed=config.seed, device=device)
     source = {"method": "measured", "version": PROFILE_VERSION, "model": name, "config": model.config,
               "measure": asdict(config), "machine": machine()}
+    if model.device.type == "cuda":  # part of the cache key: another GPU, another measurement
+        source["device"] = {"type": "cuda", "name": torch.cuda.get_device_name(model.device)}
     source["measure"]["batch_sizes"] = list(config.batch_sizes)
     key = cache_key("measured", {k: v for k, v in source.items() if k != "machine"})
     if use_cache and (cached := load_cached("measured", key)) is not None:

@@ -17,12 +17,14 @@ from pipeplan.models.errors import InputError, one_line
 
 #: Command modules, in the order ``pipeplan --help`` lists them.
 COMMAND_MODULES = (
+    "pipeplan.cmd_cluster",
     "pipeplan.cmd_validate",
     "pipeplan.cmd_simulate",
     "pipeplan.cmd_plan",
     "pipeplan.cmd_models",
     "pipeplan.cmd_run",
     "pipeplan.cmd_calibrate",
+    "pipeplan.cmd_speeds",
     "pipeplan.cmd_pareto",
 )
 

@@ -52,6 +52,8 @@ def register(subparsers: Any) -> None:
     profile.add_argument("--warmup", default=None, metavar="N", help="untimed runs per op (default 2; measuring only)")
     profile.add_argument("--repeats", default=None, metavar="N",
                          help="timed runs per op, median kept (default 5; measuring only)")
+    profile.add_argument("--device", default=None, metavar="cpu|cuda[:N]",
+                         help="where to measure (default cpu; measuring only): a graph for this GPU's kind")
     profile.add_argument("--no-cache", action="store_true",
                          help="measure again even if a cached result exists (measuring only)")
     profile.set_defaults(func=run_profile)
@@ -95,7 +97,8 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
-MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "warmup": "2", "repeats": "5"}
+MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "warmup": "2", "repeats": "5",
+                    "device": "cpu"}
 """What the measuring options default to (``None`` in the parser, so ``--analytic`` can tell them given)."""
 
 
@@ -128,9 +131,10 @@ def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
                            repeats=_integer(given["repeats"], "--repeats", 1, MAX_REPEATS),
                            threads=_integer(given["threads"], "--threads", 1, MAX_THREADS),
                            rounds=_integer(given["rounds"], "--rounds", 1, MAX_REPEATS))
+    device = _device(given["device"])
     try:
         return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
-                                use_cache=not args.no_cache, progress=sys.stderr.isatty())
+                                use_cache=not args.no_cache, progress=sys.stderr.isatty(), device=device)
     except RuntimeError as exc:
         if "alloc" not in str(exc):
             raise
@@ -167,6 +171,23 @@ def _number(text: str, flag: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise InputError("-", flag, f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def _device(text: str) -> str:
+    """``cpu`` or an available CUDA device, checked before anything is built."""
+    if text == "cpu":
+        return text
+    if text != "cuda" and not (text.startswith("cuda:") and text[5:].isdigit()):
+        raise InputError("-", "--device", f"expected cpu, cuda or cuda:N, got {text!r}")
+    if not torch.cuda.is_available():
+        built = "without CUDA" if torch.version.cuda is None else f"with CUDA {torch.version.cuda}"
+        raise InputError("-", "--device", f"CUDA is not available here (torch {torch.__version__} built {built}, "
+                                          "or no GPU visible); measure with --device cpu or on a GPU machine")
+    index = int(text[5:]) if text.startswith("cuda:") else 0
+    if index >= torch.cuda.device_count():
+        raise InputError("-", "--device", f"{text}: this machine has {torch.cuda.device_count()} CUDA devices "
+                                          f"(cuda:0 to cuda:{torch.cuda.device_count() - 1})")
+    return text
 
 
 def _dtype(text: str) -> torch.dtype:

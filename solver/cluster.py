@@ -161,7 +161,7 @@ class Cluster:
 
     def to_dict(self) -> dict[str, Any]:
         """The ``pipeplan.cluster/1`` object (unknown fields kept)."""
-        data = dict(self.extra)
+        data = {"format": CLUSTER_FORMAT, "name": self.name, **self.extra}  # format first, as files are read
         data.update({"format": CLUSTER_FORMAT, "name": self.name,
                      "servers": [s.to_dict() for s in self.servers],
                      "network": self.network.to_dict(),

@@ -145,7 +145,7 @@ class TestMeasureRounds:
         """Three rounds of one repeat each: the kept time is the median of the three rounds' samples."""
         calls: list[int] = []
 
-        def fake(module, args, warmup, repeats, pause=None):
+        def fake(module, args, warmup, repeats, pause=None, sync=None):
             calls.append(repeats)
             value = float(len(calls))  # call number: rises round after round
             return [value] * repeats, [2 * value] * repeats
