@@ -34,6 +34,10 @@ COMMAND_MODULES = (
 EXAMPLES = {
     "pipeplan": "pipeplan plan examples/chain8.graph.json examples/two-servers.cluster.json "
                 "--batch 64 --microbatches 8 --solver cpsat -o plan.json",
+    "cluster": "pipeplan cluster --server 2x8:a100-80g:nvlink3 --server 4x8:v100-32g:pcie3 "
+               "--network ib-hdr -o cluster.json",
+    "speeds": "pipeplan speeds a100.graph.json v100.graph.json --cluster cluster.json --kind v100-32g "
+              "-o measured.cluster.json",
     "validate": "pipeplan validate examples/chain8.graph.json examples/two-servers.cluster.json "
                 "examples/hetero.plan.json",
     "simulate": "pipeplan simulate examples/chain8.graph.json examples/two-servers.cluster.json "
