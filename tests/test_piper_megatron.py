@@ -92,13 +92,13 @@ def brute_force(problem: PlanningProblem) -> float:
 def random_problem(seed: int) -> PlanningProblem:
     rng = random.Random(seed)
     layers = [Layer(f"l{i}", (rng.uniform(0, 1e-4), rng.uniform(1e-4, 1e-3)), (rng.uniform(0, 2e-4),
-                    rng.uniform(2e-4, 2e-3)), rng.uniform(1e6, 1e7), rng.uniform(1e5, 1e6), rng.uniform(1e4, 1e5))
+                    rng.uniform(2e-4, 2e-3)), rng.uniform(1e5, 1e7), rng.uniform(1e5, 1e6), rng.uniform(1e4, 1e5))
               for i in range(rng.randint(1, 6))]
-    devices = tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([0.5, 1.0]), rng.choice([4.5e7, 6e7, 1e9]))
+    devices = tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([0.5, 1.0]), rng.choice([5e7, 2e8, 1e9]))
                     for i in range(rng.randint(1, 4)))
-    cluster = Cluster("c", (Link(1e11, 1e-6, "s0"), Link(1e10, 2e-6, "s1")), Link(1e9, 1e-5), devices)
+    cluster = Cluster("c", (Link(1e11, 1e-6, "s0"), Link(1e10, 2e-6, "s1")), Link(rng.choice([1e9, 1e11]), 1e-5), devices)
     return PlanningProblem(LayerGraph.chain("g", layers, 1e4), cluster, global_batch=rng.choice([8, 16]),
-                           microbatches=rng.choice([1, 2, 4, 8]), schedule=rng.choice(["gpipe", "1f1b"]),
+                           microbatches=rng.choice([2, 4, 8]), schedule=rng.choice(["gpipe", "1f1b"]),
                            max_stages=rng.choice([None, 2]), allow_recompute=rng.random() < 0.7)
 
 
