@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "pipeplan.cmd_run",
     "pipeplan.cmd_calibrate",
     "pipeplan.cmd_pareto",
+    "pipeplan.cmd_reproduce",
 )
 
 
