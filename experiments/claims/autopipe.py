@@ -14,7 +14,7 @@ from dataclasses import replace
 from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, one_server, timed
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.baselines.slicing import sliced
-from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.figures import pyplot
 from pipeplan.solver.plan import Plan, equal_split
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver
@@ -142,6 +142,4 @@ def _planning_time(sec: Section, settings: Settings, limit: float) -> None:
     ax.set_ylabel("planning time (s)")
     ax.set_yscale("log")
     ax.legend()
-    fig.tight_layout()
-    save_png(fig, str(settings.out / "autopipe-planning-time.png"))
-    sec.figures.append("autopipe-planning-time.png")
+    sec.save_figure(fig, settings, "autopipe-planning-time.png")

@@ -14,6 +14,7 @@ from typing import Any
 
 from pipeplan.models.graph import LayerGraph, load_graph
 from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.figures import save_png
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.result import SolverResult
 
@@ -84,6 +85,12 @@ class Section:
         self.shown.append(shown)
         text = f"{shown:.{digits}f}" if digits else str(shown)
         return f"{text} {unit}".strip() if unit not in ("%", "×") else f"{text}{' %' if unit == '%' else '×'}"
+
+    def save_figure(self, fig, settings: Settings, name: str) -> None:
+        """Write ``fig`` as ``settings.out / name`` (tight layout, PNG) and list it in :attr:`figures`."""
+        fig.tight_layout()
+        save_png(fig, str(settings.out / name))
+        self.figures.append(name)
 
     def to_json(self) -> dict[str, Any]:
         """The section as stored in ``results.json``."""

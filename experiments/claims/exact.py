@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pipeplan.experiments.claims.common import Row, Section, Settings, mixed
 from pipeplan.models.synthetic import synthetic_graph
-from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.figures import pyplot
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver
 
@@ -55,7 +55,5 @@ def run(settings: Settings) -> Section:
     a2.set_xlabel("layers")
     a2.set_ylabel("proved gap (%)")
     a1.legend()
-    fig.tight_layout()
-    save_png(fig, str(settings.out / "exact-gap-time.png"))
-    sec.figures.append("exact-gap-time.png")
+    sec.save_figure(fig, settings, "exact-gap-time.png")
     return sec

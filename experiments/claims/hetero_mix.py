@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, mapping, mixed
 from pipeplan.solver.baselines import BASELINES, run_baselines
-from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.figures import pyplot
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver
 
@@ -59,7 +59,5 @@ def run(settings: Settings) -> Section:
     ax.set_xlabel(f"fast GPUs out of {TOTAL}")
     ax.set_ylabel("baseline time / pipeplan's best time")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    save_png(fig, str(settings.out / "hetero-mix.png"))
-    sec.figures.append("hetero-mix.png")
+    sec.save_figure(fig, settings, "hetero-mix.png")
     return sec

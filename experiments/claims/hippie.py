@@ -14,7 +14,7 @@ from dataclasses import replace
 from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, mapping, one_server, servers
 from pipeplan.solver.baselines import best_baseline
 from pipeplan.solver.baselines.common import finalize
-from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.figures import pyplot
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
 
@@ -117,6 +117,4 @@ def _scaling(sec: Section, settings: Settings, limit: float) -> None:
     ax.set_ylabel("scaling efficiency (%)")
     ax.set_xscale("log", base=2)
     ax.legend()
-    fig.tight_layout()
-    save_png(fig, str(settings.out / "hippie-scaling.png"))
-    sec.figures.append("hippie-scaling.png")
+    sec.save_figure(fig, settings, "hippie-scaling.png")

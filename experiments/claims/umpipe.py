@@ -15,7 +15,7 @@ from pipeplan.experiments.claims.common import EXAMPLES, Row, Section, Settings,
 from pipeplan.experiments.umpipe import compare
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.figures import pyplot
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver
 
@@ -87,7 +87,7 @@ def run(settings: Settings) -> Section:
                          "The paper's simulation networks are not published; pipeplan's synthetic networks "
                          "have bounded fixed costs, so gains of the paper's size need far larger per-call costs.",
                          at_least=True))
-    sec.figures.append(_plot(settings, rows))
+    sec.save_figure(_plot(rows), settings, "umpipe-gains.png")
     return sec
 
 
@@ -99,7 +99,7 @@ def _row(sec: Section, claim: str, paper: tuple[float, float], g, p, conditions:
                f"{sec.num(100 * p if p is not None else None, 2, '%')})", conditions, why)
 
 
-def _plot(settings: Settings, rows: list[list[str]]) -> str:
+def _plot(rows: list[list[str]]):
     import numpy as np
 
     plt = pyplot()
@@ -111,7 +111,4 @@ def _plot(settings: Settings, rows: list[list[str]]) -> str:
     ax.set_xticks(x, [f"{r[0]}\n{r[1]}" for r in rows], fontsize=7)
     ax.set_ylabel("UMPIPE's throughput gain (%)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    name = "umpipe-gains.png"
-    save_png(fig, str(settings.out / name))
-    return name
+    return fig
