@@ -41,8 +41,8 @@ def select(only: str | None) -> list[str]:
     names = [n.strip() for n in only.split(",") if n.strip()]
     unknown = [n for n in names if n not in CLAIMS]
     if unknown or not names:
-        raise InputError("-", "--only", f"unknown claim {unknown[0]!r}" if unknown else "names no claim"
-                         f"; the claims are {', '.join(CLAIMS)}")
+        what = f"unknown claim {unknown[0]!r}" if unknown else "names no claim"
+        raise InputError("-", "--only", f"{what}; the claims are {', '.join(CLAIMS)}")
     return [n for n in CLAIMS if n in names]
 
 

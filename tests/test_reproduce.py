@@ -54,8 +54,10 @@ class TestSelect:
     def test_unknown_name(self):
         from pipeplan.models.errors import InputError
 
-        with pytest.raises(InputError, match="unknown claim 'nope'"):
+        with pytest.raises(InputError, match="unknown claim 'nope'; the claims are umpipe, autopipe"):
             select("umpipe,nope")
+        with pytest.raises(InputError, match="names no claim"):
+            select(",")
 
 
 class TestReport:
