@@ -19,7 +19,7 @@ DEVICES, BATCH, MICROBATCHES = 8, 32, 8
 def run(settings: Settings) -> Section:
     sec = Section("exact", "pipeplan: proved gap and solve time of ilp and cpsat as instances grow")
     limit = settings.limit(60.0, 5.0)
-    sizes = [8, 16] if settings.quick else [8, 16, 32, 48, 64]
+    sizes = [8, 16] if settings.quick else [8, 16, 32, 64, 128, 256]
     data = {n: {"status": [], "gap": [], "wall": []} for n in SOLVERS}
     table = []
     for layers in sizes:

@@ -77,9 +77,9 @@ def run(settings: Settings) -> Section:
         sec.rows.append(Row(f"throughput, memory saving, ME vs {base}", "+80.0 %, 57.0 %, 4.18×",
                             f"{pct(thr)}, {pct(mem)}, {sec.num(me, 2, '×')}",
                             f"gpt1-14, {sec.num(devices, 0)} equal GPUs, PP+DP plan with recompute on every stage",
-                            "Recomputation trades a forward pass for memory; how much throughput it keeps "
-                            "depends on the model's memory pressure, which the paper's models had and "
-                            "gpt1-14 on 40 GB devices barely has."))
+                            "The abstract names no baseline; recomputation trades a forward pass for memory, "
+                            "so the gains depend on how memory-bound the model is, and gpt1-14 fits 40 GB "
+                            "devices without it."))
     sec.shown.extend([80.0, 57.0, 4.18])
     _scaling(sec, settings, limit)
     sec.method = (f"{sec.num(PER_DEVICE, 0)} samples per GPU, {sec.num(MICROBATCHES, 0)} microbatches, 1F1B; "
