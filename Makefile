@@ -1,10 +1,11 @@
-# Two entry points, each doing all set-up on a fresh machine: `make demo`, `make test`.
+# Entry points, each doing all set-up on a fresh machine: `make demo`, `make test`, `make reproduce`
+# (ARGS=--quick for the two-minute version; the report goes to out/reproduce).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench reproduce clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +21,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+reproduce: $(STAMP)
+	mkdir -p out
+	$(VENV)/bin/pipeplan reproduce -o out/reproduce $(ARGS)
 
 bench: $(STAMP)
 	$(PY) experiments/bench_simulator.py

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "pipeplan.cmd_calibrate",
     "pipeplan.cmd_speeds",
     "pipeplan.cmd_pareto",
+    "pipeplan.cmd_reproduce",
 )
 
 
@@ -49,6 +50,7 @@ EXAMPLES = {
     "pareto": "pipeplan pareto examples/chain8.graph.json examples/two-servers.cluster.json "
               "--batch 64 --microbatches 8 --time-limit 10 -o front.json --plot front.png",
     "models": "pipeplan models --json",
+    "reproduce": "pipeplan reproduce --quick -o out/reproduce",
     "profile": "pipeplan profile gpt-tiny --batch-sizes 1,2,4,8 -o gpt-tiny.graph.json",
     "run": "pipeplan run gpt-tiny.graph.json examples/cpu-pair.cluster.json plan.json "
            "--model gpt-tiny --steps 4 --verify",

@@ -20,7 +20,7 @@ from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver, solver_names
 
-NAMES = ["even", "deepspeed-uniform", "deepspeed-parameters", "pipedream", "dapple", "alpa", "autopipe",
+NAMES = ["even", "megatron", "deepspeed-uniform", "deepspeed-parameters", "pipedream", "dapple", "piper", "alpa", "autopipe",
          "greedy-speed"]
 
 

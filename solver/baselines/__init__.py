@@ -2,7 +2,7 @@
 
 Importing this package registers the equal-split baselines ``even``,
 ``deepspeed-uniform``, ``deepspeed-parameters``, ``pipedream``, ``dapple``, ``alpa``,
-``autopipe`` and ``greedy-speed`` (:data:`BASELINES`), and the split baselines that
+``autopipe``, ``greedy-speed``, ``megatron`` and ``piper`` (:data:`BASELINES`), and the split baselines that
 start from the best of them, ``umpipe-local``, ``umpipe-dp`` and ``autopipe-slicing``
 (see each module's docstring for its source and its heterogeneous adaptation).
 :func:`best_baseline` gives the exact solvers their warm start.

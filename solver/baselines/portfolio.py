@@ -9,18 +9,21 @@ from __future__ import annotations
 import time
 
 # Import order is registration order (what ``pipeplan compare`` lists): cheapest first.
-from pipeplan.solver.baselines import even, deepspeed, greedy_speed, autopipe, pipedream, dapple, alpa  # noqa: F401,I001
+from pipeplan.solver.baselines import even, megatron, deepspeed, greedy_speed, autopipe, pipedream, dapple, piper, alpa  # noqa: F401,I001
 from pipeplan.solver.baselines.alpa import Alpa
 from pipeplan.solver.baselines.autopipe import AutoPipe
 from pipeplan.solver.baselines.dapple import Dapple
 from pipeplan.solver.baselines.deepspeed import DeepSpeedParameters, DeepSpeedUniform
 from pipeplan.solver.baselines.even import EvenSplit
 from pipeplan.solver.baselines.greedy_speed import GreedySpeed
+from pipeplan.solver.baselines.megatron import Megatron
 from pipeplan.solver.baselines.pipedream import PipeDream
+from pipeplan.solver.baselines.piper import Piper
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.result import SolverResult
 
-BASELINES = (EvenSplit, DeepSpeedUniform, DeepSpeedParameters, GreedySpeed, AutoPipe, PipeDream, Dapple, Alpa)
+BASELINES = (EvenSplit, Megatron, DeepSpeedUniform, DeepSpeedParameters, GreedySpeed, AutoPipe, PipeDream, Dapple, Piper,
+             Alpa)
 """Every baseline class, cheapest first (the order :func:`best_baseline` runs them)."""
 
 
