@@ -1,10 +1,14 @@
-# Two entry points, each doing all set-up on a fresh machine: `make demo`, `make test`.
+# Entry points, each doing all set-up on a fresh machine: `make demo`, `make test`, `make fuzz`.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test fuzz bench clean
+
+# `make fuzz`: examples of the CLI fuzzing suite (tests/test_fuzz_cli.py), random each run;
+# about 500 a minute on a 2-core machine, so the default is some 10 minutes.
+FUZZ_EXAMPLES ?= 5000
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,6 +24,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+fuzz: $(STAMP)
+	PIPEPLAN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz_cli.py -q -p no:cacheprovider --hypothesis-show-statistics
 
 bench: $(STAMP)
 	$(PY) experiments/bench_simulator.py

@@ -24,7 +24,7 @@ from pipeplan.solver.gantt import write_gantt
 from pipeplan.solver.infeasibility import UNPROVED, memory_verdict
 from pipeplan.solver.nsga import MAX_POPULATION
 from pipeplan.solver.plan import MAX_SAMPLES
-from pipeplan.solver.problem import Overflow, PlanningProblem
+from pipeplan.solver.problem import Overflow, PlanningProblem, TooLarge
 from pipeplan.solver.registry import get_solver, solver_names
 from pipeplan.solver.result import SolverResult
 from pipeplan.notices import warn
@@ -148,6 +148,10 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
                                per_stage=getattr(args, "per_stage", False))
     except Overflow as exc:  # the file at fault: the cluster's speeds and links, or the graph's bytes
         file, where = (args.cluster, "devices and links") if exc.what == "time" else (args.graph, "layers")
+        raise InputError(file, where, str(exc)) from None
+    except TooLarge as exc:
+        file, where = {"graph": (args.graph, "layers"), "cluster": (args.cluster, "devices")}.get(
+            exc.role, ("-", "--max-microbatches" if auto else "--microbatches"))
         raise InputError(file, where, str(exc)) from None
     except ValueError as exc:
         raise InputError("-", "arguments", str(exc)) from None
