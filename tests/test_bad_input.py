@@ -18,6 +18,8 @@ from conftest import EXAMPLES
 from pipeplan import notices
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import MAX_INPUT_BYTES, check_output_kind, read_input
+from pipeplan.solver.problem import MAX_DEVICES, MAX_LAYERS, MAX_MICROBATCHES, TooLarge, check_size
+from conftest import chain, cluster
 
 GRAPH = str(EXAMPLES / "chain8.graph.json")
 CLUSTER = str(EXAMPLES / "two-servers.cluster.json")
@@ -110,8 +112,8 @@ class TestCheckOutputKind:
         (tmp_path / "old.json").write_text("{}")
         check_output_kind(tmp_path / "old.json")
 
-    def test_a_device_is_refused(self):
-        assert "is a character device" in _error_of(check_output_kind, "/dev/null")
+    def test_a_device_is_refused(self, tmp_path):
+        assert "is a character device" in _error_of(check_output_kind, _null_device(tmp_path))
 
     def test_a_fifo_is_refused(self, tmp_path):
         os.mkfifo(tmp_path / "out.fifo")
@@ -127,6 +129,16 @@ class TestCheckOutputKind:
         path.chmod(stat.S_IRUSR | stat.S_IRGRP)
         assert "pass --force" in _error_of(check_output_kind, path)
         check_output_kind(path, force=True)
+
+
+def _null_device(tmp_path) -> str:
+    """A character device like /dev/null under ``tmp_path`` (making one needs root)."""
+    path = tmp_path / "null"
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except PermissionError:
+        pytest.skip("making a device needs root")
+    return str(path)
 
 
 class TestNotices:
@@ -226,9 +238,10 @@ class TestSpecialOutputs:
         return run_cli("plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "2", "--solver", "even",
                        "-o", str(output), *extra)
 
-    def test_a_device_output_is_refused(self, run_cli):
-        _refused(self._plan(run_cli, "/dev/null"), "error: /dev/null: output: is a character device")
-        assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    def test_a_device_output_is_refused(self, run_cli, tmp_path):
+        device = _null_device(tmp_path)  # never the system's /dev/null: a regression would replace it
+        _refused(self._plan(run_cli, device), f"error: {device}: output: is a character device")
+        assert stat.S_ISCHR(os.lstat(device).st_mode)
 
     def test_a_fifo_output_is_refused_and_kept(self, run_cli, tmp_path):
         fifo = tmp_path / "out.fifo"
@@ -257,3 +270,42 @@ class TestSpecialOutputs:
         assert output.read_text() == "{}"
         assert self._plan(run_cli, output, "--force")[0] == 0
         assert json.loads(output.read_text())["format"] == "pipeplan.plan/1"
+
+
+class TestCheckSize:
+    def test_the_limits_themselves_pass(self):
+        check_size(chain(MAX_LAYERS), cluster(MAX_DEVICES), MAX_MICROBATCHES)
+
+    @pytest.mark.parametrize("layers, devices, microbatches, role", [
+        (MAX_LAYERS + 1, 2, 8, "graph"), (8, MAX_DEVICES + 1, 8, "cluster"), (8, 2, MAX_MICROBATCHES + 1, "options")])
+    def test_one_beyond_a_limit_is_refused_naming_the_input(self, layers, devices, microbatches, role):
+        with pytest.raises(TooLarge) as caught:
+            check_size(chain(layers), cluster(devices), microbatches)
+        assert caught.value.role == role and str(max(layers, devices, microbatches)) in str(caught.value)
+
+
+class TestSizesBeyondATimeLimit:
+    """Issue 30, item 6: sizes no time limit could honour are refused up front, with the numbers."""
+
+    def test_ten_thousand_devices(self, run_cli, tmp_path):
+        devices = _devices(tmp_path, 10_000)
+        _refused(run_cli("plan", GRAPH, devices, "--batch", "64", "--microbatches", "8", "--solver", "cpsat",
+                         "--time-limit", "2", "-o", str(tmp_path / "p.json")),
+                 f"error: {devices}: devices: 10000 devices, above the {MAX_DEVICES}")
+        assert not (tmp_path / "p.json").exists()
+
+    def test_ten_thousand_layers(self, run_cli, tmp_path):
+        graph = _chain(tmp_path, 10_000, (1e-4, 1e-5))
+        _refused(run_cli("plan", graph, CLUSTER, "--batch", "64", "--microbatches", "8", "--solver", "cpsat",
+                         "--time-limit", "2", "-o", str(tmp_path / "p.json")),
+                 f"error: {graph}: layers: 10000 layers, above the {MAX_LAYERS}")
+
+    def test_a_million_microbatches(self, run_cli, tmp_path):
+        _refused(run_cli("plan", GRAPH, CLUSTER, "--batch", "1000000", "--microbatches", "1000000", "--solver",
+                         "even", "-o", str(tmp_path / "p.json")),
+                 f"error: -: --microbatches: 1000000 microbatches, above the {MAX_MICROBATCHES}")
+
+    def test_a_billion_microbatches_allowed_with_auto(self, run_cli, tmp_path):
+        _refused(run_cli("plan", GRAPH, CLUSTER, "--batch", "10000", "--microbatches", "auto", "--max-microbatches",
+                         "1000000000", "--solver", "cpsat-split", "-o", str(tmp_path / "p.json")),
+                 "error: -: --max-microbatches: 1000000000 microbatches, above the")
