@@ -9,6 +9,7 @@ folders, dangling symlinks, broken bytes), draws options, and runs
 * on 2, stderr is exactly one line, starting ``error:``;
 * on failure (2 or 3) no file is written and special outputs are left as they were;
 * on success with ``--json``, stdout is strict JSON (no ``NaN`` or ``Infinity``);
+* no ``RuntimeWarning`` (numpy's overflow warnings) reaches the user;
 * a solving command ends within its time limit plus 10 % (and a fixed allowance for
   loading and simulating on a loaded machine).
 
@@ -26,6 +27,7 @@ import os
 import stat
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -248,11 +250,14 @@ def _snapshot(folder: Path) -> dict[str, tuple]:
 def _run(argv: list[str]) -> tuple[int, str, str, float]:
     out, err = io.StringIO(), io.StringIO()
     start = time.perf_counter()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always", RuntimeWarning)  # what a user's terminal would show
         try:
             status = main(argv)
         except SystemExit as exc:  # argparse usage errors
             status = exc.code
+    runtime = [str(w.message) for w in seen if issubclass(w.category, RuntimeWarning)]
+    assert not runtime, f"RuntimeWarning reached the user: {runtime[0]}"
     return status, out.getvalue(), err.getvalue(), time.perf_counter() - start
 
 
