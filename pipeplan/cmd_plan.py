@@ -218,6 +218,7 @@ def run_plan(args: argparse.Namespace) -> int:
     result = _solve(problem, [args.solver], args)[0]
     if result.plan is None:
         return no_plan(problem, [result])
+    comparison_rows(problem, [result])  # refuses a throughput beyond the float range, before writing
     atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
     gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
     print(f"{result.name}: {result.status}, {len(result.plan.stages)} stages, iteration time "

@@ -179,6 +179,13 @@ class TestNonFiniteResults:
         _refused(run_cli("compare", graph, cluster, "--batch", "1", "--microbatches", "1", "--solvers",
                          "even,greedy-speed", "--json"), "error: -: even: throughput: is inf")
 
+    def test_plan_refuses_an_infinite_throughput_before_writing(self, run_cli, tmp_path):
+        graph, cluster = _one_layer(tmp_path, (5e-324, 0)), _devices(tmp_path, 1)
+        output = tmp_path / "p.json"
+        _refused(run_cli("plan", graph, cluster, "--batch", "1", "--microbatches", "1", "--solver", "even",
+                         "-o", str(output)), "error: -: even: throughput: is inf")
+        assert not output.exists()
+
     def test_a_trace_whose_microseconds_overflow_is_refused(self, run_cli, tmp_path):
         graph, cluster = _one_layer(tmp_path, (1e303, 0)), _devices(tmp_path, 1)
         plan = _plan(tmp_path, [((0, 1), ["d0"], [1])])
