@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 .PHONY: demo test fuzz bench clean
 
 # `make fuzz`: examples of the CLI fuzzing suite (tests/test_fuzz_cli.py), random each run;
-# about 1,300 a minute on a 2-core machine, so the default is some 10 to 15 minutes.
+# about 1,100 a minute on a 2-core machine, so the default is some 10 to 15 minutes.
 FUZZ_EXAMPLES ?= 15000
 
 $(STAMP): pyproject.toml
