@@ -1,11 +1,15 @@
-# Entry points, each doing all set-up on a fresh machine: `make demo`, `make test`, `make reproduce`
-# (ARGS=--quick for the two-minute version; the report goes to out/reproduce).
+# Entry points, each doing all set-up on a fresh machine: `make demo`, `make test`, `make fuzz`,
+# `make reproduce` (ARGS=--quick for the two-minute version; the report goes to out/reproduce).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench reproduce clean
+.PHONY: demo test fuzz bench reproduce clean
+
+# `make fuzz`: examples of the CLI fuzzing suite (tests/test_fuzz_cli.py), random each run;
+# about 1,100 a minute on a 2-core machine, so the default is some 10 to 15 minutes.
+FUZZ_EXAMPLES ?= 15000
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +25,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+fuzz: $(STAMP)
+	PIPEPLAN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz_cli.py -q -p no:cacheprovider --hypothesis-show-statistics
 
 reproduce: $(STAMP)
 	mkdir -p out

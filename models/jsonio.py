@@ -10,11 +10,17 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 from pipeplan.models.errors import InputError
+
+
+MAX_INPUT_BYTES = 2**30
+"""Largest input file read (1 GiB): a bigger one is refused before any byte is read, so a
+mistaken path (a disk image, ``/dev/zero``) never exhausts the memory."""
 
 
 def load_json(path: str | os.PathLike) -> Any:
@@ -23,17 +29,13 @@ def load_json(path: str | os.PathLike) -> Any:
     Raises
     ------
     InputError
-        If the file cannot be read or is not valid JSON (``NaN`` and ``Infinity``
-        included: they are not JSON).
+        If the file is not a regular file (see :func:`read_input`), cannot be read or
+        is not valid JSON (``NaN`` and ``Infinity`` included: they are not JSON).
     """
     name = str(path)
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise InputError(name, "file", "no such file") from None
-    except IsADirectoryError:
-        raise InputError(name, "file", "is a directory, not a JSON file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+        text = read_input(path).decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise InputError(name, "file", f"cannot be read: {exc}") from None
     try:
         value = json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
@@ -48,6 +50,63 @@ def load_json(path: str | os.PathLike) -> Any:
         raise InputError(name, "file", f"invalid JSON: {exc}") from None
     check_values(value, name)
     return value
+
+
+_NOT_REGULAR = ((stat.S_ISDIR, "is a directory, not a JSON file"),
+                (stat.S_ISFIFO, "is a FIFO (named pipe), not a regular file: save the JSON to a file and name that"),
+                (stat.S_ISCHR, "is a character device, not a regular file: name a JSON file"),
+                (stat.S_ISBLK, "is a block device, not a regular file: name a JSON file"),
+                (stat.S_ISSOCK, "is a socket, not a regular file: name a JSON file"))
+
+
+def _refuse_special(name: str, mode: int) -> None:
+    """Raise when ``mode`` is not a regular file's, saying what it is."""
+    for test, what in _NOT_REGULAR:
+        if test(mode):
+            raise InputError(name, "file", what)
+    if not stat.S_ISREG(mode):
+        raise InputError(name, "file", "is not a regular file: name a JSON file")
+
+
+def read_input(path: str | os.PathLike) -> bytes:
+    """The bytes of the regular file at ``path``, at most :data:`MAX_INPUT_BYTES` of them.
+
+    The file's type is checked with ``os.stat`` before it is opened, so a FIFO never
+    blocks ``open()``; it is opened non-blocking and checked again, in case the name
+    was swapped between the two.
+
+    Raises
+    ------
+    InputError
+        If there is no such file, it is a directory, FIFO, device or socket, it is
+        larger than :data:`MAX_INPUT_BYTES`, or it cannot be read.
+    """
+    name = str(path)
+    try:
+        _check_input_stat(name, os.stat(path))
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise InputError(name, "file", "no such file") from None
+    except OSError as exc:
+        raise InputError(name, "file", f"cannot be read: {exc.strerror or exc}") from None
+    try:
+        _check_input_stat(name, os.fstat(fd))
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(MAX_INPUT_BYTES + 1)
+    except OSError as exc:
+        raise InputError(name, "file", f"cannot be read: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > MAX_INPUT_BYTES:  # it grew after the stat
+        raise InputError(name, "file", f"is larger than the input limit of {MAX_INPUT_BYTES} bytes (1 GiB)")
+    return data
+
+
+def _check_input_stat(name: str, info: os.stat_result) -> None:
+    _refuse_special(name, info.st_mode)
+    if info.st_size > MAX_INPUT_BYTES:
+        raise InputError(name, "file", f"is {info.st_size} bytes, above the input limit of {MAX_INPUT_BYTES} "
+                                       f"bytes (1 GiB): no pipeplan file is that large; check the path")
 
 
 def check_values(value: Any, file: str) -> None:
@@ -152,7 +211,8 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     InputError
         If the folder does not exist or cannot be written.
     """
-    target = Path(path)
+    # through a symlink to its file: the rename would otherwise put a file where the link was
+    target = Path(os.path.realpath(path)) if os.path.islink(path) else Path(path)
     directory = target.parent if str(target.parent) else Path(".")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=directory)
@@ -331,19 +391,24 @@ def number_list(value: Any, file: str, where: str, length: int) -> tuple[float, 
     return tuple(check_number(v, file, f"{where}[{i}]") for i, v in enumerate(value))
 
 
-def check_writable(*paths: str | os.PathLike | None, inputs: dict[str, str | None] | None = None) -> None:
+def check_writable(*paths: str | os.PathLike | None, inputs: dict[str, str | None] | None = None,
+                   force: bool = False) -> None:
     """Check, before any work, that every output path given can be written.
 
     Commands call this first so that a bad output path fails before anything is
     computed or written (and so never leaves some outputs written and others not).
     ``inputs`` (``role -> path``, e.g. ``{"graph": ...}``) are the files the command
     reads: an output that is one of them (the same file, under any name) would replace it.
+    An output must be a regular file or a new name (see :func:`check_output_kind`); an
+    existing read-only file is replaced only when ``force``.
 
     Raises
     ------
     InputError
         Naming the first path whose folder is missing or not writable, that is an input,
-        or that names the same file as an earlier output (the later write would replace it).
+        that names the same file as an earlier output (the later write would replace it),
+        that is a device, FIFO, socket or dangling symlink, or (without ``force``) a
+        read-only file.
     """
     given = [path for path in paths if path is not None]
     for k, path in enumerate(given):
@@ -362,10 +427,41 @@ def check_writable(*paths: str | os.PathLike | None, inputs: dict[str, str | Non
             raise InputError(str(path), "output", f"folder {str(folder)!r} is not writable")
         if Path(path).is_dir():
             raise InputError(str(path), "output", "is a folder, not a file name")
+        check_output_kind(path, force=force)
         for role, source in (inputs or {}).items():
             if source is not None and _same_file(path, source):
                 raise InputError(str(path), "output", f"is the {role} file {source}; writing it would replace "
                                                       f"the input: name another file")
+
+
+def check_output_kind(path: str | os.PathLike, *, force: bool = False) -> None:
+    """Refuse an output name that the atomic rename would wrongly replace.
+
+    The rename puts a new regular file where the name was: over a device (``/dev/null``
+    for everyone), a FIFO or a socket that would be wrong, over a dangling symlink it
+    would replace the link, and over a read-only file it would override the owner's
+    protection (``force`` allows that).  A symlink to a regular file is written
+    through (see :func:`atomic_write_bytes`).
+
+    Raises
+    ------
+    InputError
+        For a device, FIFO, socket or dangling symlink, or a read-only file without ``force``.
+    """
+    name = str(path)
+    if not os.path.lexists(path):
+        return
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        raise InputError(name, "output", f"is a symlink to {os.readlink(path)!r}, which does not exist: "
+                                         f"name the file itself or a new path") from None
+    if not stat.S_ISREG(info.st_mode):
+        kind = next((what.split(",")[0] for test, what in _NOT_REGULAR if test(info.st_mode)), "is not a regular file")
+        raise InputError(name, "output", f"{kind}; an output must be a regular file or a new path")
+    # the mode bits, not os.access: as root, access() calls every file writable
+    if not force and not info.st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+        raise InputError(name, "output", "is a read-only file: pass --force to replace it, or name another file")
 
 
 def _same_output(a: str | os.PathLike, b: str | os.PathLike) -> bool:

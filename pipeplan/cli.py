@@ -13,6 +13,9 @@ import importlib
 import signal
 import sys
 
+import numpy as np
+
+from pipeplan import notices
 from pipeplan.models.errors import InputError, one_line
 
 #: Command modules, in the order ``pipeplan --help`` lists them.
@@ -90,10 +93,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 3 no feasible plan)."""
+    notices.discard()
     args = build_parser().parse_args(argv)
     previous = _on_sigterm(_terminated)
     try:
-        return int(args.func(args) or 0)
+        # an overflow is caught where it reaches an output (an error line), not as a numpy warning
+        with np.errstate(all="ignore"):
+            status = int(args.func(args) or 0)
+        if status == 0:  # warnings only after a success: a failure prints its one error line alone
+            notices.flush(sys.stderr)
+        return status
     except InputError as exc:
         sys.stderr.write(exc.line() + "\n")
         return 2
@@ -107,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("error: -: interrupted: terminated (SIGTERM)\n")
         return 128 + signal.SIGTERM
     finally:
+        notices.discard()
         _on_sigterm(previous)
 
 

@@ -18,7 +18,9 @@ import statistics
 import sys
 
 from pipeplan.models.errors import InputError, one_line
-from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.models.jsonio import atomic_write_text, dumps
+from pipeplan.notices import warn
+from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
 from pipeplan.runtime.calibrate import calibrated_cluster, device_factors, run_factors
@@ -54,6 +56,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"first steps of each run left out (default {DEFAULT_WARMUP}, or steps-1 when fewer steps)")
     add_launch_options(p)  # calibrate with the transport the runs will use
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_force_option(p)
     # What pipeplan run's workers also take: a calibration measures float32 training at real speed.
     p.set_defaults(func=run, verify=False, emulate=False, lr=DEFAULT_LR)
 
@@ -64,10 +67,10 @@ def run(args: argparse.Namespace) -> int:
     if args.runs < 1:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
     # The cluster may be replaced by its calibrated self; the graph and plan may not.
-    check_writable(args.output, inputs={"graph": args.graph, "plan": args.plan})
+    check_outputs(args, args.output, inputs={"graph": args.graph, "plan": args.plan})
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, False, args.seed)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating"):
-        print(note, file=sys.stderr)
+        warn(note)
     runs, measured, transports = [], [], set()
     for i in range(args.runs):
         print(f"probe run {i + 1}/{args.runs} ...", file=sys.stderr, flush=True)
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
                "predicted_before": inputs.prediction.iteration_time, "predicted_after": after.iteration_time}
     atomic_write_text(args.output, dumps(cluster.to_dict()))
     for note_line in _notes(summary):
-        print(note_line, file=sys.stderr)
+        warn(note_line)
     if args.json:
         print(json.dumps(summary))
     else:

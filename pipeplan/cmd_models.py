@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from pipeplan.models.errors import InputError
-from pipeplan.models.jsonio import atomic_write_text, check_integer, check_writable, dumps
+from pipeplan.models.jsonio import atomic_write_text, check_integer, dumps
+from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.models.zoo import build_model, model_names
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -34,6 +35,7 @@ def register(subparsers: Any) -> None:
                                                 "and write its pipeplan.graph/1 file.")
     profile.add_argument("model", help=f"zoo model ({', '.join(model_names())})")
     profile.add_argument("-o", "--output", required=True, metavar="GRAPH.json", help="graph file to write")
+    add_force_option(profile)
     profile.add_argument("--batch-sizes", default=None, metavar="N,N,...",
                          help="microbatch sizes to time (default 1,2,4,8; measuring only, not with --analytic)")
     profile.add_argument("--analytic", action="store_true",
@@ -78,7 +80,7 @@ def run_profile(args: argparse.Namespace) -> int:
     """Profile ``args.model`` and write the graph to ``args.output``."""
     if args.model not in model_names():
         raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}")
-    check_writable(args.output)
+    check_outputs(args, args.output)
     dtype = _dtype(args.dtype)
     seq_len = None if args.seq_len is None else _integer(args.seq_len, "--seq-len", 1)
     if args.analytic:

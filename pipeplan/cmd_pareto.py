@@ -12,7 +12,8 @@ import argparse
 import time
 
 from pipeplan.models.errors import InputError
-from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.models.jsonio import atomic_write_text, dumps
+from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.solver.figures import pyplot, save_png
 from pipeplan.cmd_plan import _common, no_plan, problem_from_args
 from pipeplan.solver.infeasibility import heuristic_no_plan
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     _common(p)
     p.add_argument("-o", "--output", required=True, metavar="FRONT.json")
     p.add_argument("--plot", metavar="FRONT.png", help="also write a plot of the front")
+    add_force_option(p)
     p.set_defaults(func=run_pareto)
 
 
@@ -58,7 +60,7 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
-    check_writable(args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
+    check_outputs(args, args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
     problem = problem_from_args(args)

@@ -11,21 +11,24 @@ import argparse
 import csv
 import io
 import json
+import math
 import sys
 from typing import Any
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
-from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.figures import pyplot, save_png
 from pipeplan.solver.gantt import write_gantt
 from pipeplan.solver.infeasibility import UNPROVED, memory_verdict
 from pipeplan.solver.nsga import MAX_POPULATION
 from pipeplan.solver.plan import MAX_SAMPLES
-from pipeplan.solver.problem import Overflow, PlanningProblem
+from pipeplan.solver.problem import Overflow, PlanningProblem, TooLarge
 from pipeplan.solver.registry import get_solver, solver_names
 from pipeplan.solver.result import SolverResult
+from pipeplan.notices import warn
+from pipeplan.outputs import add_force_option, check_outputs
 
 NO_PLAN = 3
 """Exit status when no plan fits."""
@@ -64,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="a registered solver: cpsat, ilp, group-search, nsga, cpsat-split, a baseline "
                         "(even, pipedream, alpa, ...); an unknown name lists them all")
     p.add_argument("-o", "--output", required=True, metavar="PLAN.json")
+    add_force_option(p)
     p.set_defaults(func=run_plan)
     c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)
     _common(c)
@@ -73,6 +77,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--plot", metavar="OUT.png", help="also write a bar chart of iteration times")
     c.add_argument("--best", metavar="PLAN.json", help="also write the fastest fitting plan, with its record")
     c.add_argument("--gantt", metavar="OUT.png", help="also write the Gantt chart of the fastest plan")
+    add_force_option(c)
     c.set_defaults(func=run_compare)
 
 
@@ -144,6 +149,10 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     except Overflow as exc:  # the file at fault: the cluster's speeds and links, or the graph's bytes
         file, where = (args.cluster, "devices and links") if exc.what == "time" else (args.graph, "layers")
         raise InputError(file, where, str(exc)) from None
+    except TooLarge as exc:
+        file, where = {"graph": (args.graph, "layers"), "cluster": (args.cluster, "devices")}.get(
+            exc.role, ("-", "--max-microbatches" if auto else "--microbatches"))
+        raise InputError(file, where, str(exc)) from None
     except ValueError as exc:
         raise InputError("-", "arguments", str(exc)) from None
 
@@ -174,7 +183,7 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace)
                 if len(solvers) == 1:
                     raise
                 # compare: a solver outside its scope (ilp with unequal splits) is left out, said
-                console.print(f"skipped {name}: {exc.what}")
+                warn(f"skipped {name}: {exc.what}")
             progress.advance(task)
     return results
 
@@ -204,11 +213,12 @@ def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
 
 def run_plan(args: argparse.Namespace) -> int:
     """``pipeplan plan``: solve with one solver and write the plan atomically."""
-    check_writable(args.output, inputs={"graph": args.graph, "cluster": args.cluster})
+    check_outputs(args, args.output, inputs={"graph": args.graph, "cluster": args.cluster})
     problem = problem_from_args(args)
     result = _solve(problem, [args.solver], args)[0]
     if result.plan is None:
         return no_plan(problem, [result])
+    comparison_rows(problem, [result])  # refuses a throughput beyond the float range, before writing
     atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
     gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
     print(f"{result.name}: {result.status}, {len(result.plan.stages)} stages, iteration time "
@@ -234,7 +244,23 @@ def comparison_rows(problem: PlanningProblem, results: list[SolverResult]) -> li
                      "ratio_to_best": t / best if t and best else None,
                      "lower_bound": r.lower_bound, "gap": r.gap, "wall_time": r.wall_time,
                      "stages": len(r.plan.stages) if r.plan else None, "message": r.message})
+    for row in rows:
+        _check_finite_row(row)
     return rows
+
+
+def _check_finite_row(row: dict[str, Any]) -> None:
+    """Refuse a row with a number beyond the float range: JSON, CSV and the table have no infinity.
+
+    The iteration times are finite (the problem's ceiling sees to that); the ratios
+    computed from them are not when a time is near 0 (``B / 5e-324``).
+    """
+    for key, value in row.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InputError("-", f"{row['solver']}: {key}", f"is {value} from the iteration time "
+                                                             f"{row['iteration_time']:g} s: a cost near 1e-308 in "
+                                                             f"the graph or a speed near 1e308 in the cluster "
+                                                             f"makes it overflow; use realistic costs and speeds")
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 4) -> str:
@@ -279,7 +305,7 @@ def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
 
 def run_compare(args: argparse.Namespace) -> int:
     """``pipeplan compare``: run every (or the chosen) solver and report side by side."""
-    check_writable(args.csv, args.plot, args.best, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster})
+    check_outputs(args, args.csv, args.plot, args.best, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster})
     problem = problem_from_args(args)
     valid = solver_names()
     names = valid if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]

@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from pipeplan.models.errors import one_line
-from pipeplan.models.jsonio import check_writable
+from pipeplan.notices import warn
+from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.loading import warn_names
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
 from pipeplan.runtime.launch import WorkerError, launch_local
@@ -31,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="train with a plan on local processes and measure it",
                        description=__doc__.split("\n\n")[0])
     add_arguments(p)
+    add_force_option(p)
     p.set_defaults(func=run)
 
 
@@ -52,16 +54,16 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     check_options(args)
     # Everything that can be refused is refused here, before any process starts.
-    check_writable(args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
+    check_outputs(args, args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
     inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
     if args.emulate:
         check_emulation(inputs.prediction, args.timeout, args.plan)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
-        print(note, file=sys.stderr)
+        warn(note)
     if args.emulate and "calibration" in inputs.cluster.extra:
-        print(one_line(f"warning: {args.cluster}: calibration: --emulate stretches each op to its device's "
-                       "calibrated speed, which already counts the slowdown the probe measured on this machine: "
-                       "emulate with the cluster before calibration"), file=sys.stderr)
+        warn(f"warning: {args.cluster}: calibration: --emulate stretches each op to its device's "
+             "calibrated speed, which already counts the slowdown the probe measured on this machine: "
+             "emulate with the cluster before calibration")
     try:
         result = launch(args, inputs)
     except WorkerError as exc:

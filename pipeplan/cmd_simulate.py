@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from pipeplan.models.graph import load_graph
-from pipeplan.models.jsonio import atomic_write_text, check_writable
+from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.gantt import write_gantt
 from pipeplan.solver.plan import Plan, load_plan
 from pipeplan.solver.simulator import SimulationResult, simulate
-from pipeplan.solver.trace import chrome_trace
+from pipeplan.solver.trace import check_traceable, chrome_trace
 from pipeplan.loading import warn_names
+from pipeplan.notices import warn
+from pipeplan.outputs import add_force_option, check_outputs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,18 +25,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--trace", metavar="OUT.json", help="write a Chrome trace (Perfetto)")
     p.add_argument("--gantt", metavar="OUT.png", help="write a Gantt chart")
+    add_force_option(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    check_writable(args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
+    check_outputs(args, args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
     graph = load_graph(args.graph)
     cluster = load_cluster(args.cluster)
     plan = load_plan(args.plan, graph, cluster)
     result = simulate(plan, graph, cluster, file=args.plan, validate=False)
     result.check_finite(args.plan)
+    if args.trace:
+        check_traceable(result, args.plan)
     for note in warn_names(plan, graph, cluster, args.plan):
-        print(note, file=sys.stderr)
+        warn(note)
     if args.trace:
         atomic_write_text(args.trace, json.dumps(chrome_trace(result, plan.graph), allow_nan=False))
     if args.gantt:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from pipeplan.models.errors import one_line
-from pipeplan.solver.simulator import check_deadlock_free
+from pipeplan.solver.simulator import check_deadlock_free, simulate
 from pipeplan.loading import load_any
+from pipeplan.notices import warn
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -24,6 +23,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = [(path, *load_any(path)) for path in args.files]
     graphs = [obj for _, kind, obj in loaded if kind == "graph"]
     clusters = [obj for _, kind, obj in loaded if kind == "cluster"]
+    lines = []  # printed once every file passed: a failing run prints its one error line alone
     for path, kind, obj in loaded:
         detail = ""
         if kind == "plan":
@@ -33,6 +33,10 @@ def run(args: argparse.Namespace) -> int:
                 for cluster in clusters_for:
                     obj.validate(graph, cluster, path)
             check_deadlock_free(obj, path)
+            for graph in graphs_for:
+                for cluster in clusters_for:
+                    if graph is not None and cluster is not None:  # what simulate would refuse, refused here
+                        simulate(obj, graph, cluster, file=path, validate=False).check_finite(path)
             checked = [name for name, xs in (("graph", graphs_for), ("cluster", clusters_for)) if xs != [None]]
             detail = f", {len(obj.stages)} stages, no deadlock" + (f", checked against the {' and '.join(checked)}"
                                                                   if checked else "")
@@ -40,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
             detail = f", {len(obj)} layers, {len(obj.edges)} edges"
         else:
             detail = f", {_count(len(obj.devices), 'device')} on {_count(len(obj.servers), 'server')}"
-        print(f"ok: {path}: {kind} {obj.name if kind != 'plan' else ''}".rstrip() + detail)
+        lines.append(f"ok: {path}: {kind} {obj.name if kind != 'plan' else ''}".rstrip() + detail)
+    print("\n".join(lines))
     return 0
 
 
@@ -54,14 +59,14 @@ def _partners(candidates: list[Any], name: str, kind: str, plan_file: str) -> li
     """
     if len(candidates) == 1:
         if candidates[0].name != name:
-            print(one_line(f"warning: {plan_file}: {kind}: plan was made for {kind} {name!r}, checking against "
-                           f"{candidates[0].name!r}"), file=sys.stderr)
+            warn(f"warning: {plan_file}: {kind}: plan was made for {kind} {name!r}, checking against "
+                 f"{candidates[0].name!r}")
         return candidates
     named = [c for c in candidates if c.name == name]
     if candidates and not named:
         given = ", ".join(repr(n) for n in dict.fromkeys(c.name for c in candidates))
-        print(one_line(f"warning: {plan_file}: {kind}: the plan names {kind} {name!r}, which none of the {kind}s "
-                       f"given ({given}) is; checked without a {kind}"), file=sys.stderr)
+        warn(f"warning: {plan_file}: {kind}: the plan names {kind} {name!r}, which none of the {kind}s "
+             f"given ({given}) is; checked without a {kind}")
     return named or [None]
 
 

@@ -104,11 +104,25 @@ class Cluster:
         return self._server_link[dx.server] if dx.server == dy.server else self.network
 
     def _pairs(self, xs: Iterable[str], ys: Iterable[str]) -> list[Link]:
-        ys = list(ys)
-        links = [self.pair_link(x, y) for x in xs for y in ys if x != y]
+        """The links the pairs of distinct devices ``x`` in ``xs``, ``y`` in ``ys`` talk over, each once.
+
+        Found server by server rather than pair by pair: a group of a thousand devices
+        has a million pairs but one or two links.
+        """
+        by_server_x, by_server_y = self._by_server(xs), self._by_server(ys)
+        links = [self._server_link[s] for s, here in by_server_x.items()
+                 if _distinct_pair(here, by_server_y.get(s, set()))]
+        if _distinct_pair(set(by_server_x), set(by_server_y)):  # a pair on two servers
+            links.append(self.network)
         if not links:
             raise ValueError("bw/lat need at least one pair of distinct devices")
         return links
+
+    def _by_server(self, ids: Iterable[str]) -> dict[str, set[str]]:
+        groups: dict[str, set[str]] = {}
+        for device in ids:
+            groups.setdefault(self.device_index[device].server, set()).add(device)
+        return groups
 
     def bw(self, xs: Iterable[str], ys: Iterable[str] | None = None) -> float:
         """Smallest pair bandwidth between ``xs`` and ``ys`` (within ``xs`` if ``ys`` is None)."""
@@ -192,3 +206,8 @@ def load_cluster(path: str) -> Cluster:
         repeated id or a device on an unknown server.
     """
     return Cluster.from_dict(load_json(path), str(path))
+
+
+def _distinct_pair(xs: set, ys: set) -> bool:
+    """Whether some ``x`` in ``xs`` and ``y`` in ``ys`` differ."""
+    return bool(xs) and bool(ys) and not (len(xs) == 1 and xs == ys)

@@ -12,6 +12,20 @@ from pipeplan.solver.plan import MAX_SAMPLES, Plan, Stage, equal_split
 from pipeplan.solver.simulator import SimulationResult, simulate
 
 
+MAX_DEVICES = 128
+"""Most devices a planning problem may have: beyond it the exact solvers' models (and the
+baselines that seed them) take longer to build than a time limit of seconds allows
+(``cpsat`` with a 2 s limit ran 2.0 s on 64 identical devices, 2.8 s on 128, 10.5 s on 256)."""
+
+MAX_LAYERS = 256
+"""Most layers a planning problem may have (``cpsat`` with a 2 s limit on 1,000 layers ran 4.4 s)."""
+
+MAX_MICROBATCHES = 256
+"""Most microbatches (``--microbatches``, and ``--max-microbatches`` with auto): the split
+searches and timelines grow with the count (``cpsat-split`` with a 2 s limit and
+``K = 1000`` ran 36 s)."""
+
+
 def probe_counts(top: int) -> list[int]:
     """Microbatch counts from ``top`` down to 1 that are worth an equal-split solve.
 
@@ -113,6 +127,7 @@ class PlanningProblem:
             raise ValueError(f"max_microbatches ({self.max_microbatches}) is below microbatches "
                              f"({self.microbatches}); the equal split must stay in the search space")
 
+        check_size(self.graph, self.cluster, max(self.microbatches, self.max_microbatches or 0))
         what, why = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
         if what:
             raise Overflow(what, why)
@@ -226,6 +241,35 @@ class Overflow(ValueError):
         self.what = what
         """``"time"`` (the cluster's speeds or links), ``"graph-time"`` (the graph's costs or bytes,
         overflowing even on speed-1 devices and 1 GB/s links) or ``"memory"`` (the graph's bytes)."""
+
+
+class TooLarge(ValueError):
+    """A problem larger than a solver can honour a time limit on; ``role`` is the input at fault."""
+
+    def __init__(self, role: str, why: str) -> None:
+        super().__init__(why)
+        self.role = role
+        """``"graph"``, ``"cluster"`` or ``"options"``."""
+
+
+def check_size(graph: LayerGraph, cluster: Cluster, microbatches: int) -> None:
+    """Refuse a problem beyond :data:`MAX_LAYERS`, :data:`MAX_DEVICES` or :data:`MAX_MICROBATCHES`.
+
+    Raises
+    ------
+    TooLarge
+        Naming the count, the limit and the fix.
+    """
+    if len(cluster.devices) > MAX_DEVICES:
+        raise TooLarge("cluster", f"{len(cluster.devices)} devices, above the {MAX_DEVICES} a plan can be searched "
+                                  f"for within a time limit; plan a part of the cluster (a few servers) and "
+                                  f"replicate the plan")
+    if len(graph) > MAX_LAYERS:
+        raise TooLarge("graph", f"{len(graph)} layers, above the {MAX_LAYERS} a plan can be searched for within a "
+                                f"time limit; profile coarser units (a block per layer)")
+    if microbatches > MAX_MICROBATCHES:
+        raise TooLarge("options", f"{microbatches} microbatches, above the {MAX_MICROBATCHES} a plan can be "
+                                  f"searched for within a time limit; use fewer, larger microbatches")
 
 
 def overflow_cause(graph: LayerGraph, cluster: Cluster, global_batch: int, state_factor: float) -> tuple[str, str]:

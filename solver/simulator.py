@@ -156,15 +156,25 @@ class SimulationResult:
     def check_finite(self, file: str = "-") -> None:
         """Refuse a result whose time or memory overflowed floating point (before it is reported).
 
+        Every number :meth:`summary` reports is then finite: the busy times, stage ends
+        and all-reduces are at most the iteration time, and :attr:`bubble_fraction` is
+        computed as a mean of ratios at most 1.
+
         Raises
         ------
         InputError
-            When the iteration time or a stage's peak memory is not finite.
+            When the iteration time or a stage's peak memory is not finite, or the
+            iteration time is so short that the throughput ``B / T`` is not.
         """
         if not math.isfinite(self.iteration_time):
             raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time}: a duration "
                                            "overflows floating point (a device speed or link bandwidth near 0, or "
                                            "a cost near 1e308 in the graph)")
+        if not math.isfinite(self.throughput) and self.iteration_time > 0:
+            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time:g} s, so short "
+                                           f"that the throughput {self.global_batch} / {self.iteration_time:g} "
+                                           f"overflows floating point (a cost near 1e-308 in the graph, or a speed "
+                                           f"near 1e308 in the cluster); use realistic costs and speeds")
         for s, peak in enumerate(self.peak_memory):
             if not math.isfinite(peak):
                 raise InputError(file, f"stages[{s}]", f"its peak memory is {peak}: the graph's bytes overflow "
@@ -175,7 +185,8 @@ class SimulationResult:
         """Share of stage-time spent idle: ``1 - sum(busy) / (S * T)``."""
         if self.iteration_time <= 0:
             return 0.0
-        return 1.0 - sum(self.busy) / (len(self.stages) * self.iteration_time)
+        # each busy / T is at most 1: S * T or the busy sum may overflow where this does not
+        return 1.0 - sum(busy / self.iteration_time for busy in self.busy) / len(self.stages)
 
     @cached_property
     def ops(self) -> tuple[OpEvent, ...]:

@@ -7,9 +7,26 @@ from __future__ import annotations
 
 from typing import Any
 
+import math
+
+from pipeplan.models.errors import InputError
 from pipeplan.solver.simulator import SimulationResult
 
 _US = 1e6
+
+
+def check_traceable(result: SimulationResult, file: str = "-") -> None:
+    """Refuse a timeline whose times in microseconds overflow floating point.
+
+    Raises
+    ------
+    InputError
+        When the iteration time times 1e6 is not finite (the trace's times would be infinite).
+    """
+    if not math.isfinite(result.iteration_time * _US):
+        raise InputError(file, "--trace", f"the iteration time {result.iteration_time:g} s is beyond the float "
+                                          f"range in microseconds, the trace's unit; drop --trace or use "
+                                          f"realistic costs")
 
 
 def chrome_trace(result: SimulationResult, title: str = "pipeplan") -> dict[str, Any]:

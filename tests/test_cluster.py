@@ -3,6 +3,8 @@
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from conftest import EXAMPLES
 from pipeplan.models.errors import InputError
@@ -28,6 +30,20 @@ class TestBwLat:
         assert two_servers.bw(["g0"], ["g1", "g2"]) == 1.25e10
         assert two_servers.lat(["g0", "g1", "g2"]) == 2e-5
         assert two_servers.bw(["g2", "g3", "g4"]) == 1.6e10
+
+    @settings(max_examples=200, derandomize=True, deadline=None)
+    @given(st.lists(st.sampled_from(["g0", "g1", "g2", "g3", "g4"]), min_size=1, max_size=5),
+           st.one_of(st.none(), st.lists(st.sampled_from(["g0", "g1", "g2", "g3", "g4"]), min_size=1, max_size=5)))
+    def test_agrees_with_every_pair(self, xs, ys):
+        """Brute force: the links of every pair of distinct devices, as the spec defines bw and lat."""
+        c = load_cluster(str(EXAMPLES / "two-servers.cluster.json"))
+        links = [c.pair_link(x, y) for x in xs for y in (xs if ys is None else ys) if x != y]
+        if not links:
+            with pytest.raises(ValueError):
+                c.bw(xs, ys)
+            return
+        assert c.bw(xs, ys) == min(link.bandwidth for link in links)
+        assert c.lat(xs, ys) == max(link.latency for link in links)
 
 
 class TestLoadCluster:
