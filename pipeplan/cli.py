@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "pipeplan.cmd_run",
     "pipeplan.cmd_calibrate",
     "pipeplan.cmd_pareto",
+    "pipeplan.cmd_export",
+    "pipeplan.cmd_schema",
 )
 
 
