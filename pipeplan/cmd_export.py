@@ -47,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     graph = load_graph(args.graph)
     cluster = load_cluster(args.cluster) if args.cluster else None
     plan = load_plan(args.plan, graph, cluster)
+    if plan.graph != graph.name:
+        print(one_line(f"warning: {args.plan}: graph: plan was made for graph {plan.graph!r}, exporting it on "
+                       f"{graph.name!r}"), file=sys.stderr)
     model = args.model or _profiled_model(graph) or graph.name
     result = export_plan(plan, graph, args.to, model=model, plan_file=args.plan, graph_file=args.graph,
                          approximate=args.allow_approximate)

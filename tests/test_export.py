@@ -272,7 +272,7 @@ class TestDeepspeed:
 class TestExportCommand:
     def _plan_file(self, tmp_path, p) -> str:
         path = tmp_path / "p.json"
-        path.write_text(json.dumps(p.to_dict()))
+        path.write_text(json.dumps({**p.to_dict(), "graph": gpt_graph().name}))
         return str(path)
 
     @pytest.mark.parametrize("target", ALL)
@@ -310,6 +310,14 @@ class TestExportCommand:
         status, _, err = run_cli("export", self._plan_file(tmp_path, p), "--to", "torch", "--graph", GPT,
                                  "--allow-approximate", "-o", str(tmp_path / "out"))
         assert status == 2 and err.startswith("error: -: --cluster: ") and not (tmp_path / "out").exists()
+
+    def test_warns_when_the_plan_names_another_graph(self, run_cli, tmp_path):
+        p = plan([(0, 3, ["cpu0"], [4, 4]), (3, 6, ["cpu1"], [4, 4])], batch=8, schedule="1f1b")
+        path = tmp_path / "other.json"
+        path.write_text(json.dumps(p.to_dict()))  # made for graph "g"
+        status, _, err = run_cli("export", str(path), "--to", "megatron", "--graph", GPT, "-o", str(tmp_path / "o"))
+        assert status == 0 and err == (f"warning: {path}: graph: plan was made for graph 'g', exporting it on "
+                                       f"'gpt-tiny-6'\n")
 
     def test_output_that_is_a_file(self, run_cli, tmp_path):
         p = plan([(0, 3, ["cpu0"], [4, 4]), (3, 6, ["cpu1"], [4, 4])], batch=8, schedule="1f1b")
@@ -382,7 +390,7 @@ class TestExportedTorchFolder:
         p = plan(stages, batch=8, schedule=schedule)
         processes = sum(len(st.devices) for st in p.stages)
         plan_file = tmp_path / "plan.json"
-        plan_file.write_text(json.dumps({**p.to_dict(), "graph": "gpt-tiny", "cluster": f"cpu-{processes}"}))
+        plan_file.write_text(json.dumps({**p.to_dict(), "graph": gpt_graph().name, "cluster": f"cpu-{processes}"}))
         cluster = _cluster(tmp_path, processes)
         folder = tmp_path / "torch"
         export = subprocess.run([sys.executable, "-m", "pipeplan", "export", str(plan_file), "--to", "torch",

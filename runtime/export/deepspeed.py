@@ -18,7 +18,7 @@ from pipeplan.solver.plan import Plan
 
 _MODULE = '''"""The plan's pipeline for DeepSpeed, written by ``pipeplan export --to deepspeed``.
 
-Graph {graph!r}, {stages} stages x {replicas} data-parallel replicas = {world} processes
+Graph {graph!r}: {stages} stages x {replicas} data-parallel replica(s) = {world} processes
 (deepspeed --num_gpus={world} your_train.py --deepspeed_config deepspeed_config.json).
 ``layers`` must hold the graph's {num_layers} layers in its order:
 {names}

@@ -67,8 +67,9 @@ def export_megatron(plan: Plan, graph: LayerGraph, file: str = "-") -> dict[str,
     ``stages x replicas`` processes.
     """
     flags = megatron_flags(plan, graph, file)
-    world = len(plan.stages) * plan.stages[0].replicas
+    r = plan.stages[0].replicas
+    world = len(plan.stages) * r
     head = (f"# Megatron-LM flags for plan on graph {graph.name!r}: {len(plan.stages)} pipeline stages x "
-            f"{plan.stages[0].replicas} data-parallel replicas = {world} processes "
+            f"{r} data-parallel {'replica' if r == 1 else 'replicas'} = {world} processes "
             f"(torchrun --nproc-per-node={world} pretrain_gpt.py ...)\n")
     return {"megatron.args": head + " ".join(shlex.quote(f) for f in flags) + "\n"}

@@ -42,8 +42,9 @@ def module_fqns(plan: Plan, graph: LayerGraph, file: str = "-") -> list[list[str
 def toml_fragment(plan: Plan, graph: LayerGraph, file: str = "-") -> str:
     """The TOML text (JSON strings and arrays are valid TOML values)."""
     st = plan.stages[0]
-    lines = ["# torchtitan config for plan on graph " + json.dumps(graph.name) + f": {len(plan.stages)} stages x "
-             f"{st.replicas} replicas = {len(plan.stages) * st.replicas} processes", "[parallelism]",
+    replicas = f"{st.replicas} {'replica' if st.replicas == 1 else 'replicas'}"
+    lines = [f"# torchtitan config for plan on graph {json.dumps(graph.name)}: {len(plan.stages)} stages x {replicas} "
+             f"= {len(plan.stages) * st.replicas} processes", "[parallelism]",
              f"pipeline_parallel_degree = {len(plan.stages)}"]
     if plan.schedule in SCHEDULE_NAMES:
         lines.append(f"pipeline_parallel_schedule = {json.dumps(SCHEDULE_NAMES[plan.schedule])}")
