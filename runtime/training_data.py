@@ -19,27 +19,9 @@ def build_run_model(spec: str, *, seq_len: int | None = None, dtype: torch.dtype
                     device: str | torch.device = "cpu", seed: int = 0) -> ZooModel:
     """The model that ``--model SPEC`` names, its weights drawn from ``seed``.
 
-    Parameters
-    ----------
-    spec : str
-        A zoo name (:func:`pipeplan.models.zoo.model_names`).
-    seq_len : int, optional
-        Tokens per sample of a sequence model (the graph's profile); ``None`` for the default.
-    dtype : torch.dtype
-        Parameter dtype.
-    device : str or torch.device
-        Where the parameters live.
-    seed : int
-        Seed of the weight initialisation.
-
-    Returns
-    -------
-    ZooModel
-
-    Raises
-    ------
-    InputError
-        If ``spec`` names no model.
+    ``spec`` is a zoo name (:func:`pipeplan.models.zoo.model_names`); the other
+    arguments and the ``InputError`` for an unknown name or a ``seq_len`` the model
+    does not take are those of :func:`pipeplan.models.zoo.build_model`.
 
     Examples
     --------

@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"error: {HERE / 'stages.json'}: ranks: the plan needs {stages * replicas} processes "
                          f"({stages} stages x {replicas} replicas), got {world}: run torchrun --nproc-per-node="
                          f"{stages * replicas}")
-    cuda = torch.cuda.is_available()
+    # NCCL takes one GPU per process: with fewer GPUs than local processes, train on the CPUs (gloo)
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
