@@ -45,5 +45,11 @@ echo "-- trained exactly like one process (float64):"
 "$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
     --steps 4 --verify
 echo
+echo "== 5. export the gpt-tiny plan to torch.distributed.pipelining, torchtitan, DeepSpeed and Megatron-LM"
+for target in torch torchtitan deepspeed megatron; do
+    "$PIPEPLAN" export out/gpt-tiny.plan.json --to $target --graph out/gpt-tiny.graph.json -o out/export-$target
+done
+echo "-- train it with torch: (cd out/export-torch && torchrun --standalone --nproc-per-node=2 train.py --steps 4)"
+echo
 echo "pictures: out/hetero.gantt.png out/compare.png out/best.gantt.png out/gpt-tiny.run.png;"
 echo "traces: out/hetero.trace.json (open in https://ui.perfetto.dev)"

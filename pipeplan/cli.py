@@ -30,6 +30,8 @@ COMMAND_MODULES = (
     "pipeplan.cmd_speeds",
     "pipeplan.cmd_pareto",
     "pipeplan.cmd_reproduce",
+    "pipeplan.cmd_export",
+    "pipeplan.cmd_schema",
 )
 
 
@@ -53,6 +55,8 @@ EXAMPLES = {
     "pareto": "pipeplan pareto examples/chain8.graph.json examples/two-servers.cluster.json "
               "--batch 64 --microbatches 8 --time-limit 10 -o front.json --plot front.png",
     "models": "pipeplan models --json",
+    "export": "pipeplan export plan.json --to torch --graph gpt-tiny.graph.json -o export-torch",
+    "schema": "pipeplan schema plan",
     "reproduce": "pipeplan reproduce --quick -o out/reproduce",
     "profile": "pipeplan profile gpt-tiny --batch-sizes 1,2,4,8 -o gpt-tiny.graph.json",
     "run": "pipeplan run gpt-tiny.graph.json examples/cpu-pair.cluster.json plan.json "

@@ -16,7 +16,8 @@ import torch
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import LayerGraph, load_graph
-from pipeplan.models.zoo import ZooModel, build_model, model_names
+from pipeplan.models.zoo import ZooModel
+from pipeplan.runtime.training_data import build_run_model
 from pipeplan.solver.cluster import Cluster, load_cluster
 from pipeplan.solver.plan import Plan, load_plan
 from pipeplan.solver.simulator import SimulationResult, simulate
@@ -61,11 +62,9 @@ def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: 
     graph = load_graph(graph_file)
     cluster = load_cluster(cluster_file)
     plan = load_plan(plan_file, graph, cluster)
-    if model_name not in model_names():
-        raise InputError("-", "--model", f"unknown model {model_name!r}; valid: {', '.join(model_names())}")
     seq_len = _profiled_seq_len(graph, model_name)
     dtype = torch.float64 if verify else torch.float32
-    model = build_model(model_name, seq_len=seq_len, dtype=dtype, seed=seed)
+    model = build_run_model(model_name, seq_len=seq_len, dtype=dtype, seed=seed)
     check_model_matches(model, graph, graph_file)
     prediction = simulate(plan, graph, cluster, file=plan_file, validate=False)
     prediction.check_finite(plan_file)  # a prediction of inf is no prediction (and no JSON)

@@ -96,6 +96,9 @@ class Executor:
         self.receive_cpu: dict[str, float] = {}
         """``"recv A3" -> seconds`` of the last iteration's receives, waits left out (tcp transport only)."""
         self._t0 = 0.0
+        self._losses: list[torch.Tensor] = []
+        self.loss: float | None = None
+        """The last iteration's loss over this rank's pieces (the last stage only), each scaled by its share."""
 
     @property
     def started(self) -> float:
@@ -119,7 +122,7 @@ class Executor:
         self.beat(step, 0, waiting=True)
         start()
         self.beat(step, 0)
-        self._events, self.receive_cpu, self._t0 = [], {}, time.perf_counter()
+        self._events, self.receive_cpu, self._losses, self._t0 = [], {}, [], time.perf_counter()
         stash: dict[int, Stash] = {}
         for position, (kind, k) in enumerate(self.ops):
             piece = self.pieces[k]
@@ -141,6 +144,7 @@ class Executor:
                 if self.emulator is not None:
                     self.emulator.pad_allreduce(began[0])
         end = time.perf_counter() - self._t0
+        self.loss = float(sum(loss.item() for loss in self._losses)) if self.stage.is_last else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self._events, end
@@ -189,6 +193,8 @@ class Executor:
                     kept.loss = stage.loss(kept.done, targets[piece.start:piece.stop], self._share(piece))
         with self._timed("backward", f"B{k}", stretch=True):
             stage.backward(kept.done, grads, kept.loss)
+        if kept.loss is not None:
+            self._losses.append(kept.loss.detach())
         self.memory.release(k)
         self.memory.release(("R", k))
         if stage.input_layout is not None:

@@ -37,6 +37,7 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         "idle": [sum(b - a for a, b in idle_spans(r["steps"][step]["events"], r["steps"][step]["end"]))
                  for r in ranks],
         "devices": [r["device"] for r in ranks],
+        "losses": step_losses(ranks),
         **breakdown(ranks, step, inputs.prediction.busy),
     }
     if "max_param_diff" in result:
@@ -44,6 +45,18 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         summary.update(max_param_diff=diff, max_param_diff_at=result["max_param_diff_at"],
                        verified=diff is not None and diff <= TOLERANCE)
     return summary
+
+
+def step_losses(ranks: list[dict]) -> list[float]:
+    """The loss of the global batch at every step: the sum over the last stage's ranks.
+
+    Each rank's ``loss`` is the sum of its pieces' losses scaled by their share of the
+    batch (see :meth:`pipeplan.runtime.stage.Stage.loss`), so the sum over the ranks
+    is the mean loss over the whole batch.
+    """
+    last = max(r["stage"] for r in ranks)
+    steps = len(ranks[0]["steps"])
+    return [sum(r["steps"][k]["loss"] for r in ranks if r["stage"] == last) for k in range(steps)]
 
 
 def breakdown(ranks: list[dict], step: int, predicted_busy) -> dict[str, Any]:

@@ -33,39 +33,39 @@ from typing import Callable, Iterable
 
 import torch
 
-from pipeplan.models.zoo import ZooModel, build_model
+from pipeplan.models.zoo import ZooModel
 from pipeplan.runtime.pieces import batch_norms, has_dropout, piece_seed
 from pipeplan.runtime.routing import pieces
+from pipeplan.runtime.training_data import build_run_model, step_batch
 from pipeplan.solver.plan import Plan
 
 TOLERANCE = 1e-6
 """Largest accepted relative difference (float64 runs agree to ~1e-15)."""
 
 
-def batch_seed(seed: int, step: int) -> int:
-    """Seed of the batch drawn at ``step`` (the same on every rank and in the reference)."""
-    return seed * 100_003 + step
-
-
 def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: float, seed: int,
                          dtype: torch.dtype, seq_len: int | None, plan: Plan | None = None,
                          device: torch.device | str = "cpu",
-                         beat: Callable[[int], None] = lambda step: None) -> dict[str, torch.Tensor]:
+                         beat: Callable[[int], None] = lambda step: None,
+                         on_loss: Callable[[float], None] = lambda loss: None) -> dict[str, torch.Tensor]:
     """``"unit.param" -> tensor`` (on the CPU) after ``steps`` SGD steps on one process.
 
     With ``plan`` given and a model that holds BatchNorm or dropout, each step runs the
     plan's pieces (see [Note: pieces in the reference]); otherwise the whole batch at once.
-    ``device``: where the reference trains (the ranks' device type).
+    ``device``: where the reference trains (the ranks' device type); ``on_loss`` is called
+    with every step's loss.
     """
-    model = build_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed, device=device)
+    model = build_run_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed, device=device)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
     pieced = plan if plan is not None and needs_pieces(model) else None
     for step in range(steps):
         beat(step)
-        inputs, targets = model.example_batch(global_batch, batch_seed(seed, step))
+        inputs, targets = step_batch(model, global_batch, seed, step)
         output = forward_in_pieces(model, pieced, inputs, seed, step) if pieced else model(inputs)
-        model.loss(output, targets).backward()
+        loss = model.loss(output, targets)
+        on_loss(loss.item())
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     return {f"{unit.name}.{name}": p.detach().cpu().clone() for unit in model.units

@@ -41,7 +41,8 @@ from pipeplan.runtime.memory import rss_peak_bytes
 from pipeplan.runtime.routing import pieces, rank_of
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
-from pipeplan.runtime.verify import batch_seed, max_difference, reference_parameters
+from pipeplan.runtime.training_data import step_batch
+from pipeplan.runtime.verify import max_difference, reference_parameters
 
 FAULT_ENV = "PIPEPLAN_FAULT"
 """Test hook: ``RANK:STEP:KIND`` makes that rank fail at that step: ``kill`` (SIGKILL), ``hang``
@@ -331,7 +332,7 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
             if fault is not None and fault[0] == step:
                 _inject(fault[1], beat, step)
             if need_data:
-                x, y = model.example_batch(batch, batch_seed(args.seed, step))
+                x, y = step_batch(model, batch, args.seed, step)
                 x, y = x.to(device), y.to(device)
             else:
                 x = y = torch.empty(0)
@@ -339,7 +340,7 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
             events, end = executor.train_step(step, x, y, start=lambda: _start_together(transport, rank, world))
             records.append({"t0": executor.started, "end": end,
                             "events": [[e.kind, e.label, e.start, e.end] for e in events],
-                            "receive_cpu": dict(executor.receive_cpu)})
+                            "receive_cpu": dict(executor.receive_cpu), "loss": executor.loss})
             gc.collect(1)
     finally:
         gc.enable()

@@ -95,6 +95,32 @@ class Plan:
             lists.append(stage_ops(self.schedule, len(st.microbatches), s, s_count, custom))
         return lists
 
+    @property
+    def groups(self) -> list[tuple[str, ...]]:
+        """The device groups in the order of the first stage using each (group 0 holds stage 0).
+
+        In a version-1 plan every stage is a group of its own.
+        """
+        seen: dict[frozenset[str], tuple[str, ...]] = {}
+        for st in self.stages:
+            seen.setdefault(frozenset(st.devices), st.devices)
+        return list(seen.values())
+
+    def programs(self) -> list[list[str]]:
+        """Every group's actions in order, as torch.distributed.pipelining writes them (``"0F3"``).
+
+        Examples
+        --------
+        >>> p = Plan("g", "c", 2, 4.0, "1f1b", (Stage((0, 1), ("a",), (1, 1)), Stage((1, 2), ("b",), (1, 1))))
+        >>> p.programs()
+        [['0F0', '0F1', '0B0', '0B1'], ['1F0', '1B0', '1F1', '1B1']]
+        """
+        keys = [frozenset(devices) for devices in self.groups]
+        out: list[list[str]] = [[] for _ in keys]
+        for s, (st, ops) in enumerate(zip(self.stages, self.op_lists())):
+            out[keys.index(frozenset(st.devices))] += [f"{s}{format_op(op)}" for op in ops]
+        return out
+
     def with_extra(self, **fields: Any) -> "Plan":
         """A copy with top-level extra fields added or replaced (e.g. ``solver=...``)."""
         return replace(self, extra={**self.extra, **fields})

@@ -32,7 +32,7 @@ class TestInstalledNames:
         source.mkdir()
         for name in ("pyproject.toml", "README.md"):
             shutil.copy(ROOT / name, source / name)
-        for folder in ("pipeplan", *SUB_PACKAGES):
+        for folder in ("pipeplan", "schemas", *SUB_PACKAGES):
             shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
         subprocess.run(
             [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
@@ -47,6 +47,7 @@ class TestInstalledNames:
             names = set(archive.namelist())
         for sub in SUB_PACKAGES:
             assert f"pipeplan/{sub}/__init__.py" in names
+        assert "pipeplan/schemas/plan.schema.json" in names and "pipeplan/solver/catalog.json" in names
 
     def test_the_layout_folders_do_not_import_by_their_own_names(self, tmp_path):
         for sub in SUB_PACKAGES:
