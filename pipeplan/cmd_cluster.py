@@ -12,7 +12,8 @@ from collections import Counter
 from typing import Any
 
 from pipeplan.models.errors import InputError
-from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.models.jsonio import atomic_write_text, dumps
+from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.solver.catalog import load_catalog
 from pipeplan.solver.cluster import Cluster
 from pipeplan.solver.cluster_spec import DEFAULT_MEMORY_RESERVE, build_cluster, parse_server_group
@@ -37,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--list", action="store_true", help="print the catalog of accelerators and links")
     p.add_argument("--json", action="store_true", help="with --list: print the catalog as JSON")
     p.add_argument("-o", "--output", metavar="CLUSTER.json", help="file to write (default: print it)")
+    add_force_option(p)
     p.set_defaults(func=run)
 
 
@@ -47,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
         return _print_catalog(args.json)
     if args.json:
         raise InputError("-", "--json", "prints the catalog: add --list, or drop it")
-    check_writable(args.output)
+    check_outputs(args, args.output)
     notes: list[str] = []
     if args.detect:
         _refuse_with(args, "--detect", ("server", "network"))

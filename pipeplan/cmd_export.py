@@ -11,12 +11,13 @@ it runs instead, with one warning per change and both plans' simulated times.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from pipeplan.models.errors import InputError, one_line
+from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text
+from pipeplan.notices import warn
+from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.runtime.export import TARGETS, export_plan
 from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.plan import load_plan
@@ -35,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="export the nearest plan the target runs instead of refusing (needs --cluster)")
     p.add_argument("--cluster", metavar="CLUSTER", help="cluster, for the simulated times of both plans")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="folder to write (created if missing)")
+    add_force_option(p)
     p.set_defaults(func=run)
 
 
@@ -48,8 +50,8 @@ def run(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster) if args.cluster else None
     plan = load_plan(args.plan, graph, cluster)
     if plan.graph != graph.name:
-        print(one_line(f"warning: {args.plan}: graph: plan was made for graph {plan.graph!r}, exporting it on "
-                       f"{graph.name!r}"), file=sys.stderr)
+        warn(f"warning: {args.plan}: graph: plan was made for graph {plan.graph!r}, exporting it on "
+             f"{graph.name!r}")
     model = args.model or _profiled_model(graph) or graph.name
     result = export_plan(plan, graph, args.to, model=model, plan_file=args.plan, graph_file=args.graph,
                          approximate=args.allow_approximate)
@@ -58,14 +60,16 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("-", "--cluster", f"{args.plan} needs {len(result.changes)} change(s) for "
                                                f"{args.to}; name the cluster so both plans' times can be simulated")
         for change in result.changes:
-            print(one_line(f"warning: {args.plan}: {change.where}: {change.what}"), file=sys.stderr)
+            warn(f"warning: {args.plan}: {change.where}: {change.what}")
         before = simulate(plan, graph, cluster, file=args.plan).iteration_time
         after = simulate(result.plan, graph, cluster, file=args.plan).iteration_time
-        print(one_line(f"warning: {args.plan}: simulated iteration time {before * 1e3:.3f} ms as planned, "
-                       f"{after * 1e3:.3f} ms as exported ({after / before:.3f}x)"), file=sys.stderr)
+        warn(f"warning: {args.plan}: simulated iteration time {before * 1e3:.3f} ms as planned, "
+             f"{after * 1e3:.3f} ms as exported ({after / before:.3f}x)")
     for name in result.files:
         if (out / name).is_dir():
             raise InputError(str(out / name), "output", "is a folder, not a file name")
+    check_outputs(args, *((out / name for name in result.files) if out.is_dir() else (out,)),
+                  inputs={"plan": args.plan, "graph": args.graph, "cluster": args.cluster})
     out.mkdir(exist_ok=True)
     for name, text in result.files.items():
         atomic_write_text(out / name, text)

@@ -13,7 +13,9 @@ import sys
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
-from pipeplan.models.jsonio import atomic_write_text, check_writable, dumps
+from pipeplan.models.jsonio import atomic_write_text, dumps
+from pipeplan.notices import warn
+from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.speeds import STATISTICS, WIDE_SPREAD, SpeedComparison, compare_speeds, set_kind_speed
 
@@ -35,6 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--statistic", default="total", choices=STATISTICS,
                    help="the scalar written: total (whole-model ratio, default) or median (of the layers)")
     p.add_argument("-o", "--output", metavar="OUT.json", help="with --cluster: the cluster to write")
+    add_force_option(p)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
 
@@ -47,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("-", f"--{missing[0]}", "--cluster, --kind and -o go together: give all three or none")
     if args.reference_kind is not None and not writing:
         raise InputError("-", "--reference-kind", "names a kind of --cluster: add --cluster, --kind and -o")
-    check_writable(args.output, inputs={"reference graph": args.reference, "other graph": args.other})
+    check_outputs(args, args.output, inputs={"reference graph": args.reference, "other graph": args.other})
     reference, other = load_graph(args.reference), load_graph(args.other)
     comparison = compare_speeds(reference, other, args.samples, reference_file=args.reference,
                                 other_file=args.other)
@@ -64,9 +67,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         _print(comparison, args.reference, args.other)
     if comparison.wide:
-        print(f"warning: the per-layer ratio spreads from {comparison.minimum:.3f} to {comparison.maximum:.3f} "
-              f"(time-weighted cv {comparison.weighted_cv:.2f} > {WIDE_SPREAD}): one speed per device misstates "
-              "some stages' times; see docs/clusters.md", file=sys.stderr)
+        warn(f"warning: the per-layer ratio spreads from {comparison.minimum:.3f} to {comparison.maximum:.3f} "
+             f"(time-weighted cv {comparison.weighted_cv:.2f} > {WIDE_SPREAD}): one speed per device misstates "
+             "some stages' times; see docs/clusters.md")
     if writing:
         changed = sum(d.extra.get("kind") == args.kind for d in cluster.devices)
         print(f"wrote {args.output}: {changed} devices of kind {args.kind} at speed {speed:.4g}", file=sys.stderr)
