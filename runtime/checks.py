@@ -16,6 +16,7 @@ import torch
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import LayerGraph, load_graph
+from pipeplan.models.spec import is_zoo_spec
 from pipeplan.models.zoo import ZooModel, build_model, model_names
 from pipeplan.solver.cluster import Cluster, load_cluster
 from pipeplan.solver.plan import Plan, load_plan
@@ -61,6 +62,10 @@ def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: 
     graph = load_graph(graph_file)
     cluster = load_cluster(cluster_file)
     plan = load_plan(plan_file, graph, cluster)
+    if not is_zoo_spec(model_name):
+        raise InputError("-", "--model", f"{model_name}: the runtime executes zoo models only; an imported model "
+                                         "(file.py:factory, package.module:factory, hf:NAME) can be profiled and "
+                                         "planned, not yet run")
     if model_name not in model_names():
         raise InputError("-", "--model", f"unknown model {model_name!r}; valid: {', '.join(model_names())}")
     seq_len = _profiled_seq_len(graph, model_name)
