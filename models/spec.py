@@ -181,7 +181,7 @@ def parse_model_args(items: list[str] | None) -> dict[str, Any]:
 
 
 def resolve_user_model(spec: str, model_args: dict[str, Any] | None = None,
-                       inputs: InputSpec | None = None) -> UserModel:
+                       inputs: InputSpec | None = None, seed: int = 0) -> UserModel:
     """Build the model a non-zoo spec names.
 
     Parameters
@@ -192,6 +192,8 @@ def resolve_user_model(spec: str, model_args: dict[str, Any] | None = None,
         Keyword arguments of the factory (configuration overrides for ``hf:``).
     inputs : InputSpec, optional
         The example of a module that comes without one.
+    seed : int
+        Seed of the global RNG while the factory runs (the same seed, the same weights).
 
     Returns
     -------
@@ -212,21 +214,26 @@ def resolve_user_model(spec: str, model_args: dict[str, Any] | None = None,
     torch.Size([3, 4])
     """
     model_args = dict(model_args or {})
-    if spec.startswith("hf:"):
-        name = spec[3:]
-        result: Any = build_hf(name, model_args, spec)
-    else:
-        target, _, attr = spec.rpartition(":")
-        if not target or not attr:
-            raise InputError("-", "model", f"{spec!r} is not a model spec: use a zoo name, path/to/file.py:factory, "
-                                           "package.module:factory or hf:NAME")
-        factory = _load_attribute(target, attr, spec)
-        name = f"{Path(target).stem if target.endswith('.py') else target}.{attr}"
-        try:
-            result = factory(**model_args)
-        except Exception as exc:  # the user's code: any exception is bad input
-            raise InputError(spec, "factory", f"{attr}({_kwargs_text(model_args)}) raised {_describe(exc)}") from exc
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        name, result = _build(spec, model_args)
     return _user_model(name, spec, result, inputs)
+
+
+def _build(spec: str, model_args: dict[str, Any]) -> tuple[str, Any]:
+    if spec.startswith("hf:"):
+        return spec[3:], build_hf(spec[3:], model_args, spec)
+    target, _, attr = spec.rpartition(":")
+    if not target or not attr:
+        raise InputError("-", "model", f"{spec!r} is not a model spec: use a zoo name, path/to/file.py:factory, "
+                                       "package.module:factory or hf:NAME")
+    factory = _load_attribute(target, attr, spec)
+    name = f"{Path(target).stem if target.endswith('.py') else target}.{attr}"
+    try:
+        result = factory(**model_args)
+    except Exception as exc:  # the user's code: any exception is bad input
+        raise InputError(spec, "factory", f"{attr}({_kwargs_text(model_args)}) raised {_describe(exc)}") from exc
+    return name, result
 
 
 def _user_model(name: str, spec: str, result: Any, inputs: InputSpec | None) -> UserModel:
@@ -319,12 +326,10 @@ def build_hf(name: str, overrides: dict[str, Any], spec: str) -> nn.Module:
     config.use_cache = False
     config._attn_implementation = "eager"
     try:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(0)
-            try:
-                return transformers.AutoModelForCausalLM.from_config(config)
-            except ValueError:  # not a causal LM type
-                return transformers.AutoModel.from_config(config)
+        try:
+            return transformers.AutoModelForCausalLM.from_config(config)
+        except ValueError:  # not a causal LM type
+            return transformers.AutoModel.from_config(config)
     except Exception as exc:
         raise InputError(spec, "factory", f"building {name} from its configuration raised {_describe(exc)}") from exc
 

@@ -84,7 +84,7 @@ def run_profile(args: argparse.Namespace) -> int:
     if zoo and args.model not in model_names():
         raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}, "
                                        "or path/to/file.py:factory, package.module:factory, hf:NAME")
-    if zoo and (extra := zoo_only_options(args)):
+    if zoo and (extra := zoo_only_options(args) + (["--trace"] if args.trace != "eager" else [])):
         raise InputError("-", extra[0], f"applies to an imported model; the zoo model {args.model} has its own "
                                         "units, inputs and configuration: drop it")
     if args.output is None and not args.dry_run:

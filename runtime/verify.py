@@ -33,7 +33,9 @@ from typing import Callable, Iterable
 
 import torch
 
-from pipeplan.models.zoo import ZooModel, build_model
+from pipeplan.models.model_options import ModelRequest
+from pipeplan.models.zoo import ZooModel
+from pipeplan.runtime.model_source import build_run_model
 from pipeplan.runtime.pieces import batch_norms, has_dropout, piece_seed
 from pipeplan.runtime.routing import pieces
 from pipeplan.solver.plan import Plan
@@ -47,7 +49,7 @@ def batch_seed(seed: int, step: int) -> int:
     return seed * 100_003 + step
 
 
-def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: float, seed: int,
+def reference_parameters(model_name: str | ModelRequest, *, steps: int, global_batch: int, lr: float, seed: int,
                          dtype: torch.dtype, seq_len: int | None, plan: Plan | None = None,
                          device: torch.device | str = "cpu",
                          beat: Callable[[int], None] = lambda step: None) -> dict[str, torch.Tensor]:
@@ -57,7 +59,7 @@ def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: 
     plan's pieces (see [Note: pieces in the reference]); otherwise the whole batch at once.
     ``device``: where the reference trains (the ranks' device type).
     """
-    model = build_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed, device=device)
+    model = build_run_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed, device=device)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
     pieced = plan if plan is not None and needs_pieces(model) else None
