@@ -176,8 +176,9 @@ def _check_parameters(module: nn.Module, names: list[str], rec: Recording, spec:
 
 def _check_glue(rec: Recording, spec: str) -> None:
     if rec.glue_params:
-        raise InputError(spec, "forward", f"the model's own forward reads {', '.join(rec.glue_params)} outside "
-                                          "every unit; move that computation into a submodule (a unit)")
+        raise InputError(spec, "forward", f"code outside every unit (the model's own forward, or a submodule that "
+                                          f"is no unit) reads {', '.join(rec.glue_params)}; no stage would hold "
+                                          "that computation: move it into a unit (or add its module to --units)")
     total = rec.flops["total"]
     glue = sum(rec.glue_ops.values())
     if total > 0 and glue > MAX_GLUE_SHARE * total:

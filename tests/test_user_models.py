@@ -198,7 +198,7 @@ class TestTraceModel:
         assert m.units[1].out_fixed and m.units[1].inputs == ()
 
     def test_glue_reading_a_parameter_refused(self):
-        with pytest.raises(InputError, match="reads embed.weight outside every unit"):
+        with pytest.raises(InputError, match="reads embed.weight; no stage would hold"):
             trace_model(resolve_user_model(f"{TOY}:glue_with_weight"))
 
     def test_parameters_outside_units_refused(self):
@@ -328,7 +328,7 @@ class TestProfileCommand:
     @pytest.mark.parametrize("argv, fragment", [
         ([f"{TOY}:raises"], "raises() raised ValueError: dim must be even"),
         ([f"{TOY}:build", "--units", "embed,blockz"], "closest: blocks"),
-        ([f"{TOY}:glue_with_weight"], "reads embed.weight outside every unit"),
+        ([f"{TOY}:glue_with_weight"], "reads embed.weight; no stage would hold"),
         (["gpt-tiny", "--units", "embed"], "--units: applies to an imported model"),
         ([f"{TOY}:build", "--seq-len", "4"], "--seq-len: applies to zoo models"),
     ])
