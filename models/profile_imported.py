@@ -21,7 +21,7 @@ from torch import nn
 
 from pipeplan.models.cache import machine
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.models.imported import ImportedModel
+from pipeplan.models.imported import RECORD_SIZES, ImportedModel
 from pipeplan.models.profile_measured import PROFILE_VERSION, MeasureConfig, UnitProfile, UnitWork, measure_units
 from pipeplan.models.spec import Call, first_float
 
@@ -102,7 +102,7 @@ def _is_model_output(unit_output: Any, model_output: Any) -> bool:
     return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
 
 
-def output_sizes(model: ImportedModel, sizes: Sequence[int] = (2, 3), seed: int = 0
+def output_sizes(model: ImportedModel, sizes: Sequence[int] = RECORD_SIZES, seed: int = 0
                  ) -> tuple[list[float], list[float], float]:
     """Per unit: output bytes per sample and bytes that do not grow with the batch; model-input bytes per sample."""
     measured = []

@@ -314,15 +314,21 @@ def build_hf(name: str, overrides: dict[str, Any], spec: str) -> nn.Module:
     except ImportError:
         raise InputError(spec, "model", "hf: models need transformers: pip install 'pipeplan[hf]'") from None
     transformers.logging.set_verbosity_error()
+    known = list(transformers.CONFIG_MAPPING.keys())
+    if name not in known:
+        close = difflib.get_close_matches(name, known, n=3)
+        raise InputError(spec, "model", f"transformers has no model type {name!r}"
+                                        + (f"; closest: {', '.join(close)}" if close else ""))
+    defaults = transformers.AutoConfig.for_model(name)
+    unknown = sorted(k for k in overrides if not hasattr(defaults, k))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(defaults.to_dict()), n=3)
+        raise InputError(spec, "--model-arg", f"{', '.join(unknown)}: not a field of {type(defaults).__name__}"
+                                              + (f"; closest: {', '.join(close)}" if close else ""))
     try:
         config = transformers.AutoConfig.for_model(name, **overrides)
-    except ValueError as exc:
-        raise InputError(spec, "model", f"transformers has no model type {name!r} ({exc})") from exc
     except Exception as exc:
         raise InputError(spec, "--model-arg", f"configuration {name} raised {_describe(exc)}") from exc
-    unknown = sorted(k for k in overrides if not hasattr(config, k))
-    if unknown:
-        raise InputError(spec, "--model-arg", f"{', '.join(unknown)}: not a field of {type(config).__name__}")
     config.use_cache = False
     config._attn_implementation = "eager"
     try:

@@ -98,6 +98,16 @@ class TestResolveUserModel:
         assert type(user.module).__name__ == "GPT2LMHeadModel"
         assert user.module.config.use_cache is False and user.module.config.n_layer == 2
 
+    @pytest.mark.parametrize("spec, args, fragment", [
+        ("hf:gtp2", {}, "no model type 'gtp2'; closest: gpt2"),
+        ("hf:gpt2", {"nlayer": 2}, "nlayer: not a field of GPT2Config; closest: n_layer"),
+    ])
+    def test_bad_hf_specs(self, spec, args, fragment):
+        pytest.importorskip("transformers")
+        with pytest.raises(InputError) as info:
+            resolve_user_model(spec, args, InputSpec((4,), torch.int64, 10))
+        assert fragment in str(info.value)
+
     @pytest.mark.parametrize("spec, args, inputs, fragment", [
         (f"{DATA}/missing.py:build", {}, None, "missing.py: file: no such file"),
         (f"{TOY}:nope", {}, None, "has no attribute 'nope'"),
