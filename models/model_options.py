@@ -10,6 +10,8 @@ import argparse
 import os
 from dataclasses import dataclass
 
+import torch
+
 from pipeplan.models.errors import InputError
 from pipeplan.models.imported import TRACES, ImportedModel, trace_model
 from pipeplan.models.spec import is_zoo_spec, parse_input_spec, parse_model_args, resolve_user_model
@@ -41,9 +43,9 @@ def add_model_options(p: argparse.ArgumentParser, trace: bool = True) -> None:
     p.add_argument("--debug", action="store_true", help="on an error in the model's own code, show its traceback")
 
 
-def imported_from_args(args: argparse.Namespace) -> ImportedModel:
-    """The imported model the options name (a spec that is not a zoo name)."""
-    return request_from_args(args).trace(trace=args.trace)
+def imported_from_args(args: argparse.Namespace, device: str = "cpu") -> ImportedModel:
+    """The imported model the options name (a spec that is not a zoo name), on ``device``."""
+    return request_from_args(args).trace(trace=args.trace, device=device)
 
 
 def zoo_only_options(args: argparse.Namespace) -> list[str]:
@@ -89,11 +91,12 @@ class ModelRequest:
                 out += [flag, value]
         return out
 
-    def trace(self, seed: int = 0, trace: str = "eager") -> ImportedModel:
-        """The imported model (not for a zoo name)."""
+    def trace(self, seed: int = 0, trace: str = "eager", device: str = "cpu") -> ImportedModel:
+        """The imported model (not for a zoo name), built and traced under ``torch.device(device)``."""
         inputs = parse_input_spec(self.input_shape, self.input_dtype, self.input_high)
-        user = resolve_user_model(self.spec, parse_model_args(list(self.model_args)), inputs, seed)
-        return trace_model(user, self.units, trace)
+        with torch.device(device):
+            user = resolve_user_model(self.spec, parse_model_args(list(self.model_args)), inputs, seed)
+            return trace_model(user, self.units, trace)
 
 
 def request_from_args(args: argparse.Namespace) -> ModelRequest:

@@ -99,7 +99,9 @@ def _is_model_output(unit_output: Any, model_output: Any) -> bool:
     # The loss reads the model's output: the last unit is timed with it only when that
     # output is the unit's own (no glue code in between).
     a, b = first_float(unit_output), first_float(model_output)
-    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+    if a is None or b is None or a.shape != b.shape:
+        return False
+    return a.device.type == "meta" or bool(torch.equal(a, b))  # meta tensors hold no values to compare
 
 
 def output_sizes(model: ImportedModel, sizes: Sequence[int] = RECORD_SIZES, seed: int = 0
@@ -181,7 +183,8 @@ def profile_imported(model: ImportedModel, config: MeasureConfig | None = None, 
 def analyse_imported(model: ImportedModel, device: Any = None) -> LayerGraph:
     """Estimate an imported model's layer graph from FLOPs (see :mod:`pipeplan.models.profile_analytic`).
 
-    The units are counted on the arguments of a real forward pass at 1 and 2 samples.
+    The units are counted on the arguments of a real forward pass at 1 and 2 samples,
+    on the device the model is on (``meta``: no weights allocated).
     """
     from pipeplan.models.profile_analytic import SIZES, DeviceModel, analyse_units
 
@@ -190,6 +193,7 @@ def analyse_imported(model: ImportedModel, device: Any = None) -> LayerGraph:
                                     lambda n: [(w[0], w[1]) for w in unit_work(model, n, 0)], SIZES, device)
     source = _source(model, "analytic")
     source["device"] = asdict(device)
+    source["counted_on"] = next((p.device.type for p in model.user.module.parameters()), "cpu")
     graph = imported_graph(model, profiles, source)
     for layer, counted in zip(graph.layers, flops):
         layer.extra["flops"] = counted

@@ -102,7 +102,7 @@ def run_profile(args: argparse.Namespace) -> int:
             if value is not None:
                 raise InputError("-", flag, "applies to zoo models; an imported model's factory sets its own "
                                             "sizes and dtype (use --model-arg or --input-shape)")
-        imported = imported_from_args(args)
+        imported = _imported(args)
         if args.dry_run:  # the description lists the warnings
             sys.stdout.write(describe(imported) + "\n")
             return 0
@@ -130,6 +130,18 @@ def _describe_zoo(name: str, seq_len: int | None) -> int:
         sys.stdout.write(f"  {i:>3} {unit.name:<28} reads {reads}{tie}\n")
     sys.stdout.write("edges: " + " ".join(f"{u}->{v}" for u, v in model.edges()) + "\n")
     return 0
+
+
+def _imported(args: argparse.Namespace) -> Any:
+    """The traced model: for ``--analytic`` on the meta device (no weights allocated) when its forward runs
+    there, else on the CPU (a forward reading values, ``.item()`` or a value-dependent ``if``, needs them)."""
+    if args.analytic and not args.dry_run:
+        try:
+            return imported_from_args(args, device="meta")
+        except InputError as exc:
+            if exc.where != "forward":
+                raise
+    return imported_from_args(args)
 
 
 def _analytic_imported(args: argparse.Namespace, imported: Any) -> Any:

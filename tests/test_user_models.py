@@ -348,6 +348,17 @@ class TestProfileCommand:
         assert done.returncode == 2 and not out.exists()
         assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and fragment in done.stderr
 
+    @pytest.mark.parametrize("spec, counted_on", [([f"{TOY}:build"], "meta"),
+                                                  ([f"{DATA}/branchy.py:build", "--input-shape", "4"], "cpu")])
+    def test_analytic_on_meta_where_the_forward_runs_there(self, tmp_path, spec, counted_on):
+        out = tmp_path / "g.json"
+        done = cli("profile", *spec, "--analytic", "-o", str(out))
+        assert done.returncode == 0, done.stderr
+        graph = json.loads(out.read_text())
+        assert graph["profile"]["counted_on"] == counted_on  # branchy's `if` reads weight values
+        if counted_on == "meta":  # the same counts as on the CPU: block Linear 2*6*16*16 per sample
+            assert graph["layers"][1]["flops"]["fwd_per_sample"] == 2 * 6 * 16 * 16
+
     def test_debug_shows_the_traceback(self):
         done = cli("profile", f"{TOY}:raises", "--dry-run", "--debug")
         assert done.returncode == 2 and "Traceback" in done.stderr and 'raise ValueError("dim must be even")' \
