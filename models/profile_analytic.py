@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
@@ -86,6 +86,8 @@ def count_unit(module: torch.nn.Module, args: Sequence[torch.Tensor]) -> tuple[U
     with FlopCounterMode(display=False) as counter:
         output, nbytes = saved_bytes(module, leaf_args(args))
     fwd = float(counter.get_total_flops())
+    if not output.requires_grad:  # computed from buffers alone: no backward
+        return UnitFlops(fwd, 0.0, True), nbytes, out_bytes(output)
     try:
         with FlopCounterMode(display=False) as counter:
             output.backward(torch.empty_like(output))
@@ -104,19 +106,29 @@ def _affine(sizes: Sequence[int], values: Sequence[float], device: DeviceModel) 
 
 def analyse_model(model: ZooModel, device: DeviceModel) -> tuple[list[UnitProfile], list[dict[str, Any]]]:
     """Per-unit profiles of a ``meta`` model, plus the FLOP counts behind them."""
-    counts: list[list[tuple[UnitFlops, int, int]]] = [[] for _ in model.units]
-    for n in SIZES:
+    def work(n: int) -> list[tuple[torch.nn.Module, list[torch.Tensor]]]:
         inputs, _ = model.example_batch(n, 0)
-        for i, (unit, args) in enumerate(zip(model.units, unit_args(model, inputs))):
-            counts[i].append(count_unit(unit.module, args))
+        return [(unit.module, args) for unit, args in zip(model.units, unit_args(model, inputs))]
+
+    return analyse_units([u.module for u in model.units], work, SIZES, device)
+
+
+def analyse_units(modules: Sequence[torch.nn.Module],
+                  work: Callable[[int], list[tuple[torch.nn.Module, Sequence[torch.Tensor]]]],
+                  sizes: Sequence[int], device: DeviceModel) -> tuple[list[UnitProfile], list[dict[str, Any]]]:
+    """Per-unit profiles from FLOP counts: ``work(n)`` gives each unit's ``(module, args)`` at ``n`` samples."""
+    counts: list[list[tuple[UnitFlops, int, int]]] = [[] for _ in modules]
+    for n in sizes:
+        for i, (module, args) in enumerate(work(n)):
+            counts[i].append(count_unit(module, args))
     profiles, flops = [], []
-    for unit, per_n in zip(model.units, counts):
+    for module, per_n in zip(modules, counts):
         fwd = [c[0].fwd for c in per_n]
         bwd = [c[0].bwd for c in per_n]
-        profiles.append(UnitProfile(_affine(SIZES, fwd, device), _affine(SIZES, bwd, device),
-                                    param_bytes(unit.module), per_sample(SIZES, [c[1] for c in per_n]),
-                                    per_n[-1][2] / SIZES[-1]))
-        flops.append({"fwd_per_sample": per_sample(SIZES, fwd), "bwd_per_sample": per_sample(SIZES, bwd),
+        profiles.append(UnitProfile(_affine(sizes, fwd, device), _affine(sizes, bwd, device),
+                                    param_bytes(module), per_sample(sizes, [c[1] for c in per_n]),
+                                    per_n[-1][2] / sizes[-1]))
+        flops.append({"fwd_per_sample": per_sample(sizes, fwd), "bwd_per_sample": per_sample(sizes, bwd),
                       "bwd_measured": all(c[0].measured_bwd for c in per_n)})
     return profiles, flops
 

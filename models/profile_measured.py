@@ -198,7 +198,8 @@ def time_unit_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: i
             pause()
         sync()
         start = time.perf_counter()
-        output.backward(torch.ones_like(output))
+        if output.requires_grad:  # a unit computing from buffers alone (a rotary table) has no backward
+            output.backward(torch.ones_like(output))
         sync()
         b = time.perf_counter() - start
         if i >= warmup:
@@ -222,38 +223,72 @@ class _WithLoss(nn.Module):
 
 
 # ------------------------------------------------------------------ the profiler
+#: One unit's work at one batch size: ``(module, args, timed)``.  ``module(*args)`` is the
+#: unit (its saved activations and output are counted); ``timed`` is what a stage runs
+#: per microbatch (the unit itself, or the last unit followed by the loss).
+UnitWork = tuple[nn.Module, Sequence[torch.Tensor], nn.Module]
+
+
 def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = False) -> list[UnitProfile]:
-    """Measure every unit of a built model, on the device it was built on; see :func:`profile_measured`."""
-    sizes = list(config.batch_sizes)
-    sync = (lambda: torch.cuda.synchronize(model.device)) if model.device.type == "cuda" else None
-    # samples[i][size index]: (forward seconds, backward seconds) of unit i, over all rounds
-    samples = [[([], []) for _ in sizes] for _ in model.units]
-    acts: list[list[float]] = [[] for _ in model.units]
-    outs: list[float] = [0.0] * len(model.units)
+    """Measure every unit of a built zoo model, on the device it was built on; see :func:`profile_measured`."""
     last = len(model.units) - 1
-    with torch_threads(config.threads), \
-            _progress(progress, config.rounds * len(sizes) * len(model.units)) as advance:
+
+    def work(n: int) -> list[UnitWork]:
+        inputs, targets = model.example_batch(n, config.seed)
+        # Training computes the loss right after the last unit, on the same stage:
+        # time it as part of that unit, as the runtime runs it.
+        return [(unit.module, args, _WithLoss(unit.module, model, targets) if i == last else unit.module)
+                for i, (unit, args) in enumerate(zip(model.units, unit_args(model, inputs)))]
+
+    sync = (lambda: torch.cuda.synchronize(model.device)) if model.device.type == "cuda" else None
+    return measure_units([u.name for u in model.units], [u.module for u in model.units], work, config,
+                         progress=progress, sync=sync)
+
+
+def measure_units(names: Sequence[str], modules: Sequence[nn.Module], work: Callable[[int], list[UnitWork]],
+                  config: MeasureConfig, *, progress: bool = False,
+                  sync: Callable[[], None] | None = None) -> list[UnitProfile]:
+    """Time units on this machine: rounds of every (batch size, unit), the median kept, fitted.
+
+    Parameters
+    ----------
+    names, modules : sequence
+        The units' names (for the progress display) and modules (for parameter bytes).
+    work : callable
+        ``work(n)`` gives each unit's :data:`UnitWork` for a batch of ``n`` samples.
+    config : MeasureConfig
+        Batch sizes, warm-up, repeats, rounds, threads.
+    sync : callable, optional
+        Called around every timed forward and backward (``torch.cuda.synchronize`` on a GPU).
+
+    Returns
+    -------
+    list of UnitProfile
+        ``out`` is the bytes per sample of ``module(*args)``'s output.
+    """
+    sizes = list(config.batch_sizes)
+    # samples[i][size index]: (forward seconds, backward seconds) of unit i, over all rounds
+    samples: list[list[tuple[list[float], list[float]]]] = [[([], []) for _ in sizes] for _ in names]
+    acts: list[list[float]] = [[] for _ in names]
+    outs: list[float] = [0.0] * len(names)
+    with torch_threads(config.threads), _progress(progress, config.rounds * len(sizes) * len(names)) as advance:
         for round_ in range(config.rounds):
             for k, n in enumerate(sizes):
-                inputs, targets = model.example_batch(n, config.seed)
-                for i, (unit, args) in enumerate(zip(model.units, unit_args(model, inputs))):
+                for i, (module, args, timed) in enumerate(work(n)):
                     if round_ == 0:
-                        output, nbytes = saved_bytes(unit.module, leaf_args(args))
+                        output, nbytes = saved_bytes(module, leaf_args(args))
                         acts[i].append(float(nbytes))
                         outs[i] = out_bytes(output) / n
                         del output
-                    # Training computes the loss right after the last unit, on the same stage:
-                    # time it as part of that unit, as the runtime runs it.
-                    timed = _WithLoss(unit.module, model, targets) if i == last else unit.module
                     f, b = time_unit_samples(timed, args, config.warmup, config.repeats, sync=sync)
                     samples[i][k][0].extend(f)
                     samples[i][k][1].extend(b)
-                    advance(f"{unit.name} n={n}" + (f" (round {round_ + 1})" if config.rounds > 1 else ""))
+                    advance(f"{names[i]} n={n}" + (f" (round {round_ + 1})" if config.rounds > 1 else ""))
     profiles = []
-    for i, unit in enumerate(model.units):
+    for i, module in enumerate(modules):
         fwd_t = [statistics.median(f) for f, _ in samples[i]]
         bwd_t = [statistics.median(b) for _, b in samples[i]]
-        profiles.append(UnitProfile(fit_linear(sizes, fwd_t), fit_linear(sizes, bwd_t), param_bytes(unit.module),
+        profiles.append(UnitProfile(fit_linear(sizes, fwd_t), fit_linear(sizes, bwd_t), param_bytes(module),
                                     per_sample(sizes, acts[i]), outs[i], {"fwd": fwd_t, "bwd": bwd_t}))
     return profiles
 

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import signal
 import sys
+import traceback
 
 import numpy as np
 
@@ -108,6 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             notices.flush(sys.stderr)
         return status
     except InputError as exc:
+        if getattr(args, "debug", False) and exc.__cause__ is not None:
+            traceback.print_exception(exc.__cause__, file=sys.stderr)
         sys.stderr.write(exc.line() + "\n")
         return 2
     except OSError as exc:  # a file that vanished or a full disk mid-run: still one line

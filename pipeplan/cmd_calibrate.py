@@ -21,6 +21,7 @@ from pipeplan.models.errors import InputError, one_line
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
+from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_from_args
 from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
 from pipeplan.runtime.calibrate import calibrated_cluster, device_factors, run_factors
@@ -47,7 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("graph", metavar="GRAPH", help="layer graph profiled from the model")
     p.add_argument("cluster", metavar="CLUSTER", help="cluster to calibrate (its devices run the probe locally)")
     p.add_argument("plan", metavar="PLAN", help="probe plan: the devices it uses are calibrated")
-    p.add_argument("--model", required=True, metavar="NAME", help="zoo model whose units are the graph's layers")
+    p.add_argument("--model", required=True, metavar="SPEC",
+                   help=f"the model whose units are the graph's layers: {SPEC_HELP}")
+    add_model_options(p, trace=False)
     p.add_argument("-o", "--output", required=True, metavar="OUT.json", help="the calibrated cluster")
     p.add_argument("--runs", type=int, default=DEFAULT_RUNS, metavar="R",
                    help=f"probe runs, each device takes its median factor (default {DEFAULT_RUNS})")
@@ -68,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
     # The cluster may be replaced by its calibrated self; the graph and plan may not.
     check_outputs(args, args.output, inputs={"graph": args.graph, "plan": args.plan})
-    inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, False, args.seed)
+    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), False, args.seed)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating"):
         warn(note)
     runs, measured, transports = [], [], set()

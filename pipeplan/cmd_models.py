@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
-from pipeplan.models.errors import InputError
+from pipeplan.models.model_options import SPEC_HELP, add_model_options, imported_from_args, zoo_only_options
+from pipeplan.models.errors import InputError, one_line
+from pipeplan.models.imported import describe
+from pipeplan.models.spec import is_zoo_spec
 from pipeplan.models.jsonio import atomic_write_text, check_integer, dumps
 from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.models.zoo import build_model, model_names
@@ -30,12 +33,15 @@ def register(subparsers: Any) -> None:
     models.add_argument("--json", action="store_true", help="print a JSON list instead of a table")
     models.set_defaults(func=run_models)
 
-    profile = subparsers.add_parser("profile", help="profile a zoo model into a layer graph",
-                                    description="Measure (or with --analytic estimate) a zoo model "
-                                                "and write its pipeplan.graph/1 file.")
-    profile.add_argument("model", help=f"zoo model ({', '.join(model_names())})")
-    profile.add_argument("-o", "--output", required=True, metavar="GRAPH.json", help="graph file to write")
+    profile = subparsers.add_parser("profile", help="profile a model into a layer graph",
+                                    description="Measure (or with --analytic estimate) a zoo model or your own "
+                                                "PyTorch model and write its pipeplan.graph/1 file.")
+    profile.add_argument("model", help=f"{SPEC_HELP} (zoo: {', '.join(model_names())})")
+    profile.add_argument("-o", "--output", metavar="GRAPH.json", help="graph file to write (required unless --dry-run)")
     add_force_option(profile)
+    profile.add_argument("--dry-run", action="store_true",
+                         help="print the units, edges, ties and warnings; time nothing, write nothing")
+    add_model_options(profile)
     profile.add_argument("--batch-sizes", default=None, metavar="N,N,...",
                          help="microbatch sizes to time (default 1,2,4,8; measuring only, not with --analytic)")
     profile.add_argument("--analytic", action="store_true",
@@ -77,16 +83,36 @@ def run_models(args: argparse.Namespace) -> int:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    """Profile ``args.model`` and write the graph to ``args.output``."""
-    if args.model not in model_names():
-        raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}")
-    check_outputs(args, args.output)
-    dtype = _dtype(args.dtype)
-    seq_len = None if args.seq_len is None else _integer(args.seq_len, "--seq-len", 1)
-    if args.analytic:
-        graph = _analytic(args, dtype, seq_len)
+    """Profile ``args.model`` and write the graph to ``args.output`` (or, with ``--dry-run``, describe it)."""
+    zoo = is_zoo_spec(args.model)
+    if zoo and args.model not in model_names():
+        raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}, "
+                                       "or path/to/file.py:factory, package.module:factory, hf:NAME")
+    if zoo and (extra := zoo_only_options(args) + (["--trace"] if args.trace != "eager" else [])):
+        raise InputError("-", extra[0], f"applies to an imported model; the zoo model {args.model} has its own "
+                                        "units, inputs and configuration: drop it")
+    if args.output is None and not args.dry_run:
+        raise InputError("-", "--output", "name the graph file to write with -o GRAPH.json (or add --dry-run)")
+    if args.output is not None:
+        check_outputs(args, args.output)
+    if zoo:
+        dtype = _dtype(args.dtype)
+        seq_len = None if args.seq_len is None else _integer(args.seq_len, "--seq-len", 1)
+        if args.dry_run:
+            return _describe_zoo(args.model, seq_len)
+        graph = _analytic(args, dtype, seq_len) if args.analytic else _measured(args, dtype, seq_len)
     else:
-        graph = _measured(args, dtype, seq_len)
+        for flag, value in (("--seq-len", args.seq_len), ("--dtype", None if args.dtype == "float32" else args.dtype)):
+            if value is not None:
+                raise InputError("-", flag, "applies to zoo models; an imported model's factory sets its own "
+                                            "sizes and dtype (use --model-arg or --input-shape)")
+        imported = _imported(args)
+        if args.dry_run:  # the description lists the warnings
+            sys.stdout.write(describe(imported) + "\n")
+            return 0
+        for note in imported.warnings:
+            sys.stderr.write(one_line(f"warning: {args.model}: {note}") + "\n")
+        graph = _analytic_imported(args, imported) if args.analytic else _measured_imported(args, imported)
     try:
         text = dumps(graph.to_dict())
     except ValueError:  # json's word for inf or nan
@@ -99,41 +125,75 @@ def run_profile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _describe_zoo(name: str, seq_len: int | None) -> int:
+    model = build_model(name, seq_len=seq_len, device="meta")
+    sys.stdout.write(f"{name}: {len(model.units)} units\n")
+    for i, unit in enumerate(model.units):
+        reads = ", ".join("input" if j < 0 else model.units[j].name for j in unit.inputs)
+        tie = f"  [tied to {model.units[unit.tied_to].name}]" if unit.tied_to is not None else ""
+        sys.stdout.write(f"  {i:>3} {unit.name:<28} reads {reads}{tie}\n")
+    sys.stdout.write("edges: " + " ".join(f"{u}->{v}" for u, v in model.edges()) + "\n")
+    return 0
+
+
+def _imported(args: argparse.Namespace) -> Any:
+    """The traced model: for ``--analytic`` on the meta device (no weights allocated) when its forward runs
+    there, else on the CPU (a forward reading values, ``.item()`` or a value-dependent ``if``, needs them)."""
+    if args.analytic and not args.dry_run:
+        try:
+            return imported_from_args(args, device="meta")
+        except InputError as exc:
+            if exc.where != "forward":
+                raise
+    return imported_from_args(args)
+
+
+def _analytic_imported(args: argparse.Namespace, imported: Any) -> Any:
+    from pipeplan.models.profile_imported import analyse_imported
+
+    return analyse_imported(imported, _analytic_device(args))
+
+
+def _measured_imported(args: argparse.Namespace, imported: Any) -> Any:
+    from pipeplan.models.profile_imported import profile_imported
+
+    if _torch_device(args.device or MEASURE_DEFAULTS["device"]) != "cpu":
+        raise InputError("-", "--device", "imported models are measured on the CPU only so far; "
+                                          "profile a zoo model on the GPU, or drop --device")
+    return profile_imported(imported, _measure_config(args), progress=sys.stderr.isatty())
+
+
 MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "warmup": "2", "repeats": "5",
                     "device": "cpu"}
 """What the measuring options default to (``None`` in the parser, so ``--analytic`` can tell them given)."""
 
 
 def _analytic(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
-    from pipeplan.models.profile_analytic import DeviceModel, profile_analytic
+    from pipeplan.models.profile_analytic import profile_analytic
+
+    return profile_analytic(args.model, device=_analytic_device(args), seq_len=seq_len, dtype=dtype)
+
+
+def _analytic_device(args: argparse.Namespace) -> Any:
+    """The ``--analytic`` device (measuring options refused)."""
+    from pipeplan.models.profile_analytic import DeviceModel
 
     for key in (*MEASURE_DEFAULTS, "no_cache"):
         if getattr(args, key) not in (None, False):
             flag = "--" + key.replace("_", "-")
             raise InputError("-", flag, "describes a measurement; --analytic measures nothing: drop it")
-
     defaults = DeviceModel()
-    device = DeviceModel(
+    return DeviceModel(
         flops=defaults.flops if args.flops is None else _number(args.flops, "--flops"),
         efficiency=defaults.efficiency if args.efficiency is None else _number(args.efficiency, "--efficiency"),
         overhead=defaults.overhead if args.overhead is None else _number(args.overhead, "--overhead"))
-    return profile_analytic(args.model, device=device, seq_len=seq_len, dtype=dtype)
 
 
 def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
-    from pipeplan.models.profile_measured import MeasureConfig, profile_measured
+    from pipeplan.models.profile_measured import profile_measured
 
-    for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead)):
-        if value is not None:
-            raise InputError("-", flag, "describes the device of --analytic; add --analytic or drop it")
-    given = {key: default if getattr(args, key) is None else getattr(args, key)
-             for key, default in MEASURE_DEFAULTS.items()}
-    config = MeasureConfig(batch_sizes=_batch_sizes(given["batch_sizes"]),
-                           warmup=_integer(given["warmup"], "--warmup", 0, MAX_REPEATS),
-                           repeats=_integer(given["repeats"], "--repeats", 1, MAX_REPEATS),
-                           threads=_integer(given["threads"], "--threads", 1, MAX_THREADS),
-                           rounds=_integer(given["rounds"], "--rounds", 1, MAX_REPEATS))
-    device = _device(given["device"])
+    config = _measure_config(args)
+    device = _torch_device(args.device or MEASURE_DEFAULTS["device"])
     try:
         return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
                                 use_cache=not args.no_cache, progress=sys.stderr.isatty(), device=device)
@@ -142,6 +202,22 @@ def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
             raise
         raise InputError("-", "--batch-sizes", f"the model does not fit in this machine's memory at "
                                                f"{max(config.batch_sizes)} samples; use smaller sizes") from None
+
+
+def _measure_config(args: argparse.Namespace) -> Any:
+    """The measurement the options describe (``--analytic``'s device options refused)."""
+    from pipeplan.models.profile_measured import MeasureConfig
+
+    for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead)):
+        if value is not None:
+            raise InputError("-", flag, "describes the device of --analytic; add --analytic or drop it")
+    given = {key: default if getattr(args, key) is None else getattr(args, key)
+             for key, default in MEASURE_DEFAULTS.items()}
+    return MeasureConfig(batch_sizes=_batch_sizes(given["batch_sizes"]),
+                         warmup=_integer(given["warmup"], "--warmup", 0, MAX_REPEATS),
+                         repeats=_integer(given["repeats"], "--repeats", 1, MAX_REPEATS),
+                         threads=_integer(given["threads"], "--threads", 1, MAX_THREADS),
+                         rounds=_integer(given["rounds"], "--rounds", 1, MAX_REPEATS))
 
 
 MAX_PROFILE_BATCH = 65536
@@ -175,7 +251,7 @@ def _number(text: str, flag: str) -> float:
     return value
 
 
-def _device(text: str) -> str:
+def _torch_device(text: str) -> str:
     """``cpu`` or an available CUDA device, checked before anything is built."""
     if text == "cpu":
         return text

@@ -20,6 +20,7 @@ from pathlib import Path
 from pipeplan.models.errors import one_line
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
+from pipeplan.models.model_options import request_from_args
 from pipeplan.loading import warn_names
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
 from pipeplan.runtime.launch import WorkerError, launch_local
@@ -44,7 +45,7 @@ def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
     where a path relative to the caller's folder would name another file or none.
     """
     files = [os.path.abspath(path) for path in (args.graph, args.cluster, args.plan)]
-    argv = [*files, "--model", args.model, "--steps", str(args.steps),
+    argv = [*files, *request_from_args(args).argv(), "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
             "--timeout", repr(args.timeout), "--transport", args.transport, "--spin", args.spin,
             "--result", str(result)]
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     check_options(args)
     # Everything that can be refused is refused here, before any process starts.
     check_outputs(args, args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
-    inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
+    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
     if args.emulate:
         check_emulation(inputs.prediction, args.timeout, args.plan)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="running"):

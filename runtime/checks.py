@@ -16,7 +16,8 @@ import torch
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import LayerGraph, load_graph
-from pipeplan.models.zoo import ZooModel
+from pipeplan.models.model_options import ModelRequest
+from pipeplan.models.zoo import ZooModel, model_names
 from pipeplan.runtime.training_data import build_run_model
 from pipeplan.solver.cluster import Cluster, load_cluster
 from pipeplan.solver.plan import Plan, load_plan
@@ -45,9 +46,11 @@ class RunInputs:
     """The simulator's timeline of the plan on graph and cluster."""
     model: ZooModel
     """The model, built on the CPU with the run's dtype and seed."""
+    request: ModelRequest
+    """The model as named, with its options (workers and the reference build it again)."""
 
 
-def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: str,
+def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: str | ModelRequest,
                 verify: bool, seed: int = 0) -> RunInputs:
     """Load and cross-check graph, cluster, plan and model.
 
@@ -62,13 +65,17 @@ def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: 
     graph = load_graph(graph_file)
     cluster = load_cluster(cluster_file)
     plan = load_plan(plan_file, graph, cluster)
+    request = model_name if isinstance(model_name, ModelRequest) else ModelRequest(model_name)
+    model_name = request.spec
+    if request.is_zoo and model_name not in model_names():
+        raise InputError("-", "--model", f"unknown model {model_name!r}; valid: {', '.join(model_names())}")
     seq_len = _profiled_seq_len(graph, model_name)
     dtype = torch.float64 if verify else torch.float32
-    model = build_run_model(model_name, seq_len=seq_len, dtype=dtype, seed=seed)
+    model = build_run_model(request, seq_len=seq_len, dtype=dtype, seed=seed)
     check_model_matches(model, graph, graph_file)
     prediction = simulate(plan, graph, cluster, file=plan_file, validate=False)
     prediction.check_finite(plan_file)  # a prediction of inf is no prediction (and no JSON)
-    return RunInputs(graph, cluster, plan, plan_file, model_name, seq_len, dtype, prediction, model)
+    return RunInputs(graph, cluster, plan, plan_file, model_name, seq_len, dtype, prediction, model, request)
 
 
 def _profiled_seq_len(graph: LayerGraph, model_name: str) -> int | None:

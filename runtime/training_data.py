@@ -11,26 +11,41 @@ from __future__ import annotations
 
 import torch
 
-from pipeplan.models.errors import InputError
-from pipeplan.models.zoo import ZooModel, build_model, model_names
+from pipeplan.models.model_options import ModelRequest
+from pipeplan.models.replay import replay_model
+from pipeplan.models.zoo import ZooModel, build_model
 
 
-def build_run_model(spec: str, *, seq_len: int | None = None, dtype: torch.dtype = torch.float32,
-                    device: str | torch.device = "cpu", seed: int = 0) -> ZooModel:
+def build_run_model(request: ModelRequest | str, *, seq_len: int | None = None,
+                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                    seed: int = 0) -> ZooModel:
     """The model that ``--model SPEC`` names, its weights drawn from ``seed``.
 
-    ``spec`` is a zoo name (:func:`pipeplan.models.zoo.model_names`); the other
-    arguments and the ``InputError`` for an unknown name or a ``seq_len`` the model
-    does not take are those of :func:`pipeplan.models.zoo.build_model`.
+    A zoo name builds the zoo model (:func:`pipeplan.models.zoo.build_model`); any other
+    spec (``file.py:factory``, ``package.module:factory``, ``hf:NAME``) is resolved,
+    traced and wrapped as a :class:`~pipeplan.models.replay.ReplayModel`, which runs
+    each stage by replaying the model's ``forward`` (see :mod:`pipeplan.models.replay`).
+
+    Raises
+    ------
+    InputError
+        For an unknown zoo name, a spec that cannot be resolved or traced, a
+        ``seq_len`` the model does not take, or an imported model that cannot be cut
+        into runnable stages.
 
     Examples
     --------
     >>> len(build_run_model("gpt-tiny").units)
     6
     """
-    if spec not in model_names():
-        raise InputError("-", "--model", f"unknown model {spec!r}; valid: {', '.join(model_names())}")
-    return build_model(spec, seq_len=seq_len, dtype=dtype, seed=seed, device=device)
+    if isinstance(request, str):
+        request = ModelRequest(request)
+    if request.is_zoo:
+        return build_model(request.spec, seq_len=seq_len, dtype=dtype, seed=seed, device=device)
+    model = replay_model(request.trace(seed=seed), dtype=dtype)
+    for unit in model.units:
+        unit.module.to(device)
+    return model
 
 
 def batch_seed(seed: int, step: int) -> int:

@@ -33,6 +33,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from pipeplan.models.model_options import ModelRequest
 from pipeplan.models.zoo import ZooModel
 from pipeplan.runtime.pieces import batch_norms, has_dropout, piece_seed
 from pipeplan.runtime.routing import pieces
@@ -43,7 +44,7 @@ TOLERANCE = 1e-6
 """Largest accepted relative difference (float64 runs agree to ~1e-15)."""
 
 
-def reference_parameters(model_name: str, *, steps: int, global_batch: int, lr: float, seed: int,
+def reference_parameters(model_name: str | ModelRequest, *, steps: int, global_batch: int, lr: float, seed: int,
                          dtype: torch.dtype, seq_len: int | None, plan: Plan | None = None,
                          device: torch.device | str = "cpu",
                          beat: Callable[[int], None] = lambda step: None,

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
+from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_from_args
 from pipeplan.runtime.checks import RunInputs, check_emulation, check_world, load_inputs
 from pipeplan.runtime.comm import Channels
 from pipeplan.runtime.emulate import make_emulator
@@ -67,7 +68,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("graph", metavar="GRAPH", help="layer graph profiled from the model")
     p.add_argument("cluster", metavar="CLUSTER", help="cluster file the plan was made for")
     p.add_argument("plan", metavar="PLAN", help="plan to run")
-    p.add_argument("--model", required=True, metavar="NAME", help="zoo model whose units are the graph's layers")
+    p.add_argument("--model", required=True, metavar="SPEC",
+                   help=f"the model whose units are the graph's layers: {SPEC_HELP}")
+    add_model_options(p, trace=False)
     p.add_argument("--steps", type=int, default=6, metavar="N", help="training steps (default 6)")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
                    help=f"first steps left out of the measured median (0 to steps-1; default {DEFAULT_WARMUP}, "
@@ -123,7 +126,7 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     beat = Heartbeat(rank, world)
     beat(-1, 0)
     check_options(args)  # refuse bad options before any connection is made
-    inputs = load_inputs(args.graph, args.cluster, args.plan, args.model, args.verify, args.seed)
+    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
     if args.emulate:  # pipeplan run checked already; under torchrun this is the first check
         check_emulation(inputs.prediction, args.timeout, inputs.plan_file)
     plan = inputs.plan
@@ -369,7 +372,7 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
               "transport": "tcp" if _uses_tcp(args.transport, executor.memory.device) else "dist",
               "ranks": [item[0] for item in gathered]}
     if args.verify:
-        reference = reference_parameters(inputs.model_name, steps=args.steps, global_batch=plan.global_batch,
+        reference = reference_parameters(inputs.request, steps=args.steps, global_batch=plan.global_batch,
                                          lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
                                          plan=plan, device=executor.memory.device,
                                          beat=lambda step: beat(-2, step))
