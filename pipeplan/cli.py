@@ -51,9 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 3 no feasible plan)."""
-    args = build_parser().parse_args(argv)
     previous = _on_sigterm(_terminated)
     try:
+        args = build_parser().parse_args(argv)  # inside: a Ctrl-C while the commands import is one line too
         return int(args.func(args) or 0)
     except InputError as exc:
         sys.stderr.write(exc.line() + "\n")

@@ -46,7 +46,7 @@ from pipeplan.solver.plan import Plan, Stage, equal_split
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
-from pipeplan.solver.termination import TimeLimit
+from pipeplan.solver.termination import TimeLimit, note
 
 __all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "run_nsga", "Nsga"]
 
@@ -470,6 +470,10 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
             stopped = True
             break
         algorithm.next()
+    if not stopped:
+        note("budget")  # every generation ran
+    elif genes and not pymoo_problem.archive:  # stopped before the first generation: the seeds are what was found
+        pymoo_problem.evaluate(np.array([np.frombuffer(g, dtype=int) for g in genes]))
     front = _front(problem, codec, pymoo_problem.archive)
     # pymoo's n_gen is the number of the generation it would run next
     return NsgaRun(front, max(int(algorithm.n_gen or 1) - 1, 0), len(pymoo_problem.archive), stopped,

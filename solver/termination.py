@@ -104,13 +104,33 @@ def interrupted() -> bool:
     return False
 
 
+RESTOP_AFTER = (0.1, 0.3, 0.7)
+"""Seconds after an interrupt at which the stoppers are called again: a C++ search that
+started between a check and its stopper's first call ignored that call."""
+
+
 def request_interrupt() -> None:
     """Ask every search to stop and return its best so far (what SIGINT / SIGTERM do)."""
+    first = not _INTERRUPT.is_set()
     _INTERRUPT.set()
+    _call_stoppers()
+    if first:
+        threading.Thread(target=_restop, daemon=True).start()
+
+
+def _call_stoppers() -> None:
     with _STOPPERS_LOCK:
         stoppers = list(_STOPPERS)
     for stop in stoppers:
         stop()
+
+
+def _restop() -> None:
+    waited = 0.0
+    for at in RESTOP_AFTER:
+        time.sleep(at - waited)
+        waited = at
+        _call_stoppers()
 
 
 def clear_interrupt() -> None:

@@ -119,8 +119,8 @@ class TestSeedPlans:
             return solver_
 
         monkeypatch.setattr(pipeplan.solver.registry, "get_solver", recording)
-        seeds = seed_plans(gpt_problem(), seed=0, time_limit=8.0)
-        assert calls[0] == ("group-search", 8.0) and calls.count(("cpsat", 8.0)) == 2  # joint, then equal split
+        seeds = seed_plans(gpt_problem(), seed=0, time_limit=60.0)
+        assert calls[0] == ("group-search", 60.0) and calls.count(("cpsat", 60.0)) == 2  # joint, then equal split
         assert seeds[0][0] == "group-search"
 
 
