@@ -172,8 +172,11 @@ def interruptible(signals: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) ->
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
 
+    received = [0]  # signals the Python handler saw (the wake-up thread may have set the flag first)
+
     def handler(signum, frame) -> None:
-        if _INTERRUPT.is_set():
+        received[0] += 1
+        if received[0] > 1:
             raise KeyboardInterrupt
         request_interrupt()
 
