@@ -223,7 +223,8 @@ def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
         sys.stderr.write(f"no plan fits: {constraint}\n")
     else:
         names = ", ".join(r.name for r in results)
-        timed_out = any(r.details.get("stopped_by_time_limit") or "time limit" in r.message for r in results)
+        timed_out = any(r.stopped_by == "time" or r.details.get("stopped_by_time_limit") or "time limit" in r.message
+                        for r in results)
         sys.stderr.write(f"no plan found: {names} found no fitting plan{' in the time given' if timed_out else ''}, "
                          f"which does not prove that none fits (ilp and cpsat decide it, given time)\n")
     if why:
