@@ -99,9 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the exit status (0 ok, 2 bad input, 3 no feasible plan)."""
     notices.discard()
-    args = build_parser().parse_args(argv)
     previous = _on_sigterm(_terminated)
     try:
+        args = build_parser().parse_args(argv)  # inside: a Ctrl-C while the commands import is one line too
         # an overflow is caught where it reaches an output (an error line), not as a numpy warning
         with np.errstate(all="ignore"):
             status = int(args.func(args) or 0)

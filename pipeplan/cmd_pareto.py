@@ -9,15 +9,17 @@ message says "no plan fits" only when that is proved, as ``pipeplan plan`` does)
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.solver.figures import pyplot, save_png
-from pipeplan.cmd_plan import _common, no_plan, problem_from_args
+from pipeplan.cmd_plan import INTERRUPTED, _common, no_plan, problem_from_args
 from pipeplan.solver.infeasibility import heuristic_no_plan
 from pipeplan.solver.nsga import NsgaRun, run_nsga
+from pipeplan.solver.termination import interruptible, watch
 
 PARETO_FORMAT = "pipeplan.pareto/1"
 
@@ -31,13 +33,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_pareto)
 
 
-def front_document(run: NsgaRun, args: argparse.Namespace) -> dict:
+def front_document(run: NsgaRun, args: argparse.Namespace, stopped_by: str = "budget") -> dict:
     """The JSON object: the problem's names, run facts, and the points fastest first."""
     return {
         "format": PARETO_FORMAT,
         "objectives": ["iteration_time", "peak_memory"],
         "generations": run.generations, "evaluations": run.evaluations,
-        "stopped_by_time_limit": run.stopped_by_time, "seed": args.seed, "seeds": list(run.seeds),
+        "stopped_by_time_limit": run.stopped_by_time, "stopped_by": stopped_by, "seed": args.seed,
+        "seeds": list(run.seeds),
         "points": [{"iteration_time": pt.iteration_time, "peak_memory": pt.peak_memory, "plan": pt.plan.to_dict()}
                    for pt in run.front],
     }
@@ -65,18 +68,25 @@ def run_pareto(args: argparse.Namespace) -> int:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
     problem = problem_from_args(args)
     start = time.perf_counter()
-    run = run_nsga(problem, generations=args.generations or 60, population=args.population or 48,
-                   seed=args.seed, time_limit=args.time_limit)
+    generations = int(args.budget) if args.budget is not None else args.generations or 60
+    with interruptible(), watch() as seen:
+        run = run_nsga(problem, generations=generations, population=args.population or 48,
+                       seed=args.seed, time_limit=args.time_limit)
+    stopped_by = seen.stopped_by() if seen.interrupted or seen.time_cut else "budget"
+    if not run.front and seen.interrupted:
+        sys.stderr.write("interrupted: no plan found before the interrupt\n")
+        return INTERRUPTED
     if not run.front:
         why = ("time limit reached before any evaluated plan fitted" if run.stopped_by_time
                else "no evaluated plan fits in memory")
         result = heuristic_no_plan(problem, "nsga", why, time.perf_counter() - start, args.seed,
                                    details={"stopped_by_time_limit": run.stopped_by_time})
         return no_plan(problem, [result])  # "no plan fits" only when proved
-    atomic_write_text(args.output, dumps(front_document(run, args)))
+    atomic_write_text(args.output, dumps(front_document(run, args, stopped_by)))
     if args.plot:
         _plot(args.plot, run, f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}")
     best = run.front[0]
     print(f"nsga: {len(run.front)} non-dominated plans, fastest {best.iteration_time * 1e3:.4f} ms "
-          f"(peak {best.peak_memory / 2 ** 30:.2f} GiB), {run.generations} generations -> {args.output}")
+          f"(peak {best.peak_memory / 2 ** 30:.2f} GiB), {run.generations} generations, stopped by {stopped_by} "
+          f"-> {args.output}")
     return 0

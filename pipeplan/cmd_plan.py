@@ -29,6 +29,9 @@ from pipeplan.solver.registry import get_solver, solver_names
 from pipeplan.solver.result import SolverResult
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.termination import interruptible, interrupted
+from pipeplan.solver.warm_start import load_warm_start
 
 NO_PLAN = 3
 """Exit status when no plan fits."""
@@ -49,7 +52,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=("highs", "cbc"), default=None,
                    help="ilp: the MILP solver (default highs, in-process)")
     p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="pipeline schedule (default 1f1b)")
-    p.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver (default 60)")
+    p.add_argument("--time-limit", type=float, default=60.0,
+                   help="seconds per solver, a cap (default 60); a solve it cuts short may differ on another machine")
+    p.add_argument("--budget", type=float, default=None, metavar="N",
+                   help="work per solver, in the solver's own unit (nsga: generations; cpsat, cpsat-split: CP-SAT "
+                        "deterministic seconds; ilp: HiGHS nodes; group-search: patterns); same budget and seed, "
+                        "same plan on any machine (default: each solver's own, see docs/determinism.md)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the randomised solvers (default 0; same seed, same plan)")
     p.add_argument("--no-replication", action="store_true", help="one device per stage")
@@ -68,6 +76,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(even, pipedream, alpa, ...); an unknown name lists them all")
     p.add_argument("-o", "--output", required=True, metavar="PLAN.json")
     add_force_option(p)
+    p.add_argument("--warm-start", metavar="PLAN.json",
+                   help="start from this earlier plan (checked against the problem); the result is never slower")
     p.set_defaults(func=run_plan)
     c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)
     _common(c)
@@ -107,6 +117,9 @@ def check_options(args: argparse.Namespace) -> None:
     limit, seed, factor = (getattr(args, key, None) for key in ("time_limit", "seed", "state_factor"))
     if limit is not None and not 0 < limit < float("inf"):
         raise InputError("-", "--time-limit", f"must be positive finite seconds, got {limit}")
+    budget = getattr(args, "budget", None)
+    if budget is not None and not 0 < budget < float("inf"):
+        raise InputError("-", "--budget", f"must be a positive finite amount of work, got {budget}")
     if seed is not None and not 0 <= seed <= MAX_SEED:
         raise InputError("-", "--seed", f"must be 0 to 2**31-1 = {MAX_SEED}, got {seed}")
     if factor is not None and not 0 <= factor < float("inf"):
@@ -157,8 +170,13 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
         raise InputError("-", "arguments", str(exc)) from None
 
 
-def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace) -> list[SolverResult]:
-    """Run the named solvers with a progress display on stderr."""
+def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace,
+           warm_start: Plan | None = None) -> list[SolverResult]:
+    """Run the named solvers with a progress display on stderr.
+
+    The first SIGINT or SIGTERM stops the running solver, which returns its best plan so
+    far (``stopped_by: interrupt``); the solvers after it are not run.
+    """
     from rich.console import Console
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -172,13 +190,18 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace)
             solver.backend = args.backend
     results = []
     console = Console(file=sys.stderr)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
-                  console=console, transient=True, disable=not console.is_terminal) as progress:
+    with interruptible(), Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                   TimeElapsedColumn(), console=console, transient=True,
+                                   disable=not console.is_terminal) as progress:
         task = progress.add_task("solving", total=len(solvers))
         for name, solver in zip(names, solvers):
+            if interrupted():
+                console.print(f"interrupted: {name} and the solvers after it not run")
+                break
             progress.update(task, description=f"solving with {name}")
             try:
-                results.append(solver.solve(problem, time_limit=args.time_limit, seed=args.seed))
+                results.append(solver.solve(problem, time_limit=args.time_limit, seed=args.seed,
+                                            budget=getattr(args, "budget", None), warm_start=warm_start))
             except InputError as exc:
                 if len(solvers) == 1:
                     raise
@@ -188,12 +211,18 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace)
     return results
 
 
+INTERRUPTED = 130
+"""Exit status when an interrupt came before any plan was found (128 + SIGINT, as shells use)."""
+
 PROVING = ("ilp", "cpsat")
 """Solvers whose ``infeasible`` is a proof (they search the whole space)."""
 
 
 def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
     """Say why no plan came back: a proof that none fits, or only that none was found."""
+    if any(r.stopped_by == "interrupt" for r in results) or not results:
+        sys.stderr.write("interrupted: no plan found before the interrupt\n")
+        return INTERRUPTED
     bounds_prove, constraint = memory_verdict(problem)
     # the records' own words follow the first line, without repeating the constraint or "not a proof"
     why = "; ".join(f"{r.name}: {r.message.replace('; ' + UNPROVED, '')}" for r in results
@@ -203,7 +232,8 @@ def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
         sys.stderr.write(f"no plan fits: {constraint}\n")
     else:
         names = ", ".join(r.name for r in results)
-        timed_out = any(r.details.get("stopped_by_time_limit") or "time limit" in r.message for r in results)
+        timed_out = any(r.stopped_by == "time" or r.details.get("stopped_by_time_limit") or "time limit" in r.message
+                        for r in results)
         sys.stderr.write(f"no plan found: {names} found no fitting plan{' in the time given' if timed_out else ''}, "
                          f"which does not prove that none fits (ilp and cpsat decide it, given time)\n")
     if why:
@@ -215,15 +245,17 @@ def run_plan(args: argparse.Namespace) -> int:
     """``pipeplan plan``: solve with one solver and write the plan atomically."""
     check_outputs(args, args.output, inputs={"graph": args.graph, "cluster": args.cluster})
     problem = problem_from_args(args)
-    result = _solve(problem, [args.solver], args)[0]
-    if result.plan is None:
-        return no_plan(problem, [result])
+    warm = load_warm_start(args.warm_start, problem) if args.warm_start else None
+    results = _solve(problem, [args.solver], args, warm)
+    if not results or results[0].plan is None:
+        return no_plan(problem, results)
+    result = results[0]
     comparison_rows(problem, [result])  # refuses a throughput beyond the float range, before writing
     atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
     gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
     print(f"{result.name}: {result.status}, {len(result.plan.stages)} stages, iteration time "
           f"{result.iteration_time * 1e3:.4f} ms, throughput {_throughput(problem, result.iteration_time)} "
-          f"samples/s, gap {gap}, {result.wall_time:.2f} s -> {args.output}")
+          f"samples/s, gap {gap}, {result.wall_time:.2f} s, stopped by {result.stopped_by} -> {args.output}")
     return 0
 
 
@@ -243,7 +275,8 @@ def comparison_rows(problem: PlanningProblem, results: list[SolverResult]) -> li
                      "throughput": problem.global_batch / t if t else None,
                      "ratio_to_best": t / best if t and best else None,
                      "lower_bound": r.lower_bound, "gap": r.gap, "wall_time": r.wall_time,
-                     "stages": len(r.plan.stages) if r.plan else None, "message": r.message})
+                     "stages": len(r.plan.stages) if r.plan else None, "stopped_by": r.stopped_by,
+                     "message": r.message})
     for row in rows:
         _check_finite_row(row)
     return rows

@@ -23,6 +23,7 @@ from typing import Sequence
 import numpy as np
 from ortools.sat.python import cp_model
 
+from pipeplan.solver.cpsat_run import solve_counted
 from pipeplan.solver.cpsat_split import optimize_splits
 from pipeplan.solver.equal_splits import fastest, solve_equal_splits
 from pipeplan.solver.arcs import ExactData
@@ -32,6 +33,10 @@ from pipeplan.solver.joint_split import solve_joint
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.termination import WorkBudget
+
+DEFAULT_BUDGET = 120.0
+"""CP-SAT deterministic seconds per solve of ``cpsat`` (all its CP-SAT calls together)."""
 
 RESOLUTION = 1e7
 """Integer units per reference time: the rounding loosens the bound by about 1e-7 per term."""
@@ -40,8 +45,10 @@ RESOLUTION = 1e7
 class CpSatModel:
     """The lower-bound model in CP-SAT, times in integer units of ``unit`` seconds."""
 
-    def __init__(self, data: ExactData, seed: int = 0, workers: int = 1) -> None:
+    def __init__(self, data: ExactData, seed: int = 0, workers: int = 1, budget: WorkBudget | None = None) -> None:
         self.seed, self.workers = seed, workers
+        self.budget = budget
+        """CP-SAT deterministic seconds for all the solves of the cut loop, or ``None`` (the clock only)."""
         tab = data.table
         reference = max(float(tab["busy_path"].max()) if len(data) else 0.0, data.static_bound, 1e-12)
         self.unit = reference / RESOLUTION
@@ -95,13 +102,14 @@ class CpSatModel:
             if self.cutoff is None or limit < self.cutoff:  # cutoffs only fall: older rows are implied
                 self.model.add(self.T <= limit)
                 self.cutoff = limit
+        if self.budget is not None and self.budget.exhausted():
+            return "unknown", None, None
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(time_limit, 0.01)
         solver.parameters.random_seed = self.seed
         solver.parameters.num_workers = self.workers
         solver.parameters.relative_gap_limit = 0.0
         solver.parameters.absolute_gap_limit = 0.0
-        code = solver.solve(self.model)
+        code = solve_counted(solver, self.model, time_limit=time_limit, budget=self.budget)
         if code == cp_model.INFEASIBLE:
             return "infeasible", None, None
         bound = solver.best_objective_bound * self.unit
@@ -119,24 +127,32 @@ class CpSatSolver:
     name = "cpsat"
     source = "pipeplan: CP-SAT bound model + simulation + no-good cuts (OR-Tools)"
 
+    budget_unit = "CP-SAT deterministic seconds"
+    default_budget = DEFAULT_BUDGET
+    proves = True
+
     def __init__(self, workers: int = 1, enumerate_first: bool = True) -> None:
         self.workers = workers
         self.enumerate_first = enumerate_first
         """Walk the configurations before the model (:mod:`pipeplan.solver.enumeration`); off: the model loop only."""
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
+    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
+              budget: float | None = None) -> SolverResult:
         """Plan ``problem`` exactly; see :mod:`pipeplan.solver.exact` for the method and its proof.
 
-        With ``auto_microbatches`` or ``per_stage`` the splits are decisions too: see
-        :meth:`solve_splits`.
+        ``budget``: CP-SAT deterministic seconds for all its CP-SAT solves (default
+        :data:`DEFAULT_BUDGET`).  With ``auto_microbatches`` or ``per_stage`` the splits are
+        decisions too: see :meth:`solve_splits`.
         """
+        work = WorkBudget(budget or DEFAULT_BUDGET)
         if problem.auto_microbatches or problem.per_stage:
-            return self.solve_splits(problem, time_limit=time_limit, seed=seed)
-        return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers),
+            return self.solve_splits(problem, time_limit=time_limit, seed=seed, budget=work)
+        return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers, work),
                            time_limit=time_limit, seed=seed, details={"workers": self.workers},
                            enumerate_first=self.enumerate_first)
 
-    def solve_splits(self, problem: PlanningProblem, *, time_limit: float, seed: int) -> SolverResult:
+    def solve_splits(self, problem: PlanningProblem, *, time_limit: float, seed: int,
+                     budget: WorkBudget | None = None) -> SolverResult:
         """Pipelines and microbatch splits together.
 
         Small instances: the exact branch and bound of :mod:`pipeplan.solver.joint_split`
@@ -148,7 +164,7 @@ class CpSatSolver:
         proves covers one pipeline only.
         """
         start = time.perf_counter()
-        joint = solve_joint(problem, name=self.name, time_limit=time_limit, seed=seed)
+        joint = solve_joint(problem, name=self.name, time_limit=time_limit, seed=seed, budget=budget)
         if joint is not None:
             return joint
         equal = solve_equal_splits(self, problem, time_limit=0.5 * time_limit, seed=seed)
@@ -156,7 +172,7 @@ class CpSatSolver:
         if base.plan is None:
             return replace(base, wall_time=time.perf_counter() - start)
         left = max(0.5, time_limit - (time.perf_counter() - start))
-        search = optimize_splits(problem, base.plan, time_limit=left, seed=seed, workers=self.workers)
+        search = optimize_splits(problem, base.plan, time_limit=left, seed=seed, workers=self.workers, budget=budget)
         wall = time.perf_counter() - start
         details = {"method": "decomposition: exact equal-split pipeline, then CP-SAT over its splits",
                    "equal_split_status": base.status, "equal_split_time": base.iteration_time,

@@ -40,13 +40,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from ortools.sat.python import cp_model
 
 from pipeplan.solver.baselines import best_baseline
 from pipeplan.solver.baselines.slicing import AutoPipeSlicing
 from pipeplan.solver.baselines.umpipe import UmpipeDP, judge_splits
+from pipeplan.solver.cpsat_run import solve_counted
 from pipeplan.solver.equal_splits import fastest, solve_equal_splits
 from pipeplan.solver.infeasibility import heuristic_no_plan
 from pipeplan.solver.plan import Plan, Stage, equal_split
@@ -55,6 +55,7 @@ from pipeplan.solver.registry import get_solver, register, solver_names
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.schedule import FORWARD, stage_ops
 from pipeplan.solver.simulator import SimulationResult, stage_costs, simulate
+from pipeplan.solver.termination import WorkBudget
 
 __all__ = ["SplitSearch", "optimize_splits", "base_plans", "CpSatSplit"]
 
@@ -89,7 +90,7 @@ def _ceil(x: float) -> int:
 
 
 def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float = 30.0, seed: int = 0,
-                    workers: int = 1) -> SplitSearch:
+                    workers: int = 1, budget: WorkBudget | None = None) -> SplitSearch:
     """Best microbatch count and sizes for the pipeline of ``base`` (stages, devices, recompute fixed).
 
     Parameters
@@ -106,6 +107,9 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
         CP-SAT's random seed.
     workers : int
         CP-SAT workers (1: deterministic, same seed same plan).
+    budget : WorkBudget, optional
+        CP-SAT deterministic seconds (spent by the solve); with it, a solve not cut by
+        ``time_limit`` gives the same split on any machine.
 
     Returns
     -------
@@ -124,12 +128,11 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
     builder = _SplitModel(problem, base, base_result)
     builder.build()
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.1, time_limit)
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = seed
     if workers == 1:  # the split-first depth-first search (see ``_SplitModel.build``)
         solver.parameters.search_branching = solver.parameters.SearchBranching.FIXED_SEARCH
-    status = solver.solve(builder.model)
+    status = solve_counted(solver, builder.model, time_limit=max(0.1, time_limit), budget=budget)
     cp_status = solver.status_name(status)
     best_plan, best_time = base, base_result.iteration_time
     bound = None
@@ -412,8 +415,12 @@ class CpSatSplit:
         self.use_exact = use_exact
         """Try registered exact solvers for the starting pipeline."""
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
-        """Plan ``problem``; see the class and module docstrings."""
+    budget_unit = "CP-SAT deterministic seconds"
+    default_budget = 60.0
+
+    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
+              budget: float | None = None) -> SolverResult:
+        """Plan ``problem``; see the class and module docstrings (``budget``: of the split search)."""
         start = time.perf_counter()
         base_share = (0.4 if self.use_exact else 0.2) * time_limit  # for finding the plan to start from
         if self.use_exact:
@@ -430,7 +437,8 @@ class CpSatSplit:
         source, base = bases[0]
         warm = _warm_split(problem, base.plan)  # the split baselines' best: hint and fallback
         left = max(0.5, time_limit - (time.perf_counter() - start))
-        search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers)
+        search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers,
+                                 budget=WorkBudget(budget or self.default_budget))
         wall = time.perf_counter() - start
         details = {"base_solver": source, "base_iteration_time": base.iteration_time,
                    "split_status": search.status, "split_lower_bound": search.lower_bound, **search.details}

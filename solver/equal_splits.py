@@ -18,6 +18,7 @@ from typing import Iterable
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import Solver
 from pipeplan.solver.result import SolverResult
+from pipeplan.solver.termination import past
 
 MIN_PROBE_SECONDS = 0.5
 """Least time a count after the first is given (a model build alone can take seconds); with less
@@ -31,10 +32,12 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
     The problem's own count (``K`` as the CLI sets it) gets the whole limit, as the
     single equal-split solve always had, so its plan is the one it was; when it
     finishes early (a small instance is proved in a fraction of a second) the other
-    counts share what it leaves, in the
-    order of :meth:`PlanningProblem.equal_split_problems`, each an equal part of the
-    time still left but at least :data:`MIN_PROBE_SECONDS`, until less than that is
-    left.  A count after the first whose solve raises is skipped.
+    counts follow, in the order of :meth:`PlanningProblem.equal_split_problems`, each
+    with the same fixed share of ``time_limit`` (at least :data:`MIN_PROBE_SECONDS`),
+    while that share is still left.  The share is fixed, not a part of what is left, so
+    each count's solve does not depend on how fast the earlier ones ran; a count skipped
+    for want of time is noted in the open watches (``stopped_by: time``).  A count
+    after the first whose solve raises is skipped.
 
     Parameters
     ----------
@@ -56,11 +59,10 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
     deadline = time.perf_counter() + time_limit
     first, *others = problem.equal_split_problems()
     results = {first.microbatches: solver.solve(first, time_limit=time_limit, seed=seed)}
-    for i, sub in enumerate(others):
-        left = deadline - time.perf_counter()
-        if left < MIN_PROBE_SECONDS:
+    share = max(time_limit / (len(others) + 1), MIN_PROBE_SECONDS)
+    for sub in others:
+        if past(deadline - share):
             break
-        share = max(left / (len(others) - i), MIN_PROBE_SECONDS)
         try:
             results[sub.microbatches] = solver.solve(sub, time_limit=share, seed=seed)
         except Exception:  # noqa: BLE001 - a probe must not lose the counts already solved

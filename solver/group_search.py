@@ -64,6 +64,7 @@ from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.schedule import Op, stage_ops
+from pipeplan.solver.termination import past
 
 EVALUATIONS = 400
 """Patterns built and simulated, best estimate first."""
@@ -415,10 +416,10 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
     groups = tuple(st.devices for st in best.plan.stages)
     ends = [st.layers[1] for st in best.plan.stages]
     improved = True
-    while improved and time.perf_counter() < deadline:
+    while improved and not past(deadline):
         improved = False
         for i, move in itertools.product(range(len(ends) - 1), MOVES):
-            if time.perf_counter() >= deadline:  # long pipelines: one sweep takes seconds
+            if past(deadline):  # long pipelines: one sweep takes seconds
                 break
             trial = list(ends)
             trial[i] += move
@@ -514,7 +515,7 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_
     speed = {d.id: d.speed for d in problem.cluster.devices}
     memory = {d.id: d.memory for d in problem.cluster.devices}
     best, improved = judged, True
-    while improved and time.perf_counter() < deadline:
+    while improved and not past(deadline):
         stages = [(st.layers, st.devices) for st in best.plan.stages]
         used = {d for _, g in stages for d in g}
         idle = [[[d for d in ids if d not in used] for ids in _servers(cls)] for cls in classes]
@@ -523,7 +524,7 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_
             cand = _reshaped(problem, costs, stages, groups, i, j, speed, memory)
             if cand is not None:
                 built.append((cand.result.iteration_time, k, cand))
-            if time.perf_counter() >= deadline:
+            if past(deadline):
                 break
         step = best
         for _, _, cand in sorted(built, key=lambda x: x[:2])[:RESHAPE_TRIES]:
@@ -564,7 +565,7 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     costs = _Costs(problem, classes)
     ranked, stopped = [], False
     for k, p in enumerate(patterns(problem, classes)):
-        if k % 256 == 255 and time.perf_counter() >= deadline:  # many device classes: many patterns
+        if k % 256 == 255 and past(deadline):  # many device classes: many patterns
             stopped = True
             break
         ranked.append((_estimate(problem, costs, p), k, p))
@@ -574,7 +575,7 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     for k, (guess, _, blocks) in enumerate(ranked[:evaluations]):
         if not math.isfinite(guess):
             break
-        if time.perf_counter() >= deadline:
+        if past(deadline):
             stopped = True
             break
         judged = _build(problem, costs, blocks)
@@ -585,7 +586,7 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     built.sort(key=lambda x: x[:2])
     refined = []
     for _, _, judged in built[:refine_top]:
-        if time.perf_counter() >= deadline:
+        if past(deadline):
             stopped = True
             break
         better = refine(problem, judged, deadline)
@@ -595,14 +596,14 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     refined.sort(key=lambda j: j.result.iteration_time)
     incumbent = refined[0].result.iteration_time if refined else math.inf
     for k, judged in enumerate(refined[:reshape_top]):
-        if time.perf_counter() >= deadline:
+        if past(deadline):
             stopped = True
             break
         refined[k] = reshape(problem, judged, deadline, costs)
         if refined[k].result.iteration_time < incumbent:
             incumbent = refined[k].result.iteration_time
             trace.append(TracePoint(time.perf_counter() - start, incumbent, None))
-    stopped = stopped or time.perf_counter() >= deadline
+    stopped = stopped or past(deadline)
     refined.sort(key=lambda j: j.result.iteration_time)
     return GroupSearchRun(tuple(refined), len(ranked), len(built), stopped, tuple(trace))
 
@@ -615,10 +616,14 @@ class GroupSearch:
     source = ("pipeplan's own heuristic: server-aligned replica groups per device class "
               "(AutoPipe-H's server-aware mapping, Hippie's pipeline + data parallelism)")
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
+    budget_unit = "patterns built"
+    default_budget = EVALUATIONS
+
+    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
+              budget: float | None = None) -> SolverResult:
         """Plan ``problem``; status ``feasible`` (no proof), or ``infeasible`` when no pattern fits."""
         start = time.perf_counter()
-        run = group_search(problem, time_limit)
+        run = group_search(problem, time_limit, evaluations=int(budget or EVALUATIONS))
         wall = time.perf_counter() - start
         details = {"patterns": run.patterns, "evaluated": run.evaluated, "stopped_by_time_limit": run.stopped_by_time}
         if not run.plans:

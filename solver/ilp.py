@@ -30,6 +30,10 @@ from pipeplan.solver.exact import solve_exact
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult
+from pipeplan.solver.termination import WorkBudget, note, on_interrupt
+
+DEFAULT_NODES = 200_000
+"""HiGHS branch-and-bound nodes per ``ilp`` solve (all its MILP solves together)."""
 
 BACKENDS = ("highs", "cbc")
 
@@ -63,8 +67,11 @@ def quiet_stdout():
 class MilpModel:
     """The lower-bound model in PuLP, times scaled by ``unit`` seconds."""
 
-    def __init__(self, data: ExactData, backend: str = "highs", seed: int = 0) -> None:
+    def __init__(self, data: ExactData, backend: str = "highs", seed: int = 0,
+                 budget: WorkBudget | None = None) -> None:
         self.backend, self.seed = backend, seed
+        self.budget = budget
+        """HiGHS branch-and-bound nodes for all the solves of the cut loop (HiGHS only), or ``None``."""
         self.unit = max(data.static_bound, 1e-12)  # scale times to about 1 for the solver's tolerances
         self.prob = pulp.LpProblem("pipeplan_bound", pulp.LpMinimize)
         # x[i]: candidate stage (arc) i is in the configuration
@@ -131,6 +138,7 @@ class MilpModel:
             h.setOptionValue("mip_abs_gap", 0.0)
             h.setOptionValue("threads", 1)
             h.setOptionValue("random_seed", self.seed)
+            h.HandleUserInterrupt = True  # cancelSolve() at an interrupt (see termination.on_interrupt)
             self.highs = h
             if limit <= 0.05:  # the translation took the time left: no run, no result
                 return "unknown", None, None
@@ -144,7 +152,7 @@ class MilpModel:
             h.setOptionValue("solve_relaxation", True)
             h.setOptionValue("time_limit", float(max(0.01, 0.25 * limit)))
             started = time.perf_counter()
-            h.run()
+            self._run(h)
             h.setOptionValue("solve_relaxation", False)
             lp_status = h.getModelStatus()
             if lp_status == highspy.HighsModelStatus.kInfeasible:
@@ -153,9 +161,15 @@ class MilpModel:
                 self.lp_bound = h.getInfo().objective_function_value * self.unit
             limit -= time.perf_counter() - started
         h.setOptionValue("time_limit", float(max(0.01, 0.9 * limit - 0.05)))  # HiGHS overruns a little
-        h.run()
+        if self.budget is not None:
+            if self.budget.exhausted():
+                return "unknown", None, None
+            h.setOptionValue("mip_max_nodes", int(max(1, self.budget.left())))
+        self._run(h)
         status = h.getModelStatus()
         info = h.getInfo()
+        if self.budget is not None:
+            self.budget.spend(min(max(info.mip_node_count, 0), self.budget.left()))
         has_solution = info.primal_solution_status == 2
         chosen = None
         if has_solution:
@@ -173,6 +187,19 @@ class MilpModel:
             return "feasible", chosen, bound
         return "unknown", None, bound
 
+    @staticmethod
+    def _run(h) -> None:
+        """``h.run()``, cancelled at an interrupt; notes in the open watches what cut it short (HiGHS's own model status)."""
+        import highspy
+
+        with on_interrupt(h.cancelSolve):
+            h.run()
+        cut = {highspy.HighsModelStatus.kTimeLimit: "time", highspy.HighsModelStatus.kInterrupt: "interrupt",
+               highspy.HighsModelStatus.kSolutionLimit: "budget", highspy.HighsModelStatus.kIterationLimit: "budget"}
+        reason = cut.get(h.getModelStatus())
+        if reason is not None:
+            note(reason)
+
     def _solve_cbc(self, limit: float):
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, gapRel=0.0, threads=1,
                                    options=[f"randomSeed {self.seed + 1}", "randomCbcSeed 1"])
@@ -182,6 +209,7 @@ class MilpModel:
             return "optimal", self._chosen(), self.T.value() * self.unit
         if status == pulp.LpStatusInfeasible or sol == pulp.LpSolutionInfeasible:
             return "infeasible", None, None
+        note("time")  # neither proved nor refuted: CBC's only limit is the clock
         if sol == pulp.LpSolutionIntegerFeasible:
             return "feasible", self._chosen(), None  # CBC via PuLP does not return its bound
         return "unknown", None, None
@@ -194,6 +222,10 @@ class IlpSolver:
     name = "ilp"
     source = "pipeplan: MILP bound model + simulation + no-good cuts (PuLP, HiGHS/CBC)"
 
+    budget_unit = "HiGHS branch-and-bound nodes"
+    default_budget = DEFAULT_NODES
+    proves = True
+
     def __init__(self, backend: str = "highs", enumerate_first: bool = True) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
@@ -201,8 +233,12 @@ class IlpSolver:
         self.enumerate_first = enumerate_first
         """Walk the configurations before the model (:mod:`pipeplan.solver.enumeration`); off: the model loop only."""
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
+    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
+              budget: float | None = None) -> SolverResult:
         """Plan ``problem`` exactly; see :mod:`pipeplan.solver.exact` for the method and its proof.
+
+        ``budget``: HiGHS branch-and-bound nodes over all the MILP solves (default
+        :data:`DEFAULT_NODES`; CBC takes no budget, only the time limit).
 
         Raises
         ------
@@ -213,6 +249,7 @@ class IlpSolver:
         if problem.auto_microbatches or problem.per_stage:
             raise InputError("-", "--solver", "ilp plans M equal microbatches only; for --microbatches auto "
                                               "or --per-stage use cpsat (exact), cpsat-split or nsga")
-        return solve_exact(problem, self.name, lambda data: MilpModel(data, self.backend, seed),
+        work = WorkBudget(budget or DEFAULT_NODES) if self.backend == "highs" else None
+        return solve_exact(problem, self.name, lambda data: MilpModel(data, self.backend, seed, work),
                            time_limit=time_limit, seed=seed, details={"backend": self.backend},
                            enumerate_first=self.enumerate_first, build_seconds_per_arc=BUILD_SECONDS_PER_ARC)

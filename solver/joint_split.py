@@ -31,6 +31,7 @@ from pipeplan.solver.plan import Plan, Stage, equal_split
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.simulator import simulate
+from pipeplan.solver.termination import WorkBudget, interrupted, note
 
 MAX_PIPELINES = 4000
 """Most pipelines the joint search enumerates before handing over to the decomposition."""
@@ -162,7 +163,8 @@ def _start_plan(problem: PlanningProblem, pipeline: Pipeline) -> Plan | None:
     return None
 
 
-def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed: int = 0) -> SolverResult | None:
+def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed: int = 0,
+                budget: WorkBudget | None = None) -> SolverResult | None:
     """Best plan over pipelines and splits, by branch and bound; ``None`` if too large.
 
     Parameters
@@ -175,6 +177,9 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
         Seconds for the whole search.
     seed : int
         CP-SAT's seed (one worker: same seed, same plan).
+    budget : WorkBudget, optional
+        CP-SAT deterministic seconds for every split search together; when it is spent
+        the pipelines left stay open (the result is then ``feasible``).
 
     Returns
     -------
@@ -198,9 +203,11 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
             settled_bounds.append(bound)  # the least bound of this and every later pipeline
             break  # none of them can beat the incumbent by more than 1e-9
         left = time_limit - (time.perf_counter() - start)
-        if left <= 0.05:
+        if left <= 0.05 or interrupted() or (budget is not None and budget.exhausted()):
             open_bounds.extend(b for b, _ in order[position:])
             timed_out = True
+            if left <= 0.05:
+                note("time")
             break
         if not fits_some_split(problem, found[i]):
             continue  # settled: no split fits it
@@ -209,7 +216,7 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
             open_bounds.append(bound)  # no fitting start: not searched, so not settled
             unstarted += 1
             continue
-        search = optimize_splits(problem, base, time_limit=left, seed=seed)
+        search = optimize_splits(problem, base, time_limit=left, seed=seed, budget=budget)
         solved += 1
         if search.status != "optimal":
             open_bounds.append(max(bound, search.lower_bound or 0.0))
@@ -239,7 +246,8 @@ def _unsettled_reason(open_count: int, unstarted: int, timed_out: bool) -> str:
     """Why ``open_count`` pipelines stay open: time, or no equal split to start their search from."""
     parts = []
     if timed_out:
-        parts.append(f"the time limit left {open_count - unstarted} pipelines unsearched or unproved")
+        parts.append(f"the time limit, the work budget or an interrupt left {open_count - unstarted} pipelines "
+                     f"unsearched or unproved")
     elif open_count > unstarted:
         parts.append(f"{open_count - unstarted} pipelines not proved optimal in time")
     if unstarted:

@@ -46,11 +46,15 @@ from pipeplan.solver.plan import Plan, Stage, equal_split
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.termination import TimeLimit, note
 
 __all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "run_nsga", "Nsga"]
 
 MAX_POPULATION = 4096
 """Largest population: pymoo's duplicate check holds a population-squared distance matrix."""
+
+SEEDING_SHARE = 0.25
+"""Fraction of the time limit that caps each seeding solver (see :func:`seed_plans`)."""
 
 BIG = 1e30
 """Objective value of a deadlocking individual, and the clip of every time (pymoo needs finite numbers)."""
@@ -383,52 +387,44 @@ class NsgaRun:
 
 
 def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> list[tuple[str, Plan]]:
-    """Seeding plans: every equal-split baseline, the split baselines, group-search, exact solvers if registered.
+    """Seeding plans: group-search, every equal-split and split baseline, and the exact solvers if registered.
 
-    A plan is used only when its solver was not stopped by the time limit (an exact
-    solver's only when proved optimal), so no half-done search leaks into the seeds:
-    same seed, same plan on one machine (a much slower machine may drop a seed that a
-    faster one keeps).  ``group-search`` runs first with up to half of ``time_limit``;
-    the others share what is left equally.
+    Each seeding solver runs its own work budget with ``time_limit`` as its cap: the
+    same number for every one of them, never what is left of it, so that no solver's
+    search depends on how fast the ones before it ran.  The seeds then depend only on
+    the problem and the seed, unless a cap fires or ``time_limit`` passes before all
+    have run (the rest are skipped); the open :func:`~pipeplan.solver.termination.watch`
+    notes that, and the GA's record says ``stopped_by: time``.  An exact solver's plan
+    is used only when proved optimal (on larger instances the others seed it better).
     """
     from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
     from pipeplan.solver.registry import get_solver, solver_names
 
-    out: list[tuple[str, Plan]] = []
-    started = time.perf_counter()
+    clock = TimeLimit(time_limit).start()
+    # (name, solver, problem, kind): kind "exact" needs a proof; "exact-equal" too, and one is enough
+    runs: list[tuple[str, object, PlanningProblem, str]] = []
     if "group-search" in solver_names():  # equal replica groups: what large clusters want
-        # First, with up to half the time: it needs about 4 s on 96 layers x 64 devices, where
-        # an equal share (1/14) of a 60 s run's seeding time left it cut short and unused.
-        result = get_solver("group-search").solve(problem.equal_split_problem(), time_limit=time_limit / 2,
-                                                  seed=seed)
-        if result.plan is not None and not result.details.get("stopped_by_time_limit"):
-            out.append(("group-search", result.plan))
-    share = max(0.0, time_limit - (time.perf_counter() - started)) / (len(BASELINES) + len(SPLIT_BASELINES) + 1)
-    for cls in (*BASELINES, *SPLIT_BASELINES):
-        result = cls().solve(problem, time_limit=share, seed=seed)
-        # a baseline cut short by its time share depends on the machine's speed: skip it
-        if result.plan is not None and not result.details.get("stopped_by_time_limit"):
-            out.append((cls.name, result.plan))
+        runs.append(("group-search", get_solver("group-search"), problem.equal_split_problem(), "heuristic"))
+    runs.extend((cls.name, cls(), problem, "heuristic") for cls in (*BASELINES, *SPLIT_BASELINES))
     if "cpsat" in solver_names() and (problem.auto_microbatches or problem.per_stage):
         # on small instances cpsat proves the best plan over every pipeline and split
-        try:
-            result = get_solver("cpsat").solve(problem, time_limit=share, seed=seed)
-        except Exception:  # noqa: BLE001 - a failing seed must not break the GA
-            result = None
-        if result is not None and result.plan is not None and result.status == "optimal":
-            out.append(("cpsat", result.plan))
-    for name in ("cpsat", "ilp"):
+        runs.append(("cpsat", get_solver("cpsat"), problem, "exact"))
+    for name in ("cpsat", "ilp"):  # the largest count only: see solver.equal_splits for why not every count
         if name in solver_names():
-            try:  # the largest count only: see solver.equal_splits for why not every count
-                result = get_solver(name).solve(problem.equal_split_problem(), time_limit=share, seed=seed)
-            except Exception:  # an exact solver under construction must not break this one
-                continue
-            # only a proved plan: a time-limited one depends on the machine's speed, and
-            # the seeds must not (same seed, same plan)
-            if result.plan is not None and result.status == "optimal":
-                out.append((name, result.plan))
-                break
-    return out
+            runs.append((name, get_solver(name), problem.equal_split_problem(), "exact-equal"))
+    out: list[tuple[str, Plan]] = []
+    for name, solver, sub, kind in runs:
+        if kind == "exact-equal" and any(k == "exact-equal" for _, _, k in out):
+            continue
+        if clock.expired():
+            break
+        try:
+            result = solver.solve(sub, time_limit=time_limit, seed=seed)
+        except Exception:  # noqa: BLE001 - a failing or unfinished seed solver must not break the GA
+            continue
+        if result.plan is not None and (kind == "heuristic" or result.status == "optimal"):
+            out.append((name, result.plan, kind))
+    return [(name, plan) for name, plan, _ in out]
 
 
 def _to_plan(problem: PlanningProblem, cand: Candidate) -> Plan:
@@ -450,7 +446,7 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
     seed : int
         Seeds pymoo's random state (same seed, same run, when ``generations`` ends it).
     time_limit : float
-        Wall seconds, seeding included.
+        Wall seconds, seeding included: a cap (the generations are the budget).
     seeds : sequence of (name, Plan), optional
         Seed plans (default: :func:`seed_plans`).
 
@@ -458,9 +454,9 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
     -------
     NsgaRun
     """
-    start = time.perf_counter()
+    clock = TimeLimit(time_limit).start()
     if seeds is None:
-        seeds = seed_plans(problem, seed=seed, time_limit=0.25 * time_limit)
+        seeds = seed_plans(problem, seed=seed, time_limit=SEEDING_SHARE * time_limit)
     codec = Codec(problem)
     pymoo_problem = PlanProblem(codec)
     genes = list(dict.fromkeys(codec.encode(p).tobytes() for _, p in seeds))
@@ -470,10 +466,14 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
     algorithm.setup(pymoo_problem, termination=("n_gen", generations), seed=seed, verbose=False)
     stopped = False
     while algorithm.has_next():
-        if time.perf_counter() - start > time_limit:
+        if clock.expired():  # the cap, or an interrupt: the front so far
             stopped = True
             break
         algorithm.next()
+    if not stopped:
+        note("budget")  # every generation ran
+    elif genes and not pymoo_problem.archive:  # stopped before the first generation: the seeds are what was found
+        pymoo_problem.evaluate(np.array([np.frombuffer(g, dtype=int) for g in genes]))
     front = _front(problem, codec, pymoo_problem.archive)
     # pymoo's n_gen is the number of the generation it would run next
     return NsgaRun(front, max(int(algorithm.n_gen or 1) - 1, 0), len(pymoo_problem.archive), stopped,
@@ -510,11 +510,25 @@ class Nsga:
         self.population = population
         """Population size."""
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
-        """Plan ``problem``: status ``feasible`` (nothing is proved), no lower bound."""
+    budget_unit = "generations"
+
+    @property
+    def default_budget(self) -> int:
+        """The generations run without ``budget``."""
+        return self.generations
+
+    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
+              budget: float | None = None, warm_start: Plan | None = None) -> SolverResult:
+        """Plan ``problem``: status ``feasible`` (nothing is proved), no lower bound.
+
+        ``budget`` (generations) replaces :attr:`generations`; ``warm_start`` joins the seeds.
+        """
         start = time.perf_counter()
-        run = run_nsga(problem, generations=self.generations, population=self.population, seed=seed,
-                       time_limit=time_limit)
+        seeds = None
+        if warm_start is not None:
+            seeds = [("warm-start", warm_start), *seed_plans(problem, seed=seed, time_limit=SEEDING_SHARE * time_limit)]
+        run = run_nsga(problem, generations=int(budget or self.generations), population=self.population, seed=seed,
+                       time_limit=time_limit, seeds=seeds)
         wall = time.perf_counter() - start
         details = {"generations": run.generations, "evaluations": run.evaluations, "front_size": len(run.front),
                    "stopped_by_time_limit": run.stopped_by_time, "seeds": list(run.seeds)}

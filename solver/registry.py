@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
+from dataclasses import replace
 from typing import Callable, Protocol
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.plan import Plan
 from pipeplan.solver.result import SolverResult
+from pipeplan.solver.termination import watch
 
 
 class Solver(Protocol):
@@ -18,8 +23,9 @@ class Solver(Protocol):
     source: str
     """Where the method comes from (paper, system), one line."""
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
-        """Plan ``problem`` within ``time_limit`` seconds; same seed, same plan."""
+    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
+              budget: float | None = None, warm_start: Plan | None = None) -> SolverResult:
+        """Plan ``problem`` within ``time_limit`` seconds and ``budget`` units of work; same seed and budget, same plan."""
         ...
 
 
@@ -35,8 +41,47 @@ def register(name: str) -> Callable[[Callable[[], Solver]], Callable[[], Solver]
         if name in _SOLVERS:
             raise ValueError(f"solver name {name!r} registered twice")
         _SOLVERS[name] = factory
+        solve = getattr(factory, "solve", None)
+        if solve is not None and not getattr(solve, "records_stop", False):
+            factory.solve = _recording_stop(solve)
         return factory
     return wrap
+
+
+def _recording_stop(solve: Callable[..., SolverResult]) -> Callable[..., SolverResult]:
+    """``solve`` that takes ``budget`` and ``warm_start`` and records why it stopped.
+
+    ``budget`` goes to a solver whose ``solve`` takes one (its unit: the class's
+    ``budget_unit``); the others run their whole search and ignore it.  ``warm_start``
+    goes to a solver that takes one; for the others the earlier plan is kept when it is
+    faster than theirs (:func:`pipeplan.solver.warm_start.keep_better`).  The record's
+    ``stopped_by`` comes from every clock, budget and interrupt check inside the call
+    (:func:`pipeplan.solver.termination.watch`).
+    """
+    takes = inspect.signature(solve).parameters
+
+    @functools.wraps(solve)
+    def run(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
+            budget: float | None = None, warm_start: Plan | None = None) -> SolverResult:
+        kwargs: dict = {"time_limit": time_limit, "seed": seed}
+        if "budget" in takes:
+            kwargs["budget"] = budget
+        if "warm_start" in takes:
+            kwargs["warm_start"] = warm_start
+        with watch() as seen:
+            result = solve(self, problem, **kwargs)
+        if warm_start is not None and "warm_start" not in takes:
+            from pipeplan.solver.warm_start import keep_better
+
+            result = keep_better(problem, result, warm_start)
+        proved = result.status == "optimal" or (result.status == "infeasible" and getattr(self, "proves", False))
+        used = budget if "budget" in takes else None
+        if used is None and "budget" in takes:
+            used = getattr(self, "default_budget", None)
+        return replace(result, stopped_by=seen.stopped_by(proved), budget=used)
+
+    run.records_stop = True  # type: ignore[attr-defined]
+    return run
 
 
 def _load_all() -> None:

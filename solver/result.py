@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pipeplan.solver.plan import Plan
+from pipeplan.solver.termination import STOPPED_BY
 
 STATUSES = ("optimal", "feasible", "infeasible", "timeout-no-solution")
 """``optimal`` only when proved; ``feasible`` for a fitting plan without proof."""
@@ -50,10 +51,18 @@ class SolverResult:
     """Why it is infeasible or stopped early, in words; empty otherwise."""
     details: dict[str, Any] = field(default_factory=dict, compare=False)
     """Solver-specific facts (backend, iterations, cuts added, ...)."""
+    stopped_by: str = "complete"
+    """What ended the search, one of :data:`pipeplan.solver.termination.STOPPED_BY`; only
+    ``time`` and ``interrupt`` make the plan depend on the machine."""
+    budget: float | None = None
+    """The work budget it ran with (in the solver's ``budget_unit``), or ``None`` for a
+    solver without one (it runs its whole search)."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.stopped_by not in STOPPED_BY:
+            raise ValueError(f"stopped_by must be one of {STOPPED_BY}, got {self.stopped_by!r}")
 
     @property
     def gap(self) -> float | None:
@@ -72,6 +81,8 @@ class SolverResult:
             "gap": self.gap,
             "wall_time": self.wall_time,
             "seed": self.seed,
+            "stopped_by": self.stopped_by,
+            "budget": self.budget,
             "message": self.message,
             "trace": [[p.time, p.incumbent, p.bound] for p in self.trace],
             **({"details": self.details} if self.details else {}),

@@ -19,7 +19,6 @@ is the spec's exact peak for its position, with recompute when allowed and neede
 from __future__ import annotations
 
 import math
-import time
 from functools import lru_cache
 from typing import Callable, Iterator
 
@@ -30,6 +29,7 @@ from pipeplan.solver.memory import stage_peak_memory
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.schedule import stage_ops
+from pipeplan.solver.termination import past
 
 T_MAX_GAP = 1e-6
 """Seconds: a ``t_max`` candidate this close to the last one tried is skipped, as in Alpa."""
@@ -86,7 +86,7 @@ def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[
     C = np.full((S + 1, L, L + 1, U + 1, len(sizes)), np.inf)
     for s in range(1, S + 1):
         for k in range(L):
-            if time.perf_counter() > deadline:
+            if past(deadline):
                 return []
             for hi in range(k + 1, L + 1):
                 for d in range(1, U + 1):
@@ -94,13 +94,13 @@ def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[
                         if r <= d:
                             group = tuple(pool[U - d:U - d + r])
                             C[s, k, hi, d, j] = _stage_latency(problem, model, k, hi, group, s - 1, peak)
-        if time.perf_counter() > deadline:
+        if past(deadline):
             return []
     out: list[tuple[float, Proposal]] = []
     best_total, last_t_max = math.inf, -math.inf
     for t_max in np.unique(C[np.isfinite(C)]).tolist():
         # Alpa's exit: a plan whose slowest stage takes t_max costs at least t_max + (M-1) t_max
-        if M * t_max >= best_total or time.perf_counter() > deadline:
+        if M * t_max >= best_total or past(deadline):
             break
         if t_max - last_t_max < T_MAX_GAP:  # Alpa's skip of nearly equal candidates
             continue
@@ -166,7 +166,7 @@ class Alpa(Baseline):
         pools = range(1, D + 1) if D <= 8 else sorted({1 << e for e in range(D.bit_length()) if 1 << e <= D} | {D})
         found = []
         for u in pools:
-            if time.perf_counter() > deadline:
+            if past(deadline):
                 break
             found.extend(alpa_dp(problem, ranked[:u], deadline))
         for _, proposal in sorted(found, key=lambda x: x[0]):

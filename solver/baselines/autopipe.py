@@ -22,7 +22,6 @@ first only.
 
 from __future__ import annotations
 
-import time
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -31,6 +30,7 @@ from pipeplan.solver.baselines.common import (Baseline, Bounds, Groups, Proposal
                                      finalize, rank_devices, split_groups)
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
+from pipeplan.solver.termination import past
 
 
 def balanced_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[int]:
@@ -87,7 +87,7 @@ def critical_search(problem: PlanningProblem, bounds: Bounds, groups: Groups, de
     judged = finalize(problem, bounds, groups)
     best_time = judged.result.iteration_time if judged else float("inf")
     best, frontier, visited = bounds, [bounds], {bounds}
-    while frontier and time.perf_counter() < deadline:
+    while frontier and not past(deadline):
         current = frontier.pop(0)
         j = finalize(problem, current, groups)
         if j is None:
@@ -121,5 +121,5 @@ class AutoPipe(Baseline):
             groups = split_groups(ranked, [1] * stages)
             seed_bounds = bounds_from_cuts(balanced_cuts(work, speeds_all[:stages]))
             yield seed_bounds, groups
-            if time.perf_counter() < deadline:
+            if not past(deadline):
                 yield critical_search(problem, seed_bounds, groups, deadline), groups

@@ -21,6 +21,7 @@ from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.simulator import SimulationResult, run_timeline, stage_costs
+from pipeplan.solver.termination import past
 
 Bounds = tuple[tuple[int, int], ...]
 """Half-open layer ranges of the stages, in order."""
@@ -191,11 +192,11 @@ class Baseline:
             if judged is not None and (best is None or judged.result.iteration_time < best.result.iteration_time):
                 best = judged
                 trace.append(TracePoint(time.perf_counter() - start, best.result.iteration_time, None))
-            if time.perf_counter() >= deadline:
+            if past(deadline):
                 timed_out = True
                 break
         # A DP cut short by the deadline yields nothing: that is a timeout, not infeasibility.
-        timed_out = timed_out or time.perf_counter() >= deadline
+        timed_out = timed_out or past(deadline)
         wall = time.perf_counter() - start
         details = {"proposals": len(seen), "stopped_by_time_limit": timed_out}
         if best is None:

@@ -21,12 +21,12 @@ policy and device count gives one plan; the simulator picks among them.
 
 from __future__ import annotations
 
-import time
 from typing import Callable, Iterator
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
+from pipeplan.solver.termination import past
 
 Policy = Callable[[list[list[str]], frozenset[str], int], "list[str] | None"]
 
@@ -106,7 +106,7 @@ def dapple_dp(problem: PlanningProblem, policy: Policy, deadline: float) -> list
     best: dict[tuple[int, int, int], tuple[float, frozenset[str], tuple | None, tuple[str, ...]]] = {
         (0, 0, 0): (0.0, frozenset(), None, ())}
     for j in range(1, L + 1):
-        if time.perf_counter() > deadline:
+        if past(deadline):
             return []
         for m in range(1, D + 1):
             for mp in (range(1, m + 1) if problem.allow_replication else [1]):

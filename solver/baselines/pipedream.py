@@ -21,7 +21,6 @@ count ``m`` gives one plan; the simulator picks among them.
 from __future__ import annotations
 
 import math
-import time
 from typing import Iterator
 
 import numpy as np
@@ -29,6 +28,7 @@ import numpy as np
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
+from pipeplan.solver.termination import past
 
 
 class _Vectors:
@@ -86,7 +86,7 @@ def pipedream_dp(problem: PlanningProblem, deadline: float) -> list[tuple[float,
     A[0, 0, 0] = 0.0
     layers_k = range(1, K + 1) if counting else [0]
     for j in range(1, L + 1):
-        if time.perf_counter() > deadline:
+        if past(deadline):
             return []
         for m in range(1, D + 1):
             widths = range(1, m + 1) if problem.allow_replication else [1]

@@ -34,6 +34,7 @@ from pipeplan.solver.plan import Plan, Stage, equal_split
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.termination import past
 
 Split = tuple[int, ...]
 """Microbatch sizes of one stage."""
@@ -107,7 +108,7 @@ class _SplitBaseline:
         plan, best, evaluated = judge_splits(problem, base.plan, options)
         wall = time.perf_counter() - start
         # cut short anywhere (a baseline, or the options at the deadline): the plan depends on the machine's speed
-        cut = cut or wall >= time_limit
+        cut = cut or past(start + time_limit)
         trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, best, None))
         return SolverResult(self.name, "feasible", plan, best, None, wall, seed, trace,
                             "time limit reached; best split so far" if cut else "",
@@ -178,7 +179,7 @@ class UmpipeDP(_SplitBaseline):
             score = np.where(res.fits, res.iteration_time, np.inf)
             keep = np.argsort(score, kind="stable")[:self.beam]
             states = [prefixes[i] for i in keep if np.isfinite(score[i])] or states
-            if time.perf_counter() > deadline:
+            if past(deadline):
                 break
         # the beam adds per-stage splits; with the shared ones a larger space never gives a worse plan
         return shared + [list(st) for st in states if len(st) == stages and len(set(st)) > 1]

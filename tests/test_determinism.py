@@ -1,0 +1,181 @@
+"""Same problem, seed and budget, same plan and record (save the wall times): every solver.
+
+Each solver runs the same small instance four times: twice in this process, once in a
+fresh process and once while two busy processes keep the machine's cores loaded.  The
+records must agree on everything but the seconds, and say that nothing but the work
+budget or the search's own end stopped them (``stopped_by`` reproducible).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeplan.models.graph import load_graph
+from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.registry import get_solver
+from pipeplan.solver.termination import REPRODUCIBLE
+from conftest import EXAMPLES, ROOT
+
+SPLIT_AWARE = {"umpipe-local", "umpipe-dp", "autopipe-slicing", "cpsat", "cpsat-split", "nsga"}
+"""Solvers run with ``--microbatches auto`` (they choose the splits); the others with M = 4."""
+BUDGETS = {"nsga": 3, "cpsat": 30.0, "cpsat-split": 30.0, "ilp": 50_000, "group-search": 100}
+"""Work budgets for the runs (the rest have none: they run their whole search)."""
+TIME_CAP = 600.0
+"""Seconds: a cap far above what any of these solves takes, so only the budgets end them."""
+CHILD_TIMEOUT = 300
+"""Seconds the solves in a fresh process may take before the test fails."""
+ALL = ["even", "deepspeed-uniform", "deepspeed-parameters", "greedy-speed", "autopipe", "pipedream", "dapple", "alpa",
+       "umpipe-local", "umpipe-dp", "autopipe-slicing", "group-search", "ilp", "cpsat", "cpsat-split", "nsga"]
+"""Every registered solver (a test below checks the list is complete)."""
+
+
+def problem(name: str) -> PlanningProblem:
+    auto = name in SPLIT_AWARE
+    return PlanningProblem(load_graph(str(EXAMPLES / "gpt1.graph.json")),
+                           load_cluster(str(EXAMPLES / "two-servers.cluster.json")), global_batch=16,
+                           microbatches=4, auto_microbatches=auto, max_microbatches=4 if auto else None)
+
+
+def comparable(record: dict) -> dict:
+    """The record without its seconds: the wall time, and the trace's time stamps."""
+    out = {k: v for k, v in record.items() if k != "wall_time"}
+    out["trace"] = [point[1:] for point in record["trace"]]
+    return json.loads(json.dumps(out))  # tuples become lists, as in a file
+
+
+def solve_here(name: str) -> dict:
+    result = get_solver(name).solve(problem(name), time_limit=TIME_CAP, seed=7, budget=BUDGETS.get(name))
+    return {"plan": result.plan.to_dict() if result.plan else None, "record": comparable(result.record())}
+
+
+def solve_in_new_process(names: list[str]) -> dict[str, dict]:
+    """:func:`solve_here` of every name, in one fresh Python process."""
+    code = ("import json, sys; sys.path.insert(0, 'tests'); import test_determinism as t; "
+            f"print(json.dumps({{n: t.solve_here(n) for n in {names!r}}}))")
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                          timeout=CHILD_TIMEOUT, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@contextlib.contextmanager
+def busy_cores(count: int = 2):
+    """``count`` processes spinning on the CPU for the duration of the block (then killed)."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait(timeout=10)
+
+
+@pytest.fixture(scope="class")
+def first(request):
+    """The first run of the class's solver."""
+    return solve_here(request.cls.name)
+
+
+@pytest.fixture(scope="module")
+def fresh_process() -> dict[str, dict]:
+    """Every solver's run in one new process (one start-up instead of one per solver)."""
+    return solve_in_new_process(ALL)
+
+
+class _SameRecord:
+    """The four runs of :attr:`name` agree (see the module docstring)."""
+
+    name = ""
+
+    def test_reproducible_stop(self, first):
+        assert first["plan"] is not None
+        assert first["record"]["stopped_by"] in REPRODUCIBLE, first["record"]
+
+    def test_twice_in_one_process(self, first):
+        assert solve_here(self.name) == first
+
+    def test_in_a_new_process(self, first, fresh_process):
+        assert fresh_process[self.name] == first
+
+    def test_on_a_loaded_machine(self, first):
+        with busy_cores():
+            again = solve_here(self.name)
+        assert again == first
+
+
+class TestEven(_SameRecord):
+    name = "even"
+
+
+class TestDeepspeedUniform(_SameRecord):
+    name = "deepspeed-uniform"
+
+
+class TestDeepspeedParameters(_SameRecord):
+    name = "deepspeed-parameters"
+
+
+class TestGreedySpeed(_SameRecord):
+    name = "greedy-speed"
+
+
+class TestAutopipe(_SameRecord):
+    name = "autopipe"
+
+
+class TestPipedream(_SameRecord):
+    name = "pipedream"
+
+
+class TestDapple(_SameRecord):
+    name = "dapple"
+
+
+class TestAlpa(_SameRecord):
+    name = "alpa"
+
+
+class TestUmpipeLocal(_SameRecord):
+    name = "umpipe-local"
+
+
+class TestUmpipeDp(_SameRecord):
+    name = "umpipe-dp"
+
+
+class TestAutopipeSlicing(_SameRecord):
+    name = "autopipe-slicing"
+
+
+class TestGroupSearch(_SameRecord):
+    name = "group-search"
+
+
+class TestIlp(_SameRecord):
+    name = "ilp"
+
+
+class TestCpsat(_SameRecord):
+    name = "cpsat"
+
+
+class TestCpsatSplit(_SameRecord):
+    name = "cpsat-split"
+
+
+class TestNsga(_SameRecord):
+    name = "nsga"
+
+
+class TestEverySolverHasAClass:
+    def test_the_list_is_the_registry(self):
+        from pipeplan.solver.registry import solver_names
+
+        assert sorted(ALL) == sorted(solver_names())
+        classes = {cls.name for cls in _SameRecord.__subclasses__()}
+        assert classes == set(ALL)
