@@ -30,7 +30,7 @@ TIME_CAP = 600.0
 """Seconds: a cap far above what any of these solves takes, so only the budgets end them."""
 CHILD_TIMEOUT = 300
 """Seconds the solves in a fresh process may take before the test fails."""
-ALL = ["even", "deepspeed-uniform", "deepspeed-parameters", "greedy-speed", "autopipe", "pipedream", "dapple", "alpa",
+ALL = ["even", "megatron", "deepspeed-uniform", "deepspeed-parameters", "greedy-speed", "autopipe", "pipedream", "dapple", "piper", "alpa",
        "umpipe-local", "umpipe-dp", "autopipe-slicing", "group-search", "ilp", "cpsat", "cpsat-split", "nsga"]
 """Every registered solver (a test below checks the list is complete)."""
 
@@ -112,6 +112,10 @@ class TestEven(_SameRecord):
     name = "even"
 
 
+class TestMegatron(_SameRecord):
+    name = "megatron"
+
+
 class TestDeepspeedUniform(_SameRecord):
     name = "deepspeed-uniform"
 
@@ -134,6 +138,10 @@ class TestPipedream(_SameRecord):
 
 class TestDapple(_SameRecord):
     name = "dapple"
+
+
+class TestPiper(_SameRecord):
+    name = "piper"
 
 
 class TestAlpa(_SameRecord):
