@@ -104,8 +104,25 @@ class Cluster:
         return self._server_link[dx.server] if dx.server == dy.server else self.network
 
     def _pairs(self, xs: Iterable[str], ys: Iterable[str]) -> list[Link]:
-        ys = list(ys)
-        links = [self.pair_link(x, y) for x in xs for y in ys if x != y]
+        """The distinct links of the pairs ``x != y``, found per server in ``O(|xs| + |ys|)``.
+
+        Two sets ``X`` and ``Y`` hold a pair ``x != y`` exactly when both are non-empty and
+        they are not one and the same single element: applied to the devices on each
+        server (its link) and to the servers themselves (the network).
+        """
+        def by_server(ids: Iterable[str]) -> dict[str, set[str]]:
+            grouped: dict[str, set[str]] = {}
+            for d in ids:
+                grouped.setdefault(self.device_index[d].server, set()).add(d)
+            return grouped
+
+        def has_pair(a: set, b: set) -> bool:
+            return bool(a) and bool(b) and not (len(a) == 1 and a == b)
+
+        sx, sy = by_server(xs), by_server(ys)
+        links = [self._server_link[s] for s in sx.keys() & sy.keys() if has_pair(sx[s], sy[s])]
+        if has_pair(set(sx), set(sy)):
+            links.append(self.network)
         if not links:
             raise ValueError("bw/lat need at least one pair of distinct devices")
         return links

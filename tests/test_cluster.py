@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from conftest import EXAMPLES
 from pipeplan.models.errors import InputError
@@ -28,6 +29,23 @@ class TestBwLat:
         assert two_servers.bw(["g0"], ["g1", "g2"]) == 1.25e10
         assert two_servers.lat(["g0", "g1", "g2"]) == 2e-5
         assert two_servers.bw(["g2", "g3", "g4"]) == 1.6e10
+
+    def test_one_device_alone_has_no_pair(self, two_servers):
+        with pytest.raises(ValueError, match="distinct"):
+            two_servers.bw(["g0"], ["g0"])
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.lists(st.integers(0, 4), min_size=1, max_size=4), st.lists(st.integers(0, 4), min_size=1, max_size=4))
+    def test_per_server_grouping_matches_every_pair(self, xs, ys):
+        cluster = load_cluster(str(EXAMPLES / "two-servers.cluster.json"))
+        xs, ys = [f"g{i}" for i in xs], [f"g{i}" for i in ys]
+        pairs = [cluster.pair_link(x, y) for x in xs for y in ys if x != y]
+        if not pairs:
+            with pytest.raises(ValueError):
+                cluster.lat(xs, ys)
+            return
+        assert cluster.bw(xs, ys) == min(link.bandwidth for link in pairs)
+        assert cluster.lat(xs, ys) == max(link.latency for link in pairs)
 
 
 class TestLoadCluster:
