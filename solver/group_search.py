@@ -48,6 +48,7 @@ against 0.225 s, in about 4 s).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -83,7 +84,7 @@ RESHAPE_TRIES = 4
 MOVES = (-3, -2, -1, 1, 2, 3)
 """Layer shifts of one stage boundary tried while refining."""
 
-__all__ = ["GroupSearch", "GroupSearchRun", "Block", "balanced_bounds", "group_search", "patterns", "refine",
+__all__ = ["GroupSearch", "GroupSearchRun", "Block", "balanced_bounds", "compute_floor", "group_search", "patterns", "refine",
            "replica_groups", "reshape", "reshapes"]
 
 
@@ -387,8 +388,35 @@ def balanced_bounds(prefixes: Sequence[np.ndarray], allowed: Sequence[np.ndarray
     return bounds[::-1]
 
 
-def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) -> Judged | None:
-    """The pattern's plan: server-aligned groups, balanced split, recompute where needed."""
+def compute_floor(problem: PlanningProblem, prefixes: Sequence[np.ndarray], bounds: Sequence[tuple[int, int]]) -> float:
+    """A lower bound on the simulated time of any plan with these stages: its busiest stage's compute.
+
+    ``prefixes[s]`` is :meth:`_Costs.prefix` of stage ``s``'s replicas and speed.  A stage
+    runs the forward and backward of each of its ``M`` microbatches one after another on
+    each replica, and its slowest replica (the group's least speed ``v``) takes
+    ``(a + b q_i) / v`` for microbatch ``i`` of ``q_i = ceil(n_i / r)`` samples, so the
+    iteration lasts at least ``sum_i (a + b q_i) / v = M (a + b mean(q)) / v``: ``M`` times
+    the prefix difference.  Recompute, transfers and all-reduces only add to it.  The
+    result is lowered by ``1e-9`` relative, for the rounding of the prefix sums.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from types import SimpleNamespace
+    >>> p = np.array([0.0, 1.0, 3.0])
+    >>> compute_floor(SimpleNamespace(split=(4, 4)), [p, p], [(0, 1), (1, 2)]) > 3.99
+    True
+    """
+    busiest = max(p[hi] - p[lo] for p, (lo, hi) in zip(prefixes, bounds))
+    return len(problem.split) * busiest * (1 - 1e-9)
+
+
+def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block], cutoff: float = math.inf
+           ) -> Judged | None:
+    """The pattern's plan: server-aligned groups, balanced split, recompute where needed.
+
+    ``None`` also when its :func:`compute_floor` reaches ``cutoff`` (it cannot be faster).
+    """
     groups = []  # one block per class: no device is used twice
     for b in blocks:
         groups.extend(replica_groups(_servers(costs.classes[b.cls]), b.replicas, b.stages))
@@ -397,7 +425,9 @@ def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) -> 
     allowed = [costs.fits(r, costs.classes[c].memory, _ops(problem, s, len(stages)))
                for s, (r, _, c) in enumerate(stages)]
     bounds = balanced_bounds(prefixes, allowed)
-    return None if bounds is None else finalize(problem, tuple(bounds), tuple(groups))
+    if bounds is None or compute_floor(problem, prefixes, bounds) >= cutoff:
+        return None
+    return finalize(problem, tuple(bounds), tuple(groups))
 
 
 def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
@@ -405,15 +435,20 @@ def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
     return stage_ops(problem.schedule, len(problem.split), s, count)
 
 
-def refine(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
+def refine(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
     """Move single stage boundaries by :data:`MOVES` layers while the simulated time improves.
 
     Sweeps the boundaries in order, keeping every move that helps, until a whole sweep
-    changes nothing (or the deadline passes).
+    changes nothing (or the deadline passes).  With ``costs``, a move whose
+    :func:`compute_floor` already reaches the best time is not simulated.
     """
     best = judged
     groups = tuple(st.devices for st in best.plan.stages)
     ends = [st.layers[1] for st in best.plan.stages]
+    prefixes = None
+    if costs is not None:
+        speed = {d.id: d.speed for d in problem.cluster.devices}
+        prefixes = [costs.prefix(len(g), min(speed[d] for d in g)) for g in groups]
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
@@ -424,7 +459,10 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
             trial[i] += move
             if not (trial[i - 1] if i else 0) < trial[i] < trial[i + 1]:
                 continue
-            cand = finalize(problem, tuple(zip([0] + trial[:-1], trial)), groups)
+            bounds = tuple(zip([0] + trial[:-1], trial))
+            if prefixes is not None and compute_floor(problem, prefixes, bounds) >= best.result.iteration_time:
+                continue
+            cand = finalize(problem, bounds, groups)
             if cand is not None and cand.result.iteration_time < best.result.iteration_time * (1 - 1e-12):
                 best, ends, improved = cand, trial, True
     return best
@@ -527,7 +565,7 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_
                 break
         step = best
         for _, _, cand in sorted(built, key=lambda x: x[:2])[:RESHAPE_TRIES]:
-            cand = refine(problem, cand, deadline)
+            cand = refine(problem, cand, deadline, costs)
             if cand.result.iteration_time < step.result.iteration_time * (1 - 1e-12):
                 step = cand
         best, improved = step, step is not best
@@ -577,18 +615,20 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
         if time.perf_counter() >= deadline:
             stopped = True
             break
-        judged = _build(problem, costs, blocks)
+        # only the best ``refine_top`` built plans go on: a pattern that cannot beat them need not be simulated
+        cutoff = built[refine_top - 1][0] if len(built) >= refine_top else math.inf
+        judged = _build(problem, costs, blocks, cutoff)
         if judged is not None:
             if not built or judged.result.iteration_time < min(b[0] for b in built):
                 trace.append(TracePoint(time.perf_counter() - start, judged.result.iteration_time, None))
-            built.append((judged.result.iteration_time, k, judged))
+            bisect.insort(built, (judged.result.iteration_time, k, judged), key=lambda x: x[:2])
     built.sort(key=lambda x: x[:2])
     refined = []
     for _, _, judged in built[:refine_top]:
         if time.perf_counter() >= deadline:
             stopped = True
             break
-        better = refine(problem, judged, deadline)
+        better = refine(problem, judged, deadline, costs)
         if better.result.iteration_time < min((r.result.iteration_time for r in refined), default=math.inf):
             trace.append(TracePoint(time.perf_counter() - start, better.result.iteration_time, None))
         refined.append(better)
