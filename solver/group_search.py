@@ -625,9 +625,10 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     built.sort(key=lambda x: x[:2])
     refined = []
     for _, _, judged in built[:refine_top]:
-        if time.perf_counter() >= deadline:
+        if time.perf_counter() >= deadline:  # out of time: the built plans as they are
             stopped = True
-            break
+            refined.append(judged)
+            continue
         better = refine(problem, judged, deadline, costs)
         if better.result.iteration_time < min((r.result.iteration_time for r in refined), default=math.inf):
             trace.append(TracePoint(time.perf_counter() - start, better.result.iteration_time, None))
