@@ -126,7 +126,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     search = Search(problem, clock)
     warm_share = min(1.0, 0.03 * time_limit)
     for plan in warm_start_plans(problem, seed, warm_share):
-        if clock.elapsed() >= 2 * warm_share:  # hundreds of greedy plans, each simulated, on large clusters
+        # hundreds of greedy plans, each simulated, on large clusters: once one fits, only while the share lasts
+        if search.best_plan is not None and clock.elapsed() >= 2 * warm_share:
             break
         search.offer(plan)
     share = GROUP_SEARCH_SHARE_LARGE if len(problem.cluster.devices) > LARGE_CLUSTER else GROUP_SEARCH_SHARE

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Sequence
 
 from pipeplan.models.graph import LayerGraph
@@ -140,9 +141,9 @@ class PlanningProblem:
         return [own, *(replace(own, microbatches=m, max_microbatches=None)
                        for m in probe_order(probe_counts(max(self.split_counts))) if m != own.microbatches)]
 
-    @property
+    @cached_property
     def split(self) -> tuple[int, ...]:
-        """The microbatch sizes every stage uses."""
+        """The microbatch sizes every stage uses (computed once: solvers ask for it per stage and plan)."""
         return equal_split(self.global_batch, self.microbatches)
 
     @property
