@@ -231,11 +231,15 @@ class _Costs:
         self._state_sums = np.concatenate(([0.0], np.cumsum(self.state)))
         self._act_sums = np.concatenate(([0.0], np.cumsum(self.act)))
 
-    def prefix(self, r: int, v: float) -> np.ndarray:
-        """Prefix sums of each layer's forward plus backward time per microbatch (averaged) on ``r`` replicas."""
-        key = (r, v)
+    def prefix(self, r: int, v: float, smallest: bool = False) -> np.ndarray:
+        """Prefix sums of each layer's forward plus backward time per microbatch (averaged) on ``r`` replicas.
+
+        With ``smallest``, of the smallest microbatch instead of the average.
+        """
+        key = (r, v, smallest)
         if key not in self._prefix:
-            q = np.mean([math.ceil(n / r) for n in self.problem.split])
+            per_replica = [math.ceil(n / r) for n in self.problem.split]
+            q = min(per_replica) if smallest else np.mean(per_replica)
             self._prefix[key] = np.concatenate(([0.0], np.cumsum((self.a + self.b * q) / v)))
         return self._prefix[key]
 
@@ -388,16 +392,22 @@ def balanced_bounds(prefixes: Sequence[np.ndarray], allowed: Sequence[np.ndarray
     return bounds[::-1]
 
 
-def compute_floor(problem: PlanningProblem, prefixes: Sequence[np.ndarray], bounds: Sequence[tuple[int, int]]) -> float:
-    """A lower bound on the simulated time of any plan with these stages: its busiest stage's compute.
+def compute_floor(problem: PlanningProblem, prefixes: Sequence[np.ndarray], bounds: Sequence[tuple[int, int]],
+                  smallest: Sequence[np.ndarray] | None = None) -> float:
+    """A lower bound on the simulated time of any plan with these stages: a stage's compute and the fill before it.
 
     ``prefixes[s]`` is :meth:`_Costs.prefix` of stage ``s``'s replicas and speed.  A stage
     runs the forward and backward of each of its ``M`` microbatches one after another on
     each replica, and its slowest replica (the group's least speed ``v``) takes
-    ``(a + b q_i) / v`` for microbatch ``i`` of ``q_i = ceil(n_i / r)`` samples, so the
-    iteration lasts at least ``sum_i (a + b q_i) / v = M (a + b mean(q)) / v``: ``M`` times
-    the prefix difference.  Recompute, transfers and all-reduces only add to it.  The
-    result is lowered by ``1e-9`` relative, for the rounding of the prefix sums.
+    ``(a + b q_i) / v`` for microbatch ``i`` of ``q_i = ceil(n_i / r)`` samples, so it is
+    busy at least ``busy_s = sum_i (a + b q_i) / v = M (a + b mean(q)) / v``: ``M`` times
+    the prefix difference.  With ``smallest`` (the prefixes of the smallest microbatch,
+    ``prefix(r, v, smallest=True)``), the path of the exact bound's term 1 is added: stage
+    ``s`` starts ``F_0`` only after ``F_0`` ran on every earlier stage, and its last op
+    ``B_{M-1}`` must still run on every earlier stage, each earlier stage ``j`` adding at
+    least ``t_j(q_min)``, its forward plus backward of the smallest microbatch; so ``T >=
+    max_s (sum_{j<s} t_j(q_min) + busy_s)``.  Recompute, transfers and all-reduces only add to
+    it.  The result is lowered by ``1e-9`` relative, for the rounding of the prefix sums.
 
     Examples
     --------
@@ -406,9 +416,15 @@ def compute_floor(problem: PlanningProblem, prefixes: Sequence[np.ndarray], boun
     >>> p = np.array([0.0, 1.0, 3.0])
     >>> compute_floor(SimpleNamespace(split=(4, 4)), [p, p], [(0, 1), (1, 2)]) > 3.99
     True
+    >>> compute_floor(SimpleNamespace(split=(4, 4)), [p, p], [(0, 1), (1, 2)], [p, p]) > 4.99  # 1 + 2 * 2
+    True
     """
-    busiest = max(p[hi] - p[lo] for p, (lo, hi) in zip(prefixes, bounds))
-    return len(problem.split) * busiest * (1 - 1e-9)
+    M, best, head = len(problem.split), 0.0, 0.0
+    for s, (p, (lo, hi)) in enumerate(zip(prefixes, bounds)):
+        best = max(best, head + M * (p[hi] - p[lo]))
+        if smallest is not None:
+            head += smallest[s][hi] - smallest[s][lo]
+    return float(best) * (1 - 1e-9)
 
 
 def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block], cutoff: float = math.inf
@@ -425,7 +441,8 @@ def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block], cut
     allowed = [costs.fits(r, costs.classes[c].memory, _ops(problem, s, len(stages)))
                for s, (r, _, c) in enumerate(stages)]
     bounds = balanced_bounds(prefixes, allowed)
-    if bounds is None or compute_floor(problem, prefixes, bounds) >= cutoff:
+    smallest = [costs.prefix(r, v, smallest=True) for r, v, _ in stages]
+    if bounds is None or compute_floor(problem, prefixes, bounds, smallest) >= cutoff:
         return None
     return finalize(problem, tuple(bounds), tuple(groups))
 
@@ -449,6 +466,7 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_C
     if costs is not None:
         speed = {d.id: d.speed for d in problem.cluster.devices}
         prefixes = [costs.prefix(len(g), min(speed[d] for d in g)) for g in groups]
+        smallest = [costs.prefix(len(g), min(speed[d] for d in g), smallest=True) for g in groups]
     improved = True
     while improved and time.perf_counter() < deadline:
         improved = False
@@ -460,7 +478,7 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_C
             if not (trial[i - 1] if i else 0) < trial[i] < trial[i + 1]:
                 continue
             bounds = tuple(zip([0] + trial[:-1], trial))
-            if prefixes is not None and compute_floor(problem, prefixes, bounds) >= best.result.iteration_time:
+            if prefixes is not None and compute_floor(problem, prefixes, bounds, smallest) >= best.result.iteration_time:
                 continue
             cand = finalize(problem, bounds, groups)
             if cand is not None and cand.result.iteration_time < best.result.iteration_time * (1 - 1e-12):

@@ -345,6 +345,9 @@ class TestComputeFloor:
         prefix = costs.prefix(2, 1.0)
         assert prefix[1] == pytest.approx(1.0 + 0.5 * 2)
         assert compute_floor(problem, [prefix, prefix], [(0, 1), (1, 2)]) == pytest.approx(2 * 2.0)
+        # with the fill: stage 0's forward and backward of one microbatch before stage 1's four ops
+        smallest = costs.prefix(2, 1.0, smallest=True)
+        assert compute_floor(problem, [prefix, prefix], [(0, 1), (1, 2)], [smallest] * 2) == pytest.approx(2.0 + 4.0)
 
     @pytest.mark.parametrize("seed", range(60))
     def test_never_above_the_simulated_time(self, seed):
@@ -364,7 +367,9 @@ class TestComputeFloor:
                 if judged is None:
                     continue
                 prefixes = [costs.prefix(len(g), min(speed[d] for d in g)) for g in groups]
+                smallest = [costs.prefix(len(g), min(speed[d] for d in g), smallest=True) for g in groups]
                 assert compute_floor(problem, prefixes, bounds) <= judged.result.iteration_time
+                assert compute_floor(problem, prefixes, bounds, smallest) <= judged.result.iteration_time
 
 
 class TestGroupSearchAtScale:
