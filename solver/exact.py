@@ -77,7 +77,7 @@ LARGE_CLUSTER = 128
 give no complete arc table in 60 s), so :mod:`pipeplan.solver.group_search` gets
 :data:`GROUP_SEARCH_SHARE_LARGE` of the limit: its plan is what the solvers return there."""
 
-GROUP_SEARCH_SHARE_LARGE = 0.6
+GROUP_SEARCH_SHARE_LARGE = 0.8
 """Most of the time limit group-search may take on clusters above :data:`LARGE_CLUSTER` devices."""
 
 GA_SHARE, GA_SHARE_NO_MODEL = 0.2, 0.05

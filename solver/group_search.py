@@ -224,6 +224,8 @@ class _Costs:
         self._prefix: dict[tuple[int, float], np.ndarray] = {}
         self._ring: dict[tuple[int, int], tuple[float, float]] = {}
         self._fits: dict[tuple, np.ndarray] = {}
+        self.stage_cache: dict = {}
+        """Stage costs of the plans simulated so far (:func:`pipeplan.solver.simulator.stage_costs`)."""
         graph = problem.graph
         self.state = problem.state_factor * np.array([l.params for l in layers])
         self.act = np.array([l.act for l in layers])
@@ -444,7 +446,7 @@ def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block], cut
     smallest = [costs.prefix(r, v, smallest=True) for r, v, _ in stages]
     if bounds is None or compute_floor(problem, prefixes, bounds, smallest) >= cutoff:
         return None
-    return finalize(problem, tuple(bounds), tuple(groups))
+    return finalize(problem, tuple(bounds), tuple(groups), costs.stage_cache)
 
 
 def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
@@ -480,7 +482,7 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_C
             bounds = tuple(zip([0] + trial[:-1], trial))
             if prefixes is not None and compute_floor(problem, prefixes, bounds, smallest) >= best.result.iteration_time:
                 continue
-            cand = finalize(problem, bounds, groups)
+            cand = finalize(problem, bounds, groups, costs.stage_cache if costs is not None else None)
             if cand is not None and cand.result.iteration_time < best.result.iteration_time * (1 - 1e-12):
                 best, ends, improved = cand, trial, True
     return best
@@ -553,7 +555,7 @@ def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: l
         return None
     bounds = ([b for b, _ in stages[:i]] + [(lo + a, lo + b) for a, b in inner]
               + [b for b, _ in stages[len(stages) - kept_after:]])
-    return finalize(problem, tuple(bounds), tuple(groups))
+    return finalize(problem, tuple(bounds), tuple(groups), costs.stage_cache)
 
 
 def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
