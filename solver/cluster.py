@@ -66,6 +66,10 @@ class Device:
         return data
 
 
+LINK_CACHE_SIZE = 100_000
+"""Pairs of device groups whose worst link a cluster remembers (a few tens of MB at 4,096 devices)."""
+
+
 @dataclass(frozen=True)
 class Cluster:
     """Devices on servers, with intra-server links and one network between servers.
@@ -124,15 +128,36 @@ class Cluster:
             groups.setdefault(self.device_index[device].server, set()).add(device)
         return groups
 
+    @cached_property
+    def _link_cache(self) -> dict[tuple[tuple[str, ...], tuple[str, ...]], tuple[float, float]]:
+        return {}  # type: ignore[misc]
+
+    def _worst_link(self, xs: Iterable[str], ys: Iterable[str] | None) -> tuple[float, float]:
+        """``(smallest bandwidth, largest latency)`` over the pairs, remembered per pair of groups.
+
+        Solvers ask about the same few replica groups thousands of times (every simulated
+        plan's cuts and all-reduces); the cache holds one entry per distinct pair of groups
+        and is cleared when it grows past :data:`LINK_CACHE_SIZE`.
+        """
+        xs = tuple(xs)
+        ys = xs if ys is None else tuple(ys)
+        key = (xs, ys)
+        found = self._link_cache.get(key)
+        if found is None:
+            links = self._pairs(xs, ys)
+            found = (min(link.bandwidth for link in links), max(link.latency for link in links))
+            if len(self._link_cache) >= LINK_CACHE_SIZE:
+                self._link_cache.clear()
+            self._link_cache[key] = found
+        return found
+
     def bw(self, xs: Iterable[str], ys: Iterable[str] | None = None) -> float:
         """Smallest pair bandwidth between ``xs`` and ``ys`` (within ``xs`` if ``ys`` is None)."""
-        xs = list(xs)
-        return min(link.bandwidth for link in self._pairs(xs, xs if ys is None else ys))
+        return self._worst_link(xs, ys)[0]
 
     def lat(self, xs: Iterable[str], ys: Iterable[str] | None = None) -> float:
         """Largest pair latency between ``xs`` and ``ys`` (within ``xs`` if ``ys`` is None)."""
-        xs = list(xs)
-        return max(link.latency for link in self._pairs(xs, xs if ys is None else ys))
+        return self._worst_link(xs, ys)[1]
 
     # ----------------------------------------------------------------- JSON
     @classmethod

@@ -72,6 +72,20 @@ when done (about 4 s on 96 layers x 64 devices), so the share only binds at shor
 plan is the best the solvers return: with 10 % of a 2 s limit on 48 layers x 14 devices of 6 classes
 it was cut short and the exact solvers returned the best baseline (421 ms); with 30 %, 347 ms."""
 
+LARGE_CLUSTER = 128
+"""Above this many devices no model of the configurations is built in any usual limit (256 devices
+give no complete arc table in 60 s), so :mod:`pipeplan.solver.group_search` gets
+:data:`GROUP_SEARCH_SHARE_LARGE` of the limit: its plan is what the solvers return there."""
+
+GROUP_SEARCH_SHARE_LARGE = 0.7
+"""Most of the time limit group-search may take on clusters above :data:`LARGE_CLUSTER` devices."""
+
+WARM_SHARE_LARGE = 0.15
+"""Share of the time limit the fast baselines get before group-search on clusters above
+:data:`LARGE_CLUSTER` devices: each of their plans is simulated on thousands of devices (at
+4,096 devices ``deepspeed-uniform`` needs 0.5 s for its best plan, which is better than what
+group-search finds in 30 s there)."""
+
 GA_SHARE, GA_SHARE_NO_MODEL = 0.2, 0.05
 """Share of the time limit kept for NSGA-II from the incumbent, with and without a model to solve."""
 
@@ -116,9 +130,15 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     details = dict(details or {})
     clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)
-    for plan in warm_start_plans(problem, seed, min(1.0, 0.03 * time_limit)):
+    large = len(problem.cluster.devices) > LARGE_CLUSTER
+    warm_share = WARM_SHARE_LARGE * time_limit if large else min(1.0, 0.03 * time_limit)
+    for plan in warm_start_plans(problem, seed, warm_share):
+        # hundreds of greedy plans, each simulated, on large clusters: once one fits, only while the share lasts
+        if search.best_plan is not None and clock.elapsed() >= 2 * warm_share:
+            break
         search.offer(plan)
-    for judged in group_search(problem, min(GROUP_SEARCH_SHARE * time_limit, clock.remaining())).plans:
+    share = GROUP_SEARCH_SHARE_LARGE if large else GROUP_SEARCH_SHARE
+    for judged in group_search(problem, min(share * time_limit, clock.remaining())).plans:
         search.offer(judged.plan)
     # The slow DP baselines too: an exact solver must never return a plan worse than a
     # baseline would, even when the model does not reach a solution.  They keep their

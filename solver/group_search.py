@@ -48,6 +48,7 @@ against 0.225 s, in about 4 s).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import time
@@ -84,7 +85,7 @@ RESHAPE_TRIES = 4
 MOVES = (-3, -2, -1, 1, 2, 3)
 """Layer shifts of one stage boundary tried while refining."""
 
-__all__ = ["GroupSearch", "GroupSearchRun", "Block", "balanced_bounds", "group_search", "patterns", "refine",
+__all__ = ["GroupSearch", "GroupSearchRun", "Block", "balanced_bounds", "compute_floor", "group_search", "patterns", "refine",
            "replica_groups", "reshape", "reshapes"]
 
 
@@ -224,6 +225,8 @@ class _Costs:
         self._prefix: dict[tuple[int, float], np.ndarray] = {}
         self._ring: dict[tuple[int, int], tuple[float, float]] = {}
         self._fits: dict[tuple, np.ndarray] = {}
+        self.stage_cache: dict = {}
+        """Stage costs of the plans simulated so far (:func:`pipeplan.solver.simulator.stage_costs`)."""
         graph = problem.graph
         self.state = problem.state_factor * np.array([l.params for l in layers])
         self.act = np.array([l.act for l in layers])
@@ -231,11 +234,15 @@ class _Costs:
         self._state_sums = np.concatenate(([0.0], np.cumsum(self.state)))
         self._act_sums = np.concatenate(([0.0], np.cumsum(self.act)))
 
-    def prefix(self, r: int, v: float) -> np.ndarray:
-        """Prefix sums of each layer's forward plus backward time per microbatch (averaged) on ``r`` replicas."""
-        key = (r, v)
+    def prefix(self, r: int, v: float, smallest: bool = False) -> np.ndarray:
+        """Prefix sums of each layer's forward plus backward time per microbatch (averaged) on ``r`` replicas.
+
+        With ``smallest``, of the smallest microbatch instead of the average.
+        """
+        key = (r, v, smallest)
         if key not in self._prefix:
-            q = np.mean([math.ceil(n / r) for n in self.problem.split])
+            per_replica = [math.ceil(n / r) for n in self.problem.split]
+            q = min(per_replica) if smallest else np.mean(per_replica)
             self._prefix[key] = np.concatenate(([0.0], np.cumsum((self.a + self.b * q) / v)))
         return self._prefix[key]
 
@@ -388,8 +395,47 @@ def balanced_bounds(prefixes: Sequence[np.ndarray], allowed: Sequence[np.ndarray
     return bounds[::-1]
 
 
-def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) -> Judged | None:
-    """The pattern's plan: server-aligned groups, balanced split, recompute where needed."""
+def compute_floor(problem: PlanningProblem, prefixes: Sequence[np.ndarray], bounds: Sequence[tuple[int, int]],
+                  smallest: Sequence[np.ndarray] | None = None) -> float:
+    """A lower bound on the simulated time of any plan with these stages: a stage's compute and the fill before it.
+
+    ``prefixes[s]`` is :meth:`_Costs.prefix` of stage ``s``'s replicas and speed.  A stage
+    runs the forward and backward of each of its ``M`` microbatches one after another on
+    each replica, and its slowest replica (the group's least speed ``v``) takes
+    ``(a + b q_i) / v`` for microbatch ``i`` of ``q_i = ceil(n_i / r)`` samples, so it is
+    busy at least ``busy_s = sum_i (a + b q_i) / v = M (a + b mean(q)) / v``: ``M`` times
+    the prefix difference.  With ``smallest`` (the prefixes of the smallest microbatch,
+    ``prefix(r, v, smallest=True)``), the path of the exact bound's term 1 is added: stage
+    ``s`` starts ``F_0`` only after ``F_0`` ran on every earlier stage, and its last op
+    ``B_{M-1}`` must still run on every earlier stage, each earlier stage ``j`` adding at
+    least ``t_j(q_min)``, its forward plus backward of the smallest microbatch; so ``T >=
+    max_s (sum_{j<s} t_j(q_min) + busy_s)``.  Recompute, transfers and all-reduces only add to
+    it.  The result is lowered by ``1e-9`` relative, for the rounding of the prefix sums.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from types import SimpleNamespace
+    >>> p = np.array([0.0, 1.0, 3.0])
+    >>> compute_floor(SimpleNamespace(split=(4, 4)), [p, p], [(0, 1), (1, 2)]) > 3.99
+    True
+    >>> compute_floor(SimpleNamespace(split=(4, 4)), [p, p], [(0, 1), (1, 2)], [p, p]) > 4.99  # 1 + 2 * 2
+    True
+    """
+    M, best, head = len(problem.split), 0.0, 0.0
+    for s, (p, (lo, hi)) in enumerate(zip(prefixes, bounds)):
+        best = max(best, head + M * (p[hi] - p[lo]))
+        if smallest is not None:
+            head += smallest[s][hi] - smallest[s][lo]
+    return float(best) * (1 - 1e-9)
+
+
+def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block], cutoff: float = math.inf
+           ) -> Judged | None:
+    """The pattern's plan: server-aligned groups, balanced split, recompute where needed.
+
+    ``None`` also when its :func:`compute_floor` reaches ``cutoff`` (it cannot be faster).
+    """
     groups = []  # one block per class: no device is used twice
     for b in blocks:
         groups.extend(replica_groups(_servers(costs.classes[b.cls]), b.replicas, b.stages))
@@ -398,7 +444,10 @@ def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]) -> 
     allowed = [costs.fits(r, costs.classes[c].memory, _ops(problem, s, len(stages)))
                for s, (r, _, c) in enumerate(stages)]
     bounds = balanced_bounds(prefixes, allowed)
-    return None if bounds is None else finalize(problem, tuple(bounds), tuple(groups))
+    smallest = [costs.prefix(r, v, smallest=True) for r, v, _ in stages]
+    if bounds is None or compute_floor(problem, prefixes, bounds, smallest) >= cutoff:
+        return None
+    return finalize(problem, tuple(bounds), tuple(groups), costs.stage_cache)
 
 
 def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
@@ -406,15 +455,21 @@ def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
     return stage_ops(problem.schedule, len(problem.split), s, count)
 
 
-def refine(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
+def refine(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
     """Move single stage boundaries by :data:`MOVES` layers while the simulated time improves.
 
     Sweeps the boundaries in order, keeping every move that helps, until a whole sweep
-    changes nothing (or the deadline passes).
+    changes nothing (or the deadline passes).  With ``costs``, a move whose
+    :func:`compute_floor` already reaches the best time is not simulated.
     """
     best = judged
     groups = tuple(st.devices for st in best.plan.stages)
     ends = [st.layers[1] for st in best.plan.stages]
+    prefixes = None
+    if costs is not None:
+        speed = {d.id: d.speed for d in problem.cluster.devices}
+        prefixes = [costs.prefix(len(g), min(speed[d] for d in g)) for g in groups]
+        smallest = [costs.prefix(len(g), min(speed[d] for d in g), smallest=True) for g in groups]
     improved = True
     while improved and not past(deadline):
         improved = False
@@ -425,7 +480,10 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: float) -> Judged:
             trial[i] += move
             if not (trial[i - 1] if i else 0) < trial[i] < trial[i + 1]:
                 continue
-            cand = finalize(problem, tuple(zip([0] + trial[:-1], trial)), groups)
+            bounds = tuple(zip([0] + trial[:-1], trial))
+            if prefixes is not None and compute_floor(problem, prefixes, bounds, smallest) >= best.result.iteration_time:
+                continue
+            cand = finalize(problem, bounds, groups, costs.stage_cache if costs is not None else None)
             if cand is not None and cand.result.iteration_time < best.result.iteration_time * (1 - 1e-12):
                 best, ends, improved = cand, trial, True
     return best
@@ -498,7 +556,7 @@ def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: l
         return None
     bounds = ([b for b, _ in stages[:i]] + [(lo + a, lo + b) for a, b in inner]
               + [b for b, _ in stages[len(stages) - kept_after:]])
-    return finalize(problem, tuple(bounds), tuple(groups))
+    return finalize(problem, tuple(bounds), tuple(groups), costs.stage_cache)
 
 
 def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
@@ -528,7 +586,7 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_
                 break
         step = best
         for _, _, cand in sorted(built, key=lambda x: x[:2])[:RESHAPE_TRIES]:
-            cand = refine(problem, cand, deadline)
+            cand = refine(problem, cand, deadline, costs)
             if cand.result.iteration_time < step.result.iteration_time * (1 - 1e-12):
                 step = cand
         best, improved = step, step is not best
@@ -578,18 +636,21 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
         if past(deadline):
             stopped = True
             break
-        judged = _build(problem, costs, blocks)
+        # only the best ``refine_top`` built plans go on: a pattern that cannot beat them need not be simulated
+        cutoff = built[refine_top - 1][0] if len(built) >= refine_top else math.inf
+        judged = _build(problem, costs, blocks, cutoff)
         if judged is not None:
             if not built or judged.result.iteration_time < min(b[0] for b in built):
                 trace.append(TracePoint(time.perf_counter() - start, judged.result.iteration_time, None))
-            built.append((judged.result.iteration_time, k, judged))
+            bisect.insort(built, (judged.result.iteration_time, k, judged), key=lambda x: x[:2])
     built.sort(key=lambda x: x[:2])
     refined = []
     for _, _, judged in built[:refine_top]:
-        if past(deadline):
+        if past(deadline):  # out of time: the built plans as they are
             stopped = True
-            break
-        better = refine(problem, judged, deadline)
+            refined.append(judged)
+            continue
+        better = refine(problem, judged, deadline, costs)
         if better.result.iteration_time < min((r.result.iteration_time for r in refined), default=math.inf):
             trace.append(TracePoint(time.perf_counter() - start, better.result.iteration_time, None))
         refined.append(better)

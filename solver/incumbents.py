@@ -47,9 +47,9 @@ def warm_start_plans(problem: PlanningProblem, seed: int, time_limit: float, slo
 
     Like :func:`pipeplan.solver.baselines.best_baseline`, each baseline gets an equal share of
     what is left, cheapest first.  ``slow=False`` runs every baseline but those of
-    :data:`SLOW_BASELINES` (and adds :func:`greedy_plans`); ``slow=True`` runs only those.
+    :data:`SLOW_BASELINES` (and adds :func:`greedy_plans` after their plans); ``slow=True`` runs only those.
     """
-    plans = [] if slow else greedy_plans(problem)
+    plans = []
     chosen = [cls for cls in BASELINES if (cls.__name__ in SLOW_BASELINES) == slow]
     end = time.perf_counter() + time_limit
     for n, cls in enumerate(chosen):
@@ -62,7 +62,8 @@ def warm_start_plans(problem: PlanningProblem, seed: int, time_limit: float, slo
             continue
         if result.plan is not None:
             plans.append(result.plan)
-    return plans
+    # the greedy plans last: simulating them all takes seconds on large clusters, and a caller may stop early
+    return plans if slow else plans + greedy_plans(problem)
 
 
 def improve_with_ga(problem: PlanningProblem, search: Search, clock: TimeLimit, seed: int) -> None:

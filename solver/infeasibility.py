@@ -79,16 +79,39 @@ def layer_footprint(problem: PlanningProblem, layer: int, replicas: int) -> floa
 
 
 def _layer_verdict(problem: PlanningProblem, layer: int, memories: list[float]) -> tuple[float, int, float]:
-    """``(ratio need/capacity, replicas, need)`` for the best replica count of ``layer``."""
+    """``(ratio need/capacity, replicas, need)`` for the best replica count of ``layer``.
+
+    Only the first replica count of each per-replica microbatch ``ceil(q / r)`` is tried:
+    the later ones of the same size need as much on devices that are no larger
+    (``memories`` is sorted largest first), so they never have a smaller ratio.
+    """
     max_r = len(memories) if problem.allow_replication else 1
     best = None
-    for r in range(1, max_r + 1):
+    for r in _first_counts(largest_microbatch(problem), max_r):
         need = layer_footprint(problem, layer, r)
         ratio = need / memories[r - 1] if memories[r - 1] > 0 else (0.0 if need <= 0 else math.inf)
         if best is None or ratio < best[0]:
             best = (ratio, r, need)
     assert best is not None
     return best
+
+
+def _first_counts(q: int, most: int) -> list[int]:
+    """The replica counts ``r <= most`` at which ``ceil(q / r)`` first takes each of its values.
+
+    Examples
+    --------
+    >>> _first_counts(8, 10)  # ceil(8 / r) = 8, 4, 3, 2, 2, 2, 2, 1, 1, 1
+    [1, 2, 3, 4, 8]
+    """
+    counts, r = [], 1
+    while r <= most:
+        counts.append(r)
+        size = -(-q // r)
+        if size <= 1:
+            break
+        r = -(-q // (size - 1))  # the first count with a smaller microbatch
+    return counts
 
 
 def _stage_limit_cause(problem: PlanningProblem) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Sequence
 
 from pipeplan.models.graph import LayerGraph
@@ -12,10 +13,9 @@ from pipeplan.solver.plan import MAX_SAMPLES, Plan, Stage, equal_split
 from pipeplan.solver.simulator import SimulationResult, simulate
 
 
-MAX_DEVICES = 128
-"""Most devices a planning problem may have: beyond it the exact solvers' models (and the
-baselines that seed them) take longer to build than a time limit of seconds allows
-(``cpsat`` with a 2 s limit ran 2.0 s on 64 identical devices, 2.8 s on 128, 10.5 s on 256)."""
+MAX_DEVICES = 4096
+"""Most devices a planning problem may have: the largest clusters the solvers are measured
+to hold their time limits on (``experiments/bench_scale.py``, ``tests/test_scale.py``)."""
 
 MAX_LAYERS = 256
 """Most layers a planning problem may have (``cpsat`` with a 2 s limit on 1,000 layers ran 4.4 s)."""
@@ -155,9 +155,9 @@ class PlanningProblem:
         return [own, *(replace(own, microbatches=m, max_microbatches=None)
                        for m in probe_order(probe_counts(max(self.split_counts))) if m != own.microbatches)]
 
-    @property
+    @cached_property
     def split(self) -> tuple[int, ...]:
-        """The microbatch sizes every stage uses."""
+        """The microbatch sizes every stage uses (computed once: solvers ask for it per stage and plan)."""
         return equal_split(self.global_batch, self.microbatches)
 
     @property

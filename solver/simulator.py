@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pipeplan.models.errors import DeadlockError, InputError
 from pipeplan.solver.memory import stage_peak_memory
-from pipeplan.solver.schedule import FORWARD, Op, format_op
+from pipeplan.solver.schedule import FORWARD, Op, format_op, stage_ops
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
@@ -252,36 +252,66 @@ def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "
     return tuple(lat + n * cut_bytes / rate for n in sender.microbatches)
 
 
-def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster") -> tuple[StageCost, ...]:
-    """Per-stage durations, transfer times, waits and memory of a validated plan."""
+STAGE_CACHE_SIZE = 20_000
+"""Stage costs a cache given to :func:`stage_costs` holds before it is cleared (tens of MB)."""
+
+
+def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: dict | None = None
+                ) -> tuple[StageCost, ...]:
+    """Per-stage durations, transfer times, waits and memory of a validated plan.
+
+    ``cache`` (a dict the caller keeps for one graph and cluster) remembers each stage's
+    cost under everything it depends on: the schedule, the stage count and its position,
+    its layers, devices, split and recompute flag, the state factor, and its neighbours'
+    devices and splits (its transfers and waits).  Heuristics that move one boundary at a
+    time then recompute two stages, not all of them.
+    """
     stages = plan.stages
     count = len(stages)
+    if cache is not None and plan.schedule != "custom":
+        costs = []
+        for s, st in enumerate(stages):
+            prev, nxt = (stages[s - 1] if s else None), (stages[s + 1] if s < count - 1 else None)
+            key = (plan.schedule, plan.state_factor, count, s, st.layers, st.devices, st.microbatches, st.recompute,
+                   prev and (prev.devices, prev.microbatches), nxt and (nxt.devices, nxt.microbatches))
+            found = cache.get(key)
+            if found is None:
+                found = _stage_cost(plan, graph, cluster, s, stage_ops(plan.schedule, len(st.microbatches), s, count))
+                if len(cache) >= STAGE_CACHE_SIZE:
+                    cache.clear()
+                cache[key] = found
+            costs.append(found)
+        return tuple(costs)
     op_lists = plan.op_lists()
-    costs = []
-    for s, st in enumerate(stages):
-        lo, hi = st.layers
-        r = len(st.devices)
-        devices = [cluster.device_index[d] for d in st.devices]
-        speed = min(d.speed for d in devices)
-        af, bf, ab, bb = graph.range_time(lo, hi)
-        per_replica = tuple(_ceil_div(n, r) for n in st.microbatches)
-        fwd = tuple((af + bf * q) / speed for q in per_replica)
-        recompute = fwd if st.recompute else tuple(0.0 for _ in per_replica)
-        bwd = tuple((ab + bb * q) / speed + rec for q, rec in zip(per_replica, recompute))
-        send_fwd = _send_times(st, stages[s + 1], graph.cut_bytes(hi - 1), cluster) if s < count - 1 else ()
-        send_bwd = _send_times(st, stages[s - 1], graph.cut_bytes(lo - 1), cluster) if s > 0 else ()
-        wait_fwd = _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else ()
-        wait_bwd = _overlaps(st.microbatches, stages[s + 1].microbatches) if s < count - 1 else ()
-        params = graph.range_sum("params", lo, hi)
-        allreduce = 0.0
-        if r >= 2:
-            allreduce = 2 * (r - 1) * (cluster.lat(st.devices) + params / (r * cluster.bw(st.devices)))
-        peak = stage_peak_memory(plan.state_factor, params, op_lists[s], per_replica,
-                                 graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo), st.recompute)
-        costs.append(StageCost(tuple(op_lists[s]), fwd, bwd, recompute, per_replica, st.microbatches,
-                               send_fwd, send_bwd, wait_fwd, wait_bwd, allreduce, peak,
-                               min(d.memory for d in devices)))
-    return tuple(costs)
+    return tuple(_stage_cost(plan, graph, cluster, s, op_lists[s]) for s in range(count))
+
+
+def _stage_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", s: int, ops: list) -> StageCost:
+    """Stage ``s``'s cost, running ``ops``."""
+    stages = plan.stages
+    count = len(stages)
+    st = stages[s]
+    lo, hi = st.layers
+    r = len(st.devices)
+    devices = [cluster.device_index[d] for d in st.devices]
+    speed = min(d.speed for d in devices)
+    af, bf, ab, bb = graph.range_time(lo, hi)
+    per_replica = tuple(_ceil_div(n, r) for n in st.microbatches)
+    fwd = tuple((af + bf * q) / speed for q in per_replica)
+    recompute = fwd if st.recompute else tuple(0.0 for _ in per_replica)
+    bwd = tuple((ab + bb * q) / speed + rec for q, rec in zip(per_replica, recompute))
+    send_fwd = _send_times(st, stages[s + 1], graph.cut_bytes(hi - 1), cluster) if s < count - 1 else ()
+    send_bwd = _send_times(st, stages[s - 1], graph.cut_bytes(lo - 1), cluster) if s > 0 else ()
+    wait_fwd = _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else ()
+    wait_bwd = _overlaps(st.microbatches, stages[s + 1].microbatches) if s < count - 1 else ()
+    params = graph.range_sum("params", lo, hi)
+    allreduce = 0.0
+    if r >= 2:
+        allreduce = 2 * (r - 1) * (cluster.lat(st.devices) + params / (r * cluster.bw(st.devices)))
+    peak = stage_peak_memory(plan.state_factor, params, ops, per_replica,
+                             graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo), st.recompute)
+    return StageCost(tuple(ops), fwd, bwd, recompute, per_replica, st.microbatches,
+                     send_fwd, send_bwd, wait_fwd, wait_bwd, allreduce, peak, min(d.memory for d in devices))
 
 
 def simulate(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", *, file: str = "-",

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Sequence
 
+import numpy as np
+
 from pipeplan.solver.cluster import Cluster
 from pipeplan.solver.device_classes import DeviceClass
 from pipeplan.solver.problem import PlanningProblem
@@ -43,8 +45,22 @@ def link_extremes(cluster: Cluster) -> tuple[float, float]:
 
 
 
-def _link_bounds(cluster: Cluster, classes: Sequence[DeviceClass], composition: Sequence[int]
-                 ) -> tuple[float, float, float]:
+class _ServerTable:
+    """Per server, its link and how many devices of each class it holds (built once per cluster)."""
+
+    def __init__(self, cluster: Cluster, classes: Sequence[DeviceClass]) -> None:
+        self.links = list(cluster.servers)
+        held = [dict(c.ids_by_server) for c in classes]
+        self.counts = np.array([[len(h.get(s.id, ())) for h in held] for s in self.links], dtype=np.int64).reshape(len(self.links), len(classes))
+        self.bandwidth = np.array([s.bandwidth for s in self.links], dtype=float)
+        self.latency = np.array([s.latency for s in self.links], dtype=float)
+        # per class, the best bandwidth of a server holding it (the network's where none is better)
+        self.send = [max([cluster.network.bandwidth] + [s.bandwidth for s, n in zip(self.links, self.counts[:, c]) if n])
+                     for c in range(len(classes))]
+
+
+def _link_bounds(cluster: Cluster, classes: Sequence[DeviceClass], composition: Sequence[int],
+                 table: "_ServerTable | None" = None) -> tuple[float, float, float]:
     """``(bw_ub, lat_lb, send_bw_ub)`` for a stage of this composition, wherever it is placed.
 
     ``bw(D)``/``lat(D)`` of the group: if all its devices share a server ``S`` they are
@@ -55,13 +71,11 @@ def _link_bounds(cluster: Cluster, classes: Sequence[DeviceClass], composition: 
     network, so it is at most the best of those over the servers holding class ``c``.
     """
     net = cluster.network
-    links = {s.id: s for s in cluster.servers}
-    holding = [s for s in links if all(len(dict(c.ids_by_server).get(s, ())) >= n
-                                       for c, n in zip(classes, composition))]
-    bw_ub = max([net.bandwidth] + [links[s].bandwidth for s in holding])
-    lat_lb = min([net.latency] + [links[s].latency for s in holding])
-    send = min(max([net.bandwidth] + [links[s].bandwidth for s, _ in c.ids_by_server])
-               for c, n in zip(classes, composition) if n)
+    table = table if table is not None else _ServerTable(cluster, classes)
+    holding = np.all(table.counts >= np.asarray(composition, dtype=np.int64)[None, :], axis=1)
+    bw_ub = max(net.bandwidth, float(table.bandwidth[holding].max(initial=-math.inf)))
+    lat_lb = min(net.latency, float(table.latency[holding].min(initial=math.inf)))
+    send = min(table.send[c] for c, n in enumerate(composition) if n)
     return bw_ub, lat_lb, send
 
 
@@ -77,14 +91,15 @@ def stage_options(problem: PlanningProblem, classes: Sequence[DeviceClass], cloc
     max_r = len(cluster.devices) if problem.allow_replication else 1
     flags = (False, True) if problem.allow_recompute else (False,)
     options = []
+    table = _ServerTable(cluster, classes)
     for count, composition in enumerate(product(*(range(c.count + 1) for c in classes))):
-        if clock is not None and count % 1024 == 1023 and clock.expired():
+        if clock is not None and count % 256 == 255 and clock.expired():  # 1,024 devices: billions of compositions
             return None
         r = sum(composition)
         if not 1 <= r <= max_r:
             continue
         used = [c for c, n in zip(classes, composition) if n]
-        bw_ub, lat_lb, send_bw = _link_bounds(cluster, classes, composition)
+        bw_ub, lat_lb, send_bw = _link_bounds(cluster, classes, composition, table)
         ar = (2 * (r - 1) * lat_lb, 2 * (r - 1) / (r * bw_ub)) if r >= 2 else (0.0, 0.0)
         for rc in flags:
             options.append(Option(tuple(composition), rc, r, min(c.speed for c in used),

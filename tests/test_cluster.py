@@ -31,6 +31,10 @@ class TestBwLat:
         assert two_servers.lat(["g0", "g1", "g2"]) == 2e-5
         assert two_servers.bw(["g2", "g3", "g4"]) == 1.6e10
 
+    def test_one_device_alone_has_no_pair(self, two_servers):
+        with pytest.raises(ValueError, match="distinct"):
+            two_servers.bw(["g0"], ["g0"])
+
     @settings(max_examples=200, derandomize=True, deadline=None)
     @given(st.lists(st.sampled_from(["g0", "g1", "g2", "g3", "g4"]), min_size=1, max_size=5),
            st.one_of(st.none(), st.lists(st.sampled_from(["g0", "g1", "g2", "g3", "g4"]), min_size=1, max_size=5)))

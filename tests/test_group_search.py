@@ -15,7 +15,7 @@ from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
 from pipeplan.solver.baselines.common import finalize
-from pipeplan.solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped, balanced_bounds, group_search, patterns, refine,
+from pipeplan.solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped, balanced_bounds, compute_floor, group_search, patterns, refine,
                                  replica_groups, reshape, reshapes)
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver
@@ -333,3 +333,49 @@ class TestMemoryAtThePeak:
         assert peak < 7 * 0.1 + 1.0 and problem.evaluate(plan).fits
         result = get_solver("group-search").solve(problem, time_limit=10, seed=0)
         assert result.plan is not None and result.plan.stages[0].recompute and problem.evaluate(result.plan).fits
+
+
+class TestComputeFloor:
+    def test_hand_computed(self):
+        # two microbatches of 4 samples on 2 replicas: q = 2 per replica; a = 1, b = 0.5 per sample, speed 1
+        layers = [Layer(f"l{i}", (0.5, 0.25), (0.5, 0.25), 1e6, 1e3, 1e3) for i in range(2)]
+        problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), two_type_cluster(4), global_batch=8,
+                                  microbatches=2)
+        costs = _Costs(problem, _classes(problem))
+        prefix = costs.prefix(2, 1.0)
+        assert prefix[1] == pytest.approx(1.0 + 0.5 * 2)
+        assert compute_floor(problem, [prefix, prefix], [(0, 1), (1, 2)]) == pytest.approx(2 * 2.0)
+        # with the fill: stage 0's forward and backward of one microbatch before stage 1's four ops
+        smallest = costs.prefix(2, 1.0, smallest=True)
+        assert compute_floor(problem, [prefix, prefix], [(0, 1), (1, 2)], [smallest] * 2) == pytest.approx(2.0 + 4.0)
+
+    @pytest.mark.parametrize("seed", range(60))
+    def test_never_above_the_simulated_time(self, seed):
+        """Brute force: every split of every random problem onto the first devices, one or two per stage."""
+        problem = random_problem(seed, memory=1e12)
+        costs = _Costs(problem, _classes(problem))
+        speed = {d.id: d.speed for d in problem.cluster.devices}
+        ids = [d.id for d in problem.cluster.devices]
+        L = len(problem.graph)
+        for stages in range(1, min(L, len(ids)) + 1):
+            for cuts in itertools.combinations(range(1, L), stages - 1):
+                ends = list(cuts) + [L]
+                bounds = list(zip([0] + ends[:-1], ends))
+                r = 2 if len(ids) >= 2 * stages else 1
+                groups = [tuple(ids[s * r:(s + 1) * r]) for s in range(stages)]
+                judged = finalize(problem, tuple(bounds), tuple(groups))
+                if judged is None:
+                    continue
+                prefixes = [costs.prefix(len(g), min(speed[d] for d in g)) for g in groups]
+                smallest = [costs.prefix(len(g), min(speed[d] for d in g), smallest=True) for g in groups]
+                assert compute_floor(problem, prefixes, bounds) <= judged.result.iteration_time
+                assert compute_floor(problem, prefixes, bounds, smallest) <= judged.result.iteration_time
+
+
+class TestGroupSearchAtScale:
+    def test_a_plan_when_the_limit_stops_the_build(self):
+        """Stopped before refining, the plans built so far are returned unrefined, not dropped."""
+        from pipeplan.experiments.bench_scale import scale_problem
+        problem = scale_problem(256)
+        run = group_search(problem, time_limit=1.0, refine_top=1, evaluations=1)
+        assert run.plans and run.plans[0].result.fits

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.infeasibility import (exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
+from pipeplan.solver.infeasibility import (_first_counts, exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
                                    heuristic_no_plan, proves_infeasible, tightest_constraint)
 from pipeplan.solver.problem import PlanningProblem
 
@@ -146,3 +148,11 @@ class TestHeuristicNoPlan:
         assert result.status == "timeout-no-solution" and result.plan is None
         assert result.message.startswith("no evaluated plan fits in memory; that does not prove")
         assert result.details == {"evaluations": 3} and result.wall_time == 0.5
+
+
+class TestFirstCounts:
+    @settings(max_examples=300, deadline=None)
+    @given(st.integers(1, 5000), st.integers(1, 5000))
+    def test_every_new_microbatch_size_brute_force(self, q, most):
+        expected = [r for r in range(1, most + 1) if r == 1 or math.ceil(q / r) < math.ceil(q / (r - 1))]
+        assert _first_counts(q, most) == expected

@@ -180,3 +180,26 @@ class TestTimeline:
         assert sorted((t.direction, t.microbatch) for t in result.transfers) == [("bwd", 0), ("fwd", 0), ("fwd", 1)]
         assert [a.stage for a in result.allreduces] == [0]
         assert result.iteration_time == pytest.approx(max(result.stage_end))
+
+
+class TestStageCostsCache:
+    @pytest.mark.parametrize("seed", range(30))
+    def test_cached_costs_equal_fresh_ones(self, seed):
+        """Every split of random problems onto rotating device groups, all through one cache."""
+        import itertools
+
+        from pipeplan.solver.simulator import stage_costs
+        from tests.test_baselines import random_problem
+        problem = random_problem(seed, memory=1e12)
+        ids = [d.id for d in problem.cluster.devices]
+        L, cache = len(problem.graph), {}
+        for stages in range(1, min(L, len(ids)) + 1):
+            for cuts in itertools.combinations(range(1, L), stages - 1):
+                ends = list(cuts) + [L]
+                bounds = list(zip([0] + ends[:-1], ends))
+                for shift in range(len(ids)):
+                    groups = [(ids[(s + shift) % len(ids)],) for s in range(stages)]
+                    for recompute in ([False] * stages, [s % 2 == 0 for s in range(stages)]):
+                        p = problem.make_plan(bounds, groups, recompute)
+                        fresh = stage_costs(p, problem.graph, problem.cluster)
+                        assert stage_costs(p, problem.graph, problem.cluster, cache) == fresh

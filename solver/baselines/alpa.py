@@ -70,10 +70,16 @@ def _stage_latency(problem: PlanningProblem, model: StageModel, lo: int, hi: int
     return t / speed + model.allreduce(lo, hi, group) / problem.microbatches
 
 
+TABLE_BYTES = 1 << 30
+"""Largest stage-latency table the DP allocates (1 GiB: 128 layers on 32 devices); a larger pool
+(it grows as ``S L^2 U log U``: 128 layers on 128 devices would need 17 GB) is not tried."""
+
+
 def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[tuple[float, Proposal]]:
     """Alpa's ``t_max`` loop and inner DP on ``pool`` (all of it used).
 
-    Returns ``(estimated latency, proposal)`` pairs, one per ``t_max`` that improved.
+    Returns ``(estimated latency, proposal)`` pairs, one per ``t_max`` that improved; none when
+    the table would exceed :data:`TABLE_BYTES`.
     """
     model = StageModel(problem)
     L, U, M = len(problem.graph), len(pool), problem.microbatches
@@ -83,6 +89,8 @@ def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[
     S = min(problem.stage_limit, L, U)
     sizes = [1 << e for e in range(U.bit_length()) if (1 << e) <= U] if problem.allow_replication else [1]
     # C[s, k, hi, d, j]: first of s remaining stages on layers [k, hi) with sizes[j] of the last d devices
+    if 8 * (S + 1) * L * (L + 1) * (U + 1) * len(sizes) > TABLE_BYTES:
+        return []
     C = np.full((S + 1, L, L + 1, U + 1, len(sizes)), np.inf)
     for s in range(1, S + 1):
         for k in range(L):

@@ -135,25 +135,27 @@ class Judged:
     """The simulator's verdict."""
 
 
-def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups) -> Judged | None:
+def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: dict | None = None) -> Judged | None:
     """The plan of a proposal, with recompute on the stages that need it, or ``None``.
 
     Recompute is switched on only for stages whose peak memory exceeds their smallest
     device (it costs a forward pass), and only when the problem allows it.  Returns
     ``None`` when the proposal leaves the search space or still does not fit.
+    ``cache``: the stage costs of earlier proposals on this problem
+    (:func:`pipeplan.solver.simulator.stage_costs`).
     """
     if len(bounds) > problem.stage_limit or len(bounds) != len(groups):
         return None
     if not problem.allow_replication and any(len(g) > 1 for g in groups):
         return None
     plan = problem.make_plan(bounds, groups)
-    costs = stage_costs(plan, problem.graph, problem.cluster)
+    costs = stage_costs(plan, problem.graph, problem.cluster, cache)
     over = [c.peak_memory > c.capacity for c in costs]
     if any(over):
         if not problem.allow_recompute:
             return None
         plan = problem.make_plan(bounds, groups, over)
-        costs = stage_costs(plan, problem.graph, problem.cluster)
+        costs = stage_costs(plan, problem.graph, problem.cluster, cache)
         if any(c.peak_memory > c.capacity for c in costs):
             return None
     return Judged(plan, run_timeline(costs, plan.global_batch))

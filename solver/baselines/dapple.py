@@ -110,6 +110,8 @@ def dapple_dp(problem: PlanningProblem, policy: Policy, deadline: float) -> list
             return []
         for m in range(1, D + 1):
             for mp in (range(1, m + 1) if problem.allow_replication else [1]):
+                if time.perf_counter() > deadline:  # thousands of devices: one row takes minutes
+                    return []
                 for i in range(j):
                     for k in ks:
                         prev_key = (k - 1 if counting else 0, i, m - mp)
