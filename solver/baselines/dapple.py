@@ -110,7 +110,7 @@ def dapple_dp(problem: PlanningProblem, policy: Policy, deadline: float) -> list
             return []
         for m in range(1, D + 1):
             for mp in (range(1, m + 1) if problem.allow_replication else [1]):
-                if time.perf_counter() > deadline:  # thousands of devices: one row takes minutes
+                if past(deadline):  # thousands of devices: one row takes minutes
                     return []
                 for i in range(j):
                     for k in ks:

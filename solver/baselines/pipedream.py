@@ -89,11 +89,11 @@ def pipedream_dp(problem: PlanningProblem, deadline: float) -> list[tuple[float,
         if past(deadline):
             return []
         for m in range(1, D + 1):
-            if time.perf_counter() > deadline:
+            if past(deadline):
                 return []
             widths = range(1, m + 1) if problem.allow_replication else [1]
             for mp in widths:
-                if mp % 64 == 0 and time.perf_counter() > deadline:  # thousands of devices: one row takes seconds
+                if mp % 64 == 0 and past(deadline):  # thousands of devices: one row takes seconds
                     return []
                 group = ranked[m - mp:m]
                 t, fits = vec.stage(j, group)

@@ -40,7 +40,6 @@ back.  The one plan Piper chooses is scored by the simulator.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
@@ -48,6 +47,7 @@ from typing import Iterator
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices, split_groups
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
+from pipeplan.solver.termination import past
 
 
 @dataclass(frozen=True)
@@ -179,7 +179,7 @@ def piper_dp(problem: PlanningProblem, deadline: float = math.inf) -> PiperChoic
     # best[(c, i, s)] = (bottleneck, next layer j, degree d) for layers [i, L) on s devices.
     best: dict[tuple[int, int, int], tuple[float, int, int]] = {(0, L, 0): (0.0, L, 0)}
     for i in range(L - 1, -1, -1):
-        if time.perf_counter() > deadline:
+        if past(deadline):
             return None
         for j in range(i + 1, L + 1):
             for d in degrees:
