@@ -106,16 +106,18 @@ def mutated(draw, doc: Any) -> Any:
         if action == "number":
             parent[key] = draw(st.sampled_from(EXTREME_NUMBERS) | st.floats(allow_nan=False, allow_infinity=False)
                                | st.integers(-2 ** 70, 2 ** 70))
-        elif action == "odd":
-            parent[key] = draw(st.sampled_from(ODD_VALUES))
+        elif action == "odd":  # a copy: a later mutation inside it must not change ODD_VALUES
+            parent[key] = copy.deepcopy(draw(st.sampled_from(ODD_VALUES)))
         elif action == "scale" and isinstance(parent[key], (int, float)) and not isinstance(parent[key], bool):
             parent[key] = parent[key] * draw(st.sampled_from([0, -1, 1e-300, 1e-30, 1e30, 1e300, 10 ** 300]))
         elif action == "delete":
             del parent[key]
         elif action == "extra" and isinstance(parent, dict):
-            parent[draw(st.sampled_from(["zz", "comment", "name", "\ud800"]))] = draw(st.sampled_from(ODD_VALUES))
+            parent[draw(st.sampled_from(["zz", "comment", "name", "\ud800"]))] = copy.deepcopy(
+                draw(st.sampled_from(ODD_VALUES)))
         elif action == "grow" and isinstance(parent[key], list) and parent[key]:
-            parent[key] = parent[key] * draw(st.sampled_from([2, 3, 50]))
+            # copies, not the same items many times: a mutation inside one must leave the others
+            parent[key] = [copy.deepcopy(item) for item in parent[key] * draw(st.sampled_from([2, 3, 50]))]
         elif action == "shrink" and isinstance(parent[key], list):
             parent[key] = parent[key][:draw(st.integers(0, max(0, len(parent[key]) - 1)))]
         elif action == "rename" and isinstance(parent[key], str):
