@@ -1,4 +1,10 @@
-"""The layer graph: a model as a DAG of layers with per-layer costs (``pipeplan.graph/1``).
+"""The layer graph: a model as a DAG of layers with per-layer costs (``pipeplan.graph/1`` and ``/2``).
+
+Version 2 (spec section 7.1) adds three optional layer fields: ``bwd_w`` (the
+weight-gradient part of ``bwd``), ``act_w`` (saved bytes the weight gradient still
+needs) and ``step`` (optimizer-step seconds).  A graph is written as ``/1`` when no
+layer carries them, and a ``/1`` file is read without them even if it has fields of
+those names (they are kept as unknown fields).
 
 Layers are kept in the file's topological order; plans refer to them by index and a
 stage is a contiguous index range.  The DAG itself is a :class:`networkx.DiGraph`
@@ -18,8 +24,10 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json, number_list
 
 GRAPH_FORMAT = "pipeplan.graph/1"
+GRAPH_FORMAT_V2 = "pipeplan.graph/2"
 
 _LAYER_FIELDS = frozenset({"name", "fwd", "bwd", "params", "act", "out", "tied_to"})
+_LAYER_FIELDS_V2 = _LAYER_FIELDS | {"bwd_w", "act_w", "step"}
 _GRAPH_FIELDS = frozenset({"format", "name", "input_bytes", "layers", "edges"})
 
 
@@ -41,6 +49,12 @@ class Layer:
     """Bytes per sample of the layer's output tensor."""
     tied_to: int | None = None
     """Index of the layer whose weights this one shares, or ``None``."""
+    bwd_w: tuple[float, float] | None = None
+    """Weight-gradient part ``(a, b)`` of ``bwd`` (version 2); ``None``: absent, read as ``bwd / 2``."""
+    act_w: float | None = None
+    """Bytes per sample the weight gradient still needs after the input gradient (version 2); ``None``: ``act``."""
+    step: float | None = None
+    """Optimizer-step seconds for this layer's parameters on the reference device (version 2); ``None``: 0."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     """Fields of the file this version does not know; written back unchanged."""
 
@@ -52,12 +66,44 @@ class Layer:
         """Backward seconds on the reference device for ``samples`` samples."""
         return self.bwd[0] + self.bwd[1] * samples
 
+    @property
+    def weight_bwd(self) -> tuple[float, float]:
+        """``(a_w, b_w)``: the weight-gradient backward, ``bwd / 2`` when ``bwd_w`` is absent."""
+        return self.bwd_w if self.bwd_w is not None else (self.bwd[0] / 2, self.bwd[1] / 2)
+
+    @property
+    def input_bwd(self) -> tuple[float, float]:
+        """``(a_b - a_w, b_b - b_w)``: the input-gradient backward."""
+        a_w, b_w = self.weight_bwd
+        return self.bwd[0] - a_w, self.bwd[1] - b_w
+
+    @property
+    def act_weight(self) -> float:
+        """Bytes per sample kept from the input gradient to the weight gradient (``act`` when absent)."""
+        return self.act if self.act_w is None else self.act_w
+
+    @property
+    def step_time(self) -> float:
+        """Optimizer-step seconds on the reference device (0 when absent)."""
+        return 0.0 if self.step is None else self.step
+
+    @property
+    def uses_v2(self) -> bool:
+        """Whether the layer carries a version-2 field."""
+        return self.bwd_w is not None or self.act_w is not None or self.step is not None
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = dict(self.extra)
         data.update(name=self.name, fwd=list(self.fwd), bwd=list(self.bwd),
                     params=self.params, act=self.act, out=self.out)
         if self.tied_to is not None:
             data["tied_to"] = self.tied_to
+        if self.bwd_w is not None:
+            data["bwd_w"] = list(self.bwd_w)
+        if self.act_w is not None:
+            data["act_w"] = self.act_w
+        if self.step is not None:
+            data["step"] = self.step
         return data
 
 
@@ -128,11 +174,11 @@ class LayerGraph:
     def from_dict(cls, data: Any, file: str = "-") -> "LayerGraph":
         """Read a ``pipeplan.graph/1`` object; see :func:`load_graph`."""
         top = Reader(data, file, "")
-        top.format(GRAPH_FORMAT)
+        version2 = top.format(GRAPH_FORMAT, GRAPH_FORMAT_V2) == GRAPH_FORMAT_V2
         name = top.string("name")
         input_bytes = top.number("input_bytes")
         raw_layers = top.array("layers", nonempty=True)
-        layers = [_read_layer(item, file, f"layers[{i}]")
+        layers = [_read_layer(item, file, f"layers[{i}]", version2)
                   for i, item in enumerate(raw_layers)]
         edges = None
         if top.has("edges"):
@@ -141,15 +187,20 @@ class LayerGraph:
         return cls(name, layers, edges, input_bytes, top.extras(_GRAPH_FIELDS), file)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``pipeplan.graph/1`` object (unknown fields of the source kept)."""
+        """The ``pipeplan.graph/1`` object, or ``/2`` when a layer has a version-2 field (unknown fields kept)."""
         data: dict[str, Any] = dict(self.extra)
-        data.update({"format": GRAPH_FORMAT, "name": self.name, "input_bytes": self.input_bytes,
+        data.update({"format": self.format, "name": self.name, "input_bytes": self.input_bytes,
                      "layers": [layer.to_dict() for layer in self.layers]})
         if self.explicit_edges:
             data["edges"] = [list(e) for e in self.edges]
         return data
 
     # ----------------------------------------------------------------- queries
+    @property
+    def format(self) -> str:
+        """``pipeplan.graph/2`` when any layer carries ``bwd_w``, ``act_w`` or ``step``, else ``/1``."""
+        return GRAPH_FORMAT_V2 if any(layer.uses_v2 for layer in self.layers) else GRAPH_FORMAT
+
     def __len__(self) -> int:
         return len(self.layers)
 
@@ -207,6 +258,23 @@ class LayerGraph:
             bb += layer.bwd[1]
         return af, bf, ab, bb
 
+    def range_weight_time(self, lo: int, hi: int) -> tuple[float, float]:
+        """Summed weight-gradient ``(a_w, b_w)`` over layers ``lo <= i < hi`` (spec 7.1 defaults applied)."""
+        a_w = b_w = 0.0
+        for layer in self.layers[lo:hi]:
+            a, b = layer.weight_bwd
+            a_w += a
+            b_w += b
+        return a_w, b_w
+
+    def range_act_weight(self, lo: int, hi: int) -> float:
+        """``Aw``: summed ``act_w`` (``act`` where absent) over layers ``lo <= i < hi``."""
+        return float(sum(layer.act_weight for layer in self.layers[lo:hi]))
+
+    def range_step(self, lo: int, hi: int) -> float:
+        """Summed optimizer-step seconds (reference device) over layers ``lo <= i < hi``."""
+        return float(sum(layer.step_time for layer in self.layers[lo:hi]))
+
     def unique_params(self) -> float:
         """Parameter bytes counting tied weights once."""
         return float(sum(layer.params for layer in self.layers if layer.tied_to is None))
@@ -219,21 +287,48 @@ def _check_edge(u: int, v: int, n: int, file: str, where: str) -> None:
         raise InputError(file, where, f"edge [{u}, {v}] must go forward (u < v): layers are listed in topological order")
 
 
-def _read_layer(item: Any, file: str, where: str) -> Layer:
+def _read_layer(item: Any, file: str, where: str, version2: bool = False) -> Layer:
     r = Reader(item, file, where)
     tied = None
     if r.has("tied_to") and r.raw("tied_to") is not None:
         tied = r.integer("tied_to", minimum=0, maximum=MAX_EXACT_INT)
+    bwd = number_list(r.raw("bwd"), file, r.path("bwd"), 2)
+    act = r.number("act")
+    bwd_w = act_w = step = None
+    if version2:
+        bwd_w, act_w, step = _read_v2_fields(r, bwd, act)
     return Layer(
         name=r.string("name"),
         fwd=number_list(r.raw("fwd"), file, r.path("fwd"), 2),  # type: ignore[arg-type]
-        bwd=number_list(r.raw("bwd"), file, r.path("bwd"), 2),  # type: ignore[arg-type]
+        bwd=bwd,  # type: ignore[arg-type]
         params=r.number("params"),
-        act=r.number("act"),
+        act=act,
         out=r.number("out"),
         tied_to=tied,
-        extra=r.extras(_LAYER_FIELDS),
+        bwd_w=bwd_w,
+        act_w=act_w,
+        step=step,
+        extra=r.extras(_LAYER_FIELDS_V2 if version2 else _LAYER_FIELDS),
     )
+
+
+def _read_v2_fields(r: Reader, bwd: tuple[float, ...], act: float
+                    ) -> tuple[tuple[float, float] | None, float | None, float | None]:
+    """``bwd_w``, ``act_w`` and ``step`` of a version-2 layer, each checked against its bound."""
+    bwd_w = None
+    if r.has("bwd_w"):
+        bwd_w = number_list(r.raw("bwd_w"), r.file, r.path("bwd_w"), 2)
+        for i, (part, whole) in enumerate(zip(bwd_w, bwd)):
+            if part > whole:
+                raise InputError(r.file, f"{r.path('bwd_w')}[{i}]",
+                                 f"the weight-gradient part {part!r} exceeds bwd[{i}] = {whole!r}; "
+                                 f"bwd_w is the part of bwd spent on weight gradients, so it is at most bwd")
+    act_w = r.number("act_w") if r.has("act_w") else None
+    if act_w is not None and act_w > act:
+        raise InputError(r.file, r.path("act_w"), f"{act_w!r} bytes exceed act = {act!r}; act_w is the part of "
+                                                   f"the saved activations the weight gradient still needs")
+    step = r.number("step") if r.has("step") else None
+    return bwd_w, act_w, step  # type: ignore[return-value]
 
 
 def _read_edge(item: Any, n: int, file: str, where: str) -> tuple[int, int]:
@@ -246,7 +341,7 @@ def _read_edge(item: Any, n: int, file: str, where: str) -> tuple[int, int]:
 
 
 def load_graph(path: str) -> LayerGraph:
-    """Load a ``pipeplan.graph/1`` file.
+    """Load a ``pipeplan.graph/1`` or ``/2`` file.
 
     Raises
     ------

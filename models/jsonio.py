@@ -317,15 +317,23 @@ class Reader:
         """Fields this reader does not know, kept so that a rewrite preserves them."""
         return {k: v for k, v in self.obj.items() if k not in known}
 
-    def format(self, expected: str) -> None:
-        """Check the ``format`` field names ``expected`` (family and version)."""
+    def format(self, expected: str, *also: str) -> str:
+        """Check the ``format`` field names ``expected`` or one of ``also``; return the one found.
+
+        Examples
+        --------
+        >>> Reader({"format": "x/2"}, "f", "").format("x/1", "x/2")
+        'x/2'
+        """
         found = self.string("format")
-        if found == expected:
-            return
+        accepted = (expected, *also)
+        if found in accepted:
+            return found
         family = expected.rsplit("/", 1)[0]
+        names = " and ".join(repr(a) for a in accepted)
         if found.startswith(family + "/"):
-            raise self.fail("format", f"unknown format version {found!r}; this pipeplan reads {expected!r}")
-        raise self.fail("format", f"expected {expected!r}, got {found!r}")
+            raise self.fail("format", f"unknown format version {found!r}; this pipeplan reads {names}")
+        raise self.fail("format", f"expected {names}, got {found!r}")
 
 
 def check_number(value: Any, file: str, where: str, *, positive: bool = False) -> float:

@@ -1,6 +1,7 @@
 """Layer graph: loading, round trip, boundary bytes, bad input."""
 
 import json
+import re
 
 import pytest
 from hypothesis import given, strategies as st
@@ -70,7 +71,7 @@ class TestLoadGraph:
         assert LayerGraph.from_dict(g.to_dict()).layers[2].tied_to == 0
 
     @pytest.mark.parametrize("mutate, where, what", [
-        (lambda d: d.update(format="pipeplan.graph/2"), "format", "unknown format version"),
+        (lambda d: d.update(format="pipeplan.graph/7"), "format", "unknown format version"),
         (lambda d: d.pop("input_bytes"), "input_bytes", "missing required field"),
         (lambda d: d["layers"][1].update(fwd=[-1, 0]), "layers[1].fwd[0]", "must not be negative"),
         (lambda d: d["layers"][0].update(bwd=[1]), "layers[0].bwd", "expected 2 numbers"),
@@ -165,3 +166,54 @@ class TestCheckValues:
         with pytest.raises(InputError) as caught:
             check_values(value, "f.json")
         assert caught.value.file == "f.json" and caught.value.where == where and what in caught.value.what
+
+
+class TestGraphVersion2:
+    """Spec 7.1: optional ``bwd_w``, ``act_w``, ``step``; ``/1`` read without them."""
+
+    @staticmethod
+    def _data(fmt: str) -> dict:
+        return {"format": fmt, "name": "t", "input_bytes": 4, "layers": [
+            {"name": "a", "fwd": [0, 1], "bwd": [1, 2], "bwd_w": [0.25, 1.5], "act_w": 3, "step": 0.1,
+             "params": 4, "act": 8, "out": 16},
+            {"name": "b", "fwd": [0, 1], "bwd": [1, 2], "params": 4, "act": 8, "out": 16}]}
+
+    def test_fields_and_defaults(self):
+        g = LayerGraph.from_dict(self._data("pipeplan.graph/2"))
+        # layer a as given, layer b defaulted to bwd/2, act, 0
+        assert g.range_weight_time(0, 2) == (0.25 + 0.5, 1.5 + 1.0)
+        assert g.layers[0].input_bwd == (0.75, 0.5)
+        assert g.range_act_weight(0, 2) == 3 + 8
+        assert g.range_step(0, 2) == 0.1
+        assert g.format == "pipeplan.graph/2"
+
+    def test_round_trip_keeps_version(self):
+        g = LayerGraph.from_dict(self._data("pipeplan.graph/2"))
+        again = LayerGraph.from_dict(g.to_dict())
+        assert again.to_dict() == g.to_dict()
+        assert again.layers[0].bwd_w == (0.25, 1.5)
+
+    def test_version1_ignores_fields_of_those_names(self):
+        g = LayerGraph.from_dict(self._data("pipeplan.graph/1"))
+        assert g.layers[0].bwd_w is None and g.layers[0].extra["bwd_w"] == [0.25, 1.5]
+        assert g.range_weight_time(0, 1) == (0.5, 1.0)
+        assert g.range_act_weight(0, 1) == 8 and g.range_step(0, 2) == 0
+        assert g.to_dict()["format"] == "pipeplan.graph/1"
+        assert g.to_dict()["layers"][0]["bwd_w"] == [0.25, 1.5]  # kept as an unknown field
+
+    @pytest.mark.parametrize("field, value, message", [
+        ("bwd_w", [0, 3], "exceeds bwd[1]"),
+        ("bwd_w", [2, 0], "exceeds bwd[0]"),
+        ("act_w", 9, "exceed act"),
+        ("step", -1, "must not be negative"),
+        ("bwd_w", [0], "expected 2 numbers"),
+    ])
+    def test_bad_fields(self, field, value, message):
+        data = self._data("pipeplan.graph/2")
+        data["layers"][0][field] = value
+        with pytest.raises(InputError, match=re.escape(message)):
+            LayerGraph.from_dict(data)
+
+    def test_unknown_version(self):
+        with pytest.raises(InputError, match="unknown format version 'pipeplan.graph/3'"):
+            LayerGraph.from_dict(self._data("pipeplan.graph/3"))
