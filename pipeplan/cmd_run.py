@@ -25,7 +25,7 @@ from pipeplan.loading import warn_names
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
 from pipeplan.runtime.launch import WorkerError, launch_local
 from pipeplan.runtime.report import present
-from pipeplan.runtime.routing import rank_of
+from pipeplan.runtime.routing import rank_of, stage_groups
 from pipeplan.runtime.worker import add_arguments, check_options
 
 
@@ -95,10 +95,13 @@ def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
     """
     plan = inputs.plan
     ranks = rank_of(plan)
+    of_stage = stage_groups(plan)
 
     def describe(rank: int) -> str:
-        s, j = ranks[rank]
-        return f"stage {s} replica {j}, device {plan.stages[s].devices[j]}"
+        g, j = ranks[rank]
+        stages = [s for s, group in enumerate(of_stage) if group == g]
+        held = f"stage {stages[0]}" if len(stages) == 1 else f"group {g}, stages {', '.join(map(str, stages))},"
+        return f"{held} replica {j}, device {plan.groups[g][j]}"
 
     with tempfile.TemporaryDirectory(prefix="pipeplan-run-") as tmp:
         result_file = Path(tmp) / "result.json"

@@ -24,7 +24,7 @@ from dataclasses import replace
 from typing import Any
 
 from pipeplan.models.graph import LayerGraph
-from pipeplan.runtime.replay import BACKWARD_LABELS, FORWARD_LABELS, op_seconds
+from pipeplan.runtime.replay import MICROBATCH_LABELS, op_seconds, rank_stages, stage_prefix
 from pipeplan.runtime.routing import replica_split
 from pipeplan.solver.cluster import Cluster
 from pipeplan.solver.plan import Plan
@@ -73,7 +73,10 @@ def run_factors(ranks: list[dict], steps: list[int], plan: Plan, graph: LayerGra
     Parameters
     ----------
     ranks : list of dict
-        The run's per-rank records (``stage``, ``replica``, and ``steps`` with their events).
+        The run's per-rank records (``stage`` or ``stages``, ``device`` or ``replica``, and
+        ``steps`` with their events).  A rank of a group with several stages counts
+        all of them; a split backward's ``I`` and ``W`` together are charged as the
+        spec charges ``B`` (``TI + TW = TB``).
     steps : list of int
         The measured steps (after warm-up); each op counts with its median.
     plan, graph, cluster
@@ -91,12 +94,15 @@ def run_factors(ranks: list[dict], steps: list[int], plan: Plan, graph: LayerGra
     """
     out: dict[str, float] = {}
     for r in ranks:
-        stage, replica = r["stage"], r["replica"]
-        device = plan.stages[stage].devices[replica]
-        seen = op_seconds(r, steps)
-        took = sum(seen.get(f"{label}{k}", 0.0) for k in range(len(plan.stages[stage].microbatches))
-                   for label in FORWARD_LABELS + BACKWARD_LABELS)
-        charged = charged_seconds(plan, graph, stage, replica) / cluster.device_index[device].speed
+        device = r["device"] if "device" in r else plan.stages[r["stage"]].devices[r["replica"]]
+        seen, prefix = op_seconds(r, steps), stage_prefix(r)
+        took = charged = 0.0
+        for s in rank_stages(r):  # every stage of the rank's group, its own replica of each
+            count = len(plan.stages[s].microbatches)
+            head = prefix.format(s)
+            took += sum(seen.get(f"{head}{label}{k}", 0.0) for k in range(count) for label in MICROBATCH_LABELS)
+            charged += charged_seconds(plan, graph, s, plan.stages[s].devices.index(device))
+        charged /= cluster.device_index[device].speed
         if charged > 0 and took > 0:
             out[device] = took / charged
     return out

@@ -115,7 +115,7 @@ def check_model_matches(model: ZooModel, graph: LayerGraph, graph_file: str) -> 
 
 def check_world(plan: Plan, world: int, plan_file: str) -> None:
     """The number of processes must be the number of devices the plan uses."""
-    devices = sum(len(st.devices) for st in plan.stages)
+    devices = len({d for st in plan.stages for d in st.devices})  # stages of one group share theirs
     if world != devices:
         raise InputError(plan_file, "stages", f"the plan uses {devices} devices but {world} processes run it; "
                                               f"start one process per device (ranks in plan order)")

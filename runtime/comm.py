@@ -7,6 +7,10 @@ and a rank only blocks when it needs data that has not arrived.  Each cut and
 direction has its own process group, and both ends post a cut's messages in the
 sender's op order: with NCCL (which matches point-to-point messages in order per
 group, ignoring tags) the two directions can then never block each other.
+
+Consecutive stages on one device group exchange nothing over the network: a message
+whose two ends are the same rank is handed over inside the process, through the
+rank's :class:`Mailbox` (spec section 7.3: available when the producing action ends).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Sequence
 import torch
 
 from pipeplan.runtime.emulate import Emulator, sleep_until
-from pipeplan.runtime.routing import Message, cut_messages, grad_order
+from pipeplan.runtime.routing import Message, cut_messages, grad_order, stage_groups
 from pipeplan.runtime.stage import CutLayout
 from pipeplan.runtime.transport import Transport, Work
 from pipeplan.solver.plan import Plan
@@ -28,16 +32,22 @@ STAMP_TAG = 1 << 20
 """Added to a message's tag for its emulated-arrival stamp."""
 
 
+Mailbox = dict
+"""``(key, tag) -> rows``: the messages a rank hands over to itself, shared by its stages' :class:`Channels`."""
+
+
 @dataclass
 class Inbound:
     """A posted receive."""
 
     message: Message
     """What arrives."""
-    buffer: torch.Tensor
-    """``(samples, features)`` it arrives into."""
-    work: Work
-    """The pending receive."""
+    buffer: torch.Tensor | None
+    """``(samples, features)`` it arrives into (``None`` for a hand-over inside the rank)."""
+    work: Work | None
+    """The pending receive (``None`` for a hand-over inside the rank)."""
+    key: tuple = ()
+    """The direction's key (finds a hand-over in the mailbox)."""
     stamp: torch.Tensor | None = None
     """Emulated arrival time (``--emulate`` only)."""
     stamp_work: Work | None = None
@@ -78,12 +88,19 @@ class Channels:
         Where buffers live.
     emulator : Emulator, optional
         Delays transfers to the cluster's links when given.
+    mailbox : Mailbox, optional
+        The rank's hand-overs to itself, shared by all its stages' channels.
     """
 
     def __init__(self, rank: int, stage: int, plan: Plan, op_lists: Sequence[Sequence[Op]],
                  layouts: tuple[CutLayout | None, CutLayout | None], transport: Transport, device: torch.device,
-                 emulator: Emulator | None = None) -> None:
+                 emulator: Emulator | None = None, mailbox: Mailbox | None = None) -> None:
         self.rank, self.device, self.emulator, self.transport = rank, device, emulator, transport
+        self.mailbox: Mailbox = {} if mailbox is None else mailbox
+        groups = stage_groups(plan)
+        # Emulated links are FIFOs per ordered pair of groups (spec 7.3), named by the peer group.
+        self._link = {"fwd": groups[stage + 1] if stage + 1 < len(groups) else None,
+                      "bwd": groups[stage - 1] if stage > 0 else None}
         last = len(plan.stages) - 1
         before = cut_messages(plan, stage - 1, op_lists) if stage > 0 else []
         after = cut_messages(plan, stage, op_lists) if stage < last else []
@@ -117,6 +134,9 @@ class Channels:
     def _post(self, direction: Direction, peer, key) -> dict[int, list[Inbound]]:
         posted: dict[int, list[Inbound]] = {}
         for m in direction.incoming:
+            if peer(m) == self.rank:
+                posted.setdefault(key(m), []).append(Inbound(m, None, None, direction.key))
+                continue
             layout = direction.layout
             assert layout is not None
             buffer = torch.empty(m.size, layout.features, dtype=layout.dtype, device=self.device)
@@ -136,16 +156,21 @@ class Channels:
         return self._wait(self._grads.pop(k))
 
     def _wait(self, items: list[Inbound]) -> torch.Tensor:
+        remote = [item for item in items if item.work is not None]
+        for item in remote:
+            item.work.wait()  # type: ignore[union-attr]
         for item in items:
-            item.work.wait()
-        if self.emulator is not None:
-            for item in items:
+            if item.work is None:  # sent earlier by this rank's own stage
+                item.buffer = self.mailbox.pop((item.key, item.message.tag))
+        if self.emulator is not None and remote:
+            for item in remote:
                 item.stamp_work.wait()  # type: ignore[union-attr]
-            sleep_until(max(float(item.stamp) for item in items))  # type: ignore[arg-type]
-        costs = [getattr(item.work, "cpu", None) for item in items]  # the tcp transport's, waits left out
+            sleep_until(max(float(item.stamp) for item in remote))  # type: ignore[arg-type]
+        # the tcp transport's CPU seconds, waits left out; a hand-over costs none
+        costs = [getattr(item.work, "cpu", None) if item.work is not None else 0.0 for item in items]
         began = time.perf_counter()
         items.sort(key=lambda item: item.message.start)  # regroup samples in order
-        joined = items[0].buffer if len(items) == 1 else torch.cat([item.buffer for item in items])
+        joined = items[0].buffer if len(items) == 1 else torch.cat([item.buffer for item in items])  # type: ignore
         self.receive_cpu = None if None in costs else sum(costs) + time.perf_counter() - began  # type: ignore
         return joined
 
@@ -161,13 +186,18 @@ class Channels:
     def _send(self, direction: Direction, messages: list[Message], buffer: torch.Tensor,
               first_sample: int, link: str, peer) -> None:
         stamp = None
-        if self.emulator is not None and messages:
-            nbytes = buffer.element_size() * buffer.shape[1] * sum(m.size for m in messages)
-            arrival = self.emulator.links[link].arrival(time.perf_counter(), nbytes)
+        remote = [m for m in messages if peer(m) != self.rank]
+        if self.emulator is not None and remote:
+            nbytes = buffer.element_size() * buffer.shape[1] * sum(m.size for m in remote)
+            arrival = self.emulator.links[self._link[link]].arrival(time.perf_counter(), nbytes)
             stamp = torch.tensor([arrival], dtype=torch.float64, device=self.device)
         for m in messages:
             rows = buffer if m.size == buffer.shape[0] else \
                 buffer[m.start - first_sample:m.stop - first_sample].contiguous()
+            if peer(m) == self.rank:
+                # a copy: the receiving stage's input must not share storage with this stage's output
+                self.mailbox[(direction.key, m.tag)] = rows.clone()
+                continue
             self._sends.append((self.transport.isend(rows, peer(m), direction.key, m.tag), rows))
             if stamp is not None:
                 self._sends.append((self.transport.isend(stamp, peer(m), direction.key, m.tag + STAMP_TAG), stamp))

@@ -8,17 +8,21 @@ machine cannot be emulated by sleeping; its work runs at this machine's speed.)
 A transfer leaves its sender when the op that produced it ends, waits for its link
 (a FIFO, as in the spec), and arrives ``lat + bytes / rate`` later: the sender
 stamps that arrival time on a small side message and the receiver sleeps until it.
-``rate`` is the spec's ``min(r_s, r_s+1) * bw`` shared among the sending replicas.
+``rate`` is the spec's ``min(r_X, r_Y) * bw`` shared among the sending replicas; one
+link per ordered pair of device groups carries the forward and backward transfers of
+every stage boundary between them.
 Stamps compare ``time.perf_counter`` values across processes, which is valid on one
 Linux machine (a system-wide monotonic clock), the only place emulation is meant for.
 
-The gradient all-reduce of a replicated stage is padded to the spec's ring time.
+The gradient all-reduce of a replicated group is padded to the spec's ring time.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+
+from pipeplan.runtime.routing import stage_groups
 
 
 def sleep_until(deadline: float) -> None:
@@ -55,10 +59,10 @@ class Emulator:
 
     speed: float
     """The rank's device speed relative to the reference device."""
-    links: dict[str, Link] = field(default_factory=dict)
-    """``"fwd"`` (to the next stage) and ``"bwd"`` (to the previous one), where they exist."""
+    links: dict[int, Link] = field(default_factory=dict)
+    """The rank's outgoing links, by the receiving group's index."""
     allreduce_time: float = 0.0
-    """The spec's ring all-reduce time of the stage (0 unless replicated)."""
+    """The spec's ring all-reduce time of the rank's group (0 unless replicated)."""
 
     def stretch(self, start: float) -> None:
         """Called at the end of a compute op begun at ``start``: sleep until it took ``t / speed``."""
@@ -76,21 +80,25 @@ class Emulator:
             link.free_at = 0.0
 
 
-def make_emulator(plan, cluster, stage: int, replica: int, param_bytes: int) -> Emulator:
-    """The emulator of replica ``replica`` of ``stage`` under ``plan`` on ``cluster``."""
-    st = plan.stages[stage]
-    me = st.devices[replica]
+def make_emulator(plan, cluster, group: int, replica: int, param_bytes: int) -> Emulator:
+    """The emulator of replica ``replica`` of device group ``group`` under ``plan`` on ``cluster``.
+
+    ``param_bytes``: the bytes of the parameters of all the group's stages (one all-reduce).
+    """
+    groups = plan.groups
+    mine = groups[group]
+    of_stage = stage_groups(plan)
+    peers = {of_stage[s + d] for s in range(len(of_stage)) if of_stage[s] == group for d in (-1, 1)
+             if 0 <= s + d < len(of_stage) and of_stage[s + d] != group}
     links = {}
-    for name, other in (("fwd", stage + 1), ("bwd", stage - 1)):
-        if 0 <= other < len(plan.stages):
-            peers = plan.stages[other].devices
-            r, r_other = len(st.devices), len(peers)
-            # The spec moves the whole microbatch at min(r, r') * bw; each of the r
-            # senders gets its share of that rate.
-            rate = min(r, r_other) * cluster.bw(st.devices, peers) / r
-            links[name] = Link(cluster.lat(st.devices, peers), rate)
+    for other in sorted(peers):
+        r, r_other = len(mine), len(groups[other])
+        # The spec moves the whole microbatch at min(r, r') * bw; each of the r
+        # senders gets its share of that rate.
+        rate = min(r, r_other) * cluster.bw(mine, groups[other]) / r
+        links[other] = Link(cluster.lat(mine, groups[other]), rate)
     allreduce = 0.0
-    r = len(st.devices)
+    r = len(mine)
     if r >= 2:
-        allreduce = 2 * (r - 1) * (cluster.lat(st.devices) + param_bytes / (r * cluster.bw(st.devices)))
-    return Emulator(cluster.device_index[me].speed, links, allreduce)
+        allreduce = 2 * (r - 1) * (cluster.lat(mine) + param_bytes / (r * cluster.bw(mine)))
+    return Emulator(cluster.device_index[mine[replica]].speed, links, allreduce)

@@ -1,16 +1,27 @@
-"""Run one rank's op list: the plan's ``Fk`` / ``Bk`` actions on real tensors.
+"""Run one rank's program: the plan's ``F`` / ``B`` / ``I`` / ``W`` actions on real tensors.
 
-Per iteration a rank posts its receives, runs its stage's op list in order (each op
-on its own piece of the microbatch, see :mod:`pipeplan.runtime.routing`), waits for its sends,
-sums gradients over its groups after the last backward, and takes an SGD step.
+A rank is one device of a group and serves its replica of every stage the group holds.
+Per iteration it posts its receives, runs its group's program in order (each action on
+the rank's own piece of the microbatch, see :mod:`pipeplan.runtime.routing`), waits for
+its sends, sums gradients over its groups after the last action, and takes an SGD step.
 Every piece of work is timed with ``time.perf_counter`` into an :class:`Event`.
+
+[Note: split backward]  ``I`` and ``W`` are two autograd calls, as torch's pipelining
+stages make them (``torch.distributed.pipelining._backward``): ``I`` computes the
+gradients of the stage's inputs only (``stage_backward_input``: ``autograd.grad`` with
+respect to the inputs, the graph retained, the nodes between inputs and weights
+remembered), sends them on at once, and ``W`` computes the weights' gradients from
+those nodes later (``stage_backward_weight``).  On a stage whose inputs need no
+gradient (the first one), ``I`` has nothing to compute and ``W`` runs the whole
+backward, as torch does.  Importing torch's pipelining package takes a second, so
+only a rank whose program splits a backward imports it (:func:`split_backward`).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 
@@ -20,9 +31,10 @@ from pipeplan.runtime.gradsync import GradSync
 from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.memory import MemoryMeter
 from pipeplan.runtime.pieces import piece_seed
+from pipeplan.runtime.programs import Action
 from pipeplan.runtime.routing import Piece
 from pipeplan.runtime.stage import Stage
-from pipeplan.solver.schedule import FORWARD, Op
+from pipeplan.solver.schedule import FORWARD
 
 EVENT_KINDS = ("forward", "backward", "recompute", "send", "receive", "allreduce", "idle")
 """Kinds of :class:`Event` (``idle`` is derived from the gaps when reporting)."""
@@ -35,7 +47,9 @@ class Event:
     kind: str
     """One of :data:`EVENT_KINDS`."""
     label: str
-    """``F3``, ``B3``, ``R3`` (recompute), ``recv A3`` ... ; microbatch of the stage."""
+    """``F3``, ``B3``, ``I3``, ``W3``, ``R3`` (recompute), ``recv A3`` ... ; microbatch of the stage.
+
+    On a rank holding several stages the stage comes first: ``2:F3``, ``2:recv A3``."""
     start: float
     """Seconds from the rank's iteration start."""
     end: float
@@ -52,44 +66,64 @@ class Stash:
     """Every tensor of the forward; ``None`` when recomputing."""
     loss: torch.Tensor | None
     """The piece's scaled loss on the last stage (if not recomputing)."""
+    grads: dict[int, torch.Tensor] | None = None
+    """The output gradients an ``I`` received, kept for a ``W`` that runs the whole backward."""
+    param_groups: list | None = None
+    """What ``stage_backward_input`` kept for ``stage_backward_weight`` (see [Note: split backward])."""
+
+
+@dataclass
+class RankStage:
+    """One stage as one rank runs it."""
+
+    stage: Stage
+    """Its units."""
+    channels: Channels
+    """Its messages to and from the neighbouring stages."""
+    pieces: dict[int, Piece]
+    """The rank's piece of each of the stage's microbatches."""
+    prefix: str = ""
+    """Put before its event labels (``"2:"`` on a rank holding several stages)."""
+    params: list[torch.nn.Parameter] = field(init=False)
+    """Its unique parameters."""
+
+    def __post_init__(self) -> None:
+        self.params = self.stage.parameters()
 
 
 class Executor:
-    """One rank's training loop over its stage's op list.
+    """One rank's training loop over its group's program.
 
     Parameters
     ----------
-    stage : Stage
-        The rank's units.
-    ops : list of Op
-        The stage's op list.
-    pieces : list of Piece
-        The rank's piece of each of the stage's microbatches.
+    stages : dict of int to RankStage
+        The rank's stages by index.
+    program : list of Action
+        The group's program (only actions of ``stages``).
     global_batch : int
         For the loss share of each piece.
-    channels : Channels
-        Point-to-point transfers.
     sync : GradSync
-        The gradient all-reduces after the last op.
+        The gradient all-reduces after the last action.
     lr : float
         SGD learning rate.
     emulator : Emulator, optional
         Stretches compute to the device's speed.
     beat : Heartbeat, optional
-        Liveness signal for the launcher, given before every op and around waits.
+        Liveness signal for the launcher, given before every action and around waits.
     seed : int
         The run's seed: with the step and the piece, it seeds each forward's dropout masks
         (:func:`pipeplan.runtime.pieces.piece_seed`).
     """
 
-    def __init__(self, stage: Stage, ops: list[Op], pieces: list[Piece], global_batch: int,
-                 channels: Channels, sync: GradSync, lr: float, emulator: Emulator | None = None,
+    def __init__(self, stages: dict[int, RankStage], program: Sequence[Action], global_batch: int,
+                 sync: GradSync, lr: float, emulator: Emulator | None = None,
                  beat: Heartbeat | None = None, seed: int = 0) -> None:
-        self.stage, self.ops, self.pieces, self.seed = stage, ops, pieces, seed
-        self.global_batch, self.channels, self.sync = global_batch, channels, sync
+        self.stages, self.program, self.seed = stages, list(program), seed
+        self.global_batch, self.sync = global_batch, sync
+        self._split = split_backward() if any(a.kind in ("I", "W") for a in self.program) else None
         self.emulator = emulator
         self.beat = beat or Heartbeat(0, 1)
-        params = stage.parameters()
+        params = self.parameters()
         self.optimizer = torch.optim.SGD(params, lr=lr)
         self.memory = MemoryMeter(params, next(iter(params)).device if params else torch.device("cpu"))
         self._events: list[Event] = []
@@ -99,6 +133,24 @@ class Executor:
         self._losses: list[torch.Tensor] = []
         self.loss: float | None = None
         """The last iteration's loss over this rank's pieces (the last stage only), each scaled by its share."""
+
+    @property
+    def model(self):
+        """The model the stages are cut from."""
+        return next(iter(self.stages.values())).stage.model
+
+    @property
+    def holds_last(self) -> bool:
+        """Whether the rank runs the last stage (it computes the loss)."""
+        return any(on.stage.is_last for on in self.stages.values())
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """Unique parameters of all the rank's stages (a Parameter tied between two of them once)."""
+        return list({id(p): p for on in self.stages.values() for p in on.params}.values())
+
+    def named_parameters(self) -> dict[str, torch.nn.Parameter]:
+        """``"unit.param" -> Parameter`` over all the rank's stages."""
+        return {name: p for on in self.stages.values() for name, p in on.stage.named_parameters().items()}
 
     @property
     def started(self) -> float:
@@ -115,7 +167,8 @@ class Executor:
         synchronised (the iteration's end in the spec's sense; the optimizer step
         after it is not timed).
         """
-        self.channels.post_receives()
+        for on in self.stages.values():
+            on.channels.post_receives()
         self.sync.post()
         if self.emulator is not None:
             self.emulator.new_iteration()
@@ -123,89 +176,140 @@ class Executor:
         start()
         self.beat(step, 0)
         self._events, self.receive_cpu, self._losses, self._t0 = [], {}, [], time.perf_counter()
-        stash: dict[int, Stash] = {}
-        for position, (kind, k) in enumerate(self.ops):
-            piece = self.pieces[k]
+        stash: dict[tuple[int, int], Stash] = {}
+        for position, (s, kind, k) in enumerate(self.program):
+            on = self.stages[s]
+            piece = on.pieces[k]
             if piece.size == 0:  # see [Note: replica remainders] in runtime.routing
                 continue
             self.beat(step, position)
             seed = piece_seed(self.seed, step, piece.stage, piece.microbatch, piece.replica) \
-                if self.stage.has_dropout else None  # a hash per op only where masks are drawn
+                if on.stage.has_dropout else None  # a hash per action only where masks are drawn
             if kind == FORWARD:
-                stash[k] = self._forward(k, piece, seed, inputs, targets)
+                stash[(s, k)] = self._forward(on, k, piece, seed, inputs, targets)
+            elif kind == "B":
+                self._backward(on, k, piece, seed, stash.pop((s, k)), targets)
+            elif kind == "I":
+                self._backward_input(on, k, piece, seed, stash[(s, k)], targets)
             else:
-                self._backward(k, piece, seed, stash.pop(k), targets)
-        self.beat(step, len(self.ops))
+                self._backward_weight(on, k, piece, stash.pop((s, k)))
+        self.beat(step, len(self.program))
         with self._timed("send", "wait sends", waiting=True):
-            self.channels.finish()
+            for on in self.stages.values():
+                on.channels.finish()
         if self.sync:
             with self._timed("allreduce", "all-reduce", waiting=True) as began:
                 self.sync.all_reduce()
                 if self.emulator is not None:
                     self.emulator.pad_allreduce(began[0])
         end = time.perf_counter() - self._t0
-        self.loss = float(sum(loss.item() for loss in self._losses)) if self.stage.is_last else None
+        self.loss = float(sum(loss.item() for loss in self._losses)) if self.holds_last else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self._events, end
 
-    # ----------------------------------------------------------------- ops
-    def _forward(self, k: int, piece: Piece, seed: int | None, inputs: torch.Tensor, targets: torch.Tensor) -> Stash:
-        stage = self.stage
+    # ----------------------------------------------------------------- actions
+    def _forward(self, on: RankStage, k: int, piece: Piece, seed: int | None, inputs: torch.Tensor,
+                 targets: torch.Tensor) -> Stash:
+        stage, key = on.stage, (piece.stage, k)
         x: dict[int, torch.Tensor] = {}
         if stage.input_layout is not None:
-            with self._timed("receive", f"recv A{k}", waiting=True):
-                buffer = self.channels.receive_activations(k)
-                began = time.perf_counter()
-                x = stage.input_layout.unpack(buffer, requires_grad=True)
-                self._note_receive_cpu(f"recv A{k}", time.perf_counter() - began)
+            x = self._receive(on, f"recv A{k}", lambda: on.channels.receive_activations(k),
+                              lambda buffer: stage.input_layout.unpack(buffer, requires_grad=True))  # type: ignore
         x[-1] = inputs[piece.start:piece.stop]
-        with self._timed("forward", f"F{k}", stretch=True):
+        with self._timed("forward", f"{on.prefix}F{k}", stretch=True):
             if stage.recompute:
-                self.memory.hold(k, sum(t.numel() * t.element_size() for t in x.values()))
+                self.memory.hold(key, sum(t.numel() * t.element_size() for t in x.values()))
                 with torch.no_grad():
                     done = stage.run(x, seed)
                 kept = Stash(x, None, None)
             else:
-                with self.memory.saving(k):
+                with self.memory.saving(key):
                     done = stage.run(x, seed)
                     loss = stage.loss(done, targets[piece.start:piece.stop], self._share(piece)) \
                         if stage.is_last else None
                 kept = Stash(x, done, loss)
         if stage.output_layout is not None:
-            with self._timed("send", f"send A{k}"):
-                self.channels.send_activations(k, stage.output_layout.pack(stage.outputs(done)), piece.start)
+            with self._timed("send", f"{on.prefix}send A{k}"):
+                on.channels.send_activations(k, stage.output_layout.pack(stage.outputs(done)), piece.start)
         return kept
 
-    def _backward(self, k: int, piece: Piece, seed: int | None, kept: Stash, targets: torch.Tensor) -> None:
-        stage = self.stage
+    def _backward(self, on: RankStage, k: int, piece: Piece, seed: int | None, kept: Stash,
+                  targets: torch.Tensor) -> None:
+        grads = self._prepare_backward(on, k, piece, seed, kept, targets)
+        with self._timed("backward", f"{on.prefix}B{k}", stretch=True):
+            on.stage.backward(kept.done, grads, kept.loss)  # type: ignore[arg-type]
+        self._release(piece.stage, k)
+        self._send_input_gradients(on, k, piece, kept)
+
+    def _backward_input(self, on: RankStage, k: int, piece: Piece, seed: int | None, kept: Stash,
+                        targets: torch.Tensor) -> None:
+        """``I``: the input gradients only, sent on at once; see [Note: split backward]."""
+        stage = on.stage
+        grads = self._prepare_backward(on, k, piece, seed, kept, targets)
+        with self._timed("backward", f"{on.prefix}I{k}", stretch=True):
+            if stage.input_layout is None:
+                kept.grads = grads  # nothing to compute here: W runs the whole backward
+            else:
+                assert kept.done is not None
+                if kept.loss is not None:
+                    outputs, output_grads = [kept.loss], None
+                else:
+                    assert grads is not None and stage.output_layout is not None
+                    units = stage.output_layout.units
+                    outputs, output_grads = [kept.done[u] for u in units], [grads[u] for u in units]
+                inputs = [kept.inputs[u] for u in stage.input_layout.units]
+                _, kept.param_groups = self._split[0](outputs, output_grads, inputs, iter(on.params))  # type: ignore
+        self._send_input_gradients(on, k, piece, kept)
+
+    def _backward_weight(self, on: RankStage, k: int, piece: Piece, kept: Stash) -> None:
+        """``W``: the weight gradients from what ``I`` kept; see [Note: split backward]."""
+        with self._timed("backward", f"{on.prefix}W{k}", stretch=True):
+            if kept.param_groups is None:
+                on.stage.backward(kept.done, kept.grads, kept.loss)  # type: ignore[arg-type]
+            else:
+                self._split[1](iter(on.params), kept.param_groups)  # type: ignore[index]
+        self._release(piece.stage, k)
+
+    def _prepare_backward(self, on: RankStage, k: int, piece: Piece, seed: int | None, kept: Stash,
+                          targets: torch.Tensor) -> dict[int, torch.Tensor] | None:
+        """Receive the output gradients and, on a recomputing stage, run the forward again."""
+        stage = on.stage
         grads = None
         if stage.output_layout is not None:
-            with self._timed("receive", f"recv G{k}", waiting=True):
-                buffer = self.channels.receive_gradients(k)
-                began = time.perf_counter()
-                grads = stage.output_layout.unpack(buffer)
-                self._note_receive_cpu(f"recv G{k}", time.perf_counter() - began)
+            grads = self._receive(on, f"recv G{k}", lambda: on.channels.receive_gradients(k),
+                                  stage.output_layout.unpack)
         if kept.done is None:  # recompute: re-run the forward with autograd on
-            with self._timed("recompute", f"R{k}", stretch=True), self.memory.saving(("R", k)):
+            with self._timed("recompute", f"{on.prefix}R{k}", stretch=True), \
+                    self.memory.saving(("R", piece.stage, k)):
                 kept.done = stage.rerun(kept.inputs, seed)
                 if stage.is_last:
                     kept.loss = stage.loss(kept.done, targets[piece.start:piece.stop], self._share(piece))
-        with self._timed("backward", f"B{k}", stretch=True):
-            stage.backward(kept.done, grads, kept.loss)
         if kept.loss is not None:
             self._losses.append(kept.loss.detach())
-        self.memory.release(k)
-        self.memory.release(("R", k))
-        if stage.input_layout is not None:
-            with self._timed("send", f"send G{k}"):
-                layout = stage.input_layout
-                grad_in = {u: _grad_or_zeros(kept.inputs[u]) for u in layout.units}
-                self.channels.send_gradients(k, layout.pack(grad_in), piece.start)
+        return grads
 
-    def _note_receive_cpu(self, label: str, unpacking: float) -> None:
-        if self.channels.receive_cpu is not None:
-            self.receive_cpu[label] = self.channels.receive_cpu + unpacking
+    def _send_input_gradients(self, on: RankStage, k: int, piece: Piece, kept: Stash) -> None:
+        layout = on.stage.input_layout
+        if layout is not None:
+            with self._timed("send", f"{on.prefix}send G{k}"):
+                grad_in = {u: _grad_or_zeros(kept.inputs[u]) for u in layout.units}
+                on.channels.send_gradients(k, layout.pack(grad_in), piece.start)
+
+    def _release(self, stage: int, k: int) -> None:
+        self.memory.release((stage, k))
+        self.memory.release(("R", stage, k))
+
+    def _receive(self, on: RankStage, label: str, wait: Callable[[], torch.Tensor], unpack: Callable):
+        """Wait for a receive, then unpack it; notes its CPU seconds (waits left out) under ``label``."""
+        label = on.prefix + label
+        with self._timed("receive", label, waiting=True):
+            buffer = wait()
+            began = time.perf_counter()
+            out = unpack(buffer)
+            if on.channels.receive_cpu is not None:
+                self.receive_cpu[label] = on.channels.receive_cpu + time.perf_counter() - began
+        return out
 
     def _share(self, piece: Piece) -> float:
         return piece.size / self.global_batch
@@ -240,6 +344,13 @@ class _Span:
         if self.stretch and ex.emulator is not None and exc[0] is None:
             ex.emulator.stretch(self.began[0])
         ex._events.append(Event(self.kind, self.label, self.began[0] - ex._t0, time.perf_counter() - ex._t0))
+
+
+def split_backward() -> tuple[Callable, Callable]:
+    """torch's ``stage_backward_input`` and ``stage_backward_weight`` (see [Note: split backward])."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+    return stage_backward_input, stage_backward_weight
 
 
 def _grad_or_zeros(leaf: torch.Tensor) -> torch.Tensor:

@@ -1,5 +1,7 @@
-"""Gradient synchronisation after a rank's last backward.
+"""Gradient synchronisation after a rank's last action.
 
+A rank holds every stage of its device group; its gradients are summed over the
+group's replicas at once, over the parameters of all those stages (spec section 7.3).
 Each replica's gradients are partial sums (its pieces' losses are already scaled by
 their share of the global batch), so summing them gives the whole batch's gradient.
 
@@ -9,7 +11,9 @@ does, the copies are kept identical by summing their gradients over every rank t
 holds one, then applying the same update everywhere.  That sum runs over the
 *partial* gradients of all those ranks (the replicas of each stage included), so a
 tied Parameter skips the stage's own all-reduce: summing twice would count the
-replicas' share ``r`` times.
+replicas' share ``r`` times.  Two holders on one device group (the first and last
+stage of a V-shaped pipeline) share one Parameter in the process, whose gradient
+collects both stages' parts before the sum.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeplan.models.zoo import ZooModel
-from pipeplan.runtime.routing import stage_ranks
+from pipeplan.runtime.routing import device_ranks, stage_ranks
 from pipeplan.runtime.transport import Transport, Work
 from pipeplan.solver.plan import Plan
 
@@ -40,19 +44,22 @@ def group_members(plan: Plan, model: ZooModel) -> dict:
     """The ranks of every process group of the run, in one order on every rank.
 
     Keys: ``(cut, "fwd" | "bwd")`` for the two directions of each cut,
-    ``("stage", s)`` for each replicated stage, ``("tied", stages)`` for each set of
-    stages sharing a Parameter.
+    ``("group", g)`` for each replicated device group, ``("tied", stages)`` for each set
+    of stages sharing a Parameter whose holders are on two ranks or more.
     """
     ranks = stage_ranks(plan)
     members: dict = {}
     for c in range(len(plan.stages) - 1):
         for direction in ("fwd", "bwd"):
-            members[(c, direction)] = ranks[c] + ranks[c + 1]
-    for s, stage in enumerate(ranks):
-        if len(stage) > 1:
-            members[("stage", s)] = list(stage)
+            members[(c, direction)] = list(dict.fromkeys(ranks[c] + ranks[c + 1]))
+    device_rank = device_ranks(plan)
+    for g, devices in enumerate(plan.groups):
+        if len(devices) > 1:
+            members[("group", g)] = [device_rank[d] for d in devices]
     for stages in sorted(set(tied_holders(model, plan).values())):
-        members[("tied", stages)] = sorted(r for s in stages for r in ranks[s])
+        holders = sorted({r for s in stages for r in ranks[s]})
+        if len(holders) > 1:
+            members[("tied", stages)] = holders
     return members
 
 
@@ -74,11 +81,11 @@ def links(members: dict, plan: Plan) -> list[tuple]:
     ranks = stage_ranks(plan)
     out = []
     for key, group in members.items():
-        if isinstance(key[0], int):  # a cut
-            pairs = [(x, y) for x in ranks[key[0]] for y in ranks[key[0] + 1]]
+        if isinstance(key[0], int):  # a cut; a rank on both sides hands over to itself
+            pairs = [(x, y) for x in ranks[key[0]] for y in ranks[key[0] + 1] if x != y]
         else:
             pairs = [tuple(group)] if len(group) == 2 else []
-        out += [(key, min(x, y), max(x, y)) for x, y in pairs]
+        out += list(dict.fromkeys((key, min(x, y), max(x, y)) for x, y in pairs))
     return out
 
 
@@ -124,9 +131,9 @@ class GradSync:
     """Moves the two-member sums' messages."""
 
     @classmethod
-    def for_stage(cls, stage: int, params: list[nn.Parameter], model: ZooModel, plan: Plan,
+    def for_group(cls, group: int, params: list[nn.Parameter], model: ZooModel, plan: Plan,
                   members: dict, groups: dict, transport: Transport) -> "GradSync":
-        """The buckets of a rank of ``stage`` holding ``params``.
+        """The buckets of a rank of device group ``group`` holding ``params`` (all its stages', once each).
 
         ``members``: :func:`group_members`; ``groups``: the process groups made of
         them (at least those of three or more ranks, which all-reduce through them).
@@ -134,7 +141,7 @@ class GradSync:
         tied = tied_holders(model, plan)
         by_group: dict = {}
         for p in params:
-            key = ("tied", tied[id(p)]) if id(p) in tied else ("stage", stage)
+            key = ("tied", tied[id(p)]) if id(p) in tied and ("tied", tied[id(p)]) in members else ("group", group)
             if key in members:
                 by_group.setdefault(key, []).append(p)
         # One global order (the groups' order): two ranks sharing two groups must

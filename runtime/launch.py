@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from pipeplan.runtime import heartbeat
 
@@ -52,7 +52,8 @@ def _die_with_parent() -> None:
 
 
 def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: float,
-                 describe: Callable[[int], str], extra_env: dict[str, str] | None = None) -> None:
+                 describe: Callable[[int], str], extra_env: dict[str, str] | None = None,
+                 entry: Sequence[str] = ("-m", "pipeplan.runtime.worker")) -> None:
     """Run ``world`` workers to completion.
 
     Parameters
@@ -69,6 +70,8 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
         ``rank -> "stage 0 replica 1, device g1"`` for messages.
     extra_env : dict, optional
         More environment for the workers.
+    entry : sequence of str
+        What ``python`` runs, before ``worker_args`` (the worker module; a test's own driver).
 
     Raises
     ------
@@ -87,7 +90,7 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
         for rank in range(world):
             with open(logs[rank], "wb") as log:
                 procs.append(subprocess.Popen(
-                    [sys.executable, "-m", "pipeplan.runtime.worker", *worker_args],
+                    [sys.executable, *entry, *worker_args],
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=ROOT,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True, preexec_fn=_die_with_parent))

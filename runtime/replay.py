@@ -12,7 +12,9 @@ An op's measured time is its compute (the recompute included) plus the CPU time
 the rank spends on the messages next to it, which the spec does not charge: posting
 the op's sends (their median span) and taking in its receives (their CPU part,
 see :func:`op_seconds`).  Replicas of a stage run the same op: the slowest one counts,
-as in the spec.
+as in the spec.  A split backward's halves are timed apart: ``I`` with the messages
+next to it, ``W`` alone (:func:`program_durations` gives every action of a group's
+program its measured time).
 """
 
 from __future__ import annotations
@@ -30,6 +32,13 @@ FORWARD_LABELS = ("recv A", "F", "send A")
 BACKWARD_LABELS = ("recv G", "R", "B", "send G")
 """What its backward costs: taking in the gradients, the recompute, the backward, posting them on."""
 
+ACTION_LABELS = {"F": FORWARD_LABELS, "B": BACKWARD_LABELS, "I": ("recv G", "R", "I", "send G"), "W": ("W",)}
+"""What each kind of action costs a rank: an input-gradient ``I`` takes in and sends on
+the gradients as ``B`` does; a weight-gradient ``W`` is compute alone."""
+
+MICROBATCH_LABELS = tuple(dict.fromkeys(label for labels in ACTION_LABELS.values() for label in labels))
+"""Every label of a microbatch's work on a rank, each once."""
+
 
 def op_seconds(rank: dict, steps: list[int]) -> dict[str, float]:
     """``label -> seconds`` of one rank: medians over ``steps``; receives by their CPU part.
@@ -39,6 +48,7 @@ def op_seconds(rank: dict, steps: list[int]) -> dict[str, float]:
     moved the message, and the executor the unpacking); without it (``--transport
     dist``), the shortest span of the same direction (any microbatch, any step: one
     the data had beaten) stands for it, which overcounts where every receive waits.
+    Labels keep their stage prefix (``3:recv G2`` on a rank holding several stages).
     """
     spans: dict[str, list[float]] = defaultdict(list)
     cpu: dict[str, list[float]] = defaultdict(list)
@@ -48,32 +58,84 @@ def op_seconds(rank: dict, steps: list[int]) -> dict[str, float]:
             spans[label].append(b - a)
         for label, seconds in record.get("receive_cpu", {}).items():
             cpu[label].append(seconds)
-    shortest = {direction: min((min(t) for label, t in spans.items() if label.startswith(direction)), default=0.0)
-                for direction in ("recv A", "recv G")}
+
+    def direction(label: str) -> str:
+        return label.rsplit(":", 1)[-1][:6]
+
+    shortest = {d: min((min(t) for label, t in spans.items() if direction(label) == d), default=0.0)
+                for d in ("recv A", "recv G")}
 
     def seconds(label: str, times: list[float]) -> float:
-        if not label.startswith("recv "):
+        if not direction(label).startswith("recv "):
             return statistics.median(times)
-        return statistics.median(cpu[label]) if cpu.get(label) else shortest[label[:6]]
+        return statistics.median(cpu[label]) if cpu.get(label) else shortest[direction(label)]
 
     return {label: seconds(label, times) for label, times in spans.items()}
 
 
+def rank_stages(rank: dict) -> list[int]:
+    """The stages a rank record holds (a record without ``stages`` holds its ``stage``)."""
+    return list(rank.get("stages", [rank["stage"]]))
+
+
+def stage_prefix(rank: dict) -> str:
+    """What a rank's labels of stage ``s`` start with: ``"s:"`` where it holds several stages (see the executor)."""
+    return "{}:" if len(rank_stages(rank)) > 1 else ""
+
+
+def action_seconds(seen: dict[str, float], prefix: str, stage: int, kind: str, k: int) -> float:
+    """Measured seconds of one action in one rank's :func:`op_seconds` (0 for what it did not run)."""
+    head = prefix.format(stage)
+    return sum(seen.get(f"{head}{label}{k}", 0.0) for label in ACTION_LABELS[kind])
+
+
+def program_durations(ranks: list[dict], steps: list[int], group: int,
+                      program: list[tuple[int, str, int]]) -> tuple[float, ...]:
+    """Measured seconds of every action of group ``group``'s program: the slowest replica's.
+
+    Parameters
+    ----------
+    ranks : list of dict
+        The run's per-rank records (``group``, ``stages`` and ``steps``).
+    steps : list of int
+        The measured steps.
+    group : int
+        The group.
+    program : list of (stage, kind, microbatch)
+        Its program.
+
+    Returns
+    -------
+    tuple of float
+        One duration per action, in program order.
+
+    Examples
+    --------
+    See ``tests/test_runtime_v2.py``.
+    """
+    replicas = [(op_seconds(r, steps), stage_prefix(r)) for r in ranks if r.get("group", r["stage"]) == group]
+    return tuple(max(action_seconds(seen, prefix, s, kind, k) for seen, prefix in replicas)
+                 for s, kind, k in program)
+
+
 def replayed_durations(ranks: list[dict], steps: list[int], prediction: SimulationResult) -> list[dict]:
     """Per stage, ``{"fwd", "bwd", "recompute"}`` tuples of measured seconds by microbatch."""
-    per_stage: list[list[dict[str, float]]] = [[] for _ in prediction.stages]
+    per_stage: list[list[tuple[dict[str, float], str]]] = [[] for _ in prediction.stages]
     for r in ranks:
-        per_stage[r["stage"]].append(op_seconds(r, steps))
+        seen, prefix = op_seconds(r, steps), stage_prefix(r)
+        for s in rank_stages(r):
+            per_stage[s].append((seen, prefix))
     out = []
-    for cost, replicas in zip(prediction.stages, per_stage):
+    for s, (cost, replicas) in enumerate(zip(prediction.stages, per_stage)):
         count = len(cost.sizes)
 
-        def slowest(*labels: str, k: int) -> float:
-            return max(sum(seen.get(f"{label}{k}", 0.0) for label in labels) for seen in replicas)
+        def slowest(kind: str, k: int) -> float:
+            return max(action_seconds(seen, prefix, s, kind, k) for seen, prefix in replicas)
 
-        out.append({"fwd": tuple(slowest(*FORWARD_LABELS, k=k) for k in range(count)),
-                    "bwd": tuple(slowest(*BACKWARD_LABELS, k=k) for k in range(count)),
-                    "recompute": tuple(slowest("R", k=k) for k in range(count))})
+        out.append({"fwd": tuple(slowest("F", k) for k in range(count)),
+                    "bwd": tuple(slowest("B", k) for k in range(count)),
+                    "recompute": tuple(max(seen.get(f"{prefix.format(s)}R{k}", 0.0) for seen, prefix in replicas)
+                                       for k in range(count))})
     return out
 
 

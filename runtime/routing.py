@@ -1,6 +1,7 @@
 """Who computes which samples, and which messages cross each cut (pure data).
 
-Every rank serves one replica of one stage.  Microbatch ``k`` of stage ``s`` covers
+Every rank is one device of the plan and serves its replica of every stage on that
+device (several stages when stages share a device group, plan version 2).  Microbatch ``k`` of stage ``s`` covers
 the global samples ``[C_s(k-1), C_s(k))`` (spec section 3); its ``r_s`` replicas split
 it into contiguous parts of at most ``q = ceil(n / r_s)`` samples (spec section 4).
 
@@ -25,6 +26,9 @@ from typing import Sequence
 
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.schedule import Op
+
+GRADIENT_SENDERS = ("B", "I")
+"""Actions that compute a stage's input gradients and send them to the stage before."""
 
 
 @dataclass(frozen=True)
@@ -89,18 +93,47 @@ def replica_split(n: int, r: int) -> list[int]:
     return [q + 1 if j < rem else q for j in range(r)]
 
 
-def stage_ranks(plan: Plan) -> list[list[int]]:
-    """Global ranks of each stage's replicas: devices numbered in plan order."""
-    ranks, nxt = [], 0
+def device_ranks(plan: Plan) -> dict[str, int]:
+    """``device -> global rank``: devices numbered in the order the stages first name them.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.plan import Plan, Stage
+    >>> plan = Plan("g", "c", 2, 4.0, "custom", (Stage((0, 1), ("a", "b"), (2,)), Stage((1, 2), ("c",), (2,)),
+    ...                                          Stage((2, 3), ("b", "a"), (2,))))
+    >>> device_ranks(plan)
+    {'a': 0, 'b': 1, 'c': 2}
+    """
+    ranks: dict[str, int] = {}
     for st in plan.stages:
-        ranks.append(list(range(nxt, nxt + len(st.devices))))
-        nxt += len(st.devices)
+        for device in st.devices:
+            ranks.setdefault(device, len(ranks))
     return ranks
 
 
+def stage_ranks(plan: Plan) -> list[list[int]]:
+    """Global ranks of each stage's replicas, in the order of the stage's ``devices``."""
+    ranks = device_ranks(plan)
+    return [[ranks[d] for d in st.devices] for st in plan.stages]
+
+
+def stage_groups(plan: Plan) -> list[int]:
+    """The device group of every stage (groups numbered as :attr:`Plan.groups` numbers them)."""
+    keys = [frozenset(devices) for devices in plan.groups]
+    return [keys.index(frozenset(st.devices)) for st in plan.stages]
+
+
 def rank_of(plan: Plan) -> list[tuple[int, int]]:
-    """``(stage, replica)`` of every global rank."""
-    return [(s, j) for s, st in enumerate(plan.stages) for j in range(len(st.devices))]
+    """``(group, replica)`` of every global rank: its group and its position in the group's devices.
+
+    With one stage per group (every version-1 plan) the group is the stage.
+    """
+    ranks = device_ranks(plan)
+    out = [(0, 0)] * len(ranks)
+    for g, devices in enumerate(plan.groups):
+        for j, device in enumerate(devices):
+            out[ranks[device]] = (g, j)
+    return out
 
 
 def pieces(plan: Plan, stage: int) -> list[Piece]:
@@ -120,8 +153,11 @@ def pieces(plan: Plan, stage: int) -> list[Piece]:
 def cut_messages(plan: Plan, cut: int, op_lists: Sequence[Sequence[Op]]) -> list[Message]:
     """Activation messages across the cut after stage ``cut``, in sending order.
 
-    Sending order: by the position of the sender's ``Fk`` in its op list, then by
-    sample.  Gradients travel the same pieces backwards (see :func:`grad_order`).
+    ``op_lists[s]``: stage ``s``'s actions in the order its group runs them.  Sending
+    order: by the position of the sender's ``Fk`` in its op list, then by sample.
+    Gradients travel the same pieces backwards (see :func:`grad_order`).  A message
+    whose two pieces are on one rank (consecutive stages on one group) is handed
+    over inside the process (``src == dst``).
     """
     senders = [p for p in pieces(plan, cut) if p.size]
     receivers = [p for p in pieces(plan, cut + 1) if p.size]
@@ -140,12 +176,13 @@ def cut_messages(plan: Plan, cut: int, op_lists: Sequence[Sequence[Op]]) -> list
 def grad_order(messages: Sequence[Message], op_lists: Sequence[Sequence[Op]]) -> list[Message]:
     """The messages of one cut in the order their gradients are sent back.
 
-    By the position of the receiving stage's ``Bk`` in its op list, then by sample.
+    By the position of the receiving stage's ``Bk`` (or ``Ik``, the input-gradient
+    half of a split backward, which sends them) in its op list, then by sample.
     """
     if not messages:
         return []
     cut = messages[0].cut
-    position = {k: i for i, (kind, k) in enumerate(op_lists[cut + 1]) if kind == "B"}
+    position = {k: i for i, (kind, k) in enumerate(op_lists[cut + 1]) if kind in GRADIENT_SENDERS}
     return sorted(messages, key=lambda m: (position[m.dst_mb], m.start, m.src))
 
 

@@ -2,7 +2,8 @@
 
 Reads the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``); rank ``i`` runs the ``i``-th device of the plan
-(devices numbered stage by stage, in each stage's order).  The local launcher
+(devices numbered in the order the stages first name them: stage by stage, in each
+stage's order) and, on it, every stage of its device group, by the group's program.  The local launcher
 (:mod:`pipeplan.runtime.launch`) sets the same variables, so across machines::
 
     torchrun --nnodes=2 --nproc-per-node=2 --node-rank=N \\
@@ -35,11 +36,12 @@ from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_
 from pipeplan.runtime.checks import RunInputs, check_emulation, check_world, load_inputs
 from pipeplan.runtime.comm import Channels
 from pipeplan.runtime.emulate import make_emulator
-from pipeplan.runtime.executor import Executor
+from pipeplan.runtime.executor import Executor, RankStage
 from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups
 from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.memory import rss_peak_bytes
-from pipeplan.runtime.routing import pieces, rank_of
+from pipeplan.runtime.programs import Action, plan_programs, stage_op_lists
+from pipeplan.runtime.routing import pieces, rank_of, stage_groups
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
 from pipeplan.runtime.training_data import step_batch
@@ -129,6 +131,16 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
     if args.emulate:  # pipeplan run checked already; under torchrun this is the first check
         check_emulation(inputs.prediction, args.timeout, inputs.plan_file)
+    return train_rank(args, inputs, plan_programs(inputs.plan), rank, world, beat)
+
+
+def train_rank(args: argparse.Namespace, inputs: RunInputs, programs: list[list[Action]], rank: int, world: int,
+               beat: Heartbeat) -> int:
+    """Connect, train this rank's group by ``programs`` (every group's), gather and report; the exit status.
+
+    ``programs`` are the plan's (:func:`pipeplan.runtime.programs.plan_programs`): every
+    caller but a test of the executor on hand-written programs passes those.
+    """
     plan = inputs.plan
     check_world(plan, world, inputs.plan_file)
     cuda = torch.cuda.is_available()
@@ -151,7 +163,7 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     starter = None if tcp else dist.new_group(backend="gloo")  # see _start_together
     transport = _transport(args, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
-    executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
+    executor, need_data = _build(args, inputs, programs, rank, device, beat, members, groups, transport)
     _pin_main_thread(device)
     records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
     status = _finish(args, inputs, executor, records, rank, world, control, beat)
@@ -243,32 +255,41 @@ START = ("start",)
 """The key of the start-of-iteration tokens (every pair of ranks)."""
 
 
-def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, members: dict,
-           groups: dict, transport: Transport) -> tuple[Executor, bool]:
-    """This rank's executor, and whether it needs the batch (model input or targets)."""
+def _build(args, inputs: RunInputs, programs: list[list[Action]], rank: int, device: torch.device, beat: Heartbeat,
+           members: dict, groups: dict, transport: Transport) -> tuple[Executor, bool]:
+    """This rank's executor over its group's stages, and whether it needs the batch (model input or targets)."""
     plan = inputs.plan
-    stage_index, replica = rank_of(plan)[rank]
-    st = plan.stages[stage_index]
-    lo, hi = st.layers
+    group, _ = rank_of(plan)[rank]
+    mine = [s for s, g in enumerate(stage_groups(plan)) if g == group]
     model = inputs.model  # every rank builds it with the same seed: the same weights everywhere
     shapes = unit_shapes(model)
-    for unit in model.units[lo:hi]:
-        unit.module.to(device)
-    last = len(plan.stages) - 1
-    layouts = (cut_layout(model, lo - 1, shapes) if stage_index > 0 else None,
-               cut_layout(model, hi - 1, shapes) if stage_index < last else None)
-    stage = Stage(model, lo, hi, st.recompute, *layouts)
-    op_lists = plan.op_lists()
+    op_lists = stage_op_lists(programs, len(plan.stages))
+    mailbox: dict = {}
     emulator = None
+    last = len(plan.stages) - 1
+    stages = {}
+    for s in mine:
+        lo, hi = plan.stages[s].layers
+        for unit in model.units[lo:hi]:
+            unit.module.to(device)
+        layouts = (cut_layout(model, lo - 1, shapes) if s > 0 else None,
+                   cut_layout(model, hi - 1, shapes) if s < last else None)
+        stage = Stage(model, lo, hi, plan.stages[s].recompute, *layouts)
+        stages[s] = (stage, layouts)
+    params = list({id(p): p for stage, _ in stages.values() for p in stage.parameters()}.values())
     if args.emulate:
-        param_bytes = sum(p.numel() * p.element_size() for p in stage.parameters())
-        emulator = make_emulator(plan, inputs.cluster, stage_index, replica, param_bytes)
-    channels = Channels(rank, stage_index, plan, op_lists, layouts, transport, device, emulator)
-    sync = GradSync.for_stage(stage_index, stage.parameters(), model, plan, members, groups, transport)
-    mine = [p for p in pieces(plan, stage_index) if p.rank == rank]
-    executor = Executor(stage, op_lists[stage_index], mine, plan.global_batch, channels, sync,
-                        args.lr, emulator, beat, seed=args.seed)
-    need_data = stage_index in (0, last) or any(-1 in u.inputs for u in model.units[lo:hi])
+        param_bytes = sum(p.numel() * p.element_size() for p in params)
+        emulator = make_emulator(plan, inputs.cluster, group, rank_of(plan)[rank][1], param_bytes)
+    prefix = len(mine) > 1
+    on_rank = {s: RankStage(stage, Channels(rank, s, plan, op_lists, layouts, transport, device, emulator, mailbox),
+                            {p.microbatch: p for p in pieces(plan, s) if p.rank == rank},
+                            f"{s}:" if prefix else "")
+               for s, (stage, layouts) in stages.items()}
+    sync = GradSync.for_group(group, params, model, plan, members, groups, transport)
+    program = [a for a in programs[group] if a.stage in on_rank]
+    executor = Executor(on_rank, program, plan.global_batch, sync, args.lr, emulator, beat, seed=args.seed)
+    need_data = any(s in (0, last) or any(-1 in u.inputs for u in model.units[slice(*plan.stages[s].layers)])
+                    for s in mine)
     return executor, need_data
 
 
@@ -321,7 +342,7 @@ def _start_together(transport: Transport, rank: int, world: int) -> None:
 
 def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
            transport: Transport, beat: Heartbeat) -> list[dict]:
-    model, batch = executor.stage.model, inputs.plan.global_batch
+    model, batch = executor.model, inputs.plan.global_batch
     world = dist.get_world_size()
     fault = _fault(rank)
     records = []
@@ -354,12 +375,14 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
             control, beat: Heartbeat) -> int:
     """Gather everything on rank 0, verify, and write or print the report; the exit status."""
     plan = inputs.plan
-    stage_index, replica = rank_of(plan)[rank]
-    mine = {"rank": rank, "stage": stage_index, "replica": replica, "host": socket.gethostname(),
-            "device": plan.stages[stage_index].devices[replica], "steps": records,
+    group, replica = rank_of(plan)[rank]
+    stages = [s for s, g in enumerate(stage_groups(plan)) if g == group]
+    # "stage": the group's first stage (the stage itself under version 1)
+    mine = {"rank": rank, "group": group, "stages": stages, "stage": stages[0], "replica": replica,
+            "host": socket.gethostname(), "device": plan.groups[group][replica], "steps": records,
             "peak_memory": executor.memory.peak_bytes, "peak_memory_kind": executor.memory.kind,
             "rss_peak": rss_peak_bytes()}
-    params = {name: p.detach().cpu() for name, p in executor.stage.named_parameters().items()} \
+    params = {name: p.detach().cpu() for name, p in executor.named_parameters().items()} \
         if args.verify else {}
     gathered: list = [None] * world if rank == 0 else None  # type: ignore[assignment]
     beat(args.steps, 0, waiting=True)

@@ -1,0 +1,87 @@
+"""The programs a run executes: each device group's actions, as data.
+
+A group's *program* (spec section 7.2) is the list of the actions of all its stages,
+run one at a time in list order: ``Action(stage, kind, microbatch)`` with kind ``F``
+(forward), ``B`` (whole backward), ``I`` (input-gradient half of a split backward)
+or ``W`` (its weight-gradient half), written as torch.distributed.pipelining writes
+them (``"0F3"``).  Every replica of a group runs the group's program on its own part
+of each microbatch.
+
+The runtime reads them from the plan (:meth:`Plan.programs`, which holds the
+schedule's own generated lists and a custom plan's given ones) and splits them into
+per-stage op lists for the message routing (:mod:`pipeplan.runtime.routing`), whose
+order within one stage is all that routing needs.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple, Sequence
+
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.schedule import Op
+
+KINDS = ("F", "B", "I", "W")
+"""Action kinds: forward, whole backward, input-gradient backward, weight-gradient backward."""
+
+_ACTION_RE = re.compile(r"(0|[1-9][0-9]*)([FBIW])(0|[1-9][0-9]*)")
+
+
+class Action(NamedTuple):
+    """One action of a program (the fields of ``pipeplan.solver.schedule.Action``)."""
+
+    stage: int
+    """The stage it runs."""
+    kind: str
+    """One of :data:`KINDS`."""
+    microbatch: int
+    """The stage's microbatch index."""
+
+
+def parse_action(text: str) -> Action:
+    """``"0I2"`` -> ``Action(0, "I", 2)``.
+
+    Raises
+    ------
+    ValueError
+        If ``text`` is not ``<stage><kind><microbatch>``.
+
+    Examples
+    --------
+    >>> parse_action("3W12")
+    Action(stage=3, kind='W', microbatch=12)
+    """
+    match = _ACTION_RE.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"action {text!r} is not of the form <stage><F|B|I|W><microbatch>, e.g. 0F3")
+    return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+
+
+def plan_programs(plan: Plan) -> list[list[Action]]:
+    """Every group's program, as the plan defines it.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.plan import Plan, Stage
+    >>> p = Plan("g", "c", 2, 4.0, "gpipe", (Stage((0, 1), ("a",), (1, 1)),))
+    >>> [a.kind + str(a.microbatch) for a in plan_programs(p)[0]]
+    ['F0', 'F1', 'B0', 'B1']
+    """
+    return [[parse_action(text) for text in program] for program in plan.programs()]
+
+
+def stage_op_lists(programs: Sequence[Sequence[Action]], num_stages: int) -> list[list[Op]]:
+    """Each stage's ``(kind, microbatch)`` actions, in the order its group's program runs them.
+
+    Examples
+    --------
+    >>> programs = [[Action(0, "F", 0), Action(1, "F", 0), Action(1, "I", 0), Action(0, "B", 0),
+    ...              Action(1, "W", 0)]]
+    >>> stage_op_lists(programs, 2)
+    [[('F', 0), ('B', 0)], [('F', 0), ('I', 0), ('W', 0)]]
+    """
+    lists: list[list[Op]] = [[] for _ in range(num_stages)]
+    for program in programs:
+        for action in program:
+            lists[action.stage].append((action.kind, action.microbatch))
+    return lists
