@@ -42,6 +42,7 @@ def check_programs(programs: object, stage_groups: Sequence[int], counts: Sequen
     Returns
     -------
     list of list of Action
+        The programs, each entry read as an :class:`Action`.
 
     Raises
     ------
@@ -187,6 +188,7 @@ def programs_from_csv(text: str, stage_groups: Sequence[int], counts: Sequence[i
     Returns
     -------
     list of list of Action
+        Row ``g`` as group ``g``'s program.
 
     Raises
     ------

@@ -215,6 +215,7 @@ def looped_bfs_programs(groups: int, microbatches: int, virtual: int) -> list[li
     Returns
     -------
     list of list of Action
+        Program ``g`` for each group ``g``, ``2*v*m`` actions each.
 
     Raises
     ------
@@ -254,6 +255,8 @@ def zbv_programs(groups: int, microbatches: int, virtual: int = ZBV_STAGES_PER_G
     Returns
     -------
     list of list of Action
+        Program ``g`` for each group ``g``: ``F``, ``I`` and ``W`` of microbatches
+        ``0 .. m-1`` of its two stages.
 
     Raises
     ------

@@ -114,7 +114,9 @@ def stage_ops(schedule: str, m: int, stage: int, num_stages: int,
             raise ValueError("a custom schedule needs the stage's op list")
         return list(custom)
     if schedule in NAMED_V2:
-        raise ValueError(f"{schedule} runs per-group programs, not per-stage op lists; use group_programs")
+        # an InputError (a ValueError), so that a version-1 code path handed such a plan stops in one line
+        raise InputError("-", "schedule", f"{schedule} runs per-group programs, which only a pipeplan.plan/2 plan "
+                                          f"and the version-2 simulator know; use gpipe, 1f1b or custom here")
     raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
 
 
