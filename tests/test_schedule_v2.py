@@ -4,6 +4,8 @@ import functools
 import itertools
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.distributed.pipelining import schedules as torch_schedules
 from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
@@ -293,6 +295,39 @@ class TestCheckPrograms:
         assert "one F and then one B, or one I and later one W" in what
         self.fails([self.GOOD[0], ["2F0"]], "programs[1]", "misses 1 action(s): 2B0 (or 2I0 and 2W0)")
         self.fails([self.GOOD[0], []], "programs[1]", "misses 2 action(s): 2F0, 2B0")
+
+
+def in_dependency_order(program):
+    """The oracle: every B or I after its F, every W after its I (the only order rules one group can break)."""
+    position = {a: i for i, a in enumerate(program)}
+    for a in program:
+        needs = {"B": "F", "I": "F", "W": "I"}.get(a.kind)
+        if needs and position[Action(a.stage, needs, a.microbatch)] > position[a]:
+            return False
+    return True
+
+
+@st.composite
+def shuffled_programs(draw):
+    name = draw(st.sampled_from(NAMED_V2))
+    groups, m = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    virtual = 2 if name == "zbv" else draw(st.integers(1, 2))
+    programs = [draw(st.permutations(p)) for p in group_programs(name, groups, m, virtual)]
+    count = num_stages(name, groups, virtual)
+    return programs, [stage_group(name, s, groups) for s in range(count)], [m] * count
+
+
+class TestCheckProgramsProperty:
+    @settings(max_examples=150, deadline=None)
+    @given(shuffled_programs())
+    def test_accepts_a_reordering_exactly_when_dependencies_hold(self, case):
+        programs, owners, counts = case
+        texts = [text(p) for p in programs]
+        if all(in_dependency_order(p) for p in programs):
+            assert check_programs(texts, owners, counts, "-", "programs") == programs
+        else:
+            with pytest.raises(InputError, match="comes before"):
+                check_programs(texts, owners, counts, "-", "programs")
 
 
 class TestProgramsToCsv:
