@@ -31,10 +31,9 @@ from pipeplan.runtime.gradsync import GradSync
 from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.memory import MemoryMeter
 from pipeplan.runtime.pieces import piece_seed
-from pipeplan.runtime.programs import Action
 from pipeplan.runtime.routing import Piece
 from pipeplan.runtime.stage import Stage
-from pipeplan.solver.schedule import FORWARD
+from pipeplan.solver.schedule import FORWARD, Action
 
 EVENT_KINDS = ("forward", "backward", "recompute", "send", "receive", "allreduce", "idle")
 """Kinds of :class:`Event` (``idle`` is derived from the gaps when reporting)."""

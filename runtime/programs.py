@@ -15,46 +15,10 @@ order within one stage is all that routing needs.
 
 from __future__ import annotations
 
-import re
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 from pipeplan.solver.plan import Plan
-from pipeplan.solver.schedule import Op
-
-KINDS = ("F", "B", "I", "W")
-"""Action kinds: forward, whole backward, input-gradient backward, weight-gradient backward."""
-
-_ACTION_RE = re.compile(r"(0|[1-9][0-9]*)([FBIW])(0|[1-9][0-9]*)")
-
-
-class Action(NamedTuple):
-    """One action of a program (the fields of ``pipeplan.solver.schedule.Action``)."""
-
-    stage: int
-    """The stage it runs."""
-    kind: str
-    """One of :data:`KINDS`."""
-    microbatch: int
-    """The stage's microbatch index."""
-
-
-def parse_action(text: str) -> Action:
-    """``"0I2"`` -> ``Action(0, "I", 2)``.
-
-    Raises
-    ------
-    ValueError
-        If ``text`` is not ``<stage><kind><microbatch>``.
-
-    Examples
-    --------
-    >>> parse_action("3W12")
-    Action(stage=3, kind='W', microbatch=12)
-    """
-    match = _ACTION_RE.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"action {text!r} is not of the form <stage><F|B|I|W><microbatch>, e.g. 0F3")
-    return Action(int(match.group(1)), match.group(2), int(match.group(3)))
+from pipeplan.solver.schedule import Action, Op, parse_action
 
 
 def plan_programs(plan: Plan) -> list[list[Action]]:

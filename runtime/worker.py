@@ -40,7 +40,8 @@ from pipeplan.runtime.executor import Executor, RankStage
 from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups
 from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.memory import rss_peak_bytes
-from pipeplan.runtime.programs import Action, plan_programs, stage_op_lists
+from pipeplan.runtime.programs import plan_programs, stage_op_lists
+from pipeplan.solver.schedule import Action
 from pipeplan.runtime.routing import pieces, rank_of, stage_groups
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host

@@ -3,9 +3,8 @@
 The multi-process test trains gpt-tiny (6 units) in float64 on 4 processes under every
 named schedule and one custom program, each against one-process training, in one
 launch: the processes run the cases one after another (this file is also their
-driver, see ``__main__`` below).  The named schedules' programs are taken from
-torch.distributed.pipelining's own schedule classes on stub stages, so the runtime
-is tested on exactly what torch would run.
+driver, see ``__main__`` below).  The named schedules' programs are
+:func:`pipeplan.solver.schedule.group_programs`' (equal to torch's, tested there).
 """
 
 from __future__ import annotations
@@ -21,47 +20,15 @@ import torch
 
 from pipeplan.models.model_options import ModelRequest
 from pipeplan.runtime.gradsync import group_members, links
-from pipeplan.runtime.programs import Action, parse_action, plan_programs, stage_op_lists
+from pipeplan.runtime.calibrate import run_factors
+from pipeplan.runtime.programs import plan_programs, stage_op_lists
+from pipeplan.runtime.replay import program_durations
 from pipeplan.runtime.routing import cut_messages, device_ranks, grad_order, rank_of, stage_groups, stage_ranks
 from pipeplan.solver.plan import Plan, Stage
+from pipeplan.solver.schedule import Action, format_action, group_programs, num_stages, parse_action, stage_group
 
 HANG = 60
 """Seconds a process of the multi-process test may go without progress before the launcher stops them all."""
-
-TORCH_CLASSES = {"interleaved-1f1b": "ScheduleInterleaved1F1B", "interleaved-zb": "ScheduleInterleavedZeroBubble",
-                 "looped-bfs": "ScheduleLoopedBFS", "zbv": "ScheduleZBVZeroBubble"}
-
-
-# --------------------------------------------------------------------- programs from torch
-class _StubStage:
-    """What torch's schedule classes read of a stage to generate its rank's actions."""
-
-    def __init__(self, index: int, num_stages: int, groups: int, rank: int) -> None:
-        self.stage_index, self.num_stages, self.group_size, self.group_rank = index, num_stages, groups, rank
-        self.is_first, self.is_last = index == 0, index == num_stages - 1
-        self.submod = torch.nn.Linear(1, 1)
-
-
-def torch_programs(schedule: str, groups: int, microbatches: int, virtual: int) -> list[list[str]]:
-    """Every rank's actions as torch 2.13 generates them (idle slots dropped)."""
-    from torch.distributed.pipelining import schedules
-
-    cls = getattr(schedules, TORCH_CLASSES[schedule])
-    num = 2 * groups if schedule == "zbv" else virtual * groups
-    out = []
-    for rank in range(groups):
-        held = [rank, num - 1 - rank] if schedule == "zbv" else [rank + i * groups for i in range(virtual)]
-        order = cls([_StubStage(s, num, groups, rank) for s in held], microbatches, loss_fn=lambda a, b: a)
-        out.append([str(a) for a in order.pipeline_order[rank] if a is not None])
-    return out
-
-
-def group_of(schedule: str, stage: int, groups: int) -> int:
-    """Spec 7.2: ``s mod R``, and for zbv ``s`` or ``2R-1-s``."""
-    if schedule == "zbv":
-        return stage if stage < groups else 2 * groups - 1 - stage
-    return stage % groups
-
 
 # --------------------------------------------------------------------- the cases
 CUTS = ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6))
@@ -75,11 +42,12 @@ def _stages(cuts, devices, splits, recompute=()) -> list[dict]:
 def named_case(schedule: str, groups: list[tuple[str, ...]], virtual: int, split: tuple[int, ...],
                cuts, recompute=()) -> dict:
     """A plan of ``schedule`` on ``groups`` (one microbatches list for all stages) and torch's programs."""
-    num = 2 * len(groups) if schedule == "zbv" else virtual * len(groups)
-    devices = [groups[group_of(schedule, s, len(groups))] for s in range(num)]
+    num = num_stages(schedule, len(groups), virtual)
+    devices = [groups[stage_group(schedule, s, len(groups))] for s in range(num)]
+    programs = group_programs(schedule, len(groups), len(split), virtual)
     return {"name": schedule, "schedule": schedule, "global_batch": sum(split),
             "stages": _stages(cuts, devices, [split] * num, recompute),
-            "programs": torch_programs(schedule, len(groups), len(split), virtual)}
+            "programs": [[format_action(a) for a in program] for program in programs]}
 
 
 def custom_case() -> dict:
@@ -107,7 +75,7 @@ def cases() -> list[dict]:
                    ((0, 2), (2, 3), (3, 5), (5, 6)), recompute=(1,)),
         named_case("looped-bfs", [("d0",), ("d1", "d2", "d3")], 3, (3, 2, 2), CUTS),
         # the tied embedding (stage 0) and head (stage 3) on one replicated group
-        named_case("zbv", [("d0", "d1"), ("d2", "d3")], 1, (3, 1, 2, 2), ((0, 2), (2, 3), (3, 5), (5, 6)),
+        named_case("zbv", [("d0", "d1"), ("d2", "d3")], 2, (3, 1, 2, 2), ((0, 2), (2, 3), (3, 5), (5, 6)),
                    recompute=(2,)),
         custom_case(),
     ]
@@ -195,17 +163,6 @@ def _shared_plan() -> Plan:
     return case_plan(case)
 
 
-class TestParseAction:
-    def test_kinds(self):
-        assert [parse_action(t) for t in ("0F3", "12I0", "1W10", "2B1")] == \
-            [Action(0, "F", 3), Action(12, "I", 0), Action(1, "W", 10), Action(2, "B", 1)]
-
-    @pytest.mark.parametrize("bad", ["F3", "0X1", "01F1", "0F", "0F1\n", 3])
-    def test_refused(self, bad):
-        with pytest.raises(ValueError, match="is not of the form"):
-            parse_action(bad)
-
-
 class TestStageOpLists:
     def test_split_by_stage_in_program_order(self):
         programs = [[parse_action(t) for t in p] for p in custom_case()["programs"]]
@@ -254,6 +211,43 @@ class TestLocalHandOver:
         members = group_members(plan, build_model("gpt-tiny", device="meta"))
         assert members[(1, "fwd")] == [1, 2] and members[("group", 1)] == [1, 2]
         assert links(members, plan).count(((1, "fwd"), 1, 2)) == 1
+
+
+def _record(group: int, stages: list[int], spans: list[tuple[str, float]], device: str = "d") -> dict:
+    """A rank record whose one step runs the ``(label, seconds)`` spans back to back."""
+    events, t = [], 0.0
+    for label, seconds in spans:
+        events.append(["backward", label, t, t + seconds])
+        t += seconds
+    return {"group": group, "stages": stages, "stage": stages[0], "device": device,
+            "steps": [{"events": events, "end": t}]}
+
+
+class TestProgramDurations:
+    def test_split_backward_halves_with_their_messages_slowest_replica(self):
+        program = [Action(1, "F", 0), Action(2, "F", 0), Action(2, "I", 0), Action(1, "B", 0), Action(2, "W", 0)]
+        a = _record(1, [1, 2], [("1:F0", 1.0), ("1:send A0", 0.25), ("2:F0", 2.0), ("2:recv G0", 0.5),
+                                ("2:I0", 3.0), ("2:send G0", 0.25), ("1:B0", 4.0), ("2:W0", 5.0)])
+        b = _record(1, [1, 2], [("1:F0", 1.5), ("2:F0", 1.0), ("2:I0", 1.0), ("1:B0", 1.0), ("2:W0", 6.0)])
+        other = _record(0, [0], [("F0", 100.0)])
+        # I: receive (its span: no recorded CPU part, the shortest of its direction) + I + send
+        assert program_durations([a, b, other], [0], 1, program) == pytest.approx((1.5, 2.0, 3.75, 4.0, 6.0))
+
+    def test_version_1_records(self):
+        r = {"stage": 0, "steps": [{"events": [["forward", "F0", 0.0, 1.0], ["backward", "B0", 1.0, 3.0]],
+                                    "end": 3.0}]}
+        assert program_durations([r], [0], 0, [Action(0, "F", 0), Action(0, "B", 0)]) == (1.0, 2.0)
+
+
+class TestRunFactorsOfAGroup:
+    def test_every_stage_of_the_group_and_both_halves_count(self):
+        from conftest import chain, cluster
+
+        plan = Plan("g", "c", 2, 4.0, "custom", (Stage((0, 1), ("d0",), (2,)), Stage((1, 2), ("d0",), (2,))))
+        # one layer per stage: F = 2, B = 4 for 2 samples; charged 12 on d0 (speed 1)
+        ranks = [_record(0, [0, 1], [("0:F0", 2.0), ("1:F0", 3.0), ("1:I0", 3.0), ("0:B0", 4.0), ("1:W0", 3.0)],
+                         device="d0")]
+        assert run_factors(ranks, [0], plan, chain(2), cluster(1)) == pytest.approx({"d0": 15 / 12})
 
 
 if __name__ == "__main__":
