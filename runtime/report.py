@@ -10,7 +10,7 @@ from pipeplan.models.errors import one_line
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
-from pipeplan.runtime.replay import replay
+from pipeplan.runtime.replay import rank_stages, replay
 from pipeplan.runtime.verify import TOLERANCE
 
 
@@ -32,7 +32,8 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         "iteration_times": iteration_times(result),
         "peak_memory": [r["peak_memory"] for r in ranks],
         "peak_memory_kind": ranks[0]["peak_memory_kind"],
-        "predicted_peak_memory": [inputs.prediction.peak_memory[r["stage"]] for r in ranks],
+        # one peak per device group (per stage under version 1, where a group is a stage)
+        "predicted_peak_memory": [inputs.prediction.peak_memory[r.get("group", r["stage"])] for r in ranks],
         "rss_peak": [r["rss_peak"] for r in ranks],
         "idle": [sum(b - a for a, b in idle_spans(r["steps"][step]["events"], r["steps"][step]["end"]))
                  for r in ranks],
@@ -54,16 +55,16 @@ def step_losses(ranks: list[dict]) -> list[float]:
     batch (see :meth:`pipeplan.runtime.stage.Stage.loss`), so the sum over the ranks
     is the mean loss over the whole batch.
     """
-    last = max(r["stage"] for r in ranks)
+    last = max(s for r in ranks for s in rank_stages(r))
     steps = len(ranks[0]["steps"])
-    return [sum(r["steps"][k]["loss"] for r in ranks if r["stage"] == last) for k in range(steps)]
+    return [sum(r["steps"][k]["loss"] for r in ranks if last in rank_stages(r)) for k in range(steps)]
 
 
 def breakdown(ranks: list[dict], step: int, predicted_busy) -> dict[str, Any]:
     """Where a rank's time went in ``step``, next to what the spec charges for it.
 
     ``busy``: seconds in forward, backward and recompute spans (the spec's op times,
-    ``predicted_busy``, are profiled per unit in isolation: what a rank adds on top,
+    ``predicted_busy``, summed over the rank's stages, are profiled per unit in isolation: what a rank adds on top,
     e.g. the loss on the last stage or caches gone cold while it waited, shows here);
     ``send_cpu``: seconds the rank spent posting sends (packing and handing buffers
     to the backend, which the spec does not charge to the sender: a transfer only
@@ -80,7 +81,7 @@ def breakdown(ranks: list[dict], step: int, predicted_busy) -> dict[str, Any]:
             else:
                 spent[kind] = spent.get(kind, 0.0) + b - a
         out["busy"].append(spent["forward"] + spent["backward"] + spent["recompute"])
-        out["predicted_busy"].append(float(predicted_busy[r["stage"]]))
+        out["predicted_busy"].append(float(sum(predicted_busy[s] for s in rank_stages(r))))
         out["send_cpu"].append(spent["send"])
         out["waits"].append(spent["receive"])
         out["sync"].append(spent["allreduce"])

@@ -91,8 +91,6 @@ def case_plan(case: dict) -> Plan:
 # --------------------------------------------------------------------- the driver (run by each process)
 def drive(case_file: str) -> int:
     """Train every case of ``case_file`` on this rank, one after another; rank 0 writes each result."""
-    from datetime import timedelta  # noqa: F401  (torch.distributed needs it importable)
-
     from pipeplan.runtime.checks import RunInputs
     from pipeplan.runtime.heartbeat import Heartbeat
     from pipeplan.runtime.training_data import build_run_model
@@ -106,8 +104,8 @@ def drive(case_file: str) -> int:
         parser = argparse.ArgumentParser()
         add_arguments(parser)
         args = parser.parse_args(["-", "-", "-", "--model", "gpt-tiny", "--steps", "2", "--warmup", "1", "--verify",
-                                  "--timeout", "60", "--result", case["result"]])
-        args.warmup = 1
+                                  "--timeout", "60", "--result", case["result"],
+                                  "--transport", case.get("transport", "auto")])
         request = ModelRequest("gpt-tiny")
         model = build_run_model(request, dtype=torch.float64, seed=0)
         inputs = RunInputs(None, None, case_plan(case), case["name"], "gpt-tiny", None, torch.float64,  # type: ignore
