@@ -8,9 +8,10 @@ are cached as JSON, keyed by model, configuration, batch sizes, torch and machin
 
 The version-2 fields (spec section 7.1):
 
-- ``bwd_w``: each repeat also times the input-gradient-only backward
+- ``bwd_w``: after the forward-backward repeats, as many repeats of an untimed
+  forward and the timed input-gradient-only backward
   (:func:`pipeplan.models.profile_split.input_backward`, ``torch.autograd.grad`` with
-  respect to the unit's inputs) after a forward of its own; the weight part at each
+  respect to the unit's inputs); the weight part at each
   size is the median whole backward minus the median input-gradient backward, fitted
   to ``a + b*n`` and clamped to ``0 <= bwd_w <= bwd`` per coefficient, since the two
   are timed in different runs and timing noise can make the difference negative or
@@ -193,45 +194,42 @@ def time_unit_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: i
     if given, runs before each clock reading: on a GPU, where kernels run asynchronously,
     ``torch.cuda.synchronize`` makes the clock see the work finished.
     """
-    fwd, bwd, _ = _timed_repeats(module, args, warmup, repeats, pause, sync, split=False)
-    return fwd, bwd
-
-
-def time_split_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
-                       sync: Callable[[], None] | None = None) -> tuple[list[float], list[float], list[float]]:
-    """As :func:`time_unit_samples`, plus the input-gradient-only backward's seconds per repeat.
-
-    Each repeat runs, after the timed forward and backward, an untimed forward and the
-    timed :func:`~pipeplan.models.profile_split.input_backward` of its output (0 when
-    no input needs a gradient).
-    """
-    return _timed_repeats(module, args, warmup, repeats, None, sync, split=True)
-
-
-def _timed_repeats(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
-                   pause: Callable[[], None] | None, sync: Callable[[], None] | None,
-                   split: bool) -> tuple[list[float], list[float], list[float]]:
     wait = pause or (lambda: None)
     clock = _clock(sync or (lambda: None))
     leaves = leaf_args(args)
-    fwd, bwd, bwd_i = [], [], []
+    fwd, bwd = [], []
     for i in range(warmup + repeats):
         wait()
         output, f = clock(lambda: module(*leaves))
         wait()
         # a unit computing from buffers alone (a rotary table) has no backward
         _, b = clock(lambda: output.backward(torch.ones_like(output)) if output.requires_grad else None)
-        if split:
-            again = module(*leaves)
-            # nothing to time (not even the call) when no input needs a gradient: an empty I
-            inp = clock(lambda: input_backward(again, leaves))[1] if grad_inputs(leaves) else 0.0
         if i >= warmup:
             fwd.append(f)
             bwd.append(b)
-            if split:
-                bwd_i.append(inp)
     module.zero_grad(set_to_none=True)
-    return fwd, bwd, bwd_i
+    return fwd, bwd
+
+
+def time_input_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
+                       sync: Callable[[], None] | None = None) -> list[float]:
+    """Seconds of the input-gradient-only backward of ``module`` on ``args``, one per timed repeat.
+
+    Each repeat runs an untimed forward, then times
+    :func:`~pipeplan.models.profile_split.input_backward` of its output.  A unit none
+    of whose inputs needs a gradient has nothing to time: its samples are 0.
+    """
+    leaves = leaf_args(args)
+    if not grad_inputs(leaves):
+        return [0.0] * repeats
+    clock = _clock(sync or (lambda: None))
+    samples = []
+    for i in range(warmup + repeats):
+        output = module(*leaves)
+        _, seconds = clock(lambda: input_backward(output, leaves))
+        if i >= warmup:
+            samples.append(seconds)
+    return samples
 
 
 def _clock(sync: Callable[[], None]) -> Callable[[Callable[[], Any]], tuple[Any, float]]:
@@ -320,8 +318,9 @@ def measure_units(names: Sequence[str], modules: Sequence[nn.Module], work: Call
                         split = split_backward(module, leaf_args(args))
                         acts[i].append((float(split.act), float(split.act_w)))
                         outs[i] = split.out / n
-                    for kept, new in zip(samples[i][k], time_split_samples(timed, args, config.warmup,
-                                                                           config.repeats, sync=sync)):
+                    f, b = time_unit_samples(timed, args, config.warmup, config.repeats, sync=sync)
+                    inp = time_input_samples(timed, args, config.warmup, config.repeats, sync=sync)
+                    for kept, new in zip(samples[i][k], (f, b, inp)):
                         kept.extend(new)
                     advance(f"{names[i]} n={n}" + (f" (round {round_ + 1})" if config.rounds > 1 else ""))
         steps = []
