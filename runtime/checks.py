@@ -21,7 +21,7 @@ from pipeplan.models.zoo import ZooModel, model_names
 from pipeplan.runtime.training_data import build_run_model
 from pipeplan.solver.cluster import Cluster, load_cluster
 from pipeplan.solver.plan import Plan, load_plan
-from pipeplan.solver.simulator import SimulationResult, simulate
+from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult, simulate
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ class RunInputs:
     """Tokens per sample for sequence models (the graph's profile), else ``None``."""
     dtype: torch.dtype
     """float64 with ``--verify``, else float32."""
-    prediction: SimulationResult
-    """The simulator's timeline of the plan on graph and cluster."""
+    prediction: SimulationResult | GroupSimulationResult
+    """The simulator's timeline of the plan on graph and cluster (per group for a version-2 plan)."""
     model: ZooModel
     """The model, built on the CPU with the run's dtype and seed."""
     request: ModelRequest
@@ -121,7 +121,7 @@ def check_world(plan: Plan, world: int, plan_file: str) -> None:
                                               f"start one process per device (ranks in plan order)")
 
 
-def check_emulation(prediction: SimulationResult, timeout: float, plan_file: str) -> None:
+def check_emulation(prediction: SimulationResult | GroupSimulationResult, timeout: float, plan_file: str) -> None:
     """Refuse an ``--emulate`` run whose longest op would outlast ``--timeout``.
 
     Emulation makes each op take as long as the simulator says on the cluster's
@@ -144,9 +144,14 @@ def check_emulation(prediction: SimulationResult, timeout: float, plan_file: str
     ...
     models.errors.InputError: p.json: --emulate: an emulated op would last 0.5 s, longer than --timeout 0.25 s ...
     """
-    spans = [end - start for family in (prediction.op_times, prediction.transfer_times, prediction.gradient_times)
-             for per_stage in family for start, end in per_stage]
-    longest = max([0.0, *spans, *(st.allreduce for st in prediction.stages)])
+    if isinstance(prediction, GroupSimulationResult):
+        spans = [end - start for per_group in prediction.action_times for start, end in per_group]
+        spans += [tx.end - tx.start for tx in prediction.transfers] + [g.allreduce for g in prediction.groups]
+    else:
+        spans = [end - start for family in (prediction.op_times, prediction.transfer_times,
+                                            prediction.gradient_times)
+                 for per_stage in family for start, end in per_stage] + [st.allreduce for st in prediction.stages]
+    longest = max([0.0, *spans])
     if not longest < timeout:
         raise InputError(plan_file, "--emulate",
                          f"an emulated op would last {longest:.3g} s, longer than --timeout {timeout:g} s (the "

@@ -23,7 +23,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import replace
 
-from pipeplan.solver.simulator import SimulationResult, run_timeline
+from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult, StageLinks, run_programs, run_timeline
 
 
 FORWARD_LABELS = ("recv A", "F", "send A")
@@ -139,7 +139,8 @@ def replayed_durations(ranks: list[dict], steps: list[int], prediction: Simulati
     return out
 
 
-def replay(ranks: list[dict], steps: list[int], prediction: SimulationResult) -> SimulationResult:
+def replay(ranks: list[dict], steps: list[int], prediction: SimulationResult | GroupSimulationResult,
+           links: tuple[StageLinks, ...] | None = None) -> SimulationResult | GroupSimulationResult:
     """The timeline of ``prediction`` with every op taking its measured time.
 
     Parameters
@@ -148,19 +149,27 @@ def replay(ranks: list[dict], steps: list[int], prediction: SimulationResult) ->
         The run's per-rank records (``stage``, and ``steps`` with their events).
     steps : list of int
         The measured steps (after warm-up).
-    prediction : SimulationResult
+    prediction : SimulationResult or GroupSimulationResult
         The simulator's result for the same plan, graph and cluster.
+    links : tuple of StageLinks, optional
+        With a version-2 prediction, the stages' links
+        (:func:`pipeplan.solver.simulator.group_costs` gives them).
 
     Returns
     -------
-    SimulationResult
+    SimulationResult or GroupSimulationResult
         Its ``iteration_time`` is the replayed iteration time.
 
     Examples
     --------
-    See ``tests/test_replay.py``.
+    See ``tests/test_replay.py`` and ``tests/test_runtime_v2.py``.
     """
+    if isinstance(prediction, GroupSimulationResult):
+        if links is None:
+            raise ValueError("replaying a version-2 prediction needs the stages' links (simulator.group_costs)")
+        groups = tuple(replace(cost, durations=program_durations(ranks, steps, g, list(cost.program)))
+                       for g, cost in enumerate(prediction.groups))
+        return run_programs(groups, links, prediction.global_batch)
     durations = replayed_durations(ranks, steps, prediction)
     costs = tuple(replace(cost, **d) for cost, d in zip(prediction.stages, durations))
     return run_timeline(costs, prediction.global_batch)
-

@@ -12,6 +12,7 @@ from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
 from pipeplan.runtime.replay import rank_stages, replay
 from pipeplan.runtime.verify import TOLERANCE
+from pipeplan.solver.simulator import GroupSimulationResult, group_costs
 
 
 def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
@@ -28,7 +29,8 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         "predicted_iteration_time": predicted,
         "ratio": measured / predicted if predicted > 0 else None,
         # The spec's timeline on the measured op times: see runtime.replay.
-        "replayed_iteration_time": replay(ranks, measured_steps(result), inputs.prediction).iteration_time,
+        "replayed_iteration_time": replay(ranks, measured_steps(result), inputs.prediction,
+                                          _links(inputs)).iteration_time,
         "iteration_times": iteration_times(result),
         "peak_memory": [r["peak_memory"] for r in ranks],
         "peak_memory_kind": ranks[0]["peak_memory_kind"],
@@ -39,7 +41,7 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
                  for r in ranks],
         "devices": [r["device"] for r in ranks],
         "losses": step_losses(ranks),
-        **breakdown(ranks, step, inputs.prediction.busy),
+        **breakdown(ranks, step, _busy_by_rank(inputs, ranks)),
     }
     if "max_param_diff" in result:
         diff = result["max_param_diff"]  # None: some parameter held NaN or inf
@@ -60,11 +62,26 @@ def step_losses(ranks: list[dict]) -> list[float]:
     return [sum(r["steps"][k]["loss"] for r in ranks if last in rank_stages(r)) for k in range(steps)]
 
 
-def breakdown(ranks: list[dict], step: int, predicted_busy) -> dict[str, Any]:
+def _links(inputs: RunInputs) -> tuple | None:
+    """The stages' links a version-2 replay needs (``None`` for a version-1 prediction)."""
+    if not isinstance(inputs.prediction, GroupSimulationResult):
+        return None
+    return group_costs(inputs.plan, inputs.graph, inputs.cluster, inputs.plan.actions())[1]
+
+
+def _busy_by_rank(inputs: RunInputs, ranks: list[dict]) -> list[float]:
+    """Seconds the spec charges each rank's actions: its group's (version 2) or its stage's busy time."""
+    busy = inputs.prediction.busy
+    if isinstance(inputs.prediction, GroupSimulationResult):
+        return [float(busy[r["group"]]) for r in ranks]
+    return [float(sum(busy[s] for s in rank_stages(r))) for r in ranks]
+
+
+def breakdown(ranks: list[dict], step: int, predicted_busy: list[float]) -> dict[str, Any]:
     """Where a rank's time went in ``step``, next to what the spec charges for it.
 
     ``busy``: seconds in forward, backward and recompute spans (the spec's op times,
-    ``predicted_busy``, summed over the rank's stages, are profiled per unit in isolation: what a rank adds on top,
+    ``predicted_busy``, one per rank, are profiled per unit in isolation: what a rank adds on top,
     e.g. the loss on the last stage or caches gone cold while it waited, shows here);
     ``send_cpu``: seconds the rank spent posting sends (packing and handing buffers
     to the backend, which the spec does not charge to the sender: a transfer only
@@ -73,7 +90,7 @@ def breakdown(ranks: list[dict], step: int, predicted_busy) -> dict[str, Any]:
     time for tied weights).
     """
     out: dict[str, list[float]] = {"busy": [], "predicted_busy": [], "send_cpu": [], "waits": [], "sync": []}
-    for r in ranks:
+    for r, charged in zip(ranks, predicted_busy):
         spent = {"forward": 0.0, "backward": 0.0, "recompute": 0.0, "send": 0.0, "receive": 0.0, "allreduce": 0.0}
         for kind, label, a, b in r["steps"][step]["events"]:
             if kind == "send" and label == "wait sends":
@@ -81,7 +98,7 @@ def breakdown(ranks: list[dict], step: int, predicted_busy) -> dict[str, Any]:
             else:
                 spent[kind] = spent.get(kind, 0.0) + b - a
         out["busy"].append(spent["forward"] + spent["backward"] + spent["recompute"])
-        out["predicted_busy"].append(float(sum(predicted_busy[s] for s in rank_stages(r))))
+        out["predicted_busy"].append(charged)
         out["send_cpu"].append(spent["send"])
         out["waits"].append(spent["receive"])
         out["sync"].append(spent["allreduce"])

@@ -3,7 +3,9 @@
 The multi-process test trains gpt-tiny (6 units) in float64 on 4 processes under every
 named schedule and one custom program, each against one-process training, in one
 launch: the processes run the cases one after another (this file is also their
-driver, see ``__main__`` below).  The named schedules' programs are
+driver, see ``__main__`` below), each by :func:`pipeplan.runtime.worker.train_rank`
+on the plan's programs, as ``pipeplan run`` does after loading its files.  One case
+also runs through ``pipeplan run`` itself, from a plan/2 file.  The named schedules' programs are
 :func:`pipeplan.solver.schedule.group_programs`' (equal to torch's, tested there).
 """
 
@@ -18,14 +20,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from pipeplan.models.jsonio import dumps
 from pipeplan.models.model_options import ModelRequest
 from pipeplan.runtime.gradsync import group_members, links
 from pipeplan.runtime.calibrate import run_factors
 from pipeplan.runtime.programs import plan_programs, stage_op_lists
 from pipeplan.runtime.replay import program_durations
 from pipeplan.runtime.routing import cut_messages, device_ranks, grad_order, rank_of, stage_groups, stage_ranks
+from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.plan import Plan, Stage
 from pipeplan.solver.schedule import Action, format_action, group_programs, num_stages, parse_action, stage_group
+
+CLUSTER = str(Path(__file__).resolve().parents[1] / "examples" / "two-servers.cluster.json")
+"""Six devices g0..g5; the plans use four."""
 
 HANG = 60
 """Seconds a process of the multi-process test may go without progress before the launcher stops them all."""
@@ -56,7 +63,7 @@ def custom_case() -> dict:
     So some of their messages stay inside a process and others go to the other
     replica of the same group; stages 1 and 2 split their backwards (one recomputing).
     """
-    groups = [("d0",), ("d1", "d2"), ("d1", "d2"), ("d3",)]
+    groups = [("g0",), ("g1", "g2"), ("g1", "g2"), ("g3",)]
     splits = [(4, 4), (3, 5), (4, 4), (8,)]
     programs = [["0F0", "0F1", "0B0", "0B1"],
                 ["1F0", "1F1", "2F0", "2F1", "2I0", "1I0", "2I1", "2W0", "1I1", "1W0", "2W1", "1W1"],
@@ -70,22 +77,24 @@ def cases() -> list[dict]:
     """Every named schedule and the custom program, on 4 processes, unequal microbatches."""
     return [
         # 3 groups (one of 2 replicas) x 2 stages each; a recomputing stage on the replicated group
-        named_case("interleaved-1f1b", [("d0", "d1"), ("d2",), ("d3",)], 2, (2, 1, 2, 1, 2, 1), CUTS, recompute=(3,)),
-        named_case("interleaved-zb", [("d0", "d1"), ("d2", "d3")], 2, (2, 1, 2, 1),
+        named_case("interleaved-1f1b", [("g0", "g1"), ("g2",), ("g3",)], 2, (2, 1, 2, 1, 2, 1), CUTS, recompute=(3,)),
+        named_case("interleaved-zb", [("g0", "g1"), ("g2", "g3")], 2, (2, 1, 2, 1),
                    ((0, 2), (2, 3), (3, 5), (5, 6)), recompute=(1,)),
-        named_case("looped-bfs", [("d0",), ("d1", "d2", "d3")], 3, (3, 2, 2), CUTS),
+        named_case("looped-bfs", [("g0",), ("g1", "g2", "g3")], 3, (3, 2, 2), CUTS),
         # the tied embedding (stage 0) and head (stage 3) on one replicated group
-        named_case("zbv", [("d0", "d1"), ("d2", "d3")], 2, (3, 1, 2, 2), ((0, 2), (2, 3), (3, 5), (5, 6)),
+        named_case("zbv", [("g0", "g1"), ("g2", "g3")], 2, (3, 1, 2, 2), ((0, 2), (2, 3), (3, 5), (5, 6)),
                    recompute=(2,)),
         custom_case(),
     ]
 
 
 def case_plan(case: dict) -> Plan:
-    """The case as a plan (built directly: plan/2 files are read by ``pipeplan.solver.plan``)."""
+    """The case as a ``pipeplan.plan/2`` plan (a custom one carries its programs)."""
     stages = tuple(Stage(tuple(st["layers"]), tuple(st["devices"]), tuple(st["microbatches"]), st["recompute"])
                    for st in case["stages"])
-    return Plan("gpt-tiny", "cpu4", case["global_batch"], 4.0, case["schedule"], stages)
+    custom = tuple(tuple(program) for program in case["programs"]) if case["schedule"] == "custom" else None
+    return Plan("gpt-tiny-6", "two-servers", case["global_batch"], 4.0, case["schedule"], stages,
+                custom_programs=custom)
 
 
 # --------------------------------------------------------------------- the driver (run by each process)
@@ -108,10 +117,11 @@ def drive(case_file: str) -> int:
                                   "--transport", case.get("transport", "auto")])
         request = ModelRequest("gpt-tiny")
         model = build_run_model(request, dtype=torch.float64, seed=0)
+        # what pipeplan run loads from files, less the graph, cluster and prediction (the workers need none)
         inputs = RunInputs(None, None, case_plan(case), case["name"], "gpt-tiny", None, torch.float64,  # type: ignore
                            None, model, request)  # type: ignore[arg-type]
-        programs = [[parse_action(text) for text in program] for program in case["programs"]]
-        if train_rank(args, inputs, programs, rank, world, Heartbeat(rank, world)) != 0:
+        plan = inputs.plan
+        if train_rank(args, inputs, plan_programs(plan), rank, world, Heartbeat(rank, world)) != 0:
             return 1
     return 0
 
@@ -155,6 +165,53 @@ def test_custom_recompute_before_its_input_gradient(results):
     assert compute.index("2:W0") > compute.index("2:I1")
 
 
+def test_the_cases_are_valid_version_2_plans():
+    from test_runtime import model_graph
+
+    graph = model_graph("gpt-tiny")
+    for case in cases():
+        plan = case_plan(case)
+        plan.validate(graph, load_cluster(CLUSTER), case["name"])
+        assert plan.format == "pipeplan.plan/2" and plan.programs() == case["programs"]
+
+
+# --------------------------------------------------------------------- pipeplan run on a plan/2 file
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> dict[str, str]:
+    from test_runtime import model_graph
+
+    folder = tmp_path_factory.mktemp("v2files")
+    paths = {"graph": str(folder / "gpt-tiny.graph.json"), "plan": str(folder / "zbv.plan.json")}
+    Path(paths["graph"]).write_text(dumps(model_graph("gpt-tiny").to_dict()))
+    Path(paths["plan"]).write_text(dumps(case_plan(cases()[3]).to_dict()))
+    return paths
+
+
+def test_run_verify_on_a_zbv_plan_file(files):
+    from test_runtime import pipeplan
+
+    done = pipeplan("run", files["graph"], CLUSTER, files["plan"], "--model", "gpt-tiny", "--steps", "2",
+                    "--warmup", "1", "--verify", "--json", "--timeout", "30", timeout=HANG * 2)
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["verified"] and summary["max_param_diff"] <= 1e-10
+    assert summary["processes"] == 4 and summary["devices"] == ["g0", "g1", "g2", "g3"]
+    # one predicted peak per group, the same on both replicas of a group
+    peaks = summary["predicted_peak_memory"]
+    assert peaks[0] == peaks[1] and peaks[2] == peaks[3] and peaks[0] != peaks[2]
+    assert summary["replayed_iteration_time"] > 0 and len(summary["losses"]) == 2
+
+
+def test_side_by_side_gantt_of_a_version_2_plan_is_refused_before_any_process(files, tmp_path):
+    from test_runtime import pipeplan
+
+    done = pipeplan("run", files["graph"], CLUSTER, files["plan"], "--model", "gpt-tiny", "--gantt",
+                    str(tmp_path / "g.png"), "--side-by-side")
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "--side-by-side: the simulated Gantt chart of a plan of device groups" in done.stderr
+    assert not (tmp_path / "g.png").exists()
+
+
 # --------------------------------------------------------------------- pure data
 def _shared_plan() -> Plan:
     case = custom_case()
@@ -176,11 +233,14 @@ class TestPlanPrograms:
         assert plan_programs(plan) == [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)],
                                        [Action(1, "F", 0), Action(1, "B", 0), Action(1, "F", 1), Action(1, "B", 1)]]
 
+    def test_a_named_version_2_plan_runs_its_schedules_programs(self):
+        assert plan_programs(case_plan(cases()[3])) == group_programs("zbv", 2, 4, 2)
+
 
 class TestRanks:
     def test_a_device_is_one_rank_whatever_the_stages_on_it(self):
         plan = _shared_plan()
-        assert device_ranks(plan) == {"d0": 0, "d1": 1, "d2": 2, "d3": 3}
+        assert device_ranks(plan) == {"g0": 0, "g1": 1, "g2": 2, "g3": 3}
         assert stage_ranks(plan) == [[0], [1, 2], [1, 2], [3]]
         assert stage_groups(plan) == [0, 1, 1, 2]
         assert rank_of(plan) == [(0, 0), (1, 0), (1, 1), (2, 0)]
