@@ -25,7 +25,7 @@ from pipeplan.loading import warn_names
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
 from pipeplan.runtime.launch import WorkerError, launch_local
 from pipeplan.runtime.report import present
-from pipeplan.runtime.routing import rank_of, stage_groups
+from pipeplan.runtime.routing import rank_of
 from pipeplan.runtime.worker import add_arguments, check_options
 from pipeplan.solver.simulator import GroupSimulationResult
 
@@ -100,7 +100,7 @@ def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
     """
     plan = inputs.plan
     ranks = rank_of(plan)
-    of_stage = stage_groups(plan)
+    of_stage = plan.stage_groups
 
     def describe(rank: int) -> str:
         g, j = ranks[rank]

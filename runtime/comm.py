@@ -22,7 +22,7 @@ from typing import Sequence
 import torch
 
 from pipeplan.runtime.emulate import Emulator, sleep_until
-from pipeplan.runtime.routing import Message, cut_messages, grad_order, stage_groups
+from pipeplan.runtime.routing import Message, cut_messages, grad_order
 from pipeplan.runtime.stage import CutLayout
 from pipeplan.runtime.transport import Transport, Work
 from pipeplan.solver.plan import Plan
@@ -97,7 +97,7 @@ class Channels:
                  emulator: Emulator | None = None, mailbox: Mailbox | None = None) -> None:
         self.rank, self.device, self.emulator, self.transport = rank, device, emulator, transport
         self.mailbox: Mailbox = {} if mailbox is None else mailbox
-        groups = stage_groups(plan)
+        groups = plan.stage_groups
         # Emulated links are FIFOs per ordered pair of groups (spec 7.3), named by the peer group.
         self._link = {"fwd": groups[stage + 1] if stage + 1 < len(groups) else None,
                       "bwd": groups[stage - 1] if stage > 0 else None}

@@ -22,8 +22,6 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from pipeplan.runtime.routing import stage_groups
-
 
 def sleep_until(deadline: float) -> None:
     """Sleep (then spin for the last stretch) until ``time.perf_counter() >= deadline``."""
@@ -87,7 +85,7 @@ def make_emulator(plan, cluster, group: int, replica: int, param_bytes: int) -> 
     """
     groups = plan.groups
     mine = groups[group]
-    of_stage = stage_groups(plan)
+    of_stage = plan.stage_groups
     peers = {of_stage[s + d] for s in range(len(of_stage)) if of_stage[s] == group for d in (-1, 1)
              if 0 <= s + d < len(of_stage) and of_stage[s + d] != group}
     links = {}

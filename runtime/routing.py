@@ -117,12 +117,6 @@ def stage_ranks(plan: Plan) -> list[list[int]]:
     return [[ranks[d] for d in st.devices] for st in plan.stages]
 
 
-def stage_groups(plan: Plan) -> list[int]:
-    """The device group of every stage (groups numbered as :attr:`Plan.groups` numbers them)."""
-    keys = [frozenset(devices) for devices in plan.groups]
-    return [keys.index(frozenset(st.devices)) for st in plan.stages]
-
-
 def rank_of(plan: Plan) -> list[tuple[int, int]]:
     """``(group, replica)`` of every global rank: its group and its position in the group's devices.
 

@@ -40,9 +40,7 @@ from pipeplan.runtime.executor import Executor, RankStage
 from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups
 from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.memory import rss_peak_bytes
-from pipeplan.runtime.programs import plan_programs, stage_op_lists
-from pipeplan.solver.schedule import Action
-from pipeplan.runtime.routing import pieces, rank_of, stage_groups
+from pipeplan.runtime.routing import pieces, rank_of
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
 from pipeplan.runtime.training_data import step_batch
@@ -132,16 +130,11 @@ def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
     inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
     if args.emulate:  # pipeplan run checked already; under torchrun this is the first check
         check_emulation(inputs.prediction, args.timeout, inputs.plan_file)
-    return train_rank(args, inputs, plan_programs(inputs.plan), rank, world, beat)
+    return train_rank(args, inputs, rank, world, beat)
 
 
-def train_rank(args: argparse.Namespace, inputs: RunInputs, programs: list[list[Action]], rank: int, world: int,
-               beat: Heartbeat) -> int:
-    """Connect, train this rank's group by ``programs`` (every group's), gather and report; the exit status.
-
-    ``programs`` are the plan's (:func:`pipeplan.runtime.programs.plan_programs`): every
-    caller but a test of the executor on hand-written programs passes those.
-    """
+def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: int, beat: Heartbeat) -> int:
+    """Connect, train this rank's group by its program, gather and report; the exit status."""
     plan = inputs.plan
     check_world(plan, world, inputs.plan_file)
     cuda = torch.cuda.is_available()
@@ -164,7 +157,7 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, programs: list[list[
     starter = None if tcp else dist.new_group(backend="gloo")  # see _start_together
     transport = _transport(args, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
-    executor, need_data = _build(args, inputs, programs, rank, device, beat, members, groups, transport)
+    executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
     _pin_main_thread(device)
     records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
     status = _finish(args, inputs, executor, records, rank, world, control, beat)
@@ -256,15 +249,16 @@ START = ("start",)
 """The key of the start-of-iteration tokens (every pair of ranks)."""
 
 
-def _build(args, inputs: RunInputs, programs: list[list[Action]], rank: int, device: torch.device, beat: Heartbeat,
-           members: dict, groups: dict, transport: Transport) -> tuple[Executor, bool]:
+def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, members: dict, groups: dict,
+           transport: Transport) -> tuple[Executor, bool]:
     """This rank's executor over its group's stages, and whether it needs the batch (model input or targets)."""
     plan = inputs.plan
     group, _ = rank_of(plan)[rank]
-    mine = [s for s, g in enumerate(stage_groups(plan)) if g == group]
+    mine = [s for s, g in enumerate(plan.stage_groups) if g == group]
     model = inputs.model  # every rank builds it with the same seed: the same weights everywhere
     shapes = unit_shapes(model)
-    op_lists = stage_op_lists(programs, len(plan.stages))
+    # every group's program, and each stage's actions in its group's order (what message routing needs)
+    programs, op_lists = plan.actions(inputs.plan_file), plan.op_lists()
     mailbox: dict = {}
     emulator = None
     last = len(plan.stages) - 1
@@ -377,7 +371,7 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
     """Gather everything on rank 0, verify, and write or print the report; the exit status."""
     plan = inputs.plan
     group, replica = rank_of(plan)[rank]
-    stages = [s for s, g in enumerate(stage_groups(plan)) if g == group]
+    stages = [s for s, g in enumerate(plan.stage_groups) if g == group]
     # "stage": the group's first stage (the stage itself under version 1)
     mine = {"rank": rank, "group": group, "stages": stages, "stage": stages[0], "replica": replica,
             "host": socket.gethostname(), "device": plan.groups[group][replica], "steps": records,

@@ -24,12 +24,11 @@ from pipeplan.models.jsonio import dumps
 from pipeplan.models.model_options import ModelRequest
 from pipeplan.runtime.gradsync import group_members, links
 from pipeplan.runtime.calibrate import run_factors
-from pipeplan.runtime.programs import plan_programs, stage_op_lists
 from pipeplan.runtime.replay import program_durations
-from pipeplan.runtime.routing import cut_messages, device_ranks, grad_order, rank_of, stage_groups, stage_ranks
+from pipeplan.runtime.routing import cut_messages, device_ranks, grad_order, rank_of, stage_ranks
 from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.schedule import Action, format_action, group_programs, num_stages, parse_action, stage_group
+from pipeplan.solver.schedule import Action, format_action, group_programs, num_stages, stage_group
 
 CLUSTER = str(Path(__file__).resolve().parents[1] / "examples" / "two-servers.cluster.json")
 """Six devices g0..g5; the plans use four."""
@@ -120,8 +119,7 @@ def drive(case_file: str) -> int:
         # what pipeplan run loads from files, less the graph, cluster and prediction (the workers need none)
         inputs = RunInputs(None, None, case_plan(case), case["name"], "gpt-tiny", None, torch.float64,  # type: ignore
                            None, model, request)  # type: ignore[arg-type]
-        plan = inputs.plan
-        if train_rank(args, inputs, plan_programs(plan), rank, world, Heartbeat(rank, world)) != 0:
+        if train_rank(args, inputs, rank, world, Heartbeat(rank, world)) != 0:
             return 1
     return 0
 
@@ -218,31 +216,12 @@ def _shared_plan() -> Plan:
     return case_plan(case)
 
 
-class TestStageOpLists:
-    def test_split_by_stage_in_program_order(self):
-        programs = [[parse_action(t) for t in p] for p in custom_case()["programs"]]
-        lists = stage_op_lists(programs, 4)
-        assert lists[1] == [("F", 0), ("F", 1), ("I", 0), ("I", 1), ("W", 0), ("W", 1)]
-        assert lists[2] == [("F", 0), ("F", 1), ("I", 0), ("I", 1), ("W", 0), ("W", 1)]
-        assert lists[3] == [("F", 0), ("B", 0)]
-
-
-class TestPlanPrograms:
-    def test_a_version_1_plan(self):
-        plan = Plan("g", "c", 2, 4.0, "1f1b", (Stage((0, 1), ("a",), (1, 1)), Stage((1, 2), ("b",), (1, 1))))
-        assert plan_programs(plan) == [[Action(0, "F", 0), Action(0, "F", 1), Action(0, "B", 0), Action(0, "B", 1)],
-                                       [Action(1, "F", 0), Action(1, "B", 0), Action(1, "F", 1), Action(1, "B", 1)]]
-
-    def test_a_named_version_2_plan_runs_its_schedules_programs(self):
-        assert plan_programs(case_plan(cases()[3])) == group_programs("zbv", 2, 4, 2)
-
-
 class TestRanks:
     def test_a_device_is_one_rank_whatever_the_stages_on_it(self):
         plan = _shared_plan()
         assert device_ranks(plan) == {"g0": 0, "g1": 1, "g2": 2, "g3": 3}
         assert stage_ranks(plan) == [[0], [1, 2], [1, 2], [3]]
-        assert stage_groups(plan) == [0, 1, 1, 2]
+        assert plan.stage_groups == [0, 1, 1, 2]
         assert rank_of(plan) == [(0, 0), (1, 0), (1, 1), (2, 0)]
 
     def test_version_1_numbering_is_unchanged(self):
@@ -253,8 +232,7 @@ class TestRanks:
 class TestLocalHandOver:
     def test_messages_between_stages_of_one_group(self):
         plan = _shared_plan()
-        programs = [[parse_action(t) for t in p] for p in custom_case()["programs"]]
-        ops = stage_op_lists(programs, 4)
+        ops = plan.op_lists()  # each stage's actions in its group's order
         msgs = cut_messages(plan, 1, ops)
         # stage 1 pieces: rank 1 [0,2) [3,6), rank 2 [2,3) [6,8); stage 2: rank 1 [0,2) [4,6), rank 2 [2,4) [6,8)
         assert [(m.src, m.dst, m.start, m.stop) for m in msgs] == \
