@@ -3,8 +3,9 @@
 Reads the ``torchrun`` environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
 ``MASTER_ADDR``, ``MASTER_PORT``); rank ``i`` runs the ``i``-th device of the plan
 (devices numbered in the order the stages first name them: stage by stage, in each
-stage's order) and, on it, every stage of its device group, by the group's program.  The local launcher
-(:mod:`pipeplan.runtime.launch`) sets the same variables, so across machines::
+stage's order) and on it every stage of its device group, by the group's program.
+The local launcher (:mod:`pipeplan.runtime.launch`) sets the same variables, so
+across machines::
 
     torchrun --nnodes=2 --nproc-per-node=2 --node-rank=N \\
         --rdzv-backend=c10d --rdzv-endpoint=HOST:29500 \\
@@ -259,18 +260,10 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     shapes = unit_shapes(model)
     # every group's program, and each stage's actions in its group's order (what message routing needs)
     programs, op_lists = plan.actions(inputs.plan_file), plan.op_lists()
-    mailbox: dict = {}
+    mailbox: dict = {}  # the hand-overs between this rank's own stages
     emulator = None
     last = len(plan.stages) - 1
-    stages = {}
-    for s in mine:
-        lo, hi = plan.stages[s].layers
-        for unit in model.units[lo:hi]:
-            unit.module.to(device)
-        layouts = (cut_layout(model, lo - 1, shapes) if s > 0 else None,
-                   cut_layout(model, hi - 1, shapes) if s < last else None)
-        stage = Stage(model, lo, hi, plan.stages[s].recompute, *layouts)
-        stages[s] = (stage, layouts)
+    stages = {s: _stage(inputs, s, shapes, device) for s in mine}
     params = list({id(p): p for stage, _ in stages.values() for p in stage.parameters()}.values())
     if args.emulate:
         param_bytes = sum(p.numel() * p.element_size() for p in params)
@@ -286,6 +279,17 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     need_data = any(s in (0, last) or any(-1 in u.inputs for u in model.units[slice(*plan.stages[s].layers)])
                     for s in mine)
     return executor, need_data
+
+
+def _stage(inputs: RunInputs, s: int, shapes: dict, device: torch.device) -> tuple[Stage, tuple]:
+    """Stage ``s`` on ``device``, and the layouts of the cuts before and after it."""
+    model, plan = inputs.model, inputs.plan
+    lo, hi = plan.stages[s].layers
+    for unit in model.units[lo:hi]:
+        unit.module.to(device)
+    layouts = (cut_layout(model, lo - 1, shapes) if s > 0 else None,
+               cut_layout(model, hi - 1, shapes) if s < len(plan.stages) - 1 else None)
+    return Stage(model, lo, hi, plan.stages[s].recompute, *layouts), layouts
 
 
 def _pin_main_thread(device: torch.device) -> None:
