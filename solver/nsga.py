@@ -56,13 +56,9 @@ MAX_POPULATION = 4096
 SEEDING_SHARE = 0.25
 """Fraction of the time limit that caps each seeding solver (see :func:`seed_plans`)."""
 
-SEEDING_BUDGETS = {"cpsat": 10.0, "ilp": 20_000}
-"""Work budgets of the exact seeding solvers (their units: CP-SAT deterministic seconds, HiGHS
-nodes); their other phases run :data:`SEEDING_PREFIXES` and no NSGA-II.  Their plans are used only
-when proved, which on the instances they prove takes a fraction of this."""
-
 SEEDING_PREFIXES = 20_000
-"""Prefixes the exact seeding solvers' configuration walk may expand."""
+"""Prefixes the exact seeding solvers' configuration walk may expand (and they run no NSGA-II):
+their plans are used only when proved, and the walk proves the instances they prove within this."""
 
 BIG = 1e30
 """Objective value of a deadlocking individual, and the clip of every time (pymoo needs finite numbers)."""
@@ -404,7 +400,7 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     have run (the rest are skipped); the open :func:`~pipeplan.solver.termination.watch`
     notes that, and the GA's record says ``stopped_by: time``.  An exact solver's plan
     is used only when proved optimal (on larger instances the others seed it better), so
-    the exact ones run the small counted work of :data:`SEEDING_BUDGETS`.
+    the exact ones run a smaller walk (:data:`SEEDING_PREFIXES`) and no NSGA-II.
     """
     from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
     from pipeplan.solver.exact import ExactWork, exact_work
@@ -429,11 +425,8 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
         if clock.expired():
             break
         try:
-            if kind == "heuristic":
+            with exact_work(ExactWork(prefixes=SEEDING_PREFIXES, ga_rounds=0)):
                 result = solver.solve(sub, time_limit=time_limit, seed=seed)
-            else:
-                with exact_work(ExactWork(prefixes=SEEDING_PREFIXES, ga_rounds=0)):
-                    result = solver.solve(sub, time_limit=time_limit, seed=seed, budget=SEEDING_BUDGETS[name])
         except Exception:  # noqa: BLE001 - a failing or unfinished seed solver must not break the GA
             continue
         if result.plan is not None and (kind == "heuristic" or result.status == "optimal"):
