@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pipeplan.solver.baselines import BASELINES
 from pipeplan.solver.nsga import run_nsga
 from pipeplan.solver.plan import Plan
@@ -12,6 +14,14 @@ from pipeplan.solver.termination import TimeLimit
 
 SLOW_BASELINES = ("Dapple", "Alpa")
 """Baselines (class names) with slow pure-Python DPs: run after the others (a proof makes them moot)."""
+
+BASELINE_CELLS = {"DeepSpeedParameters": 1024, "AutoPipe": 1024, "PipeDream": 1024, "Piper": 1024,
+                  "Dapple": 256, "Alpa": 64}
+"""Largest layers x devices on which a baseline (class name) runs for the incumbent; the others
+run on every problem.  A count, not a time share, so the incumbent does not depend on the machine:
+their DPs grow with the square of the layers and with the devices, and these sizes keep each one to
+about a second or two on the 2-core machine they were measured on (at 96 layers x 32 devices
+PipeDream and Piper take 10 s each there, Dapple and Alpa over a minute; Alpa 50 s at 32 x 8)."""
 
 GREEDY_AFTER_FIT = 64
 """Greedy plans (:func:`greedy_plans`) still simulated once one fitted: each is simulated on every
@@ -51,15 +61,17 @@ def greedy_plans(problem: PlanningProblem) -> list[Plan]:
 def warm_start_plans(problem: PlanningProblem, seed: int, clock: TimeLimit, slow: bool = False) -> list[Plan]:
     """Baseline plans, cheapest baseline first, and the greedy plans.
 
-    Every baseline runs its whole search, with what is left of ``clock`` as its cap (so its
-    plan depends on the machine only when that cap fires, which the open watch notes); once
-    ``clock`` has expired the rest are skipped.  ``slow=False`` runs every baseline but those
+    Every baseline the problem is small enough for (:data:`BASELINE_CELLS`) runs its whole
+    search, with what is left of ``clock`` as its cap (so its plan depends on the machine only
+    when that cap fires, which the open watch notes); once ``clock`` has expired the rest are
+    skipped.  ``slow=False`` runs every baseline but those
     of :data:`SLOW_BASELINES` (and adds :func:`greedy_plans` after their plans); ``slow=True``
     runs only those.
     """
     plans = []
+    cells = len(problem.graph) * len(problem.cluster.devices)
     for cls in BASELINES:
-        if (cls.__name__ in SLOW_BASELINES) != slow:
+        if (cls.__name__ in SLOW_BASELINES) != slow or cells > BASELINE_CELLS.get(cls.__name__, math.inf):
             continue
         if clock.expired():
             break
