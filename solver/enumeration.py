@@ -97,12 +97,12 @@ REBUILD_MARGIN = 0.1
 
 FAST_PASS, SLOW_PASS = 1_500, 6_000
 """Prefixes: a pass expanding fewer doubles the step, one expanding more halves it (down to
-:data:`STEP`).  Counted, not timed, so the passes (and the bound) are the same on any machine;
-about 0.25 s and 1 s of walk on the 2-core machine this is measured on."""
+:data:`STEP`).  Counted, not timed, so the passes (and the bound) are the same on any machine."""
 
-DEFAULT_PREFIXES = 150_000
-"""Prefixes the walk may expand over all its passes, without an explicit budget (about 30 s of
-walk on the 2-core machine this is measured on)."""
+DEFAULT_PREFIXES = 50_000
+"""Prefixes the walk may expand over all its passes, without an explicit budget: at 96 layers x 32
+devices a solve with it ends inside the default 60 s limit on the loaded 2-core machine it was
+measured on (the walk expanded 300 to 1,700 prefixes a second there, with the load)."""
 
 DELTA_BANDS = 8
 """Bands of the completions' largest ``delta`` that the pass-sum table is kept for (see [Note: delta bands])."""

@@ -86,9 +86,10 @@ class ExactWork:
     """The counted work of the exact search's phases besides the model (whose budget its solver holds).
 
     Each phase stops on its own count, never on a share of the clock, so an exact solve that the
-    time limit does not cut gives the same plan and record on any machine.  The defaults make a
-    solve of 64 layers x 16 devices of two types finish in about 40 s on the 2-core machine they
-    were measured on, inside the default 60 s limit.
+    time limit does not cut gives the same plan and record on any machine.  The defaults are sized
+    for a solve of 96 layers x 32 devices of two types (``experiments/bench_solvers.py``), which the
+    walk does not prove, to end inside the default 60 s limit on the 2-core machine they were
+    measured on.
     """
 
     patterns: int = EVALUATIONS
