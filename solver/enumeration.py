@@ -100,9 +100,9 @@ FAST_PASS, SLOW_PASS = 1_500, 6_000
 :data:`STEP`).  Counted, not timed, so the passes (and the bound) are the same on any machine."""
 
 DEFAULT_PREFIXES = 50_000
-"""Prefixes the walk may expand over all its passes, without an explicit budget: at 96 layers x 32
-devices a solve with it ends inside the default 60 s limit on the loaded 2-core machine it was
-measured on (the walk expanded 300 to 1,700 prefixes a second there, with the load)."""
+"""Prefixes the walk may expand over all its passes, without an explicit budget: 20,000 took
+70 s at 96 layers x 32 devices on the loaded 2-core machine this was measured on, most of it
+building the passes' tables, which this does not count."""
 
 DELTA_BANDS = 8
 """Bands of the completions' largest ``delta`` that the pass-sum table is kept for (see [Note: delta bands])."""

@@ -87,9 +87,8 @@ class ExactWork:
 
     Each phase stops on its own count, never on a share of the clock, so an exact solve that the
     time limit does not cut gives the same plan and record on any machine.  The defaults are sized
-    for a solve of 96 layers x 32 devices of two types (``experiments/bench_solvers.py``), which the
-    walk does not prove, to end inside the default 60 s limit on the 2-core machine they were
-    measured on.
+    from solves of 96 layers x 32 devices of two types (``experiments/bench_solvers.py``), which
+    the walk does not prove (see :data:`pipeplan.solver.enumeration.DEFAULT_PREFIXES`).
     """
 
     patterns: int = EVALUATIONS
