@@ -225,7 +225,9 @@ class TestExactSolverUnderLoad:
         with busy_threads():
             loaded = solve_here(name, SHORT_CAP, auto=False)
         assert idle["record"]["stopped_by"] in REPRODUCIBLE, idle["record"]
-        assert loaded == idle
+        # the guarantee: the same record, unless the record says the cap cut the loaded solve
+        # (a machine many times slower than its 20 s allow; a share of the clock cut phases silently)
+        assert loaded == idle or loaded["record"]["stopped_by"] == "time", loaded["record"]
 
 
 class TestEverySolverHasAClass:
