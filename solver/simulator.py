@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pipeplan.models.errors import DeadlockError, InputError
 from pipeplan.solver.memory import StageMemory, group_peak_memory, stage_peak_memory
-from pipeplan.solver.schedule import BACKWARD, FORWARD, Op, format_op, stage_ops
+from pipeplan.solver.schedule import BACKWARD, FORWARD, Action, Op, format_action, format_op, stage_ops
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
@@ -49,6 +49,11 @@ class OpEvent:
     group: int = 0
     """The device group that ran it (the stage itself in a plan of one stage per group)."""
 
+    @property
+    def label(self) -> str:
+        """The action as torch writes it: ``"2I3"``."""
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
 
 @dataclass(frozen=True)
 class TransferEvent:
@@ -68,6 +73,12 @@ class TransferEvent:
     """Arrival time in seconds."""
     link: tuple[int, int] = (0, 0)
     """``(sender group, receiver group)``: the FIFO link it used."""
+
+    @property
+    def label(self) -> str:
+        """``"A2:0"``: the activations of microbatch 0 from stage 2 (``"G2:0"``: its gradients)."""
+        sender = self.cut if self.direction == "fwd" else self.cut + 1
+        return f"{'A' if self.direction == 'fwd' else 'G'}{sender}:{self.microbatch}"
 
 
 @dataclass(frozen=True)
@@ -240,6 +251,7 @@ class SimulationResult:
             "fits": self.fits,
             "busy": list(self.busy),
             "stage_end": list(self.stage_end),
+            "group_end": list(self.stage_end),
             "allreduce": [st.allreduce for st in self.stages],
             "step": [st.step for st in self.stages],
             "bubble_fraction": self.bubble_fraction,
@@ -664,7 +676,7 @@ class GroupSimulationResult:
             "memory_capacity": [g.capacity for g in self.groups],
             "fits": self.fits,
             "busy": list(self.busy),
-            "stage_end": list(self.group_end),
+            "group_end": list(self.group_end),
             "allreduce": [g.allreduce for g in self.groups],
             "step": [g.step for g in self.groups],
             "bubble_fraction": self.bubble_fraction,
@@ -882,18 +894,13 @@ def _program_deadlock(groups, links, ptr, fwd_arrival, bwd_arrival, file: str) -
         visited.add(gi)
         sender, kind, j = _program_blocker(groups, links, ptr, fwd_arrival, bwd_arrival, gi)
         what, made_by = ("activations", "F") if kind == FORWARD else ("gradients", "B or I")
-        action = _action_text(groups[gi].program[ptr[gi]])
+        action = format_action(Action(*groups[gi].program[ptr[gi]]))
         h = owner[sender]
-        stuck = _action_text(groups[h].program[ptr[h]]) if ptr[h] < len(groups[h].program) else "its end"
+        stuck = format_action(Action(*groups[h].program[ptr[h]])) if ptr[h] < len(groups[h].program) else "its end"
         chain.append(f"group {gi} action {action} waits for the {what} of microbatch {j} of stage {sender}, "
                      f"whose {made_by} has not run (group {h} is stuck at {stuck})")
         gi = h
     return DeadlockError(file, f"programs[{start}][{ptr[start]}]", "deadlock: " + "; ".join(chain))
-
-
-def _action_text(action: tuple[int, str, int]) -> str:
-    """``(0, "I", 2)`` -> ``"0I2"``, as torch writes actions."""
-    return f"{action[0]}{action[1]}{action[2]}"
 
 
 def _check_programs_deadlock_free(plan: "Plan", file: str) -> None:
