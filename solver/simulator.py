@@ -155,6 +155,11 @@ class SimulationResult:
         return tuple(st.peak_memory for st in self.stages)
 
     @property
+    def memory_capacity(self) -> tuple[float, ...]:
+        """The smallest device memory of each stage."""
+        return tuple(st.capacity for st in self.stages)
+
+    @property
     def fits(self) -> bool:
         """Whether every stage's peak fits in each of its devices."""
         return all(st.peak_memory <= st.capacity for st in self.stages)
@@ -247,7 +252,7 @@ class SimulationResult:
             "iteration_time": self.iteration_time,
             "throughput": self.throughput if self.iteration_time > 0 else None,  # JSON has no infinity
             "peak_memory": list(self.peak_memory),
-            "memory_capacity": [st.capacity for st in self.stages],
+            "memory_capacity": list(self.memory_capacity),
             "fits": self.fits,
             "busy": list(self.busy),
             "stage_end": list(self.stage_end),
@@ -616,6 +621,11 @@ class GroupSimulationResult:
         return tuple(g.peak_memory for g in self.groups)
 
     @property
+    def memory_capacity(self) -> tuple[float, ...]:
+        """The smallest device memory of each group."""
+        return tuple(g.capacity for g in self.groups)
+
+    @property
     def fits(self) -> bool:
         """Whether every group's peak fits in each of its devices."""
         return all(g.peak_memory <= g.capacity for g in self.groups)
@@ -664,8 +674,8 @@ class GroupSimulationResult:
                                            f"overflows floating point; use realistic costs and speeds")
         for gi, g in enumerate(self.groups):
             if not math.isfinite(g.peak_memory):
-                raise InputError(file, f"stages[{g.stages[0]}]", f"group {gi}'s peak memory is {g.peak_memory}: "
-                                                                 "the graph's bytes overflow floating point at this batch")
+                raise InputError(file, f"stages[{g.stages[0]}]", f"group {gi}'s peak memory is {g.peak_memory}: the "
+                                                                 "graph's bytes overflow floating point at this batch")
 
     def summary(self) -> dict:
         """The JSON object ``pipeplan simulate --json`` prints (all lists per group)."""
@@ -673,7 +683,7 @@ class GroupSimulationResult:
             "iteration_time": self.iteration_time,
             "throughput": self.throughput if self.iteration_time > 0 else None,
             "peak_memory": list(self.peak_memory),
-            "memory_capacity": [g.capacity for g in self.groups],
+            "memory_capacity": list(self.memory_capacity),
             "fits": self.fits,
             "busy": list(self.busy),
             "group_end": list(self.group_end),
