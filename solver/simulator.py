@@ -297,7 +297,13 @@ def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: di
     its layers, devices, split and recompute flag, the state factor, and its neighbours'
     devices and splits (its transfers and waits).  Heuristics that move one boundary at a
     time then recompute two stages, not all of them.
+
+    Raises
+    ------
+    InputError
+        For a plan that uses version 2: its costs are per group (:func:`group_costs`).
     """
+    plan.require_v1("-", "the per-stage cost table (stage_costs)")
     stages = plan.stages
     count = len(stages)
     if cache is not None and plan.schedule != "custom":
