@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pipeplan.models.errors import InputError, one_line
+from pipeplan.models.errors import one_line
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.models.model_options import request_from_args
@@ -27,7 +27,6 @@ from pipeplan.runtime.launch import WorkerError, launch_local
 from pipeplan.runtime.report import present
 from pipeplan.runtime.routing import rank_of
 from pipeplan.runtime.worker import add_arguments, check_options
-from pipeplan.solver.simulator import GroupSimulationResult
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,10 +59,6 @@ def run(args: argparse.Namespace) -> int:
     inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
     if args.emulate:
         check_emulation(inputs.prediction, args.timeout, args.plan)
-    if args.side_by_side and isinstance(inputs.prediction, GroupSimulationResult):
-        raise InputError(args.plan, "--side-by-side", "the simulated Gantt chart of a plan of device groups "
-                                                      "(version 2) is not drawn next to a run; drop --side-by-side "
-                                                      "(--gantt draws the measured one)")
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
         warn(note)
     if args.emulate and "calibration" in inputs.cluster.extra:

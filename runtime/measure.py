@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeplan.solver.figures import pyplot, save_png
 from pipeplan.solver.gantt import Bar, bars_of, draw_gantt, gantt_title
-from pipeplan.solver.simulator import SimulationResult
+from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult
 
 _US = 1e6
 _COMPUTE = {"forward": "forward", "backward": "backward", "recompute": "recompute", "allreduce": "allreduce"}
@@ -75,7 +75,8 @@ def idle_spans(events: list[list], end: float) -> list[tuple[float, float]]:
 
 
 def rank_label(rank: dict) -> str:
-    return f"rank {rank['rank']} s{rank['stage']}/{rank['replica']} {rank['device']}"
+    stages = "+".join(str(s) for s in rank.get("stages", [rank["stage"]]))  # every stage of its group
+    return f"rank {rank['rank']} s{stages}/{rank['replica']} {rank['device']}"
 
 
 def chrome_trace(result: dict, step: int, title: str = "pipeplan run") -> dict[str, Any]:
@@ -120,7 +121,7 @@ def measured_bars(result: dict, step: int) -> tuple[list[str], list[Bar]]:
 
 
 def write_gantt(result: dict, step: int, path: str, title: str,
-                prediction: SimulationResult | None = None, name: str = "simulated") -> None:
+                prediction: SimulationResult | GroupSimulationResult | None = None, name: str = "simulated") -> None:
     """The measured Gantt chart of ``step``; the simulated one above it when ``prediction`` is given."""
     plt = pyplot()
     rows, bars = measured_bars(result, step)

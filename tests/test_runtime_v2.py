@@ -185,11 +185,13 @@ def files(tmp_path_factory) -> dict[str, str]:
     return paths
 
 
-def test_run_verify_on_a_zbv_plan_file(files):
+def test_run_verify_on_a_zbv_plan_file(files, tmp_path):
     from test_runtime import pipeplan
 
+    charts = [str(tmp_path / "run.png"), str(tmp_path / "run.trace.json")]
     done = pipeplan("run", files["graph"], CLUSTER, files["plan"], "--model", "gpt-tiny", "--steps", "2",
-                    "--warmup", "1", "--verify", "--json", "--timeout", "30", timeout=HANG * 2)
+                    "--warmup", "1", "--verify", "--json", "--timeout", "30", "--gantt", charts[0], "--side-by-side",
+                    "--trace", charts[1], timeout=HANG * 2)
     assert done.returncode == 0, done.stderr
     summary = json.loads(done.stdout)
     assert summary["verified"] and summary["max_param_diff"] <= 1e-10
@@ -198,16 +200,10 @@ def test_run_verify_on_a_zbv_plan_file(files):
     peaks = summary["predicted_peak_memory"]
     assert peaks[0] == peaks[1] and peaks[2] == peaks[3] and peaks[0] != peaks[2]
     assert summary["replayed_iteration_time"] > 0 and len(summary["losses"]) == 2
-
-
-def test_side_by_side_gantt_of_a_version_2_plan_is_refused_before_any_process(files, tmp_path):
-    from test_runtime import pipeplan
-
-    done = pipeplan("run", files["graph"], CLUSTER, files["plan"], "--model", "gpt-tiny", "--gantt",
-                    str(tmp_path / "g.png"), "--side-by-side")
-    assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert "--side-by-side: the simulated Gantt chart of a plan of device groups" in done.stderr
-    assert not (tmp_path / "g.png").exists()
+    assert all(Path(chart).stat().st_size > 0 for chart in charts)
+    names = {e["args"]["name"] for e in json.loads(Path(charts[1]).read_text())["traceEvents"] if e["ph"] == "M"
+             and e["name"] == "process_name"}
+    assert len(names) == 4
 
 
 # --------------------------------------------------------------------- pure data
