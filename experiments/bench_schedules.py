@@ -43,7 +43,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pipeplan.experiments.bench_solvers import PAIRS, QUICK, SERVERS, chain_graph, two_type_cluster  # noqa: E402
+from pipeplan.experiments.bench_solvers import (PAIRS, QUICK, SCHEDULE_CASES, SERVERS, case_name,  # noqa: E402
+                                               chain_graph, two_type_cluster)
 from pipeplan.models.errors import InputError  # noqa: E402
 from pipeplan.models.graph import LayerGraph  # noqa: E402
 from pipeplan.models.jsonio import atomic_write_text  # noqa: E402
@@ -52,9 +53,8 @@ from pipeplan.solver.plan import Plan, Stage, equal_split  # noqa: E402
 from pipeplan.solver.schedule import num_stages, stage_group  # noqa: E402
 from pipeplan.solver.simulator import simulate  # noqa: E402
 
-CASES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4),
-         ("interleaved-zb", 2), ("looped-bfs", 2), ("zbv", 2))
-"""``(schedule, v)`` pairs compared; ``v`` is the stages per group (``zbv`` always has 2)."""
+CASES = SCHEDULE_CASES
+"""``(schedule, v)`` pairs compared, the solver benchmark's schedule columns."""
 
 GLOBAL_BATCH = 64
 MICROBATCHES = 8
@@ -198,11 +198,6 @@ def build_plan(schedule: str, virtual: int, graph: LayerGraph, cluster: Cluster,
     stages = tuple(Stage(bounds, devices[stage_group(schedule, s, groups)], split)
                    for s, bounds in enumerate(balanced_split(len(graph), num_stages(schedule, groups, virtual))))
     return Plan(graph.name, cluster.name, global_batch, STATE_FACTOR, schedule, stages)
-
-
-def case_name(schedule: str, virtual: int) -> str:
-    """``interleaved-1f1b v=2``; the schedules with a fixed ``v`` by name alone."""
-    return f"{schedule} v={virtual}" if schedule in ("interleaved-1f1b", "interleaved-zb", "looped-bfs") else schedule
 
 
 def measure(plan: Plan, graph: LayerGraph, cluster: Cluster) -> dict:

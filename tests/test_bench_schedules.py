@@ -7,6 +7,7 @@ import json
 import pytest
 
 from pipeplan.experiments import bench_schedules as bench
+from pipeplan.experiments import bench_solvers as solvers_bench
 from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
@@ -156,3 +157,36 @@ class TestMain:
     def test_bad_pair(self):
         with pytest.raises(SystemExit, match="devices must be one of 4, 8, 16, 32, 64"):
             bench.main(["--pairs", "8x5"])
+
+
+class TestParseSchedules:
+    def test_defaults_and_virtual(self):
+        assert solvers_bench.parse_schedules("gpipe,interleaved-1f1b:4,zbv,looped-bfs") == [
+            ("gpipe", 1), ("interleaved-1f1b", 4), ("zbv", 2), ("looped-bfs", 2)]
+
+    def test_refuses_v_on_a_fixed_schedule(self):
+        with pytest.raises(SystemExit, match="1f1b:2: give one of"):
+            solvers_bench.parse_schedules("1f1b:2")
+
+
+class TestBestAndGap:
+    def test_largest_bound_and_tie_to_the_proved(self):
+        rows = {"a": {"iteration_time": 2.0, "status": "feasible"},
+                "b": {"iteration_time": 2.0, "status": "optimal", "lower_bound": 1.5},
+                "c": {"iteration_time": 3.0, "lower_bound": 1.0}, "d": {"refused": "no"}}
+        assert solvers_bench.best_and_gap(rows) == {"best": 2.0, "solver": "b", "lower_bound": 1.5, "gap": 0.25}
+
+    def test_nothing_found(self):
+        assert solvers_bench.best_and_gap({"a": {"refused": "no"}})["best"] is None
+
+
+class TestBenchSchedule:
+    def test_gpipe_column_is_the_solvers_best(self):
+        col = solvers_bench.bench_schedule(16, 4, "gpipe", 1, 10.0, 2.0, solvers=("even", "ilp"))
+        rows = col["solvers"]
+        assert rows["ilp"]["status"] == "optimal"
+        assert col["best"] == min(rows["even"]["iteration_time"], rows["ilp"]["iteration_time"])
+        assert col["gap"] == pytest.approx((col["best"] - rows["ilp"]["lower_bound"]) / col["best"], abs=1e-12)
+        assert solvers_bench.schedule_markdown([{"layers": 16, "devices": 4, "servers": 2, "schedules": [col]}]) \
+            .splitlines()[2] == f"| 16 x 4 (2) | {1e3 * col['best']:.1f} ms ({col['solver']}) / " \
+                                f"{100 * col['gap']:.2f} % |"
