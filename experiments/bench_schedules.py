@@ -38,7 +38,7 @@ import argparse
 import functools
 import json
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -306,7 +306,7 @@ def run(pairs: list[tuple[int, int]], groups: str, shares: BlockShares | None = 
 def write_results(results: list[dict], shares: BlockShares, out_dir: Path) -> None:
     """``schedules.json``, ``schedules.md`` and ``schedules.png`` in ``out_dir``, each atomically."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    record = {"shares": shares.__dict__, "profile_model": PROFILE_MODEL, "results": results}
+    record = {"shares": asdict(shares), "profile_model": PROFILE_MODEL, "results": results}
     atomic_write_text(out_dir / "schedules.json", json.dumps(record, indent=1) + "\n")
     atomic_write_text(out_dir / "schedules.md", markdown(results))
     bar_chart(results, out_dir / "schedules.png")
