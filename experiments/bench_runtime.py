@@ -30,11 +30,10 @@
 3. *Each schedule's best plan.*  For every schedule of the solver benchmark's
    schedule columns (``SCHEDULE_CASES``: gpipe, 1f1b, interleaved-1f1b v=2 and 4,
    interleaved-zb, looped-bfs, zbv) ``pipeplan plan --solver cpsat`` plans
-   ``gpt-tiny`` at batch 64 in 4 microbatches on the two CPU devices (two device
-   groups), and the plan runs as in part 1; the table gives measured against
-   predicted per schedule and the median |error| over the plans.  A schedule the
-   planner refuses (too few layers for its stages, a schedule it does not plan) is
-   listed with its one-line reason.
+   ``gpt-tiny`` at batch 64 in 4 microbatches on the two CPU devices (the solver
+   chooses the stages and device groups), and the plan runs as in part 1; the table
+   gives measured against predicted per schedule and the median |error| over the
+   plans.  A schedule the planner refuses is listed with its one-line reason.
 
 The machine is shared: every line carries the load average, and bursts of other
 work show up as outliers, which the medians absorb.
@@ -265,9 +264,10 @@ def schedule_plans(graph: Path, cluster: Path, out: Path, time_limit: float) -> 
 
 def schedules_table(rows: list[dict], refused: dict[str, str]) -> str:
     """Measured against predicted per schedule's best plan, the median |error|, and the refusals."""
-    lines = ["| schedule | stages | measured | predicted | error | calibrated error |", "|---|---:|---:|---:|---:|---:|"]
+    lines = ["| schedule | stages / groups | measured | predicted | error | calibrated error |",
+             "|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        lines.append(f"| {r['plan'][len('sched '):]} | {r['stages']} | {r['measured'] * 1e3:.2f} ms | "
+        lines.append(f"| {r['plan'][len('sched '):]} | {r['stages']} / {r['groups']} | {r['measured'] * 1e3:.2f} ms | "
                      f"{r['predicted'] * 1e3:.2f} ms | {100 * r['error']:+.1f} % | {100 * r['calibrated_error']:+.1f} % |")
     if rows:
         lines.append(f"| median over {len(rows)} plans | | | | {100 * median_abs(rows, 'error'):.1f} % | "
@@ -604,7 +604,8 @@ def main() -> None:
         found, refused = schedule_plans(gpt(0), cluster, out, args.plan_time_limit)
         rows = measured_vs_predicted(gpt, cluster, out, args.steps, args.repeats, plan_set=found) if found else []
         for r in rows:
-            r["stages"] = len(found[r["plan"]]["stages"])
+            stages = found[r["plan"]]["stages"]
+            r["stages"], r["groups"] = len(stages), len({frozenset(st["devices"]) for st in stages})
         table = schedules_table(rows, refused)
         (out / "schedules.md").write_text(table)
         print(table, end="")

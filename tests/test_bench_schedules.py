@@ -196,13 +196,13 @@ class TestSchedulesTable:
     def test_rows_median_and_refusals(self):
         from pipeplan.experiments import bench_runtime
 
-        rows = [{"plan": "sched zbv", "stages": 4, "measured": 0.010, "predicted": 0.0125, "error": -0.2,
+        rows = [{"plan": "sched zbv", "stages": 4, "groups": 2, "measured": 0.010, "predicted": 0.0125, "error": -0.2,
                  "calibrated_error": 0.02},
-                {"plan": "sched 1f1b", "stages": 2, "measured": 0.012, "predicted": 0.010, "error": 0.2,
+                {"plan": "sched 1f1b", "stages": 2, "groups": 2, "measured": 0.012, "predicted": 0.010, "error": 0.2,
                  "calibrated_error": -0.04},
-                {"plan": "sched gpipe", "stages": 2, "measured": 0.011, "predicted": 0.010, "error": 0.1,
+                {"plan": "sched gpipe", "stages": 1, "groups": 1, "measured": 0.011, "predicted": 0.010, "error": 0.1,
                  "calibrated_error": 0.0}]
         lines = bench_runtime.schedules_table(rows, {"sched looped-bfs v=2": "error: no"}).splitlines()
-        assert lines[2] == "| zbv | 4 | 10.00 ms | 12.50 ms | -20.0 % | +2.0 % |"
+        assert lines[2] == "| zbv | 4 / 2 | 10.00 ms | 12.50 ms | -20.0 % | +2.0 % |"
         assert lines[5] == "| median over 3 plans | | | | 20.0 % | 2.0 % |"
         assert lines[-1] == "- looped-bfs v=2: not planned: error: no"
