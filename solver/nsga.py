@@ -403,7 +403,7 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     the exact ones run a smaller walk (:data:`SEEDING_PREFIXES`) and no NSGA-II.
     """
     from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
-    from pipeplan.solver.exact import ExactWork, exact_work
+    from pipeplan.solver.exact_work import ExactWork, exact_work
     from pipeplan.solver.registry import get_solver, solver_names
 
     clock = TimeLimit(time_limit).start()
