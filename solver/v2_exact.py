@@ -1,0 +1,158 @@
+"""Planning for a version-2 schedule: a best-first search over candidates, proved by the bounds.
+
+Used by ``ilp`` and ``cpsat`` for ``interleaved-1f1b``, ``interleaved-zb``,
+``looped-bfs`` and ``zbv`` (their MILP and CP-SAT models describe one stage per device)
+and, on a restricted space, by ``group-search``.
+
+Method.  Every candidate of :mod:`pipeplan.solver.v2_space` (``v``, device groups, stage
+boundaries, recompute flags) gets its lower bound :func:`pipeplan.solver.v2_bound.candidate_bound`;
+candidates whose state alone overflows a device are dropped
+(:func:`pipeplan.solver.v2_bound.state_overflows`).  They are then simulated in order of
+increasing bound (ties in enumeration order), keeping the fastest plan that fits.
+
+Exactness.  When the next candidate's bound reaches the incumbent, every candidate left
+has a bound at least that, so none is faster: the incumbent is optimal over the whole
+space.  A candidate with recompute flags is not simulated when the same stages and
+groups without recompute fit: recompute only lengthens actions, and with the programs and
+link orders fixed the timeline is a max-plus system, monotone in the durations, so it
+cannot be faster.  When every candidate is simulated and none fits, no plan fits: the
+result is ``infeasible``, a proof.  Stopped earlier (budget, clock), the reported bound is
+the smallest of the incumbent and the bounds not yet passed, or, when the space was
+too large to list, :func:`pipeplan.solver.v2_bound.space_bound`.
+
+The work is counted in simulations (:class:`pipeplan.solver.termination.WorkBudget`):
+same inputs and budget, same plan on any machine.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+from pipeplan.models.errors import InputError
+from pipeplan.solver.plan import Plan
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.result import SolverResult, TracePoint
+from pipeplan.solver.simulator import SimulationResult
+from pipeplan.solver.termination import WorkBudget, past
+from pipeplan.solver.v2_bound import candidate_bound, space_bound, state_overflows
+from pipeplan.solver.v2_space import Candidate, boundary_choices, candidates, to_plan
+
+MAX_CANDIDATES = 40_000
+"""Most candidates listed and bounded; a larger space is not proved (its bound is the cluster-wide one)."""
+
+DEFAULT_SIMULATIONS = 20_000
+"""Simulations one version-2 solve may run by default (its work budget)."""
+
+BOUND_TOL = 1e-9
+"""Relative margin a bound must clear the incumbent by to prune: the bound and the simulator
+add the same durations in different orders, so their roundings differ by about 1e-15."""
+
+
+def _pool(problem: PlanningProblem, boundaries, deadline: float) -> tuple[list[tuple[float, int, Candidate]], bool]:
+    """``(bound, index, candidate)`` for each candidate that may fit, sorted; and whether all were listed."""
+    pool = []
+    for index, candidate in enumerate(candidates(problem, boundaries=boundaries)):
+        if index >= MAX_CANDIDATES or past(deadline):
+            return sorted(pool), False
+        if not state_overflows(problem, candidate):
+            pool.append((candidate_bound(problem, candidate), index, candidate))
+    return sorted(pool, key=lambda item: (item[0], item[1])), True
+
+
+def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: int,
+             budget: WorkBudget | None = None, boundaries=boundary_choices, proves: bool = True,
+             evaluate: Callable[[Plan], SimulationResult] | None = None) -> SolverResult:
+    """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+        A problem whose schedule is a named version-2 one, with ``M`` equal microbatches.
+    name : str
+        The solver's name, for the record.
+    time_limit : float
+        Wall-clock cap in seconds (``stopped_by: time`` when it cuts the search).
+    seed : int
+        Recorded; the search itself is deterministic.
+    budget : WorkBudget, optional
+        Simulations (default :data:`DEFAULT_SIMULATIONS`).
+    boundaries : callable
+        ``boundaries(layers, stages)``: the stage ranges to try (all by default).
+    proves : bool
+        Whether a finished search proves optimality (``False`` for a restricted space).
+    evaluate : callable, optional
+        The judge of a plan (default the problem's simulator).
+
+    Returns
+    -------
+    SolverResult
+        ``optimal`` only when proved; the bound is valid over the whole space.
+    """
+    started = time.perf_counter()
+    deadline = started + time_limit
+    budget = budget or WorkBudget(DEFAULT_SIMULATIONS)
+    evaluate = evaluate or problem.evaluate
+    pool, listed = _pool(problem, boundaries, deadline)
+    best: Plan | None = None
+    best_time = math.inf
+    plain_fits: set[tuple] = set()
+    trace: list[TracePoint] = []
+    simulated, next_bound, finished = 0, None, True
+    for bound, _, candidate in pool:
+        if bound * (1 - BOUND_TOL) >= best_time:
+            next_bound = bound
+            break
+        key = (candidate.virtual, candidate.groups, candidate.bounds)
+        if any(candidate.recompute) and key in plain_fits:
+            continue  # dominated: the same stages without recompute fit and are never slower
+        if past(deadline) or not budget.spend():
+            next_bound, finished = bound, False
+            break
+        simulated += 1
+        result = evaluate(to_plan(problem, candidate))
+        if not result.fits:
+            continue
+        if not any(candidate.recompute):
+            plain_fits.add(key)
+        if result.iteration_time < best_time:
+            best, best_time = to_plan(problem, candidate), result.iteration_time
+            trace.append(TracePoint(time.perf_counter() - started, best_time, None))
+    wall = time.perf_counter() - started
+    details = {"method": "best-first search over v, device groups, boundaries and recompute, pruned by "
+                         "the version-2 bounds", "candidates": len(pool), "listed_all": listed,
+               "simulations": simulated, "budget_unit": "simulations"}
+    proved = proves and listed and finished
+    if best is None:
+        if proved:
+            return SolverResult(name, "infeasible", None, None, None, wall, seed, tuple(trace),
+                                f"no plan of {problem.schedule} fits in memory on this cluster", details)
+        bound = next_bound if listed and next_bound is not None else space_bound(problem)
+        return SolverResult(name, "timeout-no-solution", None, None, bound, wall, seed, tuple(trace),
+                            "stopped before a fitting plan was found", details)
+    if proved:
+        trace.append(TracePoint(wall, best_time, best_time))
+        return SolverResult(name, "optimal", best, best_time, best_time, wall, seed, tuple(trace), "", details)
+    bound = min(best_time, next_bound) if listed and next_bound is not None and proves else \
+        min(best_time, space_bound(problem))
+    trace.append(TracePoint(wall, best_time, bound))
+    why = "the search space was too large to list" if not listed else \
+        "the search stopped before the bounds met the incumbent" if proves else "a restricted search proves nothing"
+    return SolverResult(name, "feasible", best, best_time, bound, wall, seed, tuple(trace), why, details)
+
+
+def solve_v2_exact(name: str, problem: PlanningProblem, time_limit: float, seed: int,
+                   budget: float | None) -> SolverResult:
+    """A version-2 schedule by the exact search of :mod:`pipeplan.solver.v2_exact` (``budget``: simulations).
+
+    Raises
+    ------
+    InputError
+        With ``auto_microbatches``: the version-2 search plans ``M`` equal microbatches.
+    """
+    if problem.auto_microbatches:
+        raise InputError("-", "--microbatches", f"{name} plans {problem.schedule} for M equal microbatches only "
+                                                f"(every stage splits alike); give a number instead of auto")
+    return solve_v2(problem, name, time_limit=time_limit, seed=seed,
+                    budget=WorkBudget(budget or DEFAULT_SIMULATIONS))
