@@ -37,7 +37,7 @@ from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.simulator import SimulationResult
 from pipeplan.solver.termination import WorkBudget, past
 from pipeplan.solver.v2_bound import candidate_bound, space_bound, state_overflows
-from pipeplan.solver.v2_space import Candidate, boundary_choices, candidates, to_plan
+from pipeplan.solver.v2_space import Candidate, boundary_choices, candidates, flags_exhaustive, group_choices, to_plan
 
 MAX_CANDIDATES = 40_000
 """Most candidates listed and bounded; a larger space is not proved (its bound is the cluster-wide one)."""
@@ -50,10 +50,11 @@ BOUND_TOL = 1e-9
 add the same durations in different orders, so their roundings differ by about 1e-15."""
 
 
-def _pool(problem: PlanningProblem, boundaries, deadline: float) -> tuple[list[tuple[float, int, Candidate]], bool]:
+def _pool(problem: PlanningProblem, boundaries, groupings, deadline: float
+          ) -> tuple[list[tuple[float, int, Candidate]], bool]:
     """``(bound, index, candidate)`` for each candidate that may fit, sorted; and whether all were listed."""
     pool = []
-    for index, candidate in enumerate(candidates(problem, boundaries=boundaries)):
+    for index, candidate in enumerate(candidates(problem, boundaries, groupings)):
         if index >= MAX_CANDIDATES or past(deadline):
             return sorted(pool), False
         if not state_overflows(problem, candidate):
@@ -62,7 +63,8 @@ def _pool(problem: PlanningProblem, boundaries, deadline: float) -> tuple[list[t
 
 
 def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: int,
-             budget: WorkBudget | None = None, boundaries=boundary_choices, proves: bool = True,
+             budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
+             proves: bool = True,
              evaluate: Callable[[Plan], SimulationResult] | None = None) -> SolverResult:
     """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
 
@@ -80,6 +82,8 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
         Simulations (default :data:`DEFAULT_SIMULATIONS`).
     boundaries : callable
         ``boundaries(layers, stages)``: the stage ranges to try (all by default).
+    groupings : callable
+        ``groupings(problem, groups)``: the device groups to try (all by default).
     proves : bool
         Whether a finished search proves optimality (``False`` for a restricted space).
     evaluate : callable, optional
@@ -94,7 +98,8 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     deadline = started + time_limit
     budget = budget or WorkBudget(DEFAULT_SIMULATIONS)
     evaluate = evaluate or problem.evaluate
-    pool, listed = _pool(problem, boundaries, deadline)
+    pool, listed = _pool(problem, boundaries, groupings, deadline)
+    listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
     best: Plan | None = None
     best_time = math.inf
     plain_fits: set[tuple] = set()
@@ -122,7 +127,7 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     wall = time.perf_counter() - started
     details = {"method": "best-first search over v, device groups, boundaries and recompute, pruned by "
                          "the version-2 bounds", "candidates": len(pool), "listed_all": listed,
-               "simulations": simulated, "budget_unit": "simulations"}
+               "simulations": simulated, "budget_unit": "simulations", "finished": finished}
     proved = proves and listed and finished
     if best is None:
         if proved:
@@ -137,7 +142,7 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     bound = min(best_time, next_bound) if listed and next_bound is not None and proves else \
         min(best_time, space_bound(problem))
     trace.append(TracePoint(wall, best_time, bound))
-    why = "the search space was too large to list" if not listed else \
+    why = "the search space was too large to list (or its recompute flags)" if not listed else \
         "the search stopped before the bounds met the incumbent" if proves else "a restricted search proves nothing"
     return SolverResult(name, "feasible", best, best_time, bound, wall, seed, tuple(trace), why, details)
 

@@ -152,12 +152,27 @@ def boundary_choices(layers: int, stages: int) -> Iterator[tuple[tuple[int, int]
         yield tuple(zip(edges[:-1], edges[1:]))
 
 
+MAX_FLAG_STAGES = 6
+"""Most stages whose recompute flags are enumerated in every combination; above it, none or all."""
+
+
 def recompute_choices(problem: PlanningProblem, stages: int) -> Iterator[tuple[bool, ...]]:
-    """Recompute flags: none first, then (when allowed) every other combination."""
+    """Recompute flags: none first, then (when allowed) every other combination, or all of them above
+    :data:`MAX_FLAG_STAGES` stages (see :func:`flags_exhaustive`)."""
     if not problem.allow_recompute:
         yield (False,) * stages
         return
+    if stages > MAX_FLAG_STAGES:
+        yield from ((False,) * stages, (True,) * stages)
+        return
     yield from itertools.product((False, True), repeat=stages)
+
+
+def flags_exhaustive(problem: PlanningProblem) -> bool:
+    """Whether :func:`recompute_choices` gives every combination for every stage count of the problem."""
+    most = max((stage_count(problem.schedule, r, v) for r in group_counts(problem)
+                for v in virtual_choices(problem, r)), default=0)
+    return not problem.allow_recompute or most <= MAX_FLAG_STAGES
 
 
 def group_counts(problem: PlanningProblem) -> range:
@@ -181,15 +196,15 @@ def stage_groups(schedule: str, candidate: Candidate) -> tuple[int, ...]:
     return tuple(group_of_stage(schedule, s, len(candidate.groups)) for s in range(len(candidate.bounds)))
 
 
-def candidates(problem: PlanningProblem, schedule: str | None = None,
-               boundaries=boundary_choices) -> Iterator[Candidate]:
-    """Every candidate of ``schedule`` (the problem's by default), in a fixed order.
+def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=group_choices) -> Iterator[Candidate]:
+    """Every candidate of the problem's schedule, in a fixed order.
 
-    ``boundaries(layers, stages)`` gives the layer ranges to try (all of them by default;
-    a heuristic passes a few).  Group counts the schedule refuses for the problem's
-    ``m`` (:func:`schedule_accepts`) are left out.
+    ``boundaries(layers, stages)`` gives the layer ranges to try and
+    ``groupings(problem, groups)`` the device groups (all of them by default; a
+    heuristic passes a few).  Group counts the schedule refuses for the problem's ``m``
+    (:func:`schedule_accepts`) are left out.
     """
-    schedule = schedule or problem.schedule
+    schedule = problem.schedule
     for groups in group_counts(problem):
         if schedule_accepts(schedule, groups, problem.microbatches):
             continue
@@ -197,7 +212,7 @@ def candidates(problem: PlanningProblem, schedule: str | None = None,
             stages = stage_count(schedule, groups, v)
             if problem.max_stages is not None and stages > problem.max_stages:
                 continue
-            for devs in group_choices(problem, groups):
+            for devs in groupings(problem, groups):
                 for bounds in boundaries(len(problem.graph), stages):
                     for flags in recompute_choices(problem, stages):
                         yield Candidate(v, devs, tuple(bounds), flags)
