@@ -1,9 +1,16 @@
-"""Schedules as data: per-stage op lists of ``"Fk"`` / ``"Bk"`` actions.
+"""Schedules as data: per-stage op lists and per-group programs.
 
 An op list is validated data, kept apart from the simulator that times it and the
 runtime that executes it (the grammar follows torch's pipelining ``"F0"``/``"B0"``
 actions).  ``gpipe`` and ``1f1b`` lists are generated exactly as the spec says;
 ``custom`` lists come from the plan and are checked by :func:`check_ops`.
+
+Version 2 (spec section 7.2) lets a device group hold several stages and run a
+*program* of :class:`Action` s (``"3I5"``).  :func:`group_programs` gives every
+group's program for any named schedule (the version-2 generators live in
+:mod:`pipeplan.solver.programs`); :func:`check_programs` checks custom programs and
+:func:`programs_to_csv` / :func:`programs_from_csv` read and write them in torch's
+CSV format (:mod:`pipeplan.solver.program_check`).
 """
 
 from __future__ import annotations
@@ -14,9 +21,20 @@ import re
 from typing import Iterable, Sequence
 
 from pipeplan.models.errors import InputError
+from pipeplan.solver.program_check import check_programs, programs_from_csv, programs_to_csv
+from pipeplan.solver.programs import (GENERATORS, KINDS, NAMED_V2, ZBV_STAGES_PER_GROUP, Action, check_counts,
+                                      format_action, parse_action)
 
-SCHEDULES = ("gpipe", "1f1b", "custom")
-"""Schedule names a plan may use."""
+__all__ = ["Action", "KINDS", "NAMED_V2", "SCHEDULES", "check_programs", "format_action", "group_programs",
+           "num_stages", "parse_action", "programs_from_csv", "programs_to_csv", "stage_group",
+           "FORWARD", "BACKWARD", "Op", "parse_op", "format_op", "gpipe_ops", "one_f_one_b_ops", "stage_ops",
+           "check_ops", "to_csv", "from_csv"]
+
+SCHEDULES = ("gpipe", "1f1b", "custom") + NAMED_V2
+"""Schedule names a plan may use (the last four only in a ``pipeplan.plan/2`` plan)."""
+
+ONE_STAGE_PER_GROUP = ("gpipe", "1f1b")
+"""Named schedules under which every group holds exactly one stage."""
 
 FORWARD, BACKWARD = "F", "B"
 
@@ -95,7 +113,129 @@ def stage_ops(schedule: str, m: int, stage: int, num_stages: int,
         if custom is None:
             raise ValueError("a custom schedule needs the stage's op list")
         return list(custom)
+    if schedule in NAMED_V2:
+        # an InputError (a ValueError), so that a version-1 code path handed such a plan stops in one line
+        raise InputError("-", "schedule", f"{schedule} runs per-group programs, which only a pipeplan.plan/2 plan "
+                                          f"and the version-2 simulator know; use gpipe, 1f1b or custom here")
     raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+
+
+def num_stages(schedule: str, groups: int, virtual: int = 1) -> int:
+    """The number of stages a named schedule runs on ``groups`` device groups.
+
+    Parameters
+    ----------
+    schedule : str
+        A name in :data:`SCHEDULES` other than ``"custom"``.
+    groups : int
+        ``R``, the number of device groups.
+    virtual : int, optional
+        ``v``, stages per group, for ``interleaved-1f1b``, ``interleaved-zb`` and
+        ``looped-bfs``; ``gpipe`` and ``1f1b`` need 1, ``zbv`` always has 2.
+
+    Returns
+    -------
+    int
+        ``v*R``; ``2R`` for ``zbv``; ``R`` for ``gpipe`` and ``1f1b``.
+
+    Raises
+    ------
+    ValueError
+        For ``custom`` (its groups come from the plan), an unknown name, or a
+        ``virtual`` the schedule does not allow.
+
+    Examples
+    --------
+    >>> num_stages("interleaved-1f1b", 4, 3), num_stages("zbv", 4), num_stages("1f1b", 4)
+    (12, 8, 4)
+    """
+    _check_virtual(schedule, groups, virtual)
+    if schedule == "zbv":
+        return ZBV_STAGES_PER_GROUP * groups
+    return virtual * groups
+
+
+def stage_group(schedule: str, stage: int, groups: int) -> int:
+    """The device group that holds ``stage`` under a named schedule.
+
+    Stage ``s`` is on group ``s mod R`` (``s`` itself for ``gpipe`` and ``1f1b``,
+    where ``s < R``); under ``zbv`` on group ``s`` for ``s < R`` and ``2R-1-s``
+    otherwise.
+
+    Raises
+    ------
+    ValueError
+        For ``custom``, an unknown name, or a stage the schedule cannot have.
+
+    Examples
+    --------
+    >>> [stage_group("zbv", s, 3) for s in range(6)]
+    [0, 1, 2, 2, 1, 0]
+    >>> [stage_group("looped-bfs", s, 2) for s in range(6)]
+    [0, 1, 0, 1, 0, 1]
+    """
+    _check_virtual(schedule, groups, 1)
+    if not isinstance(stage, int) or stage < 0:
+        raise ValueError(f"stage must be an integer >= 0, got {stage!r}")
+    if schedule in ONE_STAGE_PER_GROUP or schedule == "zbv":
+        limit = num_stages(schedule, groups)
+        if stage >= limit:
+            raise ValueError(f"{schedule} on {groups} groups has stages 0..{limit - 1}, not stage {stage}")
+        return stage if stage < groups else 2 * groups - 1 - stage
+    return stage % groups
+
+
+def group_programs(schedule: str, groups: int, microbatches: int, virtual: int = 1) -> list[list[Action]]:
+    """Every group's program under a named schedule (spec section 7.2).
+
+    Parameters
+    ----------
+    schedule : str
+        A name in :data:`SCHEDULES` other than ``"custom"``.
+    groups : int
+        ``R``; for ``gpipe`` and ``1f1b`` also the number of stages (one per group).
+    microbatches : int
+        ``m``, the microbatches of every stage.
+    virtual : int, optional
+        ``v``, stages per group (see :func:`num_stages`).
+
+    Returns
+    -------
+    list of list of Action
+        Program ``g`` for each group ``g``: the actions of its stages in the order
+        it runs them.
+
+    Raises
+    ------
+    ValueError
+        In one line, where torch's schedule class refuses the combination (``m``
+        not a multiple of the rounds for the interleaved ones, ``zbv`` with another
+        ``virtual`` than 2), and for ``custom`` or an unknown name.
+
+    Examples
+    --------
+    >>> [" ".join(format_action(a) for a in p) for p in group_programs("1f1b", 2, 2)]
+    ['0F0 0F1 0B0 0B1', '1F0 1B0 1F1 1B1']
+    >>> [format_action(a) for a in group_programs("interleaved-zb", 2, 2, 2)[1]]
+    ['1F0', '1F1', '3F0', '3I0', '3F1', '3I1', '3W0', '1I0', '3W1', '1I1', '1W0', '1W1']
+    """
+    _check_virtual(schedule, groups, virtual)
+    if schedule in ONE_STAGE_PER_GROUP:
+        check_counts(schedule, groups, microbatches, virtual)
+        return [[Action(s, kind, k) for kind, k in stage_ops(schedule, microbatches, s, groups)]
+                for s in range(groups)]
+    return GENERATORS[schedule](groups, microbatches, virtual)
+
+
+def _check_virtual(schedule: str, groups: int, virtual: int) -> None:
+    if schedule == "custom":
+        raise ValueError("a custom schedule has no generated programs: its plan lists them under \"programs\"")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+    check_counts(schedule, groups, 1, virtual)
+    if schedule in ONE_STAGE_PER_GROUP and virtual != 1:
+        raise ValueError(f"{schedule} holds one stage per group, got virtual = {virtual}; "
+                         f"use interleaved-1f1b or looped-bfs for {virtual} stages per group")
 
 
 def check_ops(texts: Iterable[object], m: int, file: str, where: str) -> list[Op]:
