@@ -10,10 +10,11 @@ from typing import Sequence
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.cluster import Cluster
 from pipeplan.solver.plan import MAX_SAMPLES, Plan, Stage, equal_split
+from pipeplan.solver.schedule import NAMED_V2
 from pipeplan.solver.simulator import SimulationResult, simulate
 
 
-V2_NAMED = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
+V2_NAMED = NAMED_V2
 """The named version-2 schedules (spec 7.2)."""
 
 VIRTUAL_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "looped-bfs")

@@ -4,7 +4,7 @@ A *candidate* fixes everything a plan/2 needs besides the split (every stage use
 problem's equal split, as torch's chunks do): the schedule, ``v`` (stages per group
 for the looped and interleaved schedules, 2 for ``zbv``), the ``R`` device groups in
 group order, the ``S`` contiguous layer ranges and each stage's recompute flag.
-Stage ``s`` runs on group :func:`group_of_stage`.
+Stage ``s`` runs on group :func:`pipeplan.solver.schedule.stage_group`.
 
 Devices with the same speed, memory and server are interchangeable (timing, memory,
 links and all-reduces depend only on those), so a group is enumerated as a number of
@@ -21,10 +21,8 @@ from typing import Iterator, Sequence
 
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
-
-ROUNDS_MULTIPLE = ("interleaved-1f1b", "interleaved-zb")
-"""Schedules that need ``m`` to be a multiple of ``rounds = max(1, m // R)`` (spec 7.2)."""
-
+from pipeplan.solver.programs import check_counts
+from pipeplan.solver.schedule import num_stages, stage_group
 
 @dataclass(frozen=True)
 class Candidate:
@@ -40,46 +38,20 @@ class Candidate:
     """Whether each stage recomputes its activations."""
 
 
-def stage_count(schedule: str, groups: int, virtual: int) -> int:
-    """``S``: ``v*R`` for the looped and interleaved schedules, ``2R`` for ``zbv``.
-
-    Examples
-    --------
-    >>> stage_count("interleaved-1f1b", 3, 2), stage_count("zbv", 3, 2)
-    (6, 6)
-    """
-    return 2 * groups if schedule == "zbv" else virtual * groups
-
-
-def group_of_stage(schedule: str, stage: int, groups: int) -> int:
-    """The group stage ``s`` runs on: ``s mod R``, or for ``zbv`` ``s`` then ``2R-1-s`` (spec 7.2).
-
-    Examples
-    --------
-    >>> [group_of_stage("zbv", s, 2) for s in range(4)]
-    [0, 1, 1, 0]
-    >>> [group_of_stage("looped-bfs", s, 2) for s in range(4)]
-    [0, 1, 0, 1]
-    """
-    if schedule == "zbv":
-        return stage if stage < groups else 2 * groups - 1 - stage
-    return stage % groups
-
-
 def schedule_accepts(schedule: str, groups: int, microbatches: int) -> str:
-    """Why ``schedule`` cannot run ``microbatches`` on ``groups`` groups, or ``""`` when it can.
+    """Why ``schedule`` cannot run ``microbatches`` on ``groups`` groups (torch's refusal), or ``""`` when it can.
 
     Examples
     --------
-    >>> schedule_accepts("interleaved-1f1b", 2, 7)
-    'm = 7 is not a multiple of rounds = max(1, 7 // 2) = 3'
+    >>> "rounds = max(1, m // R) = 3" in schedule_accepts("interleaved-1f1b", 2, 7)
+    True
     >>> schedule_accepts("looped-bfs", 2, 7)
     ''
     """
-    if schedule in ROUNDS_MULTIPLE:
-        rounds = max(1, microbatches // groups)
-        if microbatches % rounds:
-            return f"m = {microbatches} is not a multiple of rounds = max(1, {microbatches} // {groups}) = {rounds}"
+    try:
+        check_counts(schedule, groups, microbatches, 2 if schedule == "zbv" else 1)
+    except ValueError as exc:
+        return str(exc)
     return ""
 
 
@@ -170,7 +142,7 @@ def recompute_choices(problem: PlanningProblem, stages: int) -> Iterator[tuple[b
 
 def flags_exhaustive(problem: PlanningProblem) -> bool:
     """Whether :func:`recompute_choices` gives every combination for every stage count of the problem."""
-    most = max((stage_count(problem.schedule, r, v) for r in group_counts(problem)
+    most = max((num_stages(problem.schedule, r, v) for r in group_counts(problem)
                 for v in virtual_choices(problem, r)), default=0)
     return not problem.allow_recompute or most <= MAX_FLAG_STAGES
 
@@ -193,7 +165,7 @@ def to_plan(problem: PlanningProblem, candidate: Candidate) -> Plan:
 
 def stage_groups(schedule: str, candidate: Candidate) -> tuple[int, ...]:
     """The group of each of ``candidate``'s stages under ``schedule``."""
-    return tuple(group_of_stage(schedule, s, len(candidate.groups)) for s in range(len(candidate.bounds)))
+    return tuple(stage_group(schedule, s, len(candidate.groups)) for s in range(len(candidate.bounds)))
 
 
 def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=group_choices) -> Iterator[Candidate]:
@@ -209,7 +181,7 @@ def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=
         if schedule_accepts(schedule, groups, problem.microbatches):
             continue
         for v in virtual_choices(problem, groups):
-            stages = stage_count(schedule, groups, v)
+            stages = num_stages(schedule, groups, v)
             if problem.max_stages is not None and stages > problem.max_stages:
                 continue
             for devs in groupings(problem, groups):
@@ -239,5 +211,5 @@ def even_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
 
 
 def stage_devices(schedule: str, groups: Sequence[Sequence[str]], stages: int) -> list[tuple[str, ...]]:
-    """Each stage's devices when stage ``s`` runs on group :func:`group_of_stage`."""
-    return [tuple(groups[group_of_stage(schedule, s, len(groups))]) for s in range(stages)]
+    """Each stage's devices when stage ``s`` runs on group :func:`pipeplan.solver.schedule.stage_group`."""
+    return [tuple(groups[stage_group(schedule, s, len(groups))]) for s in range(stages)]

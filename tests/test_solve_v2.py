@@ -23,6 +23,7 @@ from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver, schedule_refusal
+from pipeplan.solver.schedule import group_programs
 from pipeplan.solver.termination import WorkBudget
 from pipeplan.solver.v2_bound import candidate_bound, space_bound
 from pipeplan.solver.v2_exact import solve_v2
@@ -51,8 +52,9 @@ def breadth_first_programs(schedule: str, placement: list[int], groups: int, m: 
     return programs
 
 
-def reference(problem: PlanningProblem, plan) -> SimpleNamespace:
-    """Spec 7.3 (time) and 7.4 (memory) of ``plan`` over breadth-first programs."""
+def reference(problem: PlanningProblem, plan, named: bool = True) -> SimpleNamespace:
+    """Spec 7.3 (time) and 7.4 (memory) of ``plan`` over the schedule's own programs
+    (:func:`pipeplan.solver.schedule.group_programs`), or over breadth-first ones."""
     graph, cluster = problem.graph, problem.cluster
     keys = []
     for st_ in plan.stages:
@@ -88,7 +90,10 @@ def reference(problem: PlanningProblem, plan) -> SimpleNamespace:
         rate = min(len(x), len(y)) * cluster.bw(x, y)
         return cluster.lat(x, y) + split[k] * graph.cut_bytes(cut) / rate
 
-    programs = breadth_first_programs(plan.schedule, placement, R, len(split))
+    if named:
+        programs = [[tuple(a) for a in p] for p in group_programs(plan.schedule, R, len(split), S // R)]
+    else:
+        programs = breadth_first_programs(plan.schedule, placement, R, len(split))
     end, arrive = {}, {}
     link_free: dict = {}
     ptr, clock = [0] * R, [0.0] * R
@@ -149,7 +154,7 @@ def reference(problem: PlanningProblem, plan) -> SimpleNamespace:
     return SimpleNamespace(iteration_time=total, fits=fits)
 
 
-def brute_force(problem: PlanningProblem) -> tuple[float, list]:
+def brute_force(problem: PlanningProblem, named: bool = True) -> tuple[float, list]:
     """The fastest fitting plan's reference time over every plan of the space (concrete devices), and every plan."""
     schedule, L, m = problem.schedule, len(problem.graph), problem.microbatches
     ids = [d.id for d in problem.cluster.devices]
@@ -177,7 +182,7 @@ def brute_force(problem: PlanningProblem) -> tuple[float, list]:
                                                        repeat=S):
                             plan = problem.make_plan(list(zip(edges[:-1], edges[1:])),
                                                      [groups[owner(schedule, s, R)] for s in range(S)], flags)
-                            result = reference(problem, plan)
+                            result = reference(problem, plan, named)
                             plans.append((plan, result))
                             if result.fits:
                                 best = min(best, result.iteration_time)
@@ -232,14 +237,14 @@ class TestCandidates:
 
 
 class TestCandidateBound:
-    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(VALUES, st.sampled_from(V2), st.integers(1, 3), st.integers(1, 2))
-    def test_never_above_any_plan(self, values, schedule, m, servers):
-        p = make_problem(values, schedule, devices=2, layers=4, batch=4, m=m, servers=servers)
-        for candidate in itertools.islice(candidates(p), 300):
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(VALUES, st.sampled_from(V2), st.integers(1, 4), st.integers(1, 2), st.booleans())
+    def test_never_above_any_plan(self, values, schedule, m, servers, named):
+        p = make_problem(values, schedule, devices=3, layers=4, batch=4, m=m, servers=servers)
+        for candidate in itertools.islice(candidates(p), 0, None, 7):
             plan = p.make_plan(candidate.bounds, [candidate.groups[owner(schedule, s, len(candidate.groups))]
                                                   for s in range(len(candidate.bounds))], candidate.recompute)
-            assert candidate_bound(p, candidate) <= reference(p, plan).iteration_time * (1 + 1e-12)
+            assert candidate_bound(p, candidate) <= reference(p, plan, named).iteration_time * (1 + 1e-12)
 
     def test_hand_computed_single_group(self):
         # one device, speed 1, no transfers: term 1 is all the work, 2 stages x 2 microbatches x (1 + 2) s
@@ -261,11 +266,12 @@ class TestSpaceBound:
 class TestSolveV2:
     @pytest.mark.parametrize("schedule", V2)
     @pytest.mark.parametrize("memory", [1e12, 2400.0, 1800.0])  # all fit; a few, with recompute; few or none
-    def test_equals_brute_force(self, schedule, memory):
+    @pytest.mark.parametrize("named", [True, False])
+    def test_equals_brute_force(self, schedule, memory, named):
         values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
         p = make_problem(values, schedule, devices=2, layers=4, batch=4, m=2, memory=memory, servers=2)
-        best, _ = brute_force(p)
-        result = solve_v2(p, "t", time_limit=60.0, seed=0, evaluate=lambda plan: reference(p, plan))
+        best, _ = brute_force(p, named)
+        result = solve_v2(p, "t", time_limit=60.0, seed=0, evaluate=lambda plan: reference(p, plan, named))
         if math.isinf(best):
             assert result.status == "infeasible" and result.plan is None
         else:

@@ -6,7 +6,7 @@ over ``v*R`` virtual stages, ``peers.md`` §1.2), DeepSpeed (``PipelineModule``'
 (``--num-layers-per-virtual-pipeline-stage``: each of the ``v*R`` model chunks gets
 ``blocks / (v*R)`` blocks, chunk ``c`` on pipeline rank ``c mod R``) all split the layers
 into ``S`` virtual stages by their own rule and place stage ``s`` on rank
-:func:`pipeplan.solver.v2_space.group_of_stage`.  Each baseline proposes its split for
+:func:`pipeplan.solver.schedule.stage_group`.  Each baseline proposes its split for
 every group count ``R`` and ``v`` the schedule takes, on its own choice of device groups;
 the simulator keeps the fastest plan that fits, with recompute switched on where it
 makes a plan fit (:func:`pipeplan.solver.v2_exact.solve_v2` over the proposals alone).
