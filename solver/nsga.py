@@ -511,6 +511,8 @@ class Nsga:
         """Population size."""
 
     budget_unit = "generations"
+    refuses_v2 = ("UMPIPE's chromosomes give each stage its own devices (one stage per group), so they cannot "
+                  "encode several stages on one device group")
 
     @property
     def default_budget(self) -> int:

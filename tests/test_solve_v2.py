@@ -316,3 +316,57 @@ class TestRefusals:
             make_problem([1.0] * 40, "zbv", virtual=3)
         with pytest.raises(ValueError, match="1f1b has 1 stage"):
             make_problem([1.0] * 40, "1f1b", virtual=2)
+
+
+# --------------------------------------------------------------------------- the command line
+GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    from pipeplan.cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class TestSchedulesFromArgs:
+    def test_all_auto_and_one(self):
+        import argparse
+
+        from pipeplan.cmd_plan import schedules_from_args
+
+        assert schedules_from_args(argparse.Namespace(schedules="all", schedule="1f1b")) == \
+            ["gpipe", "1f1b", *V2]
+        assert schedules_from_args(argparse.Namespace(schedules=None, schedule="auto")) == ["gpipe", "1f1b", *V2]
+        assert schedules_from_args(argparse.Namespace(schedules="zbv, 1f1b,zbv", schedule="1f1b")) == ["zbv", "1f1b"]
+        with pytest.raises(InputError, match="unknown schedule 'zb'; valid: gpipe"):
+            schedules_from_args(argparse.Namespace(schedules="1f1b,zb", schedule="1f1b"))
+
+
+class TestCliRefusals:
+    def test_a_solver_without_a_v2_form(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule", "zbv",
+                                "--solver", "alpa", "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "alpa does not plan zbv" in err
+        assert not (tmp_path / "p.json").exists()
+
+    def test_virtual_stages_on_zbv(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule", "zbv",
+                                "--virtual-stages", "3", "--solver", "cpsat", "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "zbv has 2 stage(s) per device group" in err
+
+    def test_auto_microbatches_with_v2(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "auto", "--schedule",
+                                "looped-bfs", "--solver", "ilp", "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "M equal microbatches only" in err
+
+    def test_pareto_v2(self, tmp_path, capsys):
+        code, _, err = run_cli(["pareto", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule",
+                                "interleaved-zb", "-o", str(tmp_path / "f.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "pareto runs nsga" in err
+
+    def test_unknown_schedule_list(self, capsys):
+        code, _, err = run_cli(["compare", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedules",
+                                "1f1b,zb"], capsys)
+        assert code == 2 and "unknown schedule 'zb'" in err
