@@ -13,6 +13,7 @@ from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.result import SolverResult
 from pipeplan.solver.termination import watch
+from pipeplan.solver.v2_exact import DEFAULT_SIMULATIONS
 
 
 class Solver(Protocol):
@@ -101,7 +102,8 @@ def _recording_stop(solve: Callable[..., SolverResult]) -> Callable[..., SolverR
         proved = result.status == "optimal" or (result.status == "infeasible" and getattr(self, "proves", False))
         used = budget if "budget" in takes else None
         if used is None and "budget" in takes:
-            used = getattr(self, "default_budget", None)
+            # a version-2 schedule is searched by simulations (pipeplan.solver.v2_exact), whatever the solver's unit
+            used = DEFAULT_SIMULATIONS if problem.is_v2 else getattr(self, "default_budget", None)
         return replace(result, stopped_by=seen.stopped_by(proved), budget=used)
 
     run.records_stop = True  # type: ignore[attr-defined]
