@@ -144,15 +144,11 @@ def _heads(times: list[StageTimes]) -> list[list[float]]:
     return heads
 
 
-def group_terms(problem: PlanningProblem, candidate: Candidate, times: list[StageTimes] | None = None,
-                tails: list[float] | None = None) -> list[float]:
-    """Term 1 of the module docstring, per group: ``min H + W_g + AR_g + STEP_g``."""
-    times = times or stage_times(problem, candidate)
-    tails = tails or group_tails(problem, candidate)
-    owners = stage_groups(problem.schedule, candidate)
+def group_terms(owners: tuple[int, ...], times: list[StageTimes], tails: list[float]) -> list[float]:
+    """Term 1 of the module docstring, per group: ``min H + W_g + AR_g + STEP_g`` (``owners``: each stage's group)."""
     heads = _heads(times)
     terms = []
-    for g in range(len(candidate.groups)):
+    for g in range(len(tails)):
         mine = [s for s, o in enumerate(owners) if o == g]
         work = math.fsum(f + b + w for s in mine for f, b, w in zip(times[s].forward, times[s].backward,
                                                                      times[s].weight))
@@ -160,12 +156,8 @@ def group_terms(problem: PlanningProblem, candidate: Candidate, times: list[Stag
     return terms
 
 
-def path_terms(problem: PlanningProblem, candidate: Candidate, times: list[StageTimes] | None = None,
-               tails: list[float] | None = None) -> list[float]:
+def path_terms(owners: tuple[int, ...], times: list[StageTimes], tails: list[float]) -> list[float]:
     """Term 2 of the module docstring, per microbatch: the largest ``P_s(k) + Z_s(k) + AR + STEP`` over ``s``."""
-    times = times or stage_times(problem, candidate)
-    tails = tails or group_tails(problem, candidate)
-    owners = stage_groups(problem.schedule, candidate)
     last = len(times) - 1
     heads = _heads(times)
     terms = []
@@ -194,9 +186,9 @@ def candidate_bound(problem: PlanningProblem, candidate: Candidate) -> float:
     >>> candidate_bound(p, Candidate(2, (("d0",),), ((0, 1), (1, 2)), (False, False)))  # 2 x (1 + 2) x 2 s of work
     12.0
     """
-    times = stage_times(problem, candidate)
-    tails = group_tails(problem, candidate)
-    return max(max(group_terms(problem, candidate, times, tails)), max(path_terms(problem, candidate, times, tails)))
+    owners = stage_groups(problem.schedule, candidate)
+    times, tails = stage_times(problem, candidate), group_tails(problem, candidate)
+    return max(max(group_terms(owners, times, tails)), max(path_terms(owners, times, tails)))
 
 
 def space_bound(problem: PlanningProblem) -> float:

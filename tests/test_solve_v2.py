@@ -441,3 +441,27 @@ class TestInterleavedForms:
         p = make_problem([1.0] * 60, "looped-bfs", devices=4, layers=4)
         assert [tuple(map(len, g)) for g in equal_groupings(p, 2)] == [(1, 1), (2, 2)]
         assert [tuple(map(len, g)) for g in DeepSpeedUniform().v2_groupings(p, 3)] == [(1, 1, 1)]
+
+
+class TestDecoder:
+    def test_even_vectors_decode_to_the_even_split(self):
+        from pipeplan.solver.v2_nsga import Decoder
+        from pipeplan.solver.v2_space import even_bounds
+
+        p = make_problem([1.0] * 60, "interleaved-1f1b", devices=2, layers=5)
+        decoder = Decoder(p)
+        for i, st_ in enumerate(decoder.structures):
+            c = decoder.decode(decoder.encode_even(i))
+            assert (c.virtual, c.groups) == (st_.virtual, st_.groups)
+            assert c.bounds == even_bounds(5, st_.stages) and not any(c.recompute)
+
+    def test_every_vector_decodes_to_a_candidate_of_the_space(self):
+        import numpy as np
+
+        from pipeplan.solver.v2_nsga import Decoder
+
+        p = make_problem([1.0] * 60, "zbv", devices=3, layers=6)
+        decoder, rng = Decoder(p), np.random.default_rng(0)
+        space = set(candidates(p))
+        for _ in range(200):
+            assert decoder.decode(rng.random(decoder.size) * (1 - 1e-9)) in space
