@@ -34,7 +34,7 @@ from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.termination import WorkBudget
-from pipeplan.solver.v2_exact import solve_v2_exact
+from pipeplan.solver.v2_solvers import solve_v2_exact
 
 DEFAULT_BUDGET = 120.0
 """CP-SAT deterministic seconds per solve of ``cpsat`` (all its CP-SAT calls together)."""
@@ -145,7 +145,7 @@ class CpSatSolver:
         ``budget``: CP-SAT deterministic seconds for all its CP-SAT solves (default
         :data:`DEFAULT_BUDGET`).  With ``auto_microbatches`` or ``per_stage`` the splits are
         decisions too: see :meth:`solve_splits`.  A version-2 schedule goes to
-        :func:`pipeplan.solver.v2_exact.solve_v2` (``budget``: simulations).
+        :func:`pipeplan.solver.v2_solvers.solve_v2_exact` (``budget``: simulations).
         """
         if problem.is_v2:
             return solve_v2_exact(self.name, problem, time_limit, seed, budget)

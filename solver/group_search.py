@@ -66,7 +66,7 @@ from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.schedule import Op, stage_ops
 from pipeplan.solver.termination import past
-from pipeplan.solver.v2_heuristic import solve_v2_heuristic
+from pipeplan.solver.v2_solvers import solve_v2_heuristic
 
 EVALUATIONS = 400
 """Patterns built and simulated, best estimate first."""
@@ -686,7 +686,7 @@ class GroupSearch:
               budget: float | None = None) -> SolverResult:
         """Plan ``problem``; status ``feasible`` (no proof), or ``infeasible`` when no pattern fits.
 
-        A version-2 schedule goes to :func:`pipeplan.solver.v2_heuristic.solve_v2_heuristic`.
+        A version-2 schedule goes to :func:`pipeplan.solver.v2_solvers.solve_v2_heuristic`.
         """
         if problem.is_v2:
             return solve_v2_heuristic(problem, self.name, time_limit=time_limit, seed=seed, budget=budget)

@@ -31,7 +31,7 @@ from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult
 from pipeplan.solver.termination import WorkBudget, note, on_interrupt
-from pipeplan.solver.v2_exact import solve_v2_exact
+from pipeplan.solver.v2_solvers import solve_v2_exact
 
 DEFAULT_NODES = 200_000
 """HiGHS branch-and-bound nodes per ``ilp`` solve (all its MILP solves together)."""
@@ -242,7 +242,7 @@ class IlpSolver:
         ``budget``: HiGHS branch-and-bound nodes over all the MILP solves (default
         :data:`DEFAULT_NODES`; CBC takes no budget, only the time limit).
 
-        A version-2 schedule goes to :func:`pipeplan.solver.v2_exact.solve_v2` (``budget``:
+        A version-2 schedule goes to :func:`pipeplan.solver.v2_solvers.solve_v2_exact` (``budget``:
         simulations, default :data:`pipeplan.solver.v2_exact.DEFAULT_SIMULATIONS`).
 
         Raises

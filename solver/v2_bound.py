@@ -80,60 +80,116 @@ def _ceil_div(n: int, r: int) -> int:
     return -(-n // r)
 
 
-def _transfer(problem: PlanningProblem, sender: tuple[str, ...], receiver: tuple[str, ...], cut: int) -> tuple[float, ...]:
-    if sender == receiver:
-        return tuple(0.0 for _ in problem.split)
-    cluster = problem.cluster
-    lat = cluster.lat(sender, receiver)
-    rate = min(len(sender), len(receiver)) * cluster.bw(sender, receiver)
-    cut_bytes = problem.graph.cut_bytes(cut)
-    return tuple(lat + n * cut_bytes / rate for n in problem.split)
+class Bounder:
+    """The bounds of the module docstring for many candidates of one problem.
+
+    Stage durations, transfers and group tails are remembered per layer range and
+    device group, which candidates share by the thousand.
+    """
+
+    def __init__(self, problem: PlanningProblem) -> None:
+        self.problem = problem
+        self.speed = {d.id: d.speed for d in problem.cluster.devices}
+        self.memory = {d.id: d.memory for d in problem.cluster.devices}
+        self.split_backward = problem.schedule in SPLIT_BACKWARD
+        self.zeros = tuple(0.0 for _ in problem.split)
+        self._stages: dict = {}
+        self._sends: dict = {}
+        self._tails: dict = {}
+        self._owners: dict = {}
+
+    def owners(self, candidate: Candidate) -> tuple[int, ...]:
+        """The group of each stage."""
+        key = (len(candidate.groups), len(candidate.bounds))
+        if key not in self._owners:
+            self._owners[key] = stage_groups(self.problem.schedule, candidate)
+        return self._owners[key]
+
+    def durations(self, lo: int, hi: int, devices: tuple[str, ...], recompute: bool) -> tuple[tuple[float, ...], ...]:
+        """``(TF, A, Z)`` per microbatch of layers ``lo .. hi-1`` on ``devices``."""
+        key = (lo, hi, devices, recompute)
+        found = self._stages.get(key)
+        if found is None:
+            graph = self.problem.graph
+            v, r = min(self.speed[d] for d in devices), len(devices)
+            af, bf, ab, bb = graph.range_time(lo, hi)
+            aw, bw = graph.range_weight_time(lo, hi) if self.split_backward else (0.0, 0.0)
+            qs = [_ceil_div(n, r) for n in self.problem.split]
+            fwd = tuple((af + bf * q) / v for q in qs)
+            rec = fwd if recompute else self.zeros
+            back = tuple(((ab - aw) + (bb - bw) * q) / v + x for q, x in zip(qs, rec))
+            weight = tuple((aw + bw * q) / v for q in qs) if self.split_backward else self.zeros
+            found = self._stages[key] = (fwd, back, weight)
+        return found
+
+    def send(self, sender: tuple[str, ...], receiver: tuple[str, ...], cut: int) -> tuple[float, ...]:
+        """Each microbatch's transfer across the cut after layer ``cut`` (0 on one group)."""
+        if sender == receiver:
+            return self.zeros
+        key = (sender, receiver, cut)
+        found = self._sends.get(key)
+        if found is None:
+            cluster = self.problem.cluster
+            lat = cluster.lat(sender, receiver)
+            rate = min(len(sender), len(receiver)) * cluster.bw(sender, receiver)
+            cut_bytes = self.problem.graph.cut_bytes(cut)
+            found = self._sends[key] = tuple(lat + n * cut_bytes / rate for n in self.problem.split)
+        return found
+
+    def times(self, candidate: Candidate) -> list[StageTimes]:
+        """Every stage's :class:`StageTimes`."""
+        owners, groups, count = self.owners(candidate), candidate.groups, len(candidate.bounds)
+        out = []
+        for s, ((lo, hi), rc) in enumerate(zip(candidate.bounds, candidate.recompute)):
+            devices = groups[owners[s]]
+            fwd, back, weight = self.durations(lo, hi, devices, rc)
+            ahead = self.send(devices, groups[owners[s + 1]], hi - 1) if s < count - 1 else self.zeros
+            behind = self.send(devices, groups[owners[s - 1]], lo - 1) if s > 0 else self.zeros
+            out.append(StageTimes(fwd, back, weight, ahead, behind))
+        return out
+
+    def _group(self, devices: tuple[str, ...], ranges: tuple[tuple[int, int], ...]) -> tuple[float, float]:
+        """``(AR_g + STEP_g, P_g)`` of a group holding ``ranges``."""
+        key = (devices, ranges)
+        found = self._tails.get(key)
+        if found is None:
+            graph, cluster = self.problem.graph, self.problem.cluster
+            params = sum(graph.range_sum("params", lo, hi) for lo, hi in ranges)
+            step = sum(graph.range_step(lo, hi) for lo, hi in ranges)
+            r = len(devices)
+            allreduce = 2 * (r - 1) * (cluster.lat(devices) + params / (r * cluster.bw(devices))) if r > 1 else 0.0
+            found = self._tails[key] = (allreduce + step / min(self.speed[d] for d in devices), params)
+        return found
+
+    def _groups(self, candidate: Candidate) -> list[tuple[float, float]]:
+        owners = self.owners(candidate)
+        return [self._group(devices, tuple(b for b, o in zip(candidate.bounds, owners) if o == g))
+                for g, devices in enumerate(candidate.groups)]
+
+    def tails(self, candidate: Candidate) -> list[float]:
+        """``AR_g + STEP_g`` of each group (spec 7.3)."""
+        return [tail for tail, _ in self._groups(candidate)]
+
+    def bound(self, candidate: Candidate) -> float:
+        """The largest of terms 1 and 2 (:func:`candidate_bound`)."""
+        owners, times, tails = self.owners(candidate), self.times(candidate), self.tails(candidate)
+        return max(max(group_terms(owners, times, tails)), max(path_terms(owners, times, tails)))
+
+    def overflows(self, candidate: Candidate) -> bool:
+        """Whether some group's training state alone exceeds one of its devices' memory (:func:`state_overflows`)."""
+        factor = self.problem.state_factor
+        return any(factor * params > min(self.memory[d] for d in devices)
+                   for (_, params), devices in zip(self._groups(candidate), candidate.groups))
 
 
 def stage_times(problem: PlanningProblem, candidate: Candidate) -> list[StageTimes]:
     """Every stage's :class:`StageTimes` for ``candidate`` under the problem's schedule."""
-    graph, split = problem.graph, problem.split
-    owners = stage_groups(problem.schedule, candidate)
-    speed = {d.id: d.speed for d in problem.cluster.devices}
-    split_backward = problem.schedule in SPLIT_BACKWARD
-    count = len(candidate.bounds)
-    out = []
-    for s, ((lo, hi), rc) in enumerate(zip(candidate.bounds, candidate.recompute)):
-        devices = candidate.groups[owners[s]]
-        v, r = min(speed[d] for d in devices), len(devices)
-        af, bf, ab, bb = graph.range_time(lo, hi)
-        aw, bw = graph.range_weight_time(lo, hi)
-        qs = [_ceil_div(n, r) for n in split]
-        fwd = tuple((af + bf * q) / v for q in qs)
-        rec = fwd if rc else tuple(0.0 for _ in qs)
-        if split_backward:
-            back = tuple(((ab - aw) + (bb - bw) * q) / v + x for q, x in zip(qs, rec))
-            weight = tuple((aw + bw * q) / v for q in qs)
-        else:
-            back = tuple((ab + bb * q) / v + x for q, x in zip(qs, rec))
-            weight = tuple(0.0 for _ in qs)
-        ahead = _transfer(problem, devices, candidate.groups[owners[s + 1]], hi - 1) if s < count - 1 else \
-            tuple(0.0 for _ in qs)
-        behind = _transfer(problem, devices, candidate.groups[owners[s - 1]], lo - 1) if s > 0 else \
-            tuple(0.0 for _ in qs)
-        out.append(StageTimes(fwd, back, weight, ahead, behind))
-    return out
+    return Bounder(problem).times(candidate)
 
 
 def group_tails(problem: PlanningProblem, candidate: Candidate) -> list[float]:
     """``AR_g + STEP_g`` of each group (spec 7.3)."""
-    graph, cluster = problem.graph, problem.cluster
-    speed = {d.id: d.speed for d in cluster.devices}
-    owners = stage_groups(problem.schedule, candidate)
-    tails = []
-    for g, devices in enumerate(candidate.groups):
-        ranges = [b for b, o in zip(candidate.bounds, owners) if o == g]
-        params = sum(graph.range_sum("params", lo, hi) for lo, hi in ranges)
-        step = sum(graph.range_step(lo, hi) for lo, hi in ranges)
-        r = len(devices)
-        allreduce = 2 * (r - 1) * (cluster.lat(devices) + params / (r * cluster.bw(devices))) if r > 1 else 0.0
-        tails.append(allreduce + step / min(speed[d] for d in devices))
-    return tails
+    return Bounder(problem).tails(candidate)
 
 
 def _heads(times: list[StageTimes]) -> list[list[float]]:
@@ -186,9 +242,7 @@ def candidate_bound(problem: PlanningProblem, candidate: Candidate) -> float:
     >>> candidate_bound(p, Candidate(2, (("d0",),), ((0, 1), (1, 2)), (False, False)))  # 2 x (1 + 2) x 2 s of work
     12.0
     """
-    owners = stage_groups(problem.schedule, candidate)
-    times, tails = stage_times(problem, candidate), group_tails(problem, candidate)
-    return max(max(group_terms(owners, times, tails)), max(path_terms(owners, times, tails)))
+    return Bounder(problem).bound(candidate)
 
 
 def space_bound(problem: PlanningProblem) -> float:
@@ -201,11 +255,4 @@ def space_bound(problem: PlanningProblem) -> float:
 
 def state_overflows(problem: PlanningProblem, candidate: Candidate) -> bool:
     """Whether some group's training state alone exceeds one of its devices' memory (no plan of it fits)."""
-    graph = problem.graph
-    memory = {d.id: d.memory for d in problem.cluster.devices}
-    owners = stage_groups(problem.schedule, candidate)
-    for g, devices in enumerate(candidate.groups):
-        params = sum(graph.range_sum("params", lo, hi) for (lo, hi), o in zip(candidate.bounds, owners) if o == g)
-        if problem.state_factor * params > min(memory[d] for d in devices):
-            return True
-    return False
+    return Bounder(problem).overflows(candidate)

@@ -30,13 +30,12 @@ import math
 import time
 from typing import Callable
 
-from pipeplan.models.errors import InputError
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.simulator import SimulationResult
 from pipeplan.solver.termination import WorkBudget, past
-from pipeplan.solver.v2_bound import candidate_bound, space_bound, state_overflows
+from pipeplan.solver.v2_bound import Bounder, space_bound
 from pipeplan.solver.v2_space import Candidate, boundary_choices, candidates, flags_exhaustive, group_choices, to_plan
 
 MAX_CANDIDATES = 40_000
@@ -53,19 +52,19 @@ add the same durations in different orders, so their roundings differ by about 1
 def _pool(problem: PlanningProblem, boundaries, groupings, deadline: float
           ) -> tuple[list[tuple[float, int, Candidate]], bool]:
     """``(bound, index, candidate)`` for each candidate that may fit, sorted; and whether all were listed."""
-    pool = []
+    pool, bounder = [], Bounder(problem)
     for index, candidate in enumerate(candidates(problem, boundaries, groupings)):
-        if index >= MAX_CANDIDATES or past(deadline):
-            return sorted(pool), False
-        if not state_overflows(problem, candidate):
-            pool.append((candidate_bound(problem, candidate), index, candidate))
+        if index >= MAX_CANDIDATES or (index % 256 == 0 and past(deadline)):
+            return sorted(pool, key=lambda item: (item[0], item[1])), False
+        if not bounder.overflows(candidate):
+            pool.append((bounder.bound(candidate), index, candidate))
     return sorted(pool, key=lambda item: (item[0], item[1])), True
 
 
 def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: int,
              budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
-             proves: bool = True,
-             evaluate: Callable[[Plan], SimulationResult] | None = None) -> SolverResult:
+             proves: bool = True, evaluate: Callable[[Plan], SimulationResult] | None = None,
+             incumbent: tuple[Plan, float] | None = None) -> SolverResult:
     """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
 
     Parameters
@@ -88,6 +87,8 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
         Whether a finished search proves optimality (``False`` for a restricted space).
     evaluate : callable, optional
         The judge of a plan (default the problem's simulator).
+    incumbent : (Plan, float), optional
+        A fitting plan of the space and its simulated time to start from.
 
     Returns
     -------
@@ -100,10 +101,9 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     evaluate = evaluate or problem.evaluate
     pool, listed = _pool(problem, boundaries, groupings, deadline)
     listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
-    best: Plan | None = None
-    best_time = math.inf
+    best, best_time = incumbent if incumbent is not None else (None, math.inf)
     plain_fits: set[tuple] = set()
-    trace: list[TracePoint] = []
+    trace = [TracePoint(0.0, best_time, None)] if incumbent is not None else []
     simulated, next_bound, finished = 0, None, True
     for bound, _, candidate in pool:
         if bound * (1 - BOUND_TOL) >= best_time:
@@ -145,19 +145,3 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     why = "the search space was too large to list (or its recompute flags)" if not listed else \
         "the search stopped before the bounds met the incumbent" if proves else "a restricted search proves nothing"
     return SolverResult(name, "feasible", best, best_time, bound, wall, seed, tuple(trace), why, details)
-
-
-def solve_v2_exact(name: str, problem: PlanningProblem, time_limit: float, seed: int,
-                   budget: float | None) -> SolverResult:
-    """A version-2 schedule by the exact search of :mod:`pipeplan.solver.v2_exact` (``budget``: simulations).
-
-    Raises
-    ------
-    InputError
-        With ``auto_microbatches``: the version-2 search plans ``M`` equal microbatches.
-    """
-    if problem.auto_microbatches:
-        raise InputError("-", "--microbatches", f"{name} plans {problem.schedule} for M equal microbatches only "
-                                                f"(every stage splits alike); give a number instead of auto")
-    return solve_v2(problem, name, time_limit=time_limit, seed=seed,
-                    budget=WorkBudget(budget or DEFAULT_SIMULATIONS))

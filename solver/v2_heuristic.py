@@ -1,15 +1,14 @@
-"""``group-search`` for the version-2 schedules: equal device groups, balanced virtual stages.
+"""The restricted version-2 space of ``group-search``: equal device groups, balanced virtual stages.
 
 The space of :mod:`pipeplan.solver.v2_space` restricted the way group-search restricts
 version 1: the ``R`` groups are consecutive slices of equal width ``r`` of the devices
-ranked fastest first (:func:`pipeplan.solver.baselines.common.rank_devices`, so a group
+ranked fastest first (:func:`equal_groupings`, so a group
 keeps a server's devices together), for every ``r`` up to ``D // R``; the ``S`` stages
 are the even split of the layers (torchtitan's) and the split that balances the
 per-sample work ``b_f + b_b`` (cut where the prefix sum first reaches ``j/S`` of the
 total).  Every ``v`` the schedule takes is tried, recompute where it makes a plan fit.
-The candidates are simulated in order of their version-2 bound
-(:func:`pipeplan.solver.v2_exact.solve_v2`, ``proves=False``): ``feasible`` with the
-cluster-wide bound :func:`pipeplan.solver.v2_bound.space_bound`.
+:func:`pipeplan.solver.v2_solvers.solve_v2_heuristic` searches it; ``ilp`` and ``cpsat``
+search it first for their incumbent.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ from typing import Iterator
 
 from pipeplan.solver.baselines.common import Bounds, Groups, rank_devices, split_groups
 from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.result import SolverResult
-from pipeplan.solver.termination import WorkBudget
-from pipeplan.solver.v2_exact import DEFAULT_SIMULATIONS, solve_v2
 from pipeplan.solver.v2_space import even_bounds
 
 
@@ -64,10 +60,3 @@ def equal_groupings(problem: PlanningProblem, groups: int) -> Iterator[Groups]:
     widths = range(1, len(ranked) // groups + 1) if problem.allow_replication else range(1, 2)
     for r in widths:
         yield split_groups(ranked, [r] * groups)
-
-
-def solve_v2_heuristic(problem: PlanningProblem, name: str, *, time_limit: float, seed: int,
-                       budget: float | None = None) -> SolverResult:
-    """Plan a version-2 schedule over the restricted space of the module docstring (``budget``: simulations)."""
-    return solve_v2(problem, name, time_limit=time_limit, seed=seed, budget=WorkBudget(budget or DEFAULT_SIMULATIONS),
-                    boundaries=heuristic_boundaries(problem), groupings=equal_groupings, proves=False)

@@ -33,8 +33,8 @@ from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.termination import note, past
-from pipeplan.solver.v2_heuristic import equal_groupings
 from pipeplan.solver.schedule import num_stages
+from pipeplan.solver.v2_heuristic import equal_groupings
 from pipeplan.solver.v2_space import Candidate, even_bounds, group_counts, schedule_accepts, to_plan, virtual_choices
 
 
