@@ -471,3 +471,27 @@ class TestDecoder:
             assert all(lo < hi == nxt for (lo, hi), (nxt, _) in zip(c.bounds, c.bounds[1:] + ((6, 6),)))
             used = [d for g in c.groups for d in g]
             assert len(used) == len(set(used)) and len(c.recompute) == len(c.bounds)
+
+
+# --------------------------------------------------------------------------- with the project's simulator
+def _simulates_v2() -> bool:
+    """Whether the project's simulator times plan/2 (the version-2 simulator is merged)."""
+    p = make_problem([1.0] * 60, "looped-bfs", devices=1, layers=2)
+    try:
+        p.evaluate(p.make_plan(((0, 1), (1, 2)), [("d0",), ("d0",)], [False, False]))
+    except InputError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _simulates_v2(), reason="needs the version-2 simulator (spec 7.3-7.4) in solver/simulator.py")
+class TestWithTheSimulator:
+    @pytest.mark.parametrize("schedule", V2)
+    def test_cpsat_equals_brute_force(self, schedule):
+        p = make_problem(SMALL, schedule, devices=2, layers=4, batch=4, m=2, memory=2400.0, servers=2)
+        best, plans = brute_force(p)
+        for plan, ref in plans[::9]:  # the reference of this file is the simulator's twin
+            sim = p.evaluate(plan)
+            assert sim.iteration_time == pytest.approx(ref.iteration_time, rel=1e-9) and sim.fits == ref.fits
+        result = get_solver("cpsat").solve(p, time_limit=60.0)
+        assert result.status == "optimal" and result.iteration_time == pytest.approx(best, rel=1e-12)
