@@ -81,3 +81,19 @@ def _unconstrained(n: np.ndarray, t: np.ndarray) -> tuple[float, float]:
     design = np.stack([np.ones_like(n), n], axis=1)
     (a, b), *_ = np.linalg.lstsq(design, t, rcond=None)
     return float(a), float(b)
+
+
+def clamp_part(part: LinearFit, whole: LinearFit) -> LinearFit:
+    """``part`` with each coefficient limited to that of ``whole`` (and kept >= 0).
+
+    A part of a time (the weight-gradient half of a backward) fitted from other
+    timings than the whole can exceed it by timing noise; the graph requires
+    ``0 <= part <= whole`` per coefficient (spec section 7.1).
+
+    Examples
+    --------
+    >>> clamp_part(LinearFit(3.0, 1.0, 0.0, 0.0), LinearFit(2.0, 4.0, 0.0, 0.0)).as_pair()
+    (2.0, 1.0)
+    """
+    return LinearFit(min(max(part.a, 0.0), whole.a), min(max(part.b, 0.0), whole.b),
+                     part.residual, part.relative_residual)

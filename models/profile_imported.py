@@ -4,7 +4,8 @@ Each unit is timed on the arguments it received in a real forward pass of the wh
 model (captured by :func:`pipeplan.models.imported.ImportedModel.unit_calls`), with
 the measured profiler's rounds, medians and fit
 (:func:`pipeplan.models.profile_measured.measure_units`), or counted with
-``FlopCounterMode`` (``analytic``).  Output bytes are split into the part that
+``FlopCounterMode`` (``analytic``); both write the version-2 fields ``bwd_w``,
+``act_w`` and ``step`` as for zoo models (a ``pipeplan.graph/2`` graph).  Output bytes are split into the part that
 grows with the batch (``out``, per sample) and the part that does not (the layer's
 ``out_fixed``, bytes per microbatch: a rotary table); see docs/formats-user-models.md.
 Imported models are not cached: their code may change between runs.
@@ -22,7 +23,8 @@ from torch import nn
 from pipeplan.models.cache import machine
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.models.imported import RECORD_SIZES, ImportedModel
-from pipeplan.models.profile_measured import PROFILE_VERSION, MeasureConfig, UnitProfile, UnitWork, measure_units
+from pipeplan.models.profile_measured import (PROFILE_VERSION, MeasureConfig, UnitProfile, UnitWork, fit_residuals,
+                                              measure_units, version2_fields)
 from pipeplan.models.spec import Call, first_float
 
 
@@ -130,15 +132,13 @@ def imported_graph(model: ImportedModel, profiles: Sequence[UnitProfile], source
     for i, (unit, prof) in enumerate(zip(model.units, profiles)):
         extra: dict[str, Any] = {}
         if prof.samples:
-            extra["fit"] = {"fwd_residual": prof.fwd.residual, "bwd_residual": prof.bwd.residual,
-                            "fwd_relative_residual": prof.fwd.relative_residual,
-                            "bwd_relative_residual": prof.bwd.relative_residual}
+            extra["fit"] = fit_residuals(prof)
         if unit.tied_to is not None:
             extra["tied_bytes"] = float(unit.tied_bytes)
         if fixed[i] > 0:
             extra["out_fixed"] = fixed[i]
         layers.append(Layer(unit.name, prof.fwd.as_pair(), prof.bwd.as_pair(), float(prof.params),
-                            float(prof.act), per_sample[i], unit.tied_to, extra=extra))
+                            float(prof.act), per_sample[i], unit.tied_to, *version2_fields(prof), extra=extra))
     readers: dict[str, list[int]] = {}
     for i, unit in enumerate(model.units):
         for name in unit.reads_input:
@@ -180,7 +180,7 @@ def profile_imported(model: ImportedModel, config: MeasureConfig | None = None, 
     return imported_graph(model, profiles, source)
 
 
-def analyse_imported(model: ImportedModel, device: Any = None) -> LayerGraph:
+def analyse_imported(model: ImportedModel, device: Any = None, optimizer: str = "adam") -> LayerGraph:
     """Estimate an imported model's layer graph from FLOPs (see :mod:`pipeplan.models.profile_analytic`).
 
     The units are counted on the arguments of a real forward pass at 1 and 2 samples,
@@ -190,9 +190,10 @@ def analyse_imported(model: ImportedModel, device: Any = None) -> LayerGraph:
 
     device = device or DeviceModel()
     profiles, flops = analyse_units([u.module for u in model.units],
-                                    lambda n: [(w[0], w[1]) for w in unit_work(model, n, 0)], SIZES, device)
+                                    lambda n: [(w[0], w[1]) for w in unit_work(model, n, 0)], SIZES, device,
+                                    optimizer)
     source = _source(model, "analytic")
-    source["device"] = asdict(device)
+    source.update(device=asdict(device), optimizer=optimizer)
     source["counted_on"] = next((p.device.type for p in model.user.module.parameters()), "cpu")
     graph = imported_graph(model, profiles, source)
     for layer, counted in zip(graph.layers, flops):

@@ -1,10 +1,29 @@
-"""Measure a zoo model on this machine and turn it into a ``pipeplan.graph/1`` layer graph.
+"""Measure a zoo model on this machine and turn it into a ``pipeplan.graph/2`` layer graph.
 
 Per unit: forward and backward seconds at several microbatch sizes (warm-up runs,
 then the median of repeats, with a fixed torch thread count), fitted to ``a + b*n``;
 saved-activation bytes per sample (``saved_tensors_hooks``, de-duplicated by storage,
 parameters and buffers left out); output bytes per sample; parameter bytes.  Results
 are cached as JSON, keyed by model, configuration, batch sizes, torch and machine.
+
+The version-2 fields (spec section 7.1):
+
+- ``bwd_w``: after the forward-backward repeats, as many repeats of an untimed
+  forward and the timed input-gradient-only backward
+  (:func:`pipeplan.models.profile_split.input_backward`, ``torch.autograd.grad`` with
+  respect to the unit's inputs); the weight part at each
+  size is the median whole backward minus the median input-gradient backward, fitted
+  to ``a + b*n`` and clamped to ``0 <= bwd_w <= bwd`` per coefficient, since the two
+  are timed in different runs and timing noise can make the difference negative or
+  larger than the whole.  A unit none of whose inputs needs a gradient (the
+  embedding) has an empty input-gradient half: its ``bwd_w`` is its ``bwd``.
+- ``act_w``: bytes per sample of the saved tensors that the weight-gradient half
+  unpacks when the backward runs as torch's ``stage_backward_input`` then
+  ``stage_backward_weight`` (:func:`pipeplan.models.profile_split.split_backward`),
+  clamped to ``act``.
+- ``step``: the median seconds of the optimizer step (Adam by default,
+  ``MeasureConfig.optimizer``) over the unit's parameters
+  (:func:`pipeplan.models.profile_step.median_step`); 0 without parameters.
 """
 
 from __future__ import annotations
@@ -20,12 +39,14 @@ from torch import nn
 
 from pipeplan.models.cache import cache_key, load_cached, machine, store_cached
 from pipeplan.models.errors import InputError
-from pipeplan.models.fit import LinearFit, fit_linear
+from pipeplan.models.fit import LinearFit, clamp_part, fit_linear
 from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.models.profile_split import SavedTensorLog, grad_inputs, input_backward, split_backward
+from pipeplan.models.profile_step import OPTIMIZERS, median_step
 from pipeplan.models.zoo import ZooModel, build_model
 
 #: Bumped when the measuring method changes, so old cache entries are not reused.
-PROFILE_VERSION = 3  # 2: the last unit is timed with the loss; 3: F and B alternate
+PROFILE_VERSION = 4  # 2: the last unit is timed with the loss; 3: F and B alternate; 4: graph/2 fields
 
 
 @dataclass(frozen=True)
@@ -48,8 +69,12 @@ class MeasureConfig:
     """``torch.set_num_threads`` during the measurement, for repeatable timings."""
     seed: int = 0
     """Seed of the weights and of the example batches."""
+    optimizer: str = "adam"
+    """Optimizer whose step is timed per unit (one of :data:`pipeplan.models.profile_step.OPTIMIZERS`)."""
 
     def __post_init__(self) -> None:
+        if self.optimizer not in OPTIMIZERS:
+            raise InputError("-", "optimizer", f"unknown optimizer {self.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
         if not self.batch_sizes or any(n < 1 for n in self.batch_sizes):
             raise InputError("-", "batch_sizes", f"need one or more positive sizes, got {list(self.batch_sizes)}")
         if self.warmup < 0 or self.repeats < 1 or self.threads < 1 or self.rounds < 1:
@@ -72,7 +97,13 @@ class UnitProfile:
     out: float
     """Output bytes per sample."""
     samples: dict[str, list[float]] = field(default_factory=dict)
-    """Raw median seconds per batch size: ``{"fwd": [...], "bwd": [...]}``."""
+    """Raw median seconds per batch size: ``{"fwd": [...], "bwd": [...], "bwd_i": [...]}`` (input-gradient half)."""
+    bwd_w: LinearFit | None = None
+    """Weight-gradient part of ``bwd`` as ``a + b*n`` (graph/2 ``bwd_w``); ``None``: not profiled."""
+    act_w: float | None = None
+    """Saved bytes per sample the weight gradient still needs after the input gradient; ``None``: not profiled."""
+    step: float | None = None
+    """Optimizer-step seconds for the unit's parameters; ``None``: not profiled."""
 
 
 # ------------------------------------------------------------------ helpers shared with the analytic profiler
@@ -94,16 +125,6 @@ def unit_args(model: ZooModel, inputs: torch.Tensor) -> list[list[torch.Tensor]]
     return [[outputs[j] for j in unit.inputs] for unit in model.units]
 
 
-def _storage_key(tensor: torch.Tensor) -> tuple[Any, int]:
-    # The storage object's C pointer identifies a storage on every device, meta
-    # included (where data_ptr() is 0 for all); views of one storage share it.
-    try:
-        storage = tensor.untyped_storage()
-        return storage._cdata, storage.nbytes()
-    except (RuntimeError, NotImplementedError):
-        return id(tensor), tensor.numel() * tensor.element_size()
-
-
 def saved_bytes(module: nn.Module, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Run ``module(*args)`` and count the bytes autograd saves for the backward pass.
 
@@ -115,20 +136,10 @@ def saved_bytes(module: nn.Module, args: Sequence[torch.Tensor]) -> tuple[torch.
     -------
     (output, bytes)
     """
-    owned = {_storage_key(t)[0] for t in (*module.parameters(), *module.buffers())}
-    seen: dict[Any, int] = {}
-    kept: list[torch.Tensor] = []  # holding them keeps storage pointers unique
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        key, nbytes = _storage_key(tensor)
-        if key not in owned:
-            seen[key] = nbytes
-        kept.append(tensor)
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    log = SavedTensorLog(module)
+    with log.hooks():
         output = module(*args)
-    return output, sum(seen.values())
+    return output, log.saved_bytes()
 
 
 def per_sample(sizes: Sequence[int], values: Sequence[float]) -> float:
@@ -183,30 +194,53 @@ def time_unit_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: i
     if given, runs before each clock reading: on a GPU, where kernels run asynchronously,
     ``torch.cuda.synchronize`` makes the clock see the work finished.
     """
-    sync = sync or (lambda: None)
+    wait = pause or (lambda: None)
+    clock = _clock(sync or (lambda: None))
     leaves = leaf_args(args)
     fwd, bwd = [], []
     for i in range(warmup + repeats):
-        if pause is not None:
-            pause()
-        sync()
-        start = time.perf_counter()
-        output = module(*leaves)
-        sync()
-        f = time.perf_counter() - start
-        if pause is not None:
-            pause()
-        sync()
-        start = time.perf_counter()
-        if output.requires_grad:  # a unit computing from buffers alone (a rotary table) has no backward
-            output.backward(torch.ones_like(output))
-        sync()
-        b = time.perf_counter() - start
+        wait()
+        output, f = clock(lambda: module(*leaves))
+        wait()
+        # a unit computing from buffers alone (a rotary table) has no backward
+        _, b = clock(lambda: output.backward(torch.ones_like(output)) if output.requires_grad else None)
         if i >= warmup:
             fwd.append(f)
             bwd.append(b)
     module.zero_grad(set_to_none=True)
     return fwd, bwd
+
+
+def time_input_samples(module: nn.Module, args: Sequence[torch.Tensor], warmup: int, repeats: int,
+                       sync: Callable[[], None] | None = None) -> list[float]:
+    """Seconds of the input-gradient-only backward of ``module`` on ``args``, one per timed repeat.
+
+    Each repeat runs an untimed forward, then times
+    :func:`~pipeplan.models.profile_split.input_backward` of its output.  A unit none
+    of whose inputs needs a gradient has nothing to time: its samples are 0.
+    """
+    leaves = leaf_args(args)
+    if not grad_inputs(leaves):
+        return [0.0] * repeats
+    clock = _clock(sync or (lambda: None))
+    samples = []
+    for i in range(warmup + repeats):
+        output = module(*leaves)
+        _, seconds = clock(lambda: input_backward(output, leaves))
+        if i >= warmup:
+            samples.append(seconds)
+    return samples
+
+
+def _clock(sync: Callable[[], None]) -> Callable[[Callable[[], Any]], tuple[Any, float]]:
+    """``clock(work) -> (result, seconds)``, synchronising before each reading."""
+    def clock(work: Callable[[], Any]) -> tuple[Any, float]:
+        sync()
+        start = time.perf_counter()
+        result = work()
+        sync()
+        return result, time.perf_counter() - start
+    return clock
 
 
 class _WithLoss(nn.Module):
@@ -264,33 +298,49 @@ def measure_units(names: Sequence[str], modules: Sequence[nn.Module], work: Call
     Returns
     -------
     list of UnitProfile
-        ``out`` is the bytes per sample of ``module(*args)``'s output.
+        ``out`` is the bytes per sample of ``module(*args)``'s output; ``act`` and
+        ``act_w`` are counted on ``module`` too (:func:`~pipeplan.models.profile_split.split_backward`),
+        the times on ``timed``; ``step`` is timed after all rounds (``config.warmup``
+        untimed and ``repeats * rounds`` timed steps).
     """
     sizes = list(config.batch_sizes)
-    # samples[i][size index]: (forward seconds, backward seconds) of unit i, over all rounds
-    samples: list[list[tuple[list[float], list[float]]]] = [[([], []) for _ in sizes] for _ in names]
-    acts: list[list[float]] = [[] for _ in names]
+    # samples[i][size index]: (forward, backward, input-gradient backward) seconds of unit i, over all rounds
+    samples: list[list[tuple[list[float], list[float], list[float]]]] = [[([], [], []) for _ in sizes]
+                                                                         for _ in names]
+    acts: list[list[tuple[float, float]]] = [[] for _ in names]  # (act, act_w) bytes per size
     outs: list[float] = [0.0] * len(names)
-    with torch_threads(config.threads), _progress(progress, config.rounds * len(sizes) * len(names)) as advance:
+    total = config.rounds * len(sizes) * len(names) + len(names)
+    with torch_threads(config.threads), _progress(progress, total) as advance:
         for round_ in range(config.rounds):
             for k, n in enumerate(sizes):
                 for i, (module, args, timed) in enumerate(work(n)):
                     if round_ == 0:
-                        output, nbytes = saved_bytes(module, leaf_args(args))
-                        acts[i].append(float(nbytes))
-                        outs[i] = out_bytes(output) / n
-                        del output
+                        split = split_backward(module, leaf_args(args))
+                        acts[i].append((float(split.act), float(split.act_w)))
+                        outs[i] = split.out / n
                     f, b = time_unit_samples(timed, args, config.warmup, config.repeats, sync=sync)
-                    samples[i][k][0].extend(f)
-                    samples[i][k][1].extend(b)
+                    inp = time_input_samples(timed, args, config.warmup, config.repeats, sync=sync)
+                    for kept, new in zip(samples[i][k], (f, b, inp)):
+                        kept.extend(new)
                     advance(f"{names[i]} n={n}" + (f" (round {round_ + 1})" if config.rounds > 1 else ""))
-    profiles = []
-    for i, module in enumerate(modules):
-        fwd_t = [statistics.median(f) for f, _ in samples[i]]
-        bwd_t = [statistics.median(b) for _, b in samples[i]]
-        profiles.append(UnitProfile(fit_linear(sizes, fwd_t), fit_linear(sizes, bwd_t), param_bytes(module),
-                                    per_sample(sizes, acts[i]), outs[i], {"fwd": fwd_t, "bwd": bwd_t}))
-    return profiles
+        steps = []
+        for name, module in zip(names, modules):
+            steps.append(median_step(module, config.optimizer, config.warmup, config.repeats * config.rounds, sync))
+            advance(f"{name} {config.optimizer} step")
+    return [_unit_profile(sizes, samples[i], acts[i], outs[i], steps[i], module) for i, module in enumerate(modules)]
+
+
+def _unit_profile(sizes: Sequence[int], samples: Sequence[tuple[list[float], list[float], list[float]]],
+                  acts: Sequence[tuple[float, float]], out: float, step: float, module: nn.Module) -> UnitProfile:
+    """One unit's profile from its samples per size (see :func:`measure_units`)."""
+    fwd_t, bwd_t, input_t = ([statistics.median(kind) for kind in per_size] for per_size in zip(*samples))
+    bwd = fit_linear(sizes, bwd_t)
+    # The weight half is the whole minus the input half; clamp_part keeps it within bwd (timing noise).
+    bwd_w = clamp_part(fit_linear(sizes, [b - i for b, i in zip(bwd_t, input_t)]), bwd)
+    act = per_sample(sizes, [a for a, _ in acts])
+    act_w = min(per_sample(sizes, [w for _, w in acts]), act)
+    return UnitProfile(fit_linear(sizes, fwd_t), bwd, param_bytes(module), act, out,
+                       {"fwd": fwd_t, "bwd": bwd_t, "bwd_i": input_t}, bwd_w, act_w, step)
 
 
 @contextmanager
@@ -316,13 +366,24 @@ def to_graph(model: ZooModel, profiles: Sequence[UnitProfile], source: dict[str,
     ``profile`` field, each layer's fit residuals as ``fit``.
     """
     layers = [Layer(unit.name, prof.fwd.as_pair(), prof.bwd.as_pair(), float(prof.params), float(prof.act),
-                    float(prof.out), unit.tied_to,
-                    extra={"fit": {"fwd_residual": prof.fwd.residual, "bwd_residual": prof.bwd.residual,
-                                   "fwd_relative_residual": prof.fwd.relative_residual,
-                                   "bwd_relative_residual": prof.bwd.relative_residual}})
+                    float(prof.out), unit.tied_to, *version2_fields(prof), extra={"fit": fit_residuals(prof)})
               for unit, prof in zip(model.units, profiles)]
     return LayerGraph(f"{model.name}-{len(model.units)}", layers, model.edges(),
                       float(model.input_bytes_per_sample), extra={"profile": source})
+
+
+def fit_residuals(prof: UnitProfile) -> dict[str, float]:
+    """The layer's ``fit`` field: residuals of the fitted times (``bwd_w``'s when profiled)."""
+    fits = {"fwd": prof.fwd, "bwd": prof.bwd, **({"bwd_w": prof.bwd_w} if prof.bwd_w is not None else {})}
+    residuals = {f"{kind}_residual": fit.residual for kind, fit in fits.items()}
+    residuals.update({f"{kind}_relative_residual": fit.relative_residual for kind, fit in fits.items()})
+    return residuals
+
+
+def version2_fields(prof: UnitProfile) -> tuple[tuple[float, float] | None, float | None, float | None]:
+    """The layer's ``(bwd_w, act_w, step)`` from a profile (``None`` where not profiled)."""
+    bwd_w = None if prof.bwd_w is None else prof.bwd_w.as_pair()
+    return bwd_w, None if prof.act_w is None else float(prof.act_w), prof.step
 
 
 def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len: int | None = None,

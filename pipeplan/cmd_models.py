@@ -2,7 +2,10 @@
 
 ``profile`` measures the model on this machine (timings fitted to ``a + b*n``), or
 with ``--analytic`` estimates it from FLOPs for a device of given speed without
-allocating any weights.  The graph is written atomically as ``pipeplan.graph/1``.
+allocating any weights.  The graph is written atomically as ``pipeplan.graph/2``: besides
+forward and backward times it carries each layer's weight-gradient part of the backward
+(``bwd_w``), the bytes the weight gradient still needs (``act_w``) and the optimizer
+step (``step``, for ``--optimizer``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from pipeplan.models.imported import describe
 from pipeplan.models.spec import is_zoo_spec
 from pipeplan.models.jsonio import atomic_write_text, check_integer, dumps
 from pipeplan.outputs import add_force_option, check_outputs
+from pipeplan.models.profile_step import OPTIMIZERS
 from pipeplan.models.zoo import build_model, model_names
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -35,7 +39,7 @@ def register(subparsers: Any) -> None:
 
     profile = subparsers.add_parser("profile", help="profile a model into a layer graph",
                                     description="Measure (or with --analytic estimate) a zoo model or your own "
-                                                "PyTorch model and write its pipeplan.graph/1 file.")
+                                                "PyTorch model and write its pipeplan.graph/2 file.")
     profile.add_argument("model", help=f"{SPEC_HELP} (zoo: {', '.join(model_names())})")
     profile.add_argument("-o", "--output", metavar="GRAPH.json", help="graph file to write (required unless --dry-run)")
     add_force_option(profile)
@@ -49,6 +53,10 @@ def register(subparsers: Any) -> None:
     profile.add_argument("--flops", metavar="F", help="peak FLOP/s of the device (--analytic; default 312e12)")
     profile.add_argument("--efficiency", metavar="E", help="fraction of peak achieved (--analytic; default 0.4)")
     profile.add_argument("--overhead", metavar="S", help="seconds per unit call (--analytic; default 2e-5)")
+    profile.add_argument("--bandwidth", metavar="B",
+                         help="memory bytes/s bounding the optimizer step (--analytic; default 2e12)")
+    profile.add_argument("--optimizer", default="adam", metavar="|".join(OPTIMIZERS),
+                         help="optimizer whose step each layer's step field times or estimates (default adam)")
     profile.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default float32)")
     profile.add_argument("--seq-len", metavar="N", help="tokens per sample of sequence models")
     profile.add_argument("--threads", default=None, metavar="N",
@@ -91,6 +99,8 @@ def run_profile(args: argparse.Namespace) -> int:
     if zoo and (extra := zoo_only_options(args) + (["--trace"] if args.trace != "eager" else [])):
         raise InputError("-", extra[0], f"applies to an imported model; the zoo model {args.model} has its own "
                                         "units, inputs and configuration: drop it")
+    if args.optimizer not in OPTIMIZERS:
+        raise InputError("-", "--optimizer", f"unknown optimizer {args.optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     if args.output is None and not args.dry_run:
         raise InputError("-", "--output", "name the graph file to write with -o GRAPH.json (or add --dry-run)")
     if args.output is not None:
@@ -151,7 +161,7 @@ def _imported(args: argparse.Namespace) -> Any:
 def _analytic_imported(args: argparse.Namespace, imported: Any) -> Any:
     from pipeplan.models.profile_imported import analyse_imported
 
-    return analyse_imported(imported, _analytic_device(args))
+    return analyse_imported(imported, _analytic_device(args), args.optimizer)
 
 
 def _measured_imported(args: argparse.Namespace, imported: Any) -> Any:
@@ -171,7 +181,8 @@ MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "wa
 def _analytic(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
     from pipeplan.models.profile_analytic import profile_analytic
 
-    return profile_analytic(args.model, device=_analytic_device(args), seq_len=seq_len, dtype=dtype)
+    return profile_analytic(args.model, device=_analytic_device(args), seq_len=seq_len, dtype=dtype,
+                            optimizer=args.optimizer)
 
 
 def _analytic_device(args: argparse.Namespace) -> Any:
@@ -186,7 +197,8 @@ def _analytic_device(args: argparse.Namespace) -> Any:
     return DeviceModel(
         flops=defaults.flops if args.flops is None else _number(args.flops, "--flops"),
         efficiency=defaults.efficiency if args.efficiency is None else _number(args.efficiency, "--efficiency"),
-        overhead=defaults.overhead if args.overhead is None else _number(args.overhead, "--overhead"))
+        overhead=defaults.overhead if args.overhead is None else _number(args.overhead, "--overhead"),
+        bandwidth=defaults.bandwidth if args.bandwidth is None else _number(args.bandwidth, "--bandwidth"))
 
 
 def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None) -> Any:
@@ -208,7 +220,8 @@ def _measure_config(args: argparse.Namespace) -> Any:
     """The measurement the options describe (``--analytic``'s device options refused)."""
     from pipeplan.models.profile_measured import MeasureConfig
 
-    for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead)):
+    for flag, value in (("--flops", args.flops), ("--efficiency", args.efficiency), ("--overhead", args.overhead),
+                        ("--bandwidth", args.bandwidth)):
         if value is not None:
             raise InputError("-", flag, "describes the device of --analytic; add --analytic or drop it")
     given = {key: default if getattr(args, key) is None else getattr(args, key)
@@ -217,7 +230,8 @@ def _measure_config(args: argparse.Namespace) -> Any:
                          warmup=_integer(given["warmup"], "--warmup", 0, MAX_REPEATS),
                          repeats=_integer(given["repeats"], "--repeats", 1, MAX_REPEATS),
                          threads=_integer(given["threads"], "--threads", 1, MAX_THREADS),
-                         rounds=_integer(given["rounds"], "--rounds", 1, MAX_REPEATS))
+                         rounds=_integer(given["rounds"], "--rounds", 1, MAX_REPEATS),
+                         optimizer=args.optimizer)
 
 
 MAX_PROFILE_BATCH = 65536

@@ -125,6 +125,10 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
     if base_result.iteration_time <= 0:  # no split can take less than no time (and the scale divides by it)
         return SplitSearch(base, base_result.iteration_time, 0.0, "optimal", "not needed",
                            time.perf_counter() - start, {"cp_status": "not needed", "gap": 0.0})
+    if not math.isfinite(TICKS / base_result.iteration_time):
+        # times so small (below ~1e-300 s) that no tick scale represents them: keep the base split, unproved
+        return SplitSearch(base, base_result.iteration_time, 0.0, "feasible", "not built: times below the tick scale",
+                           time.perf_counter() - start, {"cp_status": "not built", "gap": 1.0})
     builder = _SplitModel(problem, base, base_result)
     builder.build()
     solver = cp_model.CpSolver()

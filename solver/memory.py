@@ -7,7 +7,8 @@ ops one at a time, so the peak depends on the op order only, not on timing.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -79,6 +80,59 @@ def stage_peak_memory(state_factor: float, params: float, ops: Sequence[Op], per
     if recompute:
         return state_factor * params + stash_peak(ops, per_replica, input_bytes, act)
     return state_factor * params + stash_peak(ops, per_replica, act, 0.0)
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """What one stage adds to its group's stash (spec 7.4), per device."""
+
+    per_replica: tuple[int, ...]
+    """``q = ceil(n_k / r_g)`` for each microbatch ``k``."""
+    stash: float
+    """``X_s``: bytes per sample kept from ``F`` to ``B`` or ``I`` (``I_s`` if it recomputes, else ``A_s``)."""
+    working: float
+    """``A_s`` if the stage recomputes (held while a ``B`` or ``I`` runs), else 0."""
+    weight: float
+    """``Aw_s``: bytes per sample kept from ``I`` to ``W``."""
+
+
+def program_stash_peak(program: Sequence[tuple[int, str, int]], stages: Mapping[int, StageMemory]) -> float:
+    """Largest stash of a group over its program (spec 7.4): ``F`` adds, ``B`` removes, ``I`` trades for ``W``'s.
+
+    Parameters
+    ----------
+    program : sequence of (stage, kind, microbatch)
+        The group's actions in order.
+    stages : mapping of stage index to StageMemory
+        Every stage the program names.
+
+    Examples
+    --------
+    >>> m = {0: StageMemory((2, 2), 10.0, 0.0, 4.0)}
+    >>> program_stash_peak([(0, "F", 0), (0, "F", 1), (0, "I", 0), (0, "W", 0), (0, "B", 1)], m)
+    40.0
+    """
+    stash = peak = 0.0
+    for s, kind, k in program:
+        mem = stages[s]
+        q = mem.per_replica[k]
+        if kind == FORWARD:
+            stash += q * mem.stash
+            peak = max(peak, stash)
+        elif kind == "W":
+            stash -= q * mem.weight
+        else:
+            peak = max(peak, stash + q * mem.working)
+            stash -= q * mem.stash
+            if kind == "I":  # no new peak: Aw <= A, and a recomputing I held q * (X + A) while it ran
+                stash += q * mem.weight
+    return peak
+
+
+def group_peak_memory(state_factor: float, params: float, program: Sequence[tuple[int, str, int]],
+                      stages: Mapping[int, StageMemory]) -> float:
+    """Peak bytes on each device of a group: ``state_factor * P_g`` plus its program's stash peak."""
+    return state_factor * params + program_stash_peak(program, stages)
 
 
 def range_peak_memory(graph: LayerGraph, state_factor: float, lo: int, hi: int, ops: Sequence[Op],

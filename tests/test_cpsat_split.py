@@ -97,6 +97,20 @@ class TestOptimizeSplits:
         assert found.iteration_time <= simulate(base, problem.graph, problem.cluster).iteration_time
 
 
+    def test_times_below_the_tick_scale_keep_the_base_split(self):
+        # layer times near 1e-303 s: 2**30 ticks over such a horizon is not a finite scale
+        problem, base = instance(3)
+        tiny = [Layer(l.name, (l.fwd[0] * 1e-300, l.fwd[1] * 1e-300), (l.bwd[0] * 1e-300, l.bwd[1] * 1e-300),
+                      0.0, l.act, 0.0) for l in problem.graph.layers]
+        graph = LayerGraph.chain("g", tiny, 0.0)
+        instant = Cluster("c", (Link(1e9, 0.0, "s0"), Link(1e9, 0.0, "s1")), Link(1e8, 0.0),
+                          problem.cluster.devices)
+        problem = PlanningProblem(graph, instant, global_batch=base.global_batch, microbatches=2,
+                                  schedule=base.schedule, auto_microbatches=True, max_microbatches=3)
+        found = optimize_splits(problem, base, time_limit=5)
+        assert found.plan == base and found.status == "feasible"
+
+
 class TestCpSatSplit:
     def test_solver_result(self):
         problem, _ = instance(1)

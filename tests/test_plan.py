@@ -40,7 +40,7 @@ class TestValidate:
         (lambda d: d["stages"][0].update(microbatches=[4.0, 4]), "stages[0].microbatches[0]", "expected an integer"),
         (lambda d: d.update(schedule="zb-v"), "schedule", "unknown schedule 'zb-v'"),
         (lambda d: d.update(global_batch=0), "global_batch", "at least 1"),
-        (lambda d: d.update(format="pipeplan.plan/2"), "format", "unknown format version"),
+        (lambda d: d.update(format="pipeplan.plan/9"), "format", "unknown format version"),
         (lambda d: d.pop("state_factor"), "state_factor", "missing required field"),
         (lambda d: d["stages"][0].update(recompute="yes"), "stages[0].recompute", "expected true or false"),
         (lambda d: d.update(stages=[]), "stages", "must not be empty"),
