@@ -474,17 +474,6 @@ class TestDecoder:
 
 
 # --------------------------------------------------------------------------- with the project's simulator
-def _simulates_v2() -> bool:
-    """Whether the project's simulator times plan/2 (the version-2 simulator is merged)."""
-    p = make_problem([1.0] * 60, "looped-bfs", devices=1, layers=2)
-    try:
-        p.evaluate(p.make_plan(((0, 1), (1, 2)), [("d0",), ("d0",)], [False, False]))
-    except InputError:
-        return False
-    return True
-
-
-@pytest.mark.skipif(not _simulates_v2(), reason="needs the version-2 simulator (spec 7.3-7.4) in solver/simulator.py")
 class TestWithTheSimulator:
     @pytest.mark.parametrize("schedule", V2)
     def test_cpsat_equals_brute_force(self, schedule):
