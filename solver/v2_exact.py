@@ -4,18 +4,21 @@ Used by ``ilp`` and ``cpsat`` for ``interleaved-1f1b``, ``interleaved-zb``,
 ``looped-bfs`` and ``zbv`` (their MILP and CP-SAT models describe one stage per device)
 and, on a restricted space, by ``group-search``.
 
-Method.  Every candidate of :mod:`pipeplan.solver.v2_space` (``v``, device groups, stage
-boundaries, recompute flags) gets its lower bound :func:`pipeplan.solver.v2_bound.candidate_bound`;
-candidates whose state alone overflows a device are dropped
-(:func:`pipeplan.solver.v2_bound.state_overflows`).  They are then simulated in order of
-increasing bound (ties in enumeration order), keeping the fastest plan that fits.
+Method.  Every candidate of :mod:`pipeplan.solver.v2_space` without recompute (``v``,
+device groups, stage boundaries) gets its lower bound
+:func:`pipeplan.solver.v2_bound.candidate_bound`; candidates whose state alone overflows
+a device are dropped (:func:`pipeplan.solver.v2_bound.state_overflows`).  They are then
+simulated in order of increasing bound (ties in enumeration order) from a heap, keeping
+the fastest plan that fits.  A candidate that does not fit puts its recompute variants
+(:func:`pipeplan.solver.v2_space.recompute_variants`) on the heap with their own bounds.
 
 Exactness.  When the next candidate's bound reaches the incumbent, every candidate left
 has a bound at least that, so none is faster: the incumbent is optimal over the whole
-space.  A candidate with recompute flags is not simulated when the same stages and
-groups without recompute fit: recompute only lengthens actions, and with the programs and
-link orders fixed the timeline is a max-plus system, monotone in the durations, so it
-cannot be faster.  When every candidate is simulated and none fits, no plan fits: the
+space.  A recompute variant's bound is at least its plain candidate's (every duration
+only grows), so it is never needed before its plain candidate was simulated; and when
+the plain candidate fits its variants cannot be faster: recompute only lengthens
+actions, and with the programs and link orders fixed the timeline is a max-plus system,
+monotone in the durations.  When every candidate is simulated and none fits, no plan fits: the
 result is ``infeasible``, a proof.  Stopped earlier (budget, clock), the reported bound is
 the smallest of the incumbent and the bounds not yet passed, or, when the space was
 too large to list, :func:`pipeplan.solver.v2_bound.space_bound`.
@@ -26,6 +29,7 @@ same inputs and budget, same plan on any machine.
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from typing import Callable
@@ -36,7 +40,8 @@ from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.simulator import SimulationResult
 from pipeplan.solver.termination import WorkBudget, past
 from pipeplan.solver.v2_bound import Bounder, space_bound
-from pipeplan.solver.v2_space import Candidate, boundary_choices, candidates, flags_exhaustive, group_choices, to_plan
+from pipeplan.solver.v2_space import (Candidate, boundary_choices, candidates, flags_exhaustive, group_choices,
+                                      recompute_variants, to_plan)
 
 MAX_CANDIDATES = 40_000
 """Most candidates listed and bounded; a larger space is not proved (its bound is the cluster-wide one)."""
@@ -49,16 +54,19 @@ BOUND_TOL = 1e-9
 add the same durations in different orders, so their roundings differ by about 1e-15."""
 
 
-def _pool(problem: PlanningProblem, boundaries, groupings, deadline: float
-          ) -> tuple[list[tuple[float, int, Candidate]], bool]:
-    """``(bound, index, candidate)`` for each candidate that may fit, sorted; and whether all were listed."""
-    pool, bounder = [], Bounder(problem)
-    for index, candidate in enumerate(candidates(problem, boundaries, groupings)):
-        if index >= MAX_CANDIDATES or (index % 256 == 0 and past(deadline)):
-            return sorted(pool, key=lambda item: (item[0], item[1])), False
+def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: float
+          ) -> tuple[list[tuple[float, tuple[int, int], Candidate]], bool]:
+    """``(bound, order, candidate)`` for each candidate without recompute that may fit, as a heap; and whether
+    all were listed."""
+    pool = []
+    for index, candidate in enumerate(candidates(problem, boundaries, groupings, flags=False)):
+        if index >= MAX_CANDIDATES or (index % 32 == 0 and past(deadline)):
+            heapq.heapify(pool)
+            return pool, False
         if not bounder.overflows(candidate):
-            pool.append((bounder.bound(candidate), index, candidate))
-    return sorted(pool, key=lambda item: (item[0], item[1])), True
+            pool.append((bounder.bound(candidate), (index, 0), candidate))
+    heapq.heapify(pool)
+    return pool, True
 
 
 def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: int,
@@ -99,34 +107,35 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     deadline = started + time_limit
     budget = budget or WorkBudget(DEFAULT_SIMULATIONS)
     evaluate = evaluate or problem.evaluate
-    pool, listed = _pool(problem, boundaries, groupings, deadline)
+    bounder = Bounder(problem)
+    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline)
     listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
     best, best_time = incumbent if incumbent is not None else (None, math.inf)
-    plain_fits: set[tuple] = set()
     trace = [TracePoint(0.0, best_time, None)] if incumbent is not None else []
-    simulated, next_bound, finished = 0, None, True
-    for bound, _, candidate in pool:
+    simulated, next_bound, finished, listed_count = 0, None, True, len(pool)
+    while pool:
+        bound, order, candidate = pool[0]
         if bound * (1 - BOUND_TOL) >= best_time:
             next_bound = bound
             break
-        key = (candidate.virtual, candidate.groups, candidate.bounds)
-        if any(candidate.recompute) and key in plain_fits:
-            continue  # dominated: the same stages without recompute fit and are never slower
         if past(deadline) or not budget.spend():
             next_bound, finished = bound, False
             break
+        heapq.heappop(pool)
         simulated += 1
         result = evaluate(to_plan(problem, candidate))
         if not result.fits:
+            if not any(candidate.recompute):
+                # its recompute variants: never faster, so only worth a look when it does not fit
+                for j, variant in enumerate(recompute_variants(problem, candidate), 1):
+                    heapq.heappush(pool, (bounder.bound(variant), (order[0], j), variant))
             continue
-        if not any(candidate.recompute):
-            plain_fits.add(key)
         if result.iteration_time < best_time:
             best, best_time = to_plan(problem, candidate), result.iteration_time
             trace.append(TracePoint(time.perf_counter() - started, best_time, None))
     wall = time.perf_counter() - started
     details = {"method": "best-first search over v, device groups, boundaries and recompute, pruned by "
-                         "the version-2 bounds", "candidates": len(pool), "listed_all": listed,
+                         "the version-2 bounds", "candidates": listed_count, "listed_all": listed,
                "simulations": simulated, "budget_unit": "simulations", "finished": finished}
     proved = proves and listed and finished
     if best is None:

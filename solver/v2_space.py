@@ -168,8 +168,16 @@ def stage_groups(schedule: str, candidate: Candidate) -> tuple[int, ...]:
     return tuple(stage_group(schedule, s, len(candidate.groups)) for s in range(len(candidate.bounds)))
 
 
-def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=group_choices) -> Iterator[Candidate]:
-    """Every candidate of the problem's schedule, in a fixed order.
+def recompute_variants(problem: PlanningProblem, candidate: Candidate) -> Iterator[Candidate]:
+    """``candidate`` with every other recompute choice of :func:`recompute_choices` (none of them all-off)."""
+    for flags in recompute_choices(problem, len(candidate.bounds)):
+        if any(flags):
+            yield Candidate(candidate.virtual, candidate.groups, candidate.bounds, flags)
+
+
+def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=group_choices,
+               flags: bool = True) -> Iterator[Candidate]:
+    """Every candidate of the problem's schedule, in a fixed order (without ``flags``: only those without recompute).
 
     ``boundaries(layers, stages)`` gives the layer ranges to try and
     ``groupings(problem, groups)`` the device groups (all of them by default; a
@@ -186,8 +194,9 @@ def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=
                 continue
             for devs in groupings(problem, groups):
                 for bounds in boundaries(len(problem.graph), stages):
-                    for flags in recompute_choices(problem, stages):
-                        yield Candidate(v, devs, tuple(bounds), flags)
+                    choices = recompute_choices(problem, stages) if flags else ((False,) * stages,)
+                    for chosen in choices:
+                        yield Candidate(v, devs, tuple(bounds), chosen)
 
 
 def space_size(problem: PlanningProblem, cap: int) -> int:
