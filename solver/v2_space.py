@@ -124,7 +124,7 @@ def boundary_choices(layers: int, stages: int) -> Iterator[tuple[tuple[int, int]
         yield tuple(zip(edges[:-1], edges[1:]))
 
 
-MAX_FLAG_STAGES = 6
+MAX_FLAG_STAGES = 10
 """Most stages whose recompute flags are enumerated in every combination; above it, none or all."""
 
 
