@@ -484,3 +484,10 @@ class TestWithTheSimulator:
             assert sim.iteration_time == pytest.approx(ref.iteration_time, rel=1e-9) and sim.fits == ref.fits
         result = get_solver("cpsat").solve(p, time_limit=60.0)
         assert result.status == "optimal" and result.iteration_time == pytest.approx(best, rel=1e-12)
+
+
+class TestEmptySpace:
+    def test_too_many_virtual_stages_is_said(self):
+        p = make_problem([1.0] * 60, "looped-bfs", devices=2, layers=4, virtual=5)
+        result = solve_v2(p, "t", time_limit=10.0, seed=0, evaluate=lambda plan: reference(p, plan))
+        assert result.status == "infeasible" and "needs more stages than the 4 layers" in result.message
