@@ -14,6 +14,7 @@ from pipeplan.solver.plan import Plan
 from pipeplan.solver.result import SolverResult
 from pipeplan.solver.termination import watch
 from pipeplan.solver.v2_exact import DEFAULT_SIMULATIONS
+from pipeplan.solver.v2_space import empty_space
 
 
 class Solver(Protocol):
@@ -88,6 +89,9 @@ def _recording_stop(solve: Callable[..., SolverResult]) -> Callable[..., SolverR
         refusal = schedule_refusal(self, problem.schedule)
         if refusal:
             raise InputError("-", "--schedule", refusal)
+        empty = empty_space(problem) if problem.is_v2 else ""
+        if empty:
+            raise InputError("-", "--virtual-stages" if problem.virtual_stages else "--schedule", empty)
         kwargs: dict = {"time_limit": time_limit, "seed": seed}
         if "budget" in takes:
             kwargs["budget"] = budget

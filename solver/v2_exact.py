@@ -40,8 +40,8 @@ from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.simulator import SimulationResult
 from pipeplan.solver.termination import WorkBudget, past
 from pipeplan.solver.v2_bound import Bounder, space_bound
-from pipeplan.solver.v2_space import (Candidate, boundary_choices, candidates, flags_exhaustive, group_choices,
-                                      recompute_variants, to_plan)
+from pipeplan.solver.v2_space import (Candidate, boundary_choices, candidates, empty_space, flags_exhaustive,
+                                      group_choices, recompute_variants, to_plan)
 
 MAX_CANDIDATES = 40_000
 """Most candidates listed and bounded; a larger space is not proved (its bound is the cluster-wide one)."""
@@ -141,8 +141,8 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     if best is None:
         if proved:
             return SolverResult(name, "infeasible", None, None, None, wall, seed, tuple(trace),
-                                _empty_space(problem) if not any(True for _ in candidates(problem, flags=False)) else
-                                f"no plan of {problem.schedule} fits in memory on this cluster", details)
+                                empty_space(problem) or f"no plan of {problem.schedule} fits in memory on this cluster",
+                                details)
         bound = next_bound if listed and next_bound is not None else space_bound(problem)
         return SolverResult(name, "timeout-no-solution", None, None, bound, wall, seed, tuple(trace),
                             "stopped before a fitting plan was found", details)
@@ -155,11 +155,3 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     why = "the search space was too large to list (or its recompute flags)" if not listed else \
         "the search stopped before the bounds met the incumbent" if proves else "a restricted search proves nothing"
     return SolverResult(name, "feasible", best, best_time, bound, wall, seed, tuple(trace), why, details)
-
-
-def _empty_space(problem: PlanningProblem) -> str:
-    """Why the space of ``problem`` holds no plan at all (not a memory verdict)."""
-    v = "" if problem.virtual_stages is None else f" with {problem.virtual_stages} stages per group"
-    return (f"no {problem.schedule} plan{v} exists for these options: every group count needs more stages than "
-            f"the {len(problem.graph)} layers, or torch refuses M = {problem.microbatches} for it; use fewer "
-            f"--virtual-stages or another --microbatches")

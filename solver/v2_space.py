@@ -222,3 +222,13 @@ def even_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
 def stage_devices(schedule: str, groups: Sequence[Sequence[str]], stages: int) -> list[tuple[str, ...]]:
     """Each stage's devices when stage ``s`` runs on group :func:`pipeplan.solver.schedule.stage_group`."""
     return [tuple(groups[stage_group(schedule, s, len(groups))]) for s in range(stages)]
+
+
+def empty_space(problem: PlanningProblem) -> str:
+    """Why the problem's space holds no plan at all (an options problem, not a memory verdict), or ``""``."""
+    if any(True for _ in candidates(problem, flags=False)):
+        return ""
+    v = "" if problem.virtual_stages is None else f" with {problem.virtual_stages} stages per group"
+    return (f"no {problem.schedule} plan{v} exists for these options: every group count needs more stages than "
+            f"the {len(problem.graph)} layers, or torch refuses M = {problem.microbatches} for it; use fewer "
+            f"--virtual-stages or another --microbatches")

@@ -491,3 +491,9 @@ class TestEmptySpace:
         p = make_problem([1.0] * 60, "looped-bfs", devices=2, layers=4, virtual=5)
         result = solve_v2(p, "t", time_limit=10.0, seed=0, evaluate=lambda plan: reference(p, plan))
         assert result.status == "infeasible" and "needs more stages than the 4 layers" in result.message
+
+    def test_a_solver_refuses_it_in_one_line(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule",
+                                "looped-bfs", "--virtual-stages", "9", "--solver", "cpsat",
+                                "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "needs more stages than the 8 layers" in err
