@@ -6,6 +6,8 @@ subclass with the exact boundaries), ``megatron`` (the layout string and flags).
 plan the target cannot run is refused with one ``error:`` line naming the stage and
 the reason, and nothing is written; ``--allow-approximate`` exports the nearest plan
 it runs instead, with one warning per change and both plans' simulated times.
+Version-2 plans (several stages per device group, split backwards) export as the
+target's own multi-stage schedule or are refused (docs/export.md).
 """
 
 from __future__ import annotations

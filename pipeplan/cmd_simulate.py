@@ -10,7 +10,7 @@ from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.gantt import write_gantt
 from pipeplan.solver.plan import Plan, load_plan
-from pipeplan.solver.simulator import SimulationResult, simulate
+from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult, simulate
 from pipeplan.solver.trace import check_traceable, chrome_trace
 from pipeplan.loading import warn_names
 from pipeplan.notices import warn
@@ -45,10 +45,23 @@ def run(args: argparse.Namespace) -> int:
     if args.gantt:
         write_gantt(result, args.gantt, f"{plan.graph} on {plan.cluster} ({plan.schedule})")
     if args.json:
-        print(json.dumps(result.summary(), allow_nan=False))
+        print(json.dumps(json_summary(plan, result), allow_nan=False))
+    elif isinstance(result, GroupSimulationResult):
+        print_group_table(plan, result)
     else:
         print_table(plan, result, cluster)
     return 0
+
+
+def json_summary(plan: Plan, result: "SimulationResult | GroupSimulationResult") -> dict:
+    """The result's summary with each group's program and its devices and stages (lists per group)."""
+    summary = result.summary()
+    held: list[list[int]] = [[] for _ in plan.groups]
+    for s, g in enumerate(plan.stage_groups):
+        held[g].append(s)
+    summary["groups"] = [{"devices": list(devices), "stages": stages} for devices, stages in zip(plan.groups, held)]
+    summary["programs"] = plan.programs()
+    return summary
 
 
 def _gb(x: float) -> str:
@@ -64,7 +77,6 @@ def _split(sizes: tuple[int, ...]) -> str:
 
 def print_table(plan: Plan, result: SimulationResult, cluster) -> None:
     """A readable per-stage table: layers, devices, busy time, bubble, memory vs capacity."""
-    from rich.console import Console
     from rich.table import Table
 
     table = Table(title=f"{plan.graph} on {plan.cluster}: {plan.schedule}, batch {plan.global_batch}")
@@ -74,14 +86,39 @@ def print_table(plan: Plan, result: SimulationResult, cluster) -> None:
     T = result.iteration_time
     for s, (st, cost, busy) in enumerate(zip(plan.stages, result.stages, result.busy)):
         lo, hi = st.layers
-        bubble = T - busy - cost.allreduce
+        bubble = T - busy - cost.allreduce - cost.step
         table.add_row(str(s), f"{lo}..{hi - 1}", ",".join(st.devices), _split(st.microbatches),
                       "yes" if st.recompute else "no", f"{busy * 1e3:.3f}",
                       f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
                       f"{cost.allreduce * 1e3:.3f}", _gb(cost.peak_memory), _gb(cost.capacity),
                       "yes" if cost.peak_memory <= cost.capacity else "NO")
+    _print_with_totals(table, result)
+
+
+
+def print_group_table(plan: Plan, result: GroupSimulationResult) -> None:
+    """One row per device group: its stages, devices, busy time, bubble, all-reduce, step, memory."""
+    from rich.table import Table
+
+    title = f"{plan.graph} on {plan.cluster}: {plan.schedule}, batch {plan.global_batch}, {len(result.groups)} groups"
+    table = Table(title=title)
+    for col in ("group", "stages", "devices", "actions", "busy (ms)", "bubble", "all-reduce (ms)", "step (ms)",
+                "peak memory", "capacity", "fits"):
+        table.add_column(col, justify="left" if col in ("stages", "devices") else "right")
+    T = result.iteration_time
+    for gi, (group, busy) in enumerate(zip(result.groups, result.busy)):
+        bubble = T - busy - group.allreduce - group.step
+        table.add_row(str(gi), ",".join(map(str, group.stages)), ",".join(group.devices), str(len(group.program)),
+                      f"{busy * 1e3:.3f}", f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
+                      f"{group.allreduce * 1e3:.3f}", f"{group.step * 1e3:.3f}", _gb(group.peak_memory),
+                      _gb(group.capacity), "yes" if group.peak_memory <= group.capacity else "NO")
+    _print_with_totals(table, result)
+
+
+def _print_with_totals(table, result: "SimulationResult | GroupSimulationResult") -> None:
+    from rich.console import Console
+
     console = Console(width=160)
     console.print(table)
-    console.print(f"iteration time {T * 1e3:.4f} ms  throughput {result.throughput:.2f} samples/s  "
-                  f"bubble {100 * result.bubble_fraction:.1f}%  fits: {'yes' if result.fits else 'NO'}")
-
+    console.print(f"iteration time {result.iteration_time * 1e3:.4f} ms  throughput {result.throughput:.2f} "
+                  f"samples/s  bubble {100 * result.bubble_fraction:.1f}%  fits: {'yes' if result.fits else 'NO'}")

@@ -4,7 +4,9 @@ UMPIPE's TiDGAP (``papers.md`` §1.2) speeds up its genetic search by "simultane
 calculating the end time for multiple individuals and microbatches using matrix
 operations".  Here a *batch* is a set of candidate plans with one op structure: the
 same schedule (``gpipe`` or ``1f1b``), stage count and number of microbatches per
-stage.  Stage ranges, devices, recompute flags and microbatch sizes may all differ
+stage.  Plans of the version-2 schedules (device groups holding several stages,
+split backwards) are evaluated by the scalar simulator, one at a time, so they too
+get exactly its numbers.  Stage ranges, devices, recompute flags and microbatch sizes may all differ
 across the batch.  The timeline is then one loop over the ops in a static order, each
 step a handful of numpy operations on vectors of length ``N`` (one entry per plan).
 
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Candidate", "BatchResult", "StageArrays", "BatchSimulator", "simulate_batch", "timeline_arrays"]
 
-_ATTRS = ("af", "bf", "ab", "bb", "params", "act")
+_ATTRS = ("af", "bf", "ab", "bb", "params", "act", "step")
 """Range-sum columns of the table, in order."""
 
 
@@ -103,7 +105,7 @@ class StageArrays:
     speed: np.ndarray
     """``v_s``: the slowest device's speed."""
     sums: np.ndarray
-    """Range sums ``(a_f, b_f, a_b, b_b, params, act)`` of each stage, shape ``(N, S, 6)``."""
+    """Range sums ``(a_f, b_f, a_b, b_b, params, act, step)`` of each stage, shape ``(N, S, 7)``."""
     recompute: np.ndarray
     """Recompute flags (bool)."""
     input_bytes: np.ndarray
@@ -331,7 +333,7 @@ def timeline_arrays(arrays: StageArrays, min_batch: int = 4) -> tuple[np.ndarray
         cols = todo if ok.all() else todo[ok]
         ends[cols] = np.stack(_sweep(order, d, cols), axis=1)
         todo = todo[~ok]
-    iteration = np.max(ends + _allreduce(a), axis=1)
+    iteration = np.max(ends + _allreduce(a) + a.sums[:, :, 6] / a.speed, axis=1)
     return iteration, _peaks(a, q, counts), a.capacity
 
 
@@ -372,7 +374,7 @@ class BatchSimulator:
     graph, cluster
         What the plans run on.
     schedule : str
-        ``"gpipe"``, ``"1f1b"`` (batched) or ``"custom"`` (always scalar).
+        ``"gpipe"``, ``"1f1b"`` (batched), or ``"custom"`` and the version-2 names (always scalar).
     state_factor : float
         Bytes of state per parameter byte.
 
@@ -391,7 +393,7 @@ class BatchSimulator:
     state_factor: float = 4.0
     """Bytes of state per parameter byte."""
     table: np.ndarray = field(init=False, repr=False)
-    """``table[lo, hi]``: range sums of ``_ATTRS`` over layers ``lo <= i < hi``, ``(L+1, L+1, 6)``."""
+    """``table[lo, hi]``: range sums of ``_ATTRS`` over layers ``lo <= i < hi``, ``(L+1, L+1, 7)``."""
     cut_bytes: np.ndarray = field(init=False, repr=False)
     """Bytes per sample across the cut after layer ``c``, padded to ``L`` entries."""
     input_by_lo: np.ndarray = field(init=False, repr=False)
@@ -402,12 +404,12 @@ class BatchSimulator:
     def __post_init__(self) -> None:
         layers = self.graph.layers
         n = len(layers)
-        rows = [(l.fwd[0], l.fwd[1], l.bwd[0], l.bwd[1], l.params, l.act) for l in layers]
+        rows = [(l.fwd[0], l.fwd[1], l.bwd[0], l.bwd[1], l.params, l.act, l.step_time) for l in layers]
         # Running sums from every start, added in the scalar simulator's order, so that a
         # range sum here is bit-identical to ``range_time`` / ``range_sum`` there.
-        self.table = np.zeros((n + 1, n + 1, 6))
+        self.table = np.zeros((n + 1, n + 1, len(_ATTRS)))
         for lo in range(n):
-            acc = [0.0] * 6
+            acc = [0.0] * len(_ATTRS)
             for hi in range(lo + 1, n + 1):
                 acc = [x + y for x, y in zip(acc, rows[hi - 1])]
                 self.table[lo, hi] = acc
@@ -494,7 +496,7 @@ class BatchSimulator:
             result = simulate(plan, self.graph, self.cluster, validate=False)
         except DeadlockError:
             return float("inf"), 0.0, False, float("inf")
-        over = max(relative_overuse(st.peak_memory, st.capacity) for st in result.stages)
+        over = max(relative_overuse(p, c) for p, c in zip(result.peak_memory, result.memory_capacity))
         return result.iteration_time, max(result.peak_memory), result.fits, over
 
 
@@ -540,7 +542,7 @@ def simulate_batch(plans: Sequence["Plan"], graph: "LayerGraph", cluster: "Clust
                 res = simulate(plans[i], graph, cluster, validate=False)
                 out.iteration_time[i], out.peak_memory[i], out.fits[i] = \
                     res.iteration_time, max(res.peak_memory), res.fits
-                out.overuse[i] = max(relative_overuse(st.peak_memory, st.capacity) for st in res.stages)
+                out.overuse[i] = max(relative_overuse(p, c) for p, c in zip(res.peak_memory, res.memory_capacity))
             continue
         sim = BatchSimulator(graph, cluster, schedule, factor)
         res = sim.evaluate([Candidate.from_plan(plans[i]) for i in members])

@@ -6,7 +6,7 @@ medium instances optimal without any model).  If that does not finish, they mini
 *provable lower bound* ``LB(config) <= T(plan)`` over type-level configurations, simulate
 the best configuration, keep the best simulated incumbent, exclude that configuration with
 a no-good cut and solve again, until the model's optimum reaches the incumbent (a proof
-of optimality) or time runs out.  A configuration is simulated on its placements only
+of optimality) or the model's work budget is spent.  A configuration is simulated on its placements only
 while its :func:`pipeplan.solver.bounds.optimistic_time` (the simulator with the best
 conceivable links) is below the incumbent.
 
@@ -17,6 +17,12 @@ and their table (:mod:`pipeplan.solver.exact_data`); the bounds
 placements (:mod:`pipeplan.solver.placements`); the search state
 (:mod:`pipeplan.solver.search`); and the plans of other solvers
 (:mod:`pipeplan.solver.incumbents`).  This module runs the loop: :func:`solve_exact`.
+
+Work, not time
+--------------
+Every phase stops on counted work (:class:`ExactWork`, and the model's own budget), so a
+solve gives the same plan and record on any machine; the time limit is only a cap over
+all of them, and when it cuts a phase the open watch notes it (``stopped_by: time``).
 
 Exactness of the loop
 ---------------------
@@ -32,21 +38,25 @@ valid lower bound, and an infeasible model proves the incumbent optimal to withi
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import LowerBoundModel
-from pipeplan.solver.enumeration import enumerate_configurations
+from pipeplan.solver.enumeration import DEFAULT_PREFIXES, enumerate_configurations
 from pipeplan.solver.exact_data import build_data
-from pipeplan.solver.group_search import group_search
-from pipeplan.solver.incumbents import improve_with_ga, warm_start_plans
+from pipeplan.solver.group_search import EVALUATIONS, group_search
+from pipeplan.solver.incumbents import (GA_GENERATIONS, GA_ROUNDS, GREEDY_AFTER_FIT, improve_with_ga,
+                                        offer_fast_plans, warm_start_plans)
 from pipeplan.solver.infeasibility import tightest_constraint
 from pipeplan.solver.placements import plan_config
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.result import SolverResult
 from pipeplan.solver.search import Search, evaluate
-from pipeplan.solver.termination import TimeLimit
+from pipeplan.solver.termination import TimeLimit, WorkBudget, note
 
 MODEL_TOL = 1e-7
 """Relative amount a model solver's optimum is lowered by before it counts as a bound: a MILP
@@ -66,31 +76,50 @@ BUILD_OVERRUN_SECONDS = 0.5
 """Overrun of the time left that a model build may cause (so small models, built in milliseconds,
 are built as before whatever the machine's speed)."""
 
-GROUP_SEARCH_SHARE = 0.3
-"""Most of the time limit :mod:`pipeplan.solver.group_search` may take for the incumbent.  It stops on its own
-when done (about 4 s on 96 layers x 64 devices), so the share only binds at short limits, where its
-plan is the best the solvers return: with 10 % of a 2 s limit on 48 layers x 14 devices of 6 classes
-it was cut short and the exact solvers returned the best baseline (421 ms); with 30 %, 347 ms."""
+CBC_RESERVE = 0.3
+"""Share of the time limit a model solver without a work budget (CBC) leaves to the slow baselines
+and NSGA-II: its cut loop runs on the clock alone (so its record says ``time`` unless proved)."""
 
-LARGE_CLUSTER = 128
-"""Above this many devices no model of the configurations is built in any usual limit (256 devices
-give no complete arc table in 60 s), so :mod:`pipeplan.solver.group_search` gets
-:data:`GROUP_SEARCH_SHARE_LARGE` of the limit: its plan is what the solvers return there."""
 
-GROUP_SEARCH_SHARE_LARGE = 0.7
-"""Most of the time limit group-search may take on clusters above :data:`LARGE_CLUSTER` devices."""
+@dataclass(frozen=True)
+class ExactWork:
+    """The counted work of the exact search's phases besides the model (whose budget its solver holds).
 
-WARM_SHARE_LARGE = 0.15
-"""Share of the time limit the fast baselines get before group-search on clusters above
-:data:`LARGE_CLUSTER` devices: each of their plans is simulated on thousands of devices (at
-4,096 devices ``deepspeed-uniform`` needs 0.5 s for its best plan, which is better than what
-group-search finds in 30 s there)."""
+    Each phase stops on its own count, never on a share of the clock, so an exact solve that the
+    time limit does not cut gives the same plan and record on any machine.  The defaults are sized
+    from solves of 96 layers x 32 devices of two types (``experiments/bench_solvers.py``), which
+    the walk does not prove (see :data:`pipeplan.solver.enumeration.DEFAULT_PREFIXES`).
+    """
 
-GA_SHARE, GA_SHARE_NO_MODEL = 0.2, 0.05
-"""Share of the time limit kept for NSGA-II from the incumbent, with and without a model to solve."""
+    patterns: int = EVALUATIONS
+    """Patterns group-search builds for the incumbent (see :func:`pipeplan.solver.group_search.group_search`)."""
+    greedy_after_fit: int = GREEDY_AFTER_FIT
+    """Greedy plans still simulated once one fitted (on large clusters each costs seconds)."""
+    prefixes: int = DEFAULT_PREFIXES
+    """Prefixes the configuration walk expands over all its passes."""
+    ga_rounds: int = GA_ROUNDS
+    """NSGA-II runs from the incumbent when the search is not proved (each restarted from the best front)."""
+    ga_generations: int = GA_GENERATIONS
+    """Generations of each of those runs."""
 
-ENUMERATION_SHARE = 0.6
-"""Share of the time left that the configuration walk (:mod:`pipeplan.solver.enumeration`) may use before the model."""
+
+_WORK: ContextVar[ExactWork | None] = ContextVar("pipeplan_exact_work", default=None)
+
+
+@contextlib.contextmanager
+def exact_work(work: ExactWork) -> Iterator[None]:
+    """Inside the block, :func:`solve_exact` runs ``work`` unless given its own (for solvers that run exact ones).
+
+    Examples
+    --------
+    >>> with exact_work(ExactWork(prefixes=1000, ga_rounds=0)):
+    ...     pass  # get_solver("cpsat").solve(problem) here walks at most 1000 prefixes
+    """
+    token = _WORK.set(work)
+    try:
+        yield
+    finally:
+        _WORK.reset(token)
 
 
 def _infeasible_message(data: ExactData) -> str:
@@ -117,75 +146,59 @@ def _result(name, search: Search, data: ExactData, clock: TimeLimit, seed, statu
 
 def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[ExactData], LowerBoundModel], *,
                 time_limit: float, seed: int, details: dict | None = None, enumerate_first: bool = True,
-                build_seconds_per_arc: float = BUILD_SECONDS_PER_ARC) -> SolverResult:
+                build_seconds_per_arc: float = BUILD_SECONDS_PER_ARC, work: ExactWork | None = None) -> SolverResult:
     """Run the configuration walk, then the cut loop described in the module docstring; report the result.
 
-    With ``enumerate_first`` (the default) :func:`pipeplan.solver.enumeration.enumerate_configurations`
-    first walks the configurations directly, with up to :data:`ENUMERATION_SHARE` of the
-    time left; when it finishes, the incumbent is proved optimal without the model.
-    Otherwise the model's cut loop goes on from the improved incumbent, if the model can
-    be built and handed to its solver in the time left (``build_seconds_per_arc``: what
-    that takes per arc, which no time limit can interrupt).
+    Every phase runs its counted ``work`` (:class:`ExactWork`; the model's own budget is held by
+    ``make_model``'s model); ``time_limit`` is only the cap over all of them.  With
+    ``enumerate_first`` (the default) :func:`pipeplan.solver.enumeration.enumerate_configurations`
+    first walks the configurations directly; when it finishes, the incumbent is proved optimal
+    without the model.  Otherwise the model's cut loop goes on from the improved incumbent,
+    unless the model is too large (:data:`MAX_MODEL_ARCS`), or its build, which no clock can
+    interrupt (``build_seconds_per_arc``), would outlast the cap.
     """
+    work = work or _WORK.get() or ExactWork()
     details = dict(details or {})
     clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)
-    large = len(problem.cluster.devices) > LARGE_CLUSTER
-    warm_share = WARM_SHARE_LARGE * time_limit if large else min(1.0, 0.03 * time_limit)
-    for plan in warm_start_plans(problem, seed, warm_share):
-        # hundreds of greedy plans, each simulated, on large clusters: once one fits, only while the share lasts
-        if search.best_plan is not None and clock.elapsed() >= 2 * warm_share:
-            break
-        search.offer(plan)
-    share = GROUP_SEARCH_SHARE_LARGE if large else GROUP_SEARCH_SHARE
-    for judged in group_search(problem, min(share * time_limit, clock.remaining())).plans:
+    offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
+    for judged in group_search(problem, clock.remaining(), evaluations=work.patterns).plans:
         search.offer(judged.plan)
     # The slow DP baselines too: an exact solver must never return a plan worse than a
-    # baseline would, even when the model does not reach a solution.  They keep their
-    # time share, but run after the model when it is built (a proof makes them moot).
-    slow_share = min(5.0, 0.1 * time_limit)
+    # baseline would, even when the model does not reach a solution.  They run after the
+    # model when it is built (a proof makes them moot).
     slow_done = False
 
-    def run_slow(share: float) -> None:
+    def run_slow() -> None:
         nonlocal slow_done
-        slow_done = True
-        for slow_plan in warm_start_plans(problem, seed, share, slow=True):
-            search.offer(slow_plan)
+        if not slow_done:
+            slow_done = True
+            for slow_plan in warm_start_plans(problem, seed, clock, slow=True):
+                search.offer(slow_plan)
 
-    # The build stops early enough to leave the slow baselines their share within the limit.
-    data = build_data(problem, search.cutoff(), TimeLimit(max(clock.remaining() - slow_share, 0.0)).start())
+    data = build_data(problem, search.cutoff(), clock)
     too_big = len(data) > MAX_MODEL_ARCS  # no model; the configuration walk may still run
     if not data.complete or (too_big and not enumerate_first):
-        # The model may not run: their plans first (with a larger share, at least what a
-        # baseline run on its own usually gets), and a tighter cutoff.
-        run_slow(min(max(slow_share, min(0.4 * time_limit, 0.5 * clock.remaining())), clock.remaining()))
+        run_slow()  # the model may not run: their plans first, and a tighter cutoff
         if data.complete and not clock.expired():
             data = build_data(problem, search.cutoff(), clock)
             too_big = len(data) > MAX_MODEL_ARCS
     if not data.complete or clock.expired() or (too_big and not enumerate_first):
-        if not slow_done:
-            run_slow(min(slow_share, clock.remaining()))
-        # out of time, or a model too large to build in time: only the model-free bound holds
+        run_slow()
+        # out of time, or a model too large to build: only the model-free bound holds
         search.raise_bound(data.static_bound)
-        improve_with_ga(problem, search, clock, seed)
+        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
         return _result(name, search, data, clock, seed, "unknown", 0, 0, details)
     search.raise_bound(data.static_bound if len(data) else search.best_time)
     L = len(problem.graph)
     if not (data.table["lo"] == 0).any() or not (data.table["hi"] == L).any():
         # no candidate stage can start or end the pipeline below the cutoff
         search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
-        if not search.proved() and not slow_done:
-            run_slow(min(slow_share, clock.remaining()))
+        if not search.proved():
+            run_slow()
         return _result(name, search, data, clock, seed, "infeasible", 0, 0, details)
-    # When the cut loop cannot prove the incumbent in time, a share of the limit goes to
-    # NSGA-II from the incumbent (a slow MILP leaves the loop only a few configurations).
-    # Without a model the walk is the only source of bound, and on the instances that big
-    # (64 devices) NSGA-II has not improved group-search's plans: the walk gets most of it.
-    ga_share = (GA_SHARE_NO_MODEL if too_big else GA_SHARE) * time_limit if time_limit >= 10.0 else 0.0
-    reserve = ga_share + (0.0 if slow_done else min(slow_share, 0.5 * clock.remaining()))
     if enumerate_first:
-        share = max(clock.remaining() - reserve, 0.0) * (1.0 if too_big else ENUMERATION_SHARE)
-        walk = enumerate_configurations(data, search, TimeLimit(share).start())
+        walk = enumerate_configurations(data, search, clock, WorkBudget(work.prefixes))
         details.update(enumeration="complete" if walk.complete else "skipped" if walk.skipped else "stopped",
                        enumeration_prefixes=walk.prefixes,
                        enumeration_leaves=walk.leaves, enumeration_passes=walk.passes)
@@ -197,19 +210,25 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             status = "not needed" if search.best_plan is not None else "infeasible"
             return _result(name, search, data, clock, seed, status, 0, 0, details)
     build = max(build_seconds_per_arc * len(data) - BUILD_OVERRUN_SECONDS, 0.0)  # time the build needs
-    if too_big or clock.remaining() - reserve <= build:
-        # no model: too big to build in time, or not built in the time left; the walk's bound stands
-        if not slow_done:
-            run_slow(min(slow_share, clock.remaining()))
-        improve_with_ga(problem, search, clock, seed)
+    if too_big or clock.remaining() <= build:
+        # no model: too big to build, or the build would outlast the cap; the walk's bound stands
+        if not too_big:
+            note("time")
+        run_slow()
+        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
         return _result(name, search, data, clock, seed, "model not built", 0, 0, details)
     model = make_model(data)
+    # a model without a work budget (CBC) runs on the clock: leave the slow baselines and NSGA-II a share
+    reserve = CBC_RESERVE * time_limit if getattr(model, "budget", None) is None else 0.0
     iterations = cuts = 0
     hint = plan_config(data, search.best_plan) if search.best_plan is not None else None
     if hint is not None and hasattr(model, "hint"):
         model.hint(hint)
     status = "unknown"
-    while not search.proved() and clock.remaining() - reserve > 0:
+    while not search.proved():
+        if clock.remaining() <= reserve:
+            note("time")
+            break
         iterations += 1
         status, arc_ids, model_bound = model.solve(search.cutoff(), clock.remaining() - reserve)
         if status == "infeasible":
@@ -223,8 +242,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         evaluate(data, search, arc_ids, clock)
         model.exclude(arc_ids)  # valid whatever the model's status: the configuration was simulated
         cuts += 1
-    if not search.proved() and not slow_done:
-        run_slow(min(slow_share, max(clock.remaining() - ga_share, 0.0)))
     if not search.proved():
-        improve_with_ga(problem, search, clock, seed)
+        run_slow()
+        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
     return _result(name, search, data, clock, seed, status, iterations, cuts, details)

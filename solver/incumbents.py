@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import time
+import math
 
 from pipeplan.solver.baselines import BASELINES
 from pipeplan.solver.nsga import run_nsga
@@ -13,7 +13,23 @@ from pipeplan.solver.termination import TimeLimit
 
 
 SLOW_BASELINES = ("Dapple", "Alpa")
-"""Baselines (class names) with slow pure-Python DPs: run after the others, with their own time share."""
+"""Baselines (class names) with slow pure-Python DPs: run after the others (a proof makes them moot)."""
+
+BASELINE_CELLS = {"DeepSpeedParameters": 1024, "AutoPipe": 1024, "PipeDream": 1024, "Piper": 1024,
+                  "Dapple": 256, "Alpa": 64}
+"""Largest layers x devices on which a baseline (class name) runs for the incumbent; the others
+run on every problem.  A count, not a time share, so the incumbent does not depend on the machine:
+their DPs grow with the square of the layers and with the devices, and these sizes keep each one to
+about a second or two on the 2-core machine they were measured on (at 96 layers x 32 devices
+PipeDream and Piper take 10 s each there, Dapple and Alpa over a minute; Alpa 50 s at 32 x 8)."""
+
+GREEDY_AFTER_FIT = 64
+"""Greedy plans (:func:`greedy_plans`) still simulated once one fitted: each is simulated on every
+device, which takes seconds on clusters of thousands, and the first fitting ones are the best."""
+
+GA_ROUNDS, GA_GENERATIONS = 1, 60
+"""NSGA-II runs from an unproved incumbent (:func:`improve_with_ga`) and generations of each: 20
+generations took 3 s at 96 layers x 32 devices on the loaded 2-core machine this was measured on."""
 
 
 def greedy_plans(problem: PlanningProblem) -> list[Plan]:
@@ -42,44 +58,66 @@ def greedy_plans(problem: PlanningProblem) -> list[Plan]:
     return plans
 
 
-def warm_start_plans(problem: PlanningProblem, seed: int, time_limit: float, slow: bool = False) -> list[Plan]:
-    """Baseline plans within ``time_limit`` seconds, and the greedy plans.
+def warm_start_plans(problem: PlanningProblem, seed: int, clock: TimeLimit, slow: bool = False) -> list[Plan]:
+    """Baseline plans, cheapest baseline first, and the greedy plans.
 
-    Like :func:`pipeplan.solver.baselines.best_baseline`, each baseline gets an equal share of
-    what is left, cheapest first.  ``slow=False`` runs every baseline but those of
-    :data:`SLOW_BASELINES` (and adds :func:`greedy_plans` after their plans); ``slow=True`` runs only those.
+    Every baseline the problem is small enough for (:data:`BASELINE_CELLS`) runs its whole
+    search, with what is left of ``clock`` as its cap (so its plan depends on the machine only
+    when that cap fires, which the open watch notes); once ``clock`` has expired the rest are
+    skipped.  ``slow=False`` runs every baseline but those
+    of :data:`SLOW_BASELINES` (and adds :func:`greedy_plans` after their plans); ``slow=True``
+    runs only those.
     """
     plans = []
-    chosen = [cls for cls in BASELINES if (cls.__name__ in SLOW_BASELINES) == slow]
-    end = time.perf_counter() + time_limit
-    for n, cls in enumerate(chosen):
-        share = (end - time.perf_counter()) / (len(chosen) - n)
-        if share <= 0.005:
+    cells = len(problem.graph) * len(problem.cluster.devices)
+    for cls in BASELINES:
+        if (cls.__name__ in SLOW_BASELINES) != slow or cells > BASELINE_CELLS.get(cls.__name__, math.inf):
+            continue
+        if clock.expired():
             break
         try:
-            result = cls().solve(problem, time_limit=share, seed=seed)
+            result = cls().solve(problem, time_limit=clock.remaining(), seed=seed)
         except Exception:  # noqa: BLE001
             continue
         if result.plan is not None:
             plans.append(result.plan)
-    # the greedy plans last: simulating them all takes seconds on large clusters, and a caller may stop early
+    # the greedy plans last: simulating them all takes seconds on large clusters (see offer_fast_plans)
     return plans if slow else plans + greedy_plans(problem)
 
 
-def improve_with_ga(problem: PlanningProblem, search: Search, clock: TimeLimit, seed: int) -> None:
-    """Spend time no model can use on NSGA-II, seeded with the incumbent.
+def offer_fast_plans(problem: PlanningProblem, search: Search, seed: int, clock: TimeLimit,
+                     greedy_after_fit: int = GREEDY_AFTER_FIT) -> None:
+    """Offer ``search`` the fast baselines' and the greedy plans (:func:`warm_start_plans`).
+
+    Once a plan fits, only ``greedy_after_fit`` more are simulated (a count, so the incumbent is
+    the same on any machine); the cap ``clock`` stops them too.
+    """
+    offered_after_fit = 0
+    for plan in warm_start_plans(problem, seed, clock):
+        if search.best_plan is not None:
+            if offered_after_fit >= greedy_after_fit or clock.expired():
+                break
+            offered_after_fit += 1
+        search.offer(plan)
+
+
+def improve_with_ga(problem: PlanningProblem, search: Search, clock: TimeLimit, seed: int,
+                    rounds: int = GA_ROUNDS, generations: int = GA_GENERATIONS) -> None:
+    """Run NSGA-II from the incumbent: ``rounds`` runs of ``generations`` each, ``clock`` as the cap.
 
     With a fixed microbatch count the GA keeps the equal split, so its plans lie in this
     search space; they only improve the incumbent and never touch the bound.  The GA is
-    given its own seeds, so it does not call back into the exact solvers.
+    given its own seeds, so it does not call back into the exact solvers.  Each round
+    restarts from the best front, with a new seed.
     """
-    if search.best_plan is None or problem.free_sizes or clock.remaining() < 1.0:
+    if search.best_plan is None or problem.free_sizes:
         return
     seeds = [("incumbent", search.best_plan)]
-    for round_ in range(8):  # restart from the best front (a new seed each time) while time is left
-        run = run_nsga(problem, seed=seed + round_, time_limit=0.9 * clock.remaining(), seeds=seeds)
+    for round_ in range(rounds):
+        if clock.expired():
+            return
+        run = run_nsga(problem, generations=generations, seed=seed + round_, time_limit=clock.remaining(),
+                       seeds=seeds)
         for point in run.front:
             search.offer(point.plan)
         seeds = [("incumbent", search.best_plan)] + [("front", p.plan) for p in run.front[:8]]
-        if clock.remaining() < 2.0:
-            break

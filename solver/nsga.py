@@ -58,6 +58,10 @@ MAX_POPULATION = 4096
 SEEDING_SHARE = 0.25
 """Fraction of the time limit that caps each seeding solver (see :func:`seed_plans`)."""
 
+SEEDING_PREFIXES = 20_000
+"""Prefixes the exact seeding solvers' configuration walk may expand (and they run no NSGA-II):
+their plans are used only when proved, and the walk proves the instances they prove within this."""
+
 BIG = 1e30
 """Objective value of a deadlocking individual, and the clip of every time (pymoo needs finite numbers)."""
 
@@ -397,9 +401,11 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     the problem and the seed, unless a cap fires or ``time_limit`` passes before all
     have run (the rest are skipped); the open :func:`~pipeplan.solver.termination.watch`
     notes that, and the GA's record says ``stopped_by: time``.  An exact solver's plan
-    is used only when proved optimal (on larger instances the others seed it better).
+    is used only when proved optimal (on larger instances the others seed it better), so
+    the exact ones run a smaller walk (:data:`SEEDING_PREFIXES`) and no NSGA-II.
     """
     from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
+    from pipeplan.solver.exact import ExactWork, exact_work
     from pipeplan.solver.registry import get_solver, solver_names
 
     clock = TimeLimit(time_limit).start()
@@ -421,7 +427,8 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
         if clock.expired():
             break
         try:
-            result = solver.solve(sub, time_limit=time_limit, seed=seed)
+            with exact_work(ExactWork(prefixes=SEEDING_PREFIXES, ga_rounds=0)):
+                result = solver.solve(sub, time_limit=time_limit, seed=seed)
         except Exception:  # noqa: BLE001 - a failing or unfinished seed solver must not break the GA
             continue
         if result.plan is not None and (kind == "heuristic" or result.status == "optimal"):
@@ -436,7 +443,8 @@ def _to_plan(problem: PlanningProblem, cand: Candidate) -> Plan:
 
 
 def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int = 48, seed: int = 0,
-             time_limit: float = 60.0, seeds: Sequence[tuple[str, Plan]] | None = None) -> NsgaRun:
+             time_limit: float = 60.0, seeds: Sequence[tuple[str, Plan]] | None = None,
+             first_seeds: Sequence[tuple[str, Plan]] = ()) -> NsgaRun:
     """NSGA-II on ``problem``; see the module docstring.
 
     Parameters
@@ -450,7 +458,10 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
     time_limit : float
         Wall seconds, seeding included: a cap (the generations are the budget).
     seeds : sequence of (name, Plan), optional
-        Seed plans (default: :func:`seed_plans`).
+        Seed plans (default: :func:`seed_plans`, run inside ``time_limit``).
+    first_seeds : sequence of (name, Plan)
+        Plans put before the seeds (a warm start): with ``seeds=None`` the population then
+        holds them and :func:`seed_plans`' plans.
 
     Returns
     -------
@@ -459,6 +470,7 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
     clock = TimeLimit(time_limit).start()
     if seeds is None:
         seeds = seed_plans(problem, seed=seed, time_limit=SEEDING_SHARE * time_limit)
+    seeds = [*first_seeds, *seeds]
     codec = Codec(problem)
     pymoo_problem = PlanProblem(codec)
     genes = list(dict.fromkeys(codec.encode(p).tobytes() for _, p in seeds))
@@ -533,11 +545,9 @@ class Nsga:
                                    population=self.population, time_limit=time_limit, seed=seed)
             return result if warm_start is None else keep_better(problem, result, warm_start)
         start = time.perf_counter()
-        seeds = None
-        if warm_start is not None:
-            seeds = [("warm-start", warm_start), *seed_plans(problem, seed=seed, time_limit=SEEDING_SHARE * time_limit)]
+        warm = [("warm-start", warm_start)] if warm_start is not None else []
         run = run_nsga(problem, generations=int(budget or self.generations), population=self.population, seed=seed,
-                       time_limit=time_limit, seeds=seeds)
+                       time_limit=time_limit, first_seeds=warm)
         wall = time.perf_counter() - start
         details = {"generations": run.generations, "evaluations": run.evaluations, "front_size": len(run.front),
                    "stopped_by_time_limit": run.stopped_by_time, "seeds": list(run.seeds)}

@@ -217,7 +217,8 @@ plan uses version 2 (schedule zbv; stages 0 and 1 share device group 0); simulat
 
     def _split_ops(self, file: str) -> list[list[Action]]:
         """A ``/2`` custom plan's per-stage ``ops`` (``I`` and ``W`` allowed), one stage per group, checked."""
-        programs = [[f"{s}{op}" if isinstance(op, str) else op for op in st.ops or ()] for s, st in enumerate(self.stages)]
+        programs = [[f"{s}{op}" if isinstance(op, str) else op for op in st.ops or ()]
+                    for s, st in enumerate(self.stages)]
         try:
             return check_programs(programs, self.stage_groups, [len(st.microbatches) for st in self.stages],
                                   file, "programs")

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from pipeplan.models.errors import DeadlockError, InputError
 from pipeplan.solver.memory import StageMemory, group_peak_memory, stage_peak_memory
-from pipeplan.solver.schedule import BACKWARD, FORWARD, Op, format_op, stage_ops
+from pipeplan.solver.schedule import BACKWARD, FORWARD, Action, Op, format_action, format_op, stage_ops
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
@@ -49,6 +49,11 @@ class OpEvent:
     group: int = 0
     """The device group that ran it (the stage itself in a plan of one stage per group)."""
 
+    @property
+    def label(self) -> str:
+        """The action as torch writes it: ``"2I3"``."""
+        return f"{self.stage}{self.kind}{self.microbatch}"
+
 
 @dataclass(frozen=True)
 class TransferEvent:
@@ -68,6 +73,12 @@ class TransferEvent:
     """Arrival time in seconds."""
     link: tuple[int, int] = (0, 0)
     """``(sender group, receiver group)``: the FIFO link it used."""
+
+    @property
+    def label(self) -> str:
+        """``"A2:0"``: the activations of microbatch 0 from stage 2 (``"G2:0"``: its gradients)."""
+        sender = self.cut if self.direction == "fwd" else self.cut + 1
+        return f"{'A' if self.direction == 'fwd' else 'G'}{sender}:{self.microbatch}"
 
 
 @dataclass(frozen=True)
@@ -116,8 +127,99 @@ class StageCost:
     """``STEP_s``: the optimizer step after the all-reduce (spec 7.3; 0 on a version-1 graph)."""
 
 
+class _CostReport:
+    """What both kinds of result answer alike from their units: stages (version 1) or groups.
+
+    A subclass gives ``iteration_time``, ``global_batch``, ``_units`` (each with
+    ``peak_memory``, ``capacity``, ``allreduce`` and ``step``), ``busy``,
+    ``group_end`` and ``_memory_owner``.
+    """
+
+    iteration_time: float
+    global_batch: int
+
+    @property
+    def _units(self) -> tuple:
+        raise NotImplementedError
+
+    def _memory_owner(self, i: int) -> tuple[str, str]:
+        """``(where, whose)`` naming unit ``i`` in an error about its memory."""
+        raise NotImplementedError
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second."""
+        return self.global_batch / self.iteration_time if self.iteration_time > 0 else float("inf")
+
+    @property
+    def peak_memory(self) -> tuple[float, ...]:
+        """Peak bytes per device, one per stage (version 1) or group."""
+        return tuple(u.peak_memory for u in self._units)
+
+    @property
+    def memory_capacity(self) -> tuple[float, ...]:
+        """The smallest device memory of each stage (version 1) or group."""
+        return tuple(u.capacity for u in self._units)
+
+    @property
+    def fits(self) -> bool:
+        """Whether every peak fits in each device that holds it."""
+        return all(u.peak_memory <= u.capacity for u in self._units)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Share of unit-time spent idle: ``1 - sum(busy) / (units * T)``."""
+        if self.iteration_time <= 0:
+            return 0.0
+        # each busy / T is at most 1: S * T or the busy sum may overflow where this does not
+        return 1.0 - sum(busy / self.iteration_time for busy in self.busy) / len(self._units)
+
+    def check_finite(self, file: str = "-") -> None:
+        """Refuse a result whose time or memory overflowed floating point (before it is reported).
+
+        Every number :meth:`summary` reports is then finite: the busy times, ends and
+        all-reduces are at most the iteration time, and :attr:`bubble_fraction` is
+        computed as a mean of ratios at most 1.
+
+        Raises
+        ------
+        InputError
+            When the iteration time or a peak memory is not finite, or the iteration
+            time is so short that the throughput ``B / T`` is not.
+        """
+        if not math.isfinite(self.iteration_time):
+            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time}: a duration "
+                                           "overflows floating point (a device speed or link bandwidth near 0, or "
+                                           "a cost near 1e308 in the graph)")
+        if not math.isfinite(self.throughput) and self.iteration_time > 0:
+            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time:g} s, so short "
+                                           f"that the throughput {self.global_batch} / {self.iteration_time:g} "
+                                           f"overflows floating point (a cost near 1e-308 in the graph, or a speed "
+                                           f"near 1e308 in the cluster); use realistic costs and speeds")
+        for i, peak in enumerate(self.peak_memory):
+            if not math.isfinite(peak):
+                where, whose = self._memory_owner(i)
+                raise InputError(file, where, f"{whose} peak memory is {peak}: the graph's bytes overflow "
+                                              "floating point at this batch")
+
+    def summary(self) -> dict:
+        """The JSON object ``pipeplan simulate --json`` prints (lists per stage or group)."""
+        return {
+            "iteration_time": self.iteration_time,
+            "throughput": self.throughput if self.iteration_time > 0 else None,  # JSON has no infinity
+            "peak_memory": list(self.peak_memory),
+            "memory_capacity": list(self.memory_capacity),
+            "fits": self.fits,
+            "busy": list(self.busy),
+            "group_end": list(self.group_end),
+            "allreduce": [u.allreduce for u in self._units],
+            "step": [u.step for u in self._units],
+            "bubble_fraction": self.bubble_fraction,
+        }
+
+
 @dataclass(frozen=True)
-class SimulationResult:
+class SimulationResult(_CostReport):
     """What a plan costs: time, throughput, memory and the full timeline."""
 
     iteration_time: float
@@ -134,19 +236,11 @@ class SimulationResult:
     """Per cut ``c``: ``(start, end)`` of backward transfers by microbatch of stage ``c+1``."""
 
     @property
-    def throughput(self) -> float:
-        """Samples per second."""
-        return self.global_batch / self.iteration_time if self.iteration_time > 0 else float("inf")
+    def _units(self) -> tuple[StageCost, ...]:
+        return self.stages
 
-    @property
-    def peak_memory(self) -> tuple[float, ...]:
-        """Peak bytes per device, one per stage."""
-        return tuple(st.peak_memory for st in self.stages)
-
-    @property
-    def fits(self) -> bool:
-        """Whether every stage's peak fits in each of its devices."""
-        return all(st.peak_memory <= st.capacity for st in self.stages)
+    def _memory_owner(self, i: int) -> tuple[str, str]:
+        return f"stages[{i}]", "its"
 
     @cached_property
     def busy(self) -> tuple[float, ...]:
@@ -159,40 +253,10 @@ class SimulationResult:
         """When each stage is done: its last op's end plus its all-reduce and optimizer step."""
         return tuple(times[-1][1] + st.allreduce + st.step for st, times in zip(self.stages, self.op_times))
 
-    def check_finite(self, file: str = "-") -> None:
-        """Refuse a result whose time or memory overflowed floating point (before it is reported).
-
-        Every number :meth:`summary` reports is then finite: the busy times, stage ends
-        and all-reduces are at most the iteration time, and :attr:`bubble_fraction` is
-        computed as a mean of ratios at most 1.
-
-        Raises
-        ------
-        InputError
-            When the iteration time or a stage's peak memory is not finite, or the
-            iteration time is so short that the throughput ``B / T`` is not.
-        """
-        if not math.isfinite(self.iteration_time):
-            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time}: a duration "
-                                           "overflows floating point (a device speed or link bandwidth near 0, or "
-                                           "a cost near 1e308 in the graph)")
-        if not math.isfinite(self.throughput) and self.iteration_time > 0:
-            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time:g} s, so short "
-                                           f"that the throughput {self.global_batch} / {self.iteration_time:g} "
-                                           f"overflows floating point (a cost near 1e-308 in the graph, or a speed "
-                                           f"near 1e308 in the cluster); use realistic costs and speeds")
-        for s, peak in enumerate(self.peak_memory):
-            if not math.isfinite(peak):
-                raise InputError(file, f"stages[{s}]", f"its peak memory is {peak}: the graph's bytes overflow "
-                                                       "floating point at this batch")
-
     @property
-    def bubble_fraction(self) -> float:
-        """Share of stage-time spent idle: ``1 - sum(busy) / (S * T)``."""
-        if self.iteration_time <= 0:
-            return 0.0
-        # each busy / T is at most 1: S * T or the busy sum may overflow where this does not
-        return 1.0 - sum(busy / self.iteration_time for busy in self.busy) / len(self.stages)
+    def group_end(self) -> tuple[float, ...]:
+        """:attr:`stage_end`: each stage is a group of its own."""
+        return self.stage_end
 
     @cached_property
     def ops(self) -> tuple[OpEvent, ...]:
@@ -231,19 +295,8 @@ class SimulationResult:
         return tuple(events)
 
     def summary(self) -> dict:
-        """The JSON object ``pipeplan simulate --json`` prints."""
-        return {
-            "iteration_time": self.iteration_time,
-            "throughput": self.throughput if self.iteration_time > 0 else None,  # JSON has no infinity
-            "peak_memory": list(self.peak_memory),
-            "memory_capacity": [st.capacity for st in self.stages],
-            "fits": self.fits,
-            "busy": list(self.busy),
-            "stage_end": list(self.stage_end),
-            "allreduce": [st.allreduce for st in self.stages],
-            "step": [st.step for st in self.stages],
-            "bubble_fraction": self.bubble_fraction,
-        }
+        """The JSON object ``pipeplan simulate --json`` prints (lists per stage; ``stage_end`` too)."""
+        return {**super().summary(), "stage_end": list(self.stage_end)}
 
 
 def _ceil_div(n: int, r: int) -> int:
@@ -280,7 +333,13 @@ def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: di
     its layers, devices, split and recompute flag, the state factor, and its neighbours'
     devices and splits (its transfers and waits).  Heuristics that move one boundary at a
     time then recompute two stages, not all of them.
+
+    Raises
+    ------
+    InputError
+        For a plan that uses version 2: its costs are per group (:func:`group_costs`).
     """
+    plan.require_v1("-", "the per-stage cost table (stage_costs)")
     stages = plan.stages
     count = len(stages)
     if cache is not None and plan.schedule != "custom":
@@ -575,7 +634,7 @@ def _sync_events(group: int, end: float, allreduce: float, step: float) -> list[
 
 
 @dataclass(frozen=True)
-class GroupSimulationResult:
+class GroupSimulationResult(_CostReport):
     """What a plan of device groups running programs costs (spec 7.3 and 7.4).
 
     It answers the questions :class:`SimulationResult` answers, per group: a group is
@@ -594,19 +653,11 @@ class GroupSimulationResult:
     """Every transfer over a link between groups, in the order they were sent."""
 
     @property
-    def throughput(self) -> float:
-        """Samples per second."""
-        return self.global_batch / self.iteration_time if self.iteration_time > 0 else float("inf")
+    def _units(self) -> tuple[GroupCost, ...]:
+        return self.groups
 
-    @property
-    def peak_memory(self) -> tuple[float, ...]:
-        """Peak bytes per device, one per group."""
-        return tuple(g.peak_memory for g in self.groups)
-
-    @property
-    def fits(self) -> bool:
-        """Whether every group's peak fits in each of its devices."""
-        return all(g.peak_memory <= g.capacity for g in self.groups)
+    def _memory_owner(self, i: int) -> tuple[str, str]:
+        return f"stages[{self.groups[i].stages[0]}]", f"group {i}'s"
 
     @cached_property
     def busy(self) -> tuple[float, ...]:
@@ -617,13 +668,6 @@ class GroupSimulationResult:
     def group_end(self) -> tuple[float, ...]:
         """When each group is done: its last action's end plus ``AR_g`` and ``STEP_g``."""
         return tuple(times[-1][1] + g.allreduce + g.step for g, times in zip(self.groups, self.action_times))
-
-    @property
-    def bubble_fraction(self) -> float:
-        """Share of group-time spent idle: ``1 - sum(busy) / (G * T)``."""
-        if self.iteration_time <= 0:
-            return 0.0
-        return 1.0 - sum(busy / self.iteration_time for busy in self.busy) / len(self.groups)
 
     @cached_property
     def ops(self) -> tuple[OpEvent, ...]:
@@ -640,35 +684,6 @@ class GroupSimulationResult:
             events += _sync_events(gi, times[-1][1], g.allreduce, g.step)
         return tuple(events)
 
-    def check_finite(self, file: str = "-") -> None:
-        """As :meth:`SimulationResult.check_finite`, per group."""
-        if not math.isfinite(self.iteration_time):
-            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time}: a duration "
-                                           "overflows floating point (a device speed or link bandwidth near 0, or "
-                                           "a cost near 1e308 in the graph)")
-        if not math.isfinite(self.throughput) and self.iteration_time > 0:
-            raise InputError(file, "plan", f"its simulated iteration time is {self.iteration_time:g} s, so short "
-                                           f"that the throughput {self.global_batch} / {self.iteration_time:g} "
-                                           f"overflows floating point; use realistic costs and speeds")
-        for gi, g in enumerate(self.groups):
-            if not math.isfinite(g.peak_memory):
-                raise InputError(file, f"stages[{g.stages[0]}]", f"group {gi}'s peak memory is {g.peak_memory}: "
-                                                                 "the graph's bytes overflow floating point at this batch")
-
-    def summary(self) -> dict:
-        """The JSON object ``pipeplan simulate --json`` prints (all lists per group)."""
-        return {
-            "iteration_time": self.iteration_time,
-            "throughput": self.throughput if self.iteration_time > 0 else None,
-            "peak_memory": list(self.peak_memory),
-            "memory_capacity": [g.capacity for g in self.groups],
-            "fits": self.fits,
-            "busy": list(self.busy),
-            "stage_end": list(self.group_end),
-            "allreduce": [g.allreduce for g in self.groups],
-            "step": [g.step for g in self.groups],
-            "bubble_fraction": self.bubble_fraction,
-        }
 
 
 def group_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster",
@@ -882,18 +897,13 @@ def _program_deadlock(groups, links, ptr, fwd_arrival, bwd_arrival, file: str) -
         visited.add(gi)
         sender, kind, j = _program_blocker(groups, links, ptr, fwd_arrival, bwd_arrival, gi)
         what, made_by = ("activations", "F") if kind == FORWARD else ("gradients", "B or I")
-        action = _action_text(groups[gi].program[ptr[gi]])
+        action = format_action(Action(*groups[gi].program[ptr[gi]]))
         h = owner[sender]
-        stuck = _action_text(groups[h].program[ptr[h]]) if ptr[h] < len(groups[h].program) else "its end"
+        stuck = format_action(Action(*groups[h].program[ptr[h]])) if ptr[h] < len(groups[h].program) else "its end"
         chain.append(f"group {gi} action {action} waits for the {what} of microbatch {j} of stage {sender}, "
                      f"whose {made_by} has not run (group {h} is stuck at {stuck})")
         gi = h
     return DeadlockError(file, f"programs[{start}][{ptr[start]}]", "deadlock: " + "; ".join(chain))
-
-
-def _action_text(action: tuple[int, str, int]) -> str:
-    """``(0, "I", 2)`` -> ``"0I2"``, as torch writes actions."""
-    return f"{action[0]}{action[1]}{action[2]}"
 
 
 def _check_programs_deadlock_free(plan: "Plan", file: str) -> None:

@@ -22,6 +22,7 @@ from conftest import chain, cluster, make_layer
 from pipeplan.models.errors import DeadlockError, InputError
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.batched import BatchSimulator, Candidate, simulate_batch
 from pipeplan.solver.plan import Plan, Stage
 from pipeplan.solver.schedule import group_programs
 from pipeplan.solver.simulator import (GroupSimulationResult, SimulationResult, check_deadlock_free, simulate,
@@ -540,3 +541,41 @@ class TestAgainstTheReference:
             assert result.iteration_time >= busy + g.allreduce + g.step - 1e-9
         for op in result.ops:
             assert 0 <= op.start <= op.end <= result.iteration_time + 1e-9
+
+
+class TestBatched:
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(v2_instances())
+    def test_simulate_batch_equals_the_scalar_simulator(self, instance):
+        graph, cluster_, plan, _ = instance
+        try:
+            expected = simulate(plan, graph, cluster_)
+        except DeadlockError:
+            return
+        out = simulate_batch([plan, plan], graph, cluster_)
+        assert list(out.iteration_time) == [expected.iteration_time] * 2
+        assert list(out.peak_memory) == [max(expected.peak_memory)] * 2
+        assert list(out.fits) == [expected.fits] * 2
+
+    def test_a_named_v2_schedule_goes_through_the_scalar_simulator(self):
+        plans = [group_plan([["d0"], ["d1"], ["d0"], ["d1"]], split, schedule="interleaved-zb")
+                 for split in ([1, 1], [2, 2], [1, 3])]
+        g, c = chain(4, step=0.25, act=3.0), cluster(2)
+        res = BatchSimulator(g, c, "interleaved-zb", 0.0).evaluate([Candidate.from_plan(p) for p in plans])
+        assert list(res.iteration_time) == [simulate(p, g, c).iteration_time for p in plans]
+        assert list(res.peak_memory) == [max(simulate(p, g, c).peak_memory) for p in plans]
+        assert not res.batched.any()
+
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_the_step_in_a_batch_of_version_1_plans(self, schedule):
+        """step 0.5 s per layer, speed 1: T = the v1 time + 0.5 * layers of the stage that ends last."""
+        plans = [Plan("g", "c", 4, 4.0, schedule, (Stage((0, cut), ("d0",), split), Stage((cut, 4), ("d1",), split)))
+                 for cut in (1, 2, 3) for split in ((2, 2), (1, 3))]
+        g, c = chain(4, step=0.5), cluster(2)
+        res = BatchSimulator(g, c, schedule).evaluate([Candidate.from_plan(p) for p in plans])
+        assert res.batched.all()
+        assert list(res.iteration_time) == [simulate(p, g, c).iteration_time for p in plans]
+        no_step = [simulate(p, chain(4), c) for p in plans]
+        assert [simulate(p, g, c).iteration_time for p in plans] == pytest.approx(
+            [max(e + 0.5 * (hi - lo) for e, (lo, hi) in zip(r.stage_end, (st.layers for st in p.stages)))
+             for r, p in zip(no_step, plans)])

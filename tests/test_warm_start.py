@@ -134,3 +134,28 @@ class TestBudgetOption:
         status, _, err = run_cli("plan", str(GRAPH), str(CLUSTER), "--batch", "16", "--microbatches", "4",
                                  "--solver", "even", "--budget", value, "-o", str(tmp_path / "x.json"))
         assert status == 2 and err.startswith("error: -: --budget: must be a positive finite amount of work")
+
+
+class TestNsgaWarmStartSeeding:
+    def test_the_seeding_runs_inside_the_run_and_its_clock(self, monkeypatch):
+        # the seeding solvers must share the run's clock, not run before it starts
+        import pipeplan.solver.nsga as nsga
+        from pipeplan.solver.registry import get_solver
+
+        events = []
+        real_run, real_seeds = nsga.run_nsga, nsga.seed_plans
+
+        def run_recorded(*args, **kwargs):
+            events.append(("run", [name for name, _ in kwargs.get("first_seeds", ())], kwargs.get("seeds")))
+            return real_run(*args, **kwargs)
+
+        def seeds_recorded(*args, **kwargs):
+            events.append(("seeds",))
+            return real_seeds(*args, **kwargs)
+
+        monkeypatch.setattr(nsga, "run_nsga", run_recorded)
+        monkeypatch.setattr(nsga, "seed_plans", seeds_recorded)
+        p = problem()
+        result = get_solver("nsga").solve(p, time_limit=600.0, seed=0, budget=1, warm_start=one_stage_plan(p))
+        assert events == [("run", ["warm-start"], None), ("seeds",)]
+        assert result.details["seeds"][0] == "warm-start" and "group-search" in result.details["seeds"]

@@ -74,9 +74,9 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
     if target == "torch":
         files = export_torch(runnable, graph, model)
     elif target == "torchtitan":
-        files = export_torchtitan(runnable, graph, graph_file)
+        files = export_torchtitan(runnable, graph, graph_file, plan_file)
     elif target == "deepspeed":
         files = export_deepspeed(runnable, graph)
     else:
-        files = export_megatron(runnable, graph, graph_file)
+        files = export_megatron(runnable, graph, graph_file, plan_file)
     return Export(files, runnable, changes)

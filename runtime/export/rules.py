@@ -2,18 +2,24 @@
 
 Every target of ``pipeplan export`` runs one microbatch size, one microbatch count and
 one data-parallel degree for all stages (see ``shared/reference/runtimes.md``); some
-also have one recompute setting for all stages, no custom op lists, or no GPipe.  A
-plan outside these limits is refused with the stage and the reason, or, with
+also have one recompute setting for all stages, no custom op lists, no GPipe, or
+(version 2) not every schedule that puts several stages on one device group.  A plan
+outside these limits is refused with the stage and the reason, or, with
 ``--allow-approximate``, changed into the nearest plan the target runs, one
-:class:`Change` per difference.
+:class:`Change` per difference.  The nearest plan keeps every stage on its device
+group: a plan whose groups hold several stages is approximated only by a schedule of
+the same placement (``interleaved-1f1b`` for stage ``s`` on group ``s mod R``,
+``zbv`` for the V), and refused when the target has none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Callable
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.plan import Plan, Stage
+from pipeplan.solver.schedule import NAMED_V2, group_programs, stage_group
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,10 @@ class Target:
     """Whether each stage can recompute on its own (else one setting for all)."""
     recompute_reason: str = ""
     """What the runtime's one recompute setting is (for the refusal)."""
+    schedule_reasons: dict[str, str] = field(default_factory=dict)
+    """Why a particular schedule is refused, where ``schedule_reason`` does not say it."""
+    multi_stage_reason: str = ""
+    """Why several stages on one device group are refused; empty when the runtime runs them."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,8 @@ def check_plan(plan: Plan, target: Target, file: str, approximate: bool = False)
     changes: list[Change] = []
     for rule in (_schedule, _replicas, _split, _recompute):
         plan = rule(plan, target, file, approximate, changes)
+    if changes:
+        plan.validate(file=file)  # the nearest plan obeys the spec like any other
     return plan, changes
 
 
@@ -93,18 +105,68 @@ def _refuse_or(approximate: bool, error: InputError, changes: list[Change], chan
     changes.append(change)
 
 
+def placement(plan: Plan) -> str | None:
+    """How the plan's stages sit on its device groups, in the terms the runtimes place them.
+
+    Returns
+    -------
+    str or None
+        ``"one"`` (every group holds one stage), ``"loop"`` (``S = v*R`` stages,
+        stage ``s`` on group ``s mod R``: interleaved and looped schedules, torchtitan's
+        ``loop`` style, Megatron's virtual stages), ``"v"`` (``2R`` stages, stage ``s``
+        on group ``s`` and ``2R-1-s``: ZB-V, torchtitan's ``v`` style), else ``None``.
+
+    Examples
+    --------
+    >>> a, b = ("a",), ("b",)
+    >>> def on(*devices):
+    ...     return Plan("g", "c", 1, 4.0, "custom", tuple(Stage((i, i + 1), d, (1,)) for i, d in enumerate(devices)))
+    >>> placement(on(a, b)), placement(on(a, b, a, b)), placement(on(a, b, b, a)), placement(on(a, a, b, b))
+    ('one', 'loop', 'v', None)
+    """
+    groups, stage_groups = len(plan.groups), plan.stage_groups
+    count = len(stage_groups)
+    if count == groups:
+        return "one"
+    if count % groups == 0 and all(g == s % groups for s, g in enumerate(stage_groups)):
+        return "loop"
+    if count == 2 * groups and all(g == stage_group("zbv", s, groups) for s, g in enumerate(stage_groups)):
+        return "v"
+    return None
+
+
+_SAME_PLACEMENT = {"one": "1f1b", "loop": "interleaved-1f1b", "v": "zbv"}
+"""The schedule that runs a placement, for the nearest plan."""
+
+
+def _fallback(plan: Plan, target: Target) -> str | None:
+    """The schedule of the target that keeps every stage on its group, if any."""
+    schedule = _SAME_PLACEMENT.get(placement(plan) or "")
+    return schedule if schedule in target.schedules and schedule != plan.schedule else None
+
+
 def _schedule(plan: Plan, target: Target, file: str, approximate: bool, changes: list[Change]) -> Plan:
-    if plan.schedule in target.schedules:
+    shared = placement(plan) != "one"
+    if plan.schedule in target.schedules and not (shared and target.multi_stage_reason):
         return plan
-    fallback = "1f1b"
-    error = InputError(file, "schedule", f"stage 0 (every stage): schedule {plan.schedule!r}: {target.title} "
-                                         f"{target.schedule_reason}; export a plan with schedule "
-                                         f"{' or '.join(repr(s) for s in target.schedules)}, or pass "
-                                         f"--allow-approximate to run it as {fallback}")
-    _refuse_or(approximate, error, changes, Change("schedule", f"{plan.schedule} -> {fallback} "
-                                                               f"({target.title} {target.schedule_reason})"))
+    if shared and target.multi_stage_reason:
+        reason = (f"puts {len(plan.stages)} stages on {len(plan.groups)} device groups, but {target.title} "
+                  f"{target.multi_stage_reason}")
+    else:
+        reason = f"{target.title} {target.schedule_reasons.get(plan.schedule, target.schedule_reason)}"
+    fallback = _fallback(plan, target)
+    runs = " or ".join(repr(s) for s in target.schedules if not (shared and target.multi_stage_reason
+                                                                 and s in NAMED_V2))
+    fix = (f"pass --allow-approximate to run it as {fallback}" if fallback else
+           "re-plan for it (--allow-approximate cannot: no schedule the target runs keeps these stages on their "
+           "device groups)")
+    error = InputError(file, "schedule", f"stage 0 (every stage): schedule {plan.schedule!r}: {reason}; export a "
+                                         f"plan with schedule {runs}, or {fix}")
+    if fallback is None:
+        raise error
+    _refuse_or(approximate, error, changes, Change("schedule", f"{plan.schedule} -> {fallback} ({reason})"))
     stages = tuple(replace(st, ops=None) for st in plan.stages)
-    return replace(plan, schedule=fallback, stages=stages)
+    return replace(plan, schedule=fallback, stages=stages, custom_programs=None)
 
 
 def _replicas(plan: Plan, target: Target, file: str, approximate: bool, changes: list[Change]) -> Plan:
@@ -119,25 +181,30 @@ def _replicas(plan: Plan, target: Target, file: str, approximate: bool, changes:
                                                      f"number of devices in every stage, or pass "
                                                      f"--allow-approximate to keep {r} per stage")
     stages = []
-    for i, st in enumerate(plan.stages):
+    for i, (st, g) in enumerate(zip(plan.stages, plan.stage_groups)):
+        kept = plan.groups[g][:r]  # in the group's order, so that stages sharing a group keep the same devices
         if st.replicas > r:
             _refuse_or(approximate, error, changes,
                        Change(f"stages[{i}].devices", f"stage {i}: {st.replicas} -> {r} replicas "
-                                                      f"({', '.join(st.devices[r:])} left unused)"))
-        stages.append(replace(st, devices=st.devices[:r]))
+                                                      f"({', '.join(d for d in st.devices if d not in kept)} "
+                                                      f"left unused)"))
+        stages.append(replace(st, devices=kept if st.replicas > r else st.devices))
     return replace(plan, stages=tuple(stages))
 
 
-def equal_count_near(batch: int, replicas: int, wanted: int) -> int | None:
+def equal_count_near(batch: int, replicas: int, wanted: int,
+                     allowed: Callable[[int], bool] = lambda m: True) -> int | None:
     """The microbatch count nearest ``wanted`` that splits ``batch`` into equal microbatches
     whose every replica part is equal too (the larger count on a tie); ``None`` if none does.
 
+    ``allowed`` narrows the counts further (the schedule's own rule on ``m``).
+
     Examples
     --------
-    >>> equal_count_near(64, 2, 5), equal_count_near(9, 2, 3)
-    (4, None)
+    >>> equal_count_near(64, 2, 5), equal_count_near(9, 2, 3), equal_count_near(64, 1, 5, lambda m: m % 8 == 0)
+    (4, None, 8)
     """
-    counts = [m for m in range(1, batch + 1) if batch % (m * replicas) == 0]
+    counts = [m for m in range(1, batch + 1) if batch % (m * replicas) == 0 and allowed(m)]
     return min(counts, key=lambda m: (abs(m - wanted), -m)) if counts else None
 
 
@@ -148,12 +215,22 @@ def _split(plan: Plan, target: Target, file: str, approximate: bool, changes: li
     if bad is None:
         return plan
     s, st = bad
-    m = equal_count_near(plan.global_batch, r, len(first))
+    custom = plan.schedule == "custom"
+    schedule = _fallback(plan, target) if custom else plan.schedule
+    m = equal_count_near(plan.global_batch, r, len(first), _count_rule(schedule or "custom", plan))
     error = InputError(file, f"stages[{s}].microbatches", f"stage {s} {_split_problem(st, first, r)}: "
                                                           f"{target.title} {_SPLIT_REASON[target.name]}; "
                                                           + _split_fix(plan.global_batch, r, m))
     if m is None:
         raise error
+    if approximate and schedule is None:  # the programs were written for the old counts
+        raise InputError(file, f"stages[{s}].microbatches", f"stage {s} {_split_problem(st, first, r)}: "
+                                                            f"{target.title} {_SPLIT_REASON[target.name]}; and no "
+                                                            f"schedule it runs keeps these stages on their device "
+                                                            f"groups to replace the custom programs: split every "
+                                                            f"stage into {m} microbatches of "
+                                                            f"{plan.global_batch // m} samples and write programs "
+                                                            f"for them")
     size = plan.global_batch // m
     stages = []
     for i, old in enumerate(plan.stages):
@@ -162,10 +239,26 @@ def _split(plan: Plan, target: Target, file: str, approximate: bool, changes: li
                        Change(f"stages[{i}].microbatches", f"stage {i}: {_show(old.microbatches)} -> {m} x {size}"))
             old = replace(old, microbatches=(size,) * m, ops=None)
         stages.append(old)
-    custom = plan.schedule == "custom"
     if custom:  # the op lists were written for the old counts
-        changes.append(Change("schedule", "custom -> 1f1b (the op lists were for the old microbatch counts)"))
-    return replace(plan, stages=tuple(stages), schedule="1f1b" if custom else plan.schedule)
+        changes.append(Change("schedule", f"custom -> {schedule} (the op lists were for the old microbatch "
+                                          f"counts)"))
+    return replace(plan, stages=tuple(stages), schedule=schedule or plan.schedule,
+                   custom_programs=None if custom else plan.custom_programs)
+
+
+def _count_rule(schedule: str, plan: Plan) -> Callable[[int], bool]:
+    """Whether ``schedule`` runs ``m`` microbatches on the plan's groups (torch refuses some counts)."""
+    if schedule not in NAMED_V2:
+        return lambda m: True
+    groups, virtual = len(plan.groups), plan.virtual
+
+    def allowed(m: int) -> bool:
+        try:
+            group_programs(schedule, groups, m, virtual)
+        except ValueError:
+            return False
+        return True
+    return allowed
 
 
 _SPLIT_REASON = {

@@ -2,8 +2,13 @@
 
 Three files: ``schedule.csv`` (every pipeline rank's actions in torch's compute-only
 CSV format, the one ``_PipelineScheduleRuntime._load_csv`` reads), ``stages.json``
-(each rank's stage, the units / module names each stage holds, the tensors crossing
+(each rank's stages, the units / module names each stage holds, the tensors crossing
 its cuts, its data-parallel group) and ``train.py`` (:mod:`pipeplan.runtime.export.torch_train`).
+
+Pipeline rank ``g`` is the plan's device group ``g`` (spec 7.2) and holds every stage of
+that group: one stage in a version-1 plan, several under the version-2 schedules,
+which run as torch's own classes (``ScheduleInterleaved1F1B`` ...) and custom programs
+as the CSV.
 """
 
 from __future__ import annotations
@@ -14,9 +19,14 @@ import json
 from pipeplan.models.graph import LayerGraph
 from pipeplan.runtime.export import torch_train
 from pipeplan.solver.plan import Plan
-from pipeplan.solver.schedule import format_op
+from pipeplan.solver.schedule import programs_to_csv
 
-EXPORT_FORMAT = "pipeplan.torch-export/1"
+EXPORT_FORMAT = "pipeplan.torch-export/2"
+
+TORCH_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
+                 "interleaved-zb": "ScheduleInterleavedZeroBubble", "looped-bfs": "ScheduleLoopedBFS",
+                 "zbv": "ScheduleZBVZeroBubble"}
+"""The torch 2.13 class of each named plan schedule (the programs of spec 7.2 are theirs)."""
 
 
 def crossing(graph: LayerGraph, cut_after: int) -> list[int]:
@@ -32,58 +42,69 @@ def crossing(graph: LayerGraph, cut_after: int) -> list[int]:
 
 
 def torch_schedule(plan: Plan) -> str:
-    """The torch schedule class that runs the plan's op lists, or ``"csv"``.
+    """The torch schedule class that runs the plan's programs, or ``"csv"``.
 
     ``Schedule1F1B`` needs at least as many microbatches as stages; with fewer, the
-    plan's own 1F1B op lists go through the CSV.
+    plan's own 1F1B op lists go through the CSV.  Custom plans always do.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.plan import Stage
+    >>> torch_schedule(Plan("g", "c", 2, 4.0, "zbv", (Stage((0, 1), ("a",), (1, 1)), Stage((1, 2), ("a",), (1, 1)))))
+    'ScheduleZBVZeroBubble'
     """
     m = len(plan.stages[0].microbatches)
-    if plan.schedule == "gpipe":
-        return "ScheduleGPipe"
-    if plan.schedule == "1f1b" and m >= len(plan.stages):
-        return "Schedule1F1B"
-    return "csv"
+    if plan.schedule == "custom" or (plan.schedule == "1f1b" and m < len(plan.stages)):
+        return "csv"
+    return TORCH_CLASSES[plan.schedule]
 
 
 def schedule_csv(plan: Plan) -> str:
-    """One row per pipeline rank, one ``<stage><F|B><microbatch>`` action per cell.
+    """One row per pipeline rank (device group), one ``<stage><F|B|I|W><microbatch>`` action per cell.
 
     Examples
     --------
     >>> from pipeplan.solver.plan import Stage
     >>> p = Plan("g", "c", 2, 4.0, "gpipe", (Stage((0, 1), ("a",), (1, 1)), Stage((1, 2), ("b",), (1, 1))))
-    >>> print(schedule_csv(p), end="")
-    0F0,0F1,0B0,0B1
-    1F0,1F1,1B0,1B1
+    >>> schedule_csv(p)
+    '0F0,0F1,0B0,0B1\\r\\n1F0,1F1,1B0,1B1\\r\\n'
     """
-    rows = [",".join(f"{s}{format_op(op)}" for op in ops) for s, ops in enumerate(plan.op_lists())]
-    return "\n".join(rows) + "\n"
+    return programs_to_csv(plan.actions())
 
 
 def stages_config(plan: Plan, graph: LayerGraph, model: str) -> dict:
-    """The ``stages.json`` object ``train.py`` reads."""
+    """The ``stages.json`` object ``train.py`` reads.
+
+    Rank ``g * r + j`` is replica ``j`` of device group ``g`` (``r`` replicas per
+    group) and runs every stage of that group.
+    """
     names = [layer.name for layer in graph.layers]
     stage_of_unit = [s for s, st in enumerate(plan.stages) for _ in range(*st.layers)]
     r = plan.stages[0].replicas
+    group_of_stage = plan.stage_groups
     profile = graph.extra.get("profile") if isinstance(graph.extra.get("profile"), dict) else {}
     seq_len = (profile.get("config") or {}).get("seq_len")
     stages = []
     for s, st in enumerate(plan.stages):
         lo, hi = st.layers
+        g = group_of_stage[s]
         stages.append({"index": s, "layers": [lo, hi], "units": names[lo:hi],
                        "inputs": crossing(graph, lo - 1) if s > 0 else [-1],
                        "outputs": crossing(graph, hi - 1) if s < len(plan.stages) - 1 else [hi - 1],
-                       "recompute": st.recompute, "ranks": [s * r + j for j in range(r)],
+                       "recompute": st.recompute, "group": g, "ranks": [g * r + j for j in range(r)],
                        "devices": list(st.devices)})
+    groups = [{"index": g, "stages": [s for s, h in enumerate(group_of_stage) if h == g],
+               "ranks": [g * r + j for j in range(r)], "devices": list(devices)}
+              for g, devices in enumerate(plan.groups)]
     return {"format": EXPORT_FORMAT, "graph": graph.name, "model": model,
             "seq_len": seq_len if isinstance(seq_len, int) else None,
             "plan_schedule": plan.schedule, "torch_schedule": torch_schedule(plan), "schedule_csv": "schedule.csv",
             "global_batch": plan.global_batch, "microbatches": len(plan.stages[0].microbatches),
             "microbatch_size": plan.stages[0].microbatches[0], "replicas": r,
-            "mesh": {"shape": [len(plan.stages), r], "dims": ["pp", "dp"]},
-            "ranks": [{"rank": s * r + j, "stage": s, "replica": j, "device": dev}
-                      for s, st in enumerate(plan.stages) for j, dev in enumerate(st.devices)],
-            "stages": stages, "stage_of_unit": stage_of_unit,
+            "mesh": {"shape": [len(groups), r], "dims": ["pp", "dp"]},
+            "ranks": [{"rank": g * r + j, "group": g, "stages": group["stages"], "replica": j, "device": dev}
+                      for g, group in enumerate(groups) for j, dev in enumerate(group["devices"])],
+            "groups": groups, "stages": stages, "stage_of_unit": stage_of_unit, "group_of_stage": group_of_stage,
             "tied": [[i, layer.tied_to] for i, layer in enumerate(graph.layers) if layer.tied_to is not None]}
 
 

@@ -4,19 +4,22 @@ Run it from its folder, one process per device of the plan::
 
     torchrun --standalone --nproc-per-node=N train.py --model gpt-tiny --steps K
 
-It reads ``stages.json`` (and ``schedule.csv`` for a custom op list) next to it, builds
+It reads ``stages.json`` (and ``schedule.csv`` for custom programs) next to it, builds
 the model with pipeplan's runtime (the same weights, batches and loss as ``pipeplan
 run --model M --seed S``), cuts it into the plan's stages (one ``PipelineStage`` per
-pipeline rank, each stage's units in one module, a ``checkpoint_wrapper`` around the
-stages that recompute), runs ``Schedule1F1B`` / ``ScheduleGPipe`` or the CSV, averages
-gradients over each stage's replicas (the ``dp`` dimension of a 2-D ``DeviceMesh``),
-sums the gradients of tied weights, takes an SGD step, and prints ``step <k> loss
-<value>`` on rank 0.
+stage, all the stages of a device group on that group's pipeline rank, each stage's
+units in one module, a ``checkpoint_wrapper`` around the stages that recompute), runs
+the plan's schedule class (``Schedule1F1B``, ``ScheduleGPipe``,
+``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``, ``ScheduleLoopedBFS``,
+``ScheduleZBVZeroBubble``) or the CSV, averages gradients over each group's replicas
+(the ``dp`` dimension of a 2-D ``DeviceMesh``), sums the gradients of tied weights, takes
+an SGD step, and prints ``step <k> loss <value>`` on rank 0.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 from datetime import timedelta
@@ -27,7 +30,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
+                                          ScheduleInterleavedZeroBubble, ScheduleLoopedBFS, ScheduleZBVZeroBubble)
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 from pipeplan.runtime.training_data import build_run_model, step_batch
@@ -75,31 +79,42 @@ def replica_rows(n_micro: int, size: int, replicas: int, replica: int) -> torch.
                       for k in range(n_micro)])
 
 
-def make_schedule(config: dict, stage: PipelineStage, loss_fn):
-    m = config["microbatches"]
-    if config["torch_schedule"] == "Schedule1F1B":
-        return Schedule1F1B(stage, m, loss_fn=loss_fn)
-    if config["torch_schedule"] == "ScheduleGPipe":
-        return ScheduleGPipe(stage, m, loss_fn=loss_fn)
-    schedule = _PipelineScheduleRuntime([stage], m, loss_fn=loss_fn)
-    schedule._load_csv(str(HERE / config["schedule_csv"]), format="compute_only")
+ONE_STAGE_CLASSES = {"Schedule1F1B": Schedule1F1B, "ScheduleGPipe": ScheduleGPipe}
+"""torch's schedules that take the rank's one stage."""
+MULTI_STAGE_CLASSES = {"ScheduleInterleaved1F1B": ScheduleInterleaved1F1B,
+                       "ScheduleInterleavedZeroBubble": ScheduleInterleavedZeroBubble,
+                       "ScheduleLoopedBFS": ScheduleLoopedBFS, "ScheduleZBVZeroBubble": ScheduleZBVZeroBubble}
+"""torch's schedules that take the list of the rank's stages."""
+
+
+def make_schedule(config: dict, stages: list, loss_fn, folder: Path = HERE):
+    """The schedule object of this rank: its stages (ascending index) under the plan's class or the CSV."""
+    m, name = config["microbatches"], config["torch_schedule"]
+    if name in ONE_STAGE_CLASSES:
+        return ONE_STAGE_CLASSES[name](stages[0], m, loss_fn=loss_fn)
+    if name in MULTI_STAGE_CLASSES:
+        return MULTI_STAGE_CLASSES[name](stages, m, loss_fn=loss_fn)
+    schedule = _PipelineScheduleRuntime(stages, m, loss_fn=loss_fn)
+    schedule._load_csv(str(folder / config["schedule_csv"]), format="compute_only")
     return schedule
 
 
 def tie_groups(config: dict, replicas: int) -> dict[int, list]:
-    """For each tied pair of units on two stages: one process group per replica index.
+    """For each tied pair of units on two device groups: one process group per replica index.
 
     Every rank creates every group (``new_group`` is collective); returns the groups
-    this rank belongs to, by the unit whose weights it shares.
+    this rank belongs to, by the unit whose weights it shares.  Tied units on one
+    group (ZB-V's first and last stage) are summed in the process (:func:`untie_within_rank`).
     """
     rank = dist.get_rank()
+    group_of_unit = [config["group_of_stage"][s] for s in config["stage_of_unit"]]
     mine: dict[int, list] = {}
     for unit, owner in config["tied"]:
-        s_unit, s_owner = config["stage_of_unit"][unit], config["stage_of_unit"][owner]
-        if s_unit == s_owner:
-            continue  # one module holds both: the Parameter is shared already
+        g_unit, g_owner = group_of_unit[unit], group_of_unit[owner]
+        if g_unit == g_owner:
+            continue  # one process holds both
         for j in range(replicas):
-            ranks = [s_unit * replicas + j, s_owner * replicas + j]
+            ranks = [g_unit * replicas + j, g_owner * replicas + j]
             group = dist.new_group(ranks)
             if rank in ranks:
                 mine.setdefault(unit if rank == ranks[0] else owner, []).append((group, (unit, owner)))
@@ -112,49 +127,88 @@ def tied_parameters(model, unit: int, owner: int) -> list[nn.Parameter]:
     return [p for p in model.units[unit].module.parameters() if id(p) in theirs]
 
 
+def untie_within_rank(model, config: dict, mine: list[int]) -> list[tuple[nn.Parameter, nn.Parameter]]:
+    """Give a tied unit whose owner is in another stage of this rank its own copy of the shared weights.
+
+    With a Parameter that two stages of one rank share (ZB-V's tied embedding and head
+    on rank 0), torch 2.13's ``ScheduleZBVZeroBubble`` trains to other losses than one
+    process does; with a copy each stage has its own Parameter, ``main`` sums the two
+    gradients into both, and the copies step alike and stay equal.  Returns the
+    ``(owner's, copy)`` pairs.
+    """
+    pairs: list[tuple[nn.Parameter, nn.Parameter]] = []
+    for unit, owner in config["tied"]:
+        s_unit, s_owner = config["stage_of_unit"][unit], config["stage_of_unit"][owner]
+        if s_unit == s_owner or s_unit not in mine or s_owner not in mine:
+            continue
+        cloned: list[str] = []
+        shared = {id(p) for p in tied_parameters(model, unit, owner)}
+        owned = {id(m) for m in model.units[owner].module.modules()}
+        module = model.units[unit].module
+        for name, sub in list(module.named_modules()):
+            if not name or id(sub) not in owned or any(name.startswith(f"{done}.") for done in cloned):
+                continue
+            # the unit holds the owner's module itself (GPT's head its wte): replace it by a copy
+            *path, leaf = name.split(".")
+            clone = copy.deepcopy(sub)
+            setattr(module.get_submodule(".".join(path)), leaf, clone)
+            cloned.append(name)
+            pairs += [(p, q) for p, q in zip(sub.parameters(), clone.parameters()) if id(p) in shared]
+        for name, p in list(module.named_parameters()):
+            if id(p) in shared:  # a shared Parameter held directly
+                *path, leaf = name.split(".")
+                twin = nn.Parameter(p.detach().clone())
+                setattr(module.get_submodule(".".join(path)), leaf, twin)
+                pairs.append((p, twin))
+    return pairs
+
+
 def main(argv: list[str] | None = None) -> int:
     config = json.loads((HERE / "stages.json").read_text())
     args = parse_args(config, argv)
-    stages, replicas = len(config["stages"]), config["replicas"]
+    num_stages, groups, replicas = len(config["stages"]), len(config["groups"]), config["replicas"]
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != stages * replicas:
-        raise SystemExit(f"error: {HERE / 'stages.json'}: ranks: the plan needs {stages * replicas} processes "
-                         f"({stages} stages x {replicas} replicas), got {world}: run torchrun --nproc-per-node="
-                         f"{stages * replicas}")
+    if world != groups * replicas:
+        raise SystemExit(f"error: {HERE / 'stages.json'}: ranks: the plan needs {groups * replicas} processes "
+                         f"({groups} device groups x {replicas} replicas), got {world}: run torchrun "
+                         f"--nproc-per-node={groups * replicas}")
     # NCCL takes one GPU per process: with fewer GPUs than local processes, train on the CPUs (gloo)
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
-    mesh = init_device_mesh(device.type, (stages, replicas), mesh_dim_names=("pp", "dp"))
-    s, j = mesh.get_coordinate()
-    spec = config["stages"][s]
+    mesh = init_device_mesh(device.type, (groups, replicas), mesh_dim_names=("pp", "dp"))
+    g, j = mesh.get_coordinate()
+    mine = config["groups"][g]["stages"]
     model = build_run_model(args.model, seq_len=config["seq_len"], seed=args.seed)
     names = [unit.name for unit in model.units]
-    if names[spec["layers"][0]:spec["layers"][1]] != spec["units"]:
-        raise SystemExit(f"error: {HERE / 'stages.json'}: stages[{s}].units: model {args.model!r} has units "
-                         f"{names}, the plan's stage {s} holds {spec['units']}")
-    module = StageModule(model, *spec["layers"], spec["inputs"], spec["outputs"]).to(device)
-    runner = checkpoint_wrapper(module) if spec["recompute"] else module
-    stage = PipelineStage(runner, s, stages, device, group=mesh["pp"].get_group())
-    schedule = make_schedule(config, stage, model.loss)
-    optimizer = torch.optim.SGD(module.parameters(), lr=args.lr)
+    copies = untie_within_rank(model, config, mine)
+    modules, stages = [], []
+    for s in mine:
+        spec = config["stages"][s]
+        if names[spec["layers"][0]:spec["layers"][1]] != spec["units"]:
+            raise SystemExit(f"error: {HERE / 'stages.json'}: stages[{s}].units: model {args.model!r} has units "
+                             f"{names}, the plan's stage {s} holds {spec['units']}")
+        module = StageModule(model, *spec["layers"], spec["inputs"], spec["outputs"]).to(device)
+        runner = checkpoint_wrapper(module) if spec["recompute"] else module
+        modules.append(module)
+        stages.append(PipelineStage(runner, s, num_stages, device, group=mesh["pp"].get_group()))
+    schedule = make_schedule(config, stages, model.loss)
+    parameters = list({id(p): p for module in modules for p in module.parameters()}.values())  # tied: once
+    optimizer = torch.optim.SGD(parameters, lr=args.lr)
     ties = tie_groups(config, replicas)
     rows = replica_rows(config["microbatches"], config["microbatch_size"], replicas, j)
+    first, last = 0 in mine, num_stages - 1 in mine
     for step in range(args.steps):
         x, y = step_batch(model, config["global_batch"], args.seed, step)
         x, y = x[rows].to(device), y[rows].to(device)
         losses: list[torch.Tensor] = []
-        if s == 0 and s == stages - 1:
-            schedule.step(x, target=y, losses=losses)
-        elif s == 0:
-            schedule.step(x)
-        elif s == stages - 1:
-            schedule.step(target=y, losses=losses)
-        else:
-            schedule.step()
-        sync_gradients(module, mesh, replicas, model, ties)
+        inputs = (x,) if first else ()
+        schedule.step(*inputs, **({"target": y, "losses": losses} if last else {}))
+        for p, copy in copies:
+            p.grad = copy.grad = p.grad + copy.grad
+        sync_gradients(parameters, mesh, replicas, model, ties)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         report_loss(step, losses, replicas)
@@ -162,11 +216,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def sync_gradients(module: nn.Module, mesh, replicas: int, model, ties: dict[int, list]) -> None:
-    """Average over the stage's replicas, then sum the tied copies' gradients across stages."""
+def sync_gradients(parameters: list[nn.Parameter], mesh, replicas: int, model, ties: dict[int, list]) -> None:
+    """Average over the group's replicas, then sum the tied copies' gradients across groups."""
     if replicas > 1:
         group = mesh["dp"].get_group()
-        for p in module.parameters():
+        for p in parameters:
             if p.grad is not None:
                 dist.all_reduce(p.grad, group=group)
                 p.grad /= replicas
