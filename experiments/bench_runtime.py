@@ -27,6 +27,14 @@
    ours at most 1.05x torch's time.  (Ours also keeps the tied embedding and head
    identical with a gradient exchange each iteration, which torch's stages do not.)
 
+3. *Each schedule's best plan.*  For every schedule of the solver benchmark's
+   schedule columns (``SCHEDULE_CASES``: gpipe, 1f1b, interleaved-1f1b v=2 and 4,
+   interleaved-zb, looped-bfs, zbv) ``pipeplan plan --solver cpsat`` plans
+   ``gpt-tiny`` at batch 64 in 4 microbatches on the two CPU devices (the solver
+   chooses the stages and device groups), and the plan runs as in part 1; the table
+   gives measured against predicted per schedule and the median |error| over the
+   plans.  A schedule the planner refuses is listed with its one-line reason.
+
 The machine is shared: every line carries the load average, and bursts of other
 work show up as outliers, which the medians absorb.
 
@@ -44,8 +52,9 @@ rank-driven TCP sockets on CPU), and the loopback link is measured over the same
 transport.
 
 Usage: ``python experiments/bench_runtime.py [--steps 12] [--repeats 3] [--rounds 5]
-[--only predicted|torch] [--transport auto|tcp|dist] [--out out/bench_runtime]``;
-prints tables and writes ``results.jsonl`` and the README's table (``table.md``) in ``--out``.
+[--only predicted|torch|schedules] [--transport auto|tcp|dist] [--out out/bench_runtime]``;
+prints tables and writes ``results.jsonl``, the README's table (``table.md``) and the
+schedules' table (``schedules.md``) in ``--out``.
 """
 
 from __future__ import annotations
@@ -224,6 +233,52 @@ def _pipeplan(*argv: str) -> subprocess.CompletedProcess:
     if done.returncode:
         raise SystemExit(f"pipeplan {' '.join(argv)} failed:\n{done.stderr}")
     return done
+
+
+SCHEDULE_BATCH, SCHEDULE_MICROBATCHES = 64, 4
+"""Batch and microbatches of the schedules' plans (4 is a multiple of every schedule's rounds on 2 groups)."""
+
+
+def schedule_plans(graph: Path, cluster: Path, out: Path, time_limit: float) -> tuple[dict[str, dict], dict[str, str]]:
+    """Each schedule's best plan of ``graph`` on ``cluster`` by ``pipeplan plan --solver cpsat``.
+
+    Returns the plans by name (``"sched zbv"``) and, by the same names, the one-line
+    reason of each schedule the planner refused.
+    """
+    from pipeplan.experiments.bench_solvers import SCHEDULE_CASES, VIRTUAL_SCHEDULES, case_name
+
+    found, refused = {}, {}
+    for schedule, v in SCHEDULE_CASES:
+        name, path = f"sched {case_name(schedule, v)}", out / f"sched-{schedule}-v{v}.plan.json"
+        virtual = ["--virtual-stages", str(v)] if schedule in VIRTUAL_SCHEDULES else []
+        done = subprocess.run([sys.executable, "-m", "pipeplan.cli", "plan", str(graph), str(cluster), "--batch",
+                               str(SCHEDULE_BATCH), "--microbatches", str(SCHEDULE_MICROBATCHES), "--schedule",
+                               schedule, *virtual, "--solver", "cpsat", "--time-limit", str(time_limit),
+                               "--force", "-o", str(path)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            refused[name] = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        else:
+            found[name] = json.loads(path.read_text())
+    return found, refused
+
+
+def schedules_table(rows: list[dict], refused: dict[str, str]) -> str:
+    """Measured against predicted per schedule's best plan, the median |error|, and the refusals."""
+    lines = ["| schedule | stages / groups | measured | predicted | error | calibrated error |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['plan'][len('sched '):]} | {r['stages']} / {r['groups']} | {r['measured'] * 1e3:.2f} ms | "
+                     f"{r['predicted'] * 1e3:.2f} ms | {100 * r['error']:+.1f} % | {100 * r['calibrated_error']:+.1f} % |")
+    if rows:
+        lines.append(f"| median over {len(rows)} plans | | | | {100 * median_abs(rows, 'error'):.1f} % | "
+                     f"{100 * median_abs(rows, 'calibrated_error'):.1f} % |")
+    lines += [f"\n- {name[len('sched '):]}: not planned: {why}" for name, why in refused.items()]
+    return "\n".join(lines) + "\n"
+
+
+def median_abs(rows: list[dict], key: str) -> float:
+    """The median of ``|row[key]|`` over ``rows``."""
+    return statistics.median(abs(r[key]) for r in rows)
 
 
 def _free_port() -> int:
@@ -474,7 +529,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=12, help="training steps per run (3 warm-up)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per plan (their median is reported)")
     parser.add_argument("--rounds", type=int, default=5, help="alternating ours/torch rounds per comparison")
-    parser.add_argument("--only", choices=("predicted", "torch"), help="run one of the two benchmarks")
+    parser.add_argument("--only", choices=("predicted", "torch", "schedules"), help="run one of the three benchmarks")
+    parser.add_argument("--plan-time-limit", type=float, default=20.0,
+                        help="seconds of pipeplan plan per schedule's best plan (default 20)")
     parser.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
                         help="pipeplan run --transport of every run, and of the link measurement")
     parser.add_argument("--profile", choices=("once", "every-round"), default="once",
@@ -513,7 +570,7 @@ def main() -> None:
             for r in records:
                 f.write(json.dumps(r) + "\n")
 
-    if args.only != "torch":
+    if args.only in (None, "predicted"):
         rows = measured_vs_predicted(gpt, cluster, out, args.steps, args.repeats)
         unet = profile("unet", "1,2,4,8")
         rows += measured_vs_predicted(unet, cluster, out, max(6, args.steps // 2), args.repeats, "unet", unet_plans())
@@ -539,9 +596,22 @@ def main() -> None:
                         "median_abs_first_profile_error": first_error,
                         "median_abs_calibrated_error": calibrated_error, "profile": args.profile, **meta})
         save()
-    if args.only != "predicted":
+    if args.only in (None, "torch"):
         records += [{"bench": "ours-vs-torch-1f1b", **r, **meta}
                     for r in ours_vs_torch(gpt(0), cluster, out, args.steps, args.rounds)]
+        save()
+    if args.only in (None, "schedules"):
+        found, refused = schedule_plans(gpt(0), cluster, out, args.plan_time_limit)
+        rows = measured_vs_predicted(gpt, cluster, out, args.steps, args.repeats, plan_set=found) if found else []
+        for r in rows:
+            stages = found[r["plan"]]["stages"]
+            r["stages"], r["groups"] = len(stages), len({frozenset(st["devices"]) for st in stages})
+        table = schedules_table(rows, refused)
+        (out / "schedules.md").write_text(table)
+        print(table, end="")
+        records += [{"bench": "schedules-measured-vs-predicted", **r, **meta} for r in rows]
+        records.append({"bench": "schedules-summary", "refused": refused, **meta,
+                        "median_abs_error": median_abs(rows, "error") if rows else None})
         save()
 
 

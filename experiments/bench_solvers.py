@@ -4,6 +4,13 @@ For each (layers, devices) pair: solve time, status and gap of ``ilp`` and ``cps
 and the ratio of each baseline's iteration time to the best plan found by anyone.
 Prints a markdown table; ``--out FILE`` also writes every result as JSON.
 
+``--schedules`` adds a column per schedule (the cases of :data:`SCHEDULE_CASES`, e.g.
+``gpipe,interleaved-1f1b:2,zbv``): every solver is asked to plan the same problem under
+that schedule (``v`` stages per device group after the colon), and the cell gives the
+best plan any solver found, with the solver, and the proved gap,
+``(best - L) / best`` for ``L`` the largest lower bound a solver proved for it.  A
+solver that does not plan a schedule refuses it in one line, which the JSON keeps.
+
 The grid pairs layers with devices as the issue asks: (16, 4), (32, 8), (64, 16),
 (96, 32), (96, 64), (128, 64); ``--all`` runs the full cross product.  Baselines get
 ``--baseline-limit`` seconds each; pipeplan's own time-limited heuristics
@@ -14,6 +21,7 @@ baseline that returned no plan.  HiGHS's banner is silenced at the fd level.
 Usage::
 
     python -m pipeplan.experiments.bench_solvers [--quick] [--time-limit 60] [--out bench.json]
+        [--schedules gpipe,interleaved-1f1b:2,interleaved-1f1b:4,interleaved-zb:2,looped-bfs:2,zbv]
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from pipeplan.models.errors import InputError  # noqa: E402
 from pipeplan.models.graph import Layer, LayerGraph  # noqa: E402
 from pipeplan.solver.cluster import Cluster, Device, Link  # noqa: E402
 from pipeplan.solver.problem import PlanningProblem  # noqa: E402
@@ -41,6 +50,14 @@ PAIRS = [(16, 4), (32, 8), (64, 16), (96, 32), (96, 64), (128, 64)]
 EXACT = ("ilp", "cpsat")
 FULL_LIMIT = (*EXACT, "cpsat-split", "nsga")
 """Solvers given ``--time-limit`` (the others ``--baseline-limit``)."""
+
+SCHEDULE_CASES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 4),
+                  ("interleaved-zb", 2), ("looped-bfs", 2), ("zbv", 2))
+"""``(schedule, v)`` pairs the schedule columns (and ``bench_schedules``) compare; ``v`` is the
+stages per device group, fixed at 1 for ``gpipe``/``1f1b`` and 2 for ``zbv``."""
+
+VIRTUAL_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "looped-bfs")
+"""Schedules whose stages per group ``v`` is a choice."""
 
 
 def chain_graph(layers: int, seed: int = 0) -> LayerGraph:
@@ -70,21 +87,118 @@ def two_type_cluster(devices: int) -> Cluster:
 def bench_one(layers: int, devices: int, time_limit: float, baseline_limit: float) -> dict:
     problem = PlanningProblem(chain_graph(layers), two_type_cluster(devices), global_batch=64,
                               microbatches=8, schedule="1f1b")
-    rows = {}
-    for name in solver_names():
-        limit = time_limit if name in FULL_LIMIT else baseline_limit
-        start = time.perf_counter()
+    rows = {name: solve_row(name, problem, time_limit if name in FULL_LIMIT else baseline_limit)
+            for name in solver_names()}
+    best = min((r["iteration_time"] for r in rows.values() if r.get("iteration_time")), default=None)
+    for r in rows.values():
+        r["ratio"] = r["iteration_time"] / best if best and r.get("iteration_time") else None
+    return {"layers": layers, "devices": devices, "servers": SERVERS[devices], "best": best, "solvers": rows}
+
+
+def case_name(schedule: str, virtual: int) -> str:
+    """``interleaved-1f1b v=2``; the schedules with a fixed ``v`` by name alone."""
+    return f"{schedule} v={virtual}" if schedule in VIRTUAL_SCHEDULES else schedule
+
+
+def parse_schedules(text: str) -> list[tuple[str, int]]:
+    """``"gpipe,interleaved-1f1b:4,zbv"`` as ``[("gpipe", 1), ("interleaved-1f1b", 4), ("zbv", 2)]``.
+
+    Raises
+    ------
+    SystemExit
+        For a name or ``v`` outside :data:`SCHEDULE_CASES`'s schedules.
+    """
+    names = {schedule for schedule, _ in SCHEDULE_CASES}
+    cases = []
+    for item in text.split(","):
+        schedule, _, v = item.strip().partition(":")
+        fixed = 2 if schedule == "zbv" else 1
+        if schedule not in names or (v and schedule not in VIRTUAL_SCHEDULES and int(v) != fixed):
+            raise SystemExit(f"error: --schedules: {item}: give one of {', '.join(sorted(names))}, "
+                             f"with :v only for {', '.join(VIRTUAL_SCHEDULES)}")
+        cases.append((schedule, int(v) if v else (2 if schedule in VIRTUAL_SCHEDULES else fixed)))
+    return cases
+
+
+def schedule_problem(layers: int, devices: int, schedule: str, virtual: int) -> PlanningProblem:
+    """The benchmark's problem for ``(layers, devices)`` under ``schedule`` with ``v = virtual``.
+
+    Raises
+    ------
+    ValueError, TypeError
+        Where :class:`PlanningProblem` does not take the schedule or ``virtual_stages``.
+    """
+    extra = {"virtual_stages": virtual} if schedule not in ("gpipe", "1f1b") else {}
+    return PlanningProblem(chain_graph(layers), two_type_cluster(devices), global_batch=64, microbatches=8,
+                           schedule=schedule, **extra)
+
+
+def solve_row(name: str, problem: PlanningProblem, limit: float) -> dict:
+    """One solver on ``problem``: what :func:`bench_one` records of it, or why it refused."""
+    start = time.perf_counter()
+    try:
         with quiet_stdout():
             result = get_solver(name).solve(problem, time_limit=limit, seed=0)
-        rows[name] = {"status": result.status, "iteration_time": result.iteration_time,
-                      "lower_bound": result.lower_bound, "gap": result.gap,
-                      "wall_time": time.perf_counter() - start,
-                      "stages": len(result.plan.stages) if result.plan else None,
-                      "details": {k: v for k, v in result.details.items() if isinstance(v, (int, float, str))}}
-    best = min((r["iteration_time"] for r in rows.values() if r["iteration_time"]), default=None)
-    for r in rows.values():
-        r["ratio"] = r["iteration_time"] / best if best and r["iteration_time"] else None
-    return {"layers": layers, "devices": devices, "servers": SERVERS[devices], "best": best, "solvers": rows}
+    except InputError as err:  # the solver does not plan this schedule
+        return {"refused": str(err)}
+    return {"status": result.status, "iteration_time": result.iteration_time,
+            "lower_bound": result.lower_bound, "gap": result.gap,
+            "wall_time": time.perf_counter() - start,
+            "stages": len(result.plan.stages) if result.plan else None,
+            "details": {k: v for k, v in result.details.items() if isinstance(v, (int, float, str))}}
+
+
+def best_and_gap(rows: dict[str, dict]) -> dict:
+    """The best plan among ``rows`` (solver name -> :func:`solve_row`), its solver, and the proved gap.
+
+    The gap is ``(best - L) / best`` with ``L`` the largest lower bound any solver
+    proved; ``None`` without a plan or a bound.
+
+    Examples
+    --------
+    >>> best_and_gap({"a": {"iteration_time": 2.0, "lower_bound": 1.0}, "b": {"iteration_time": 1.6},
+    ...               "c": {"refused": "no"}})
+    {'best': 1.6, 'solver': 'b', 'lower_bound': 1.0, 'gap': 0.375}
+    """
+    found = {n: r["iteration_time"] for n, r in rows.items() if r.get("iteration_time")}
+    bounds = [r["lower_bound"] for r in rows.values() if r.get("lower_bound") is not None]
+    if not found:
+        return {"best": None, "solver": None, "lower_bound": max(bounds, default=None), "gap": None}
+    # on a tie, name a solver that proved the plan optimal
+    solver = min(found, key=lambda n: (found[n], rows[n].get("status") != "optimal", n))
+    best, bound = found[solver], max(bounds, default=None)
+    return {"best": best, "solver": solver, "lower_bound": bound,
+            "gap": max(0.0, (best - bound) / best) if bound is not None else None}
+
+
+def bench_schedule(layers: int, devices: int, schedule: str, virtual: int, time_limit: float,
+                   baseline_limit: float, solvers: tuple[str, ...] | None = None) -> dict:
+    """The solvers (default: every registered one) on the ``(layers, devices)`` problem under one
+    schedule: :func:`best_and_gap` and the rows."""
+    head = {"schedule": schedule, "virtual": virtual, "name": case_name(schedule, virtual)}
+    try:
+        problem = schedule_problem(layers, devices, schedule, virtual)
+    except (TypeError, ValueError) as err:  # a PlanningProblem without this schedule
+        return {**head, "refused": f"PlanningProblem refuses it: {err}", **best_and_gap({})}
+    rows = {name: solve_row(name, problem, time_limit if name in FULL_LIMIT else baseline_limit)
+            for name in solvers or solver_names()}
+    return {**head, **best_and_gap(rows), "solvers": rows}
+
+
+def schedule_markdown(results: list[dict]) -> str:
+    """One row per ``(layers, devices)``, one column per schedule: ``best ms (solver) / proved gap``."""
+    cases = [c["name"] for c in results[0]["schedules"]] if results and results[0].get("schedules") else []
+    if not cases:
+        return ""
+    lines = ["| L x D (servers) | " + " | ".join(f"{n}: best (solver) / gap" for n in cases) + " |",
+             "|" + "---|" * (len(cases) + 1)]
+    for res in results:
+        cells = [f"{res['layers']} x {res['devices']} ({res['servers']})"]
+        for c in res["schedules"]:
+            gap = f"{100 * c['gap']:.2f} %" if c["gap"] is not None else "-"
+            cells.append(f"{1e3 * c['best']:.1f} ms ({c['solver']}) / {gap}" if c["best"] else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _fmt(value, spec):
@@ -116,18 +230,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--all", action="store_true", help="every (layers, devices) pair, not the paired grid")
     parser.add_argument("--pairs", help="explicit pairs, e.g. 16x4,32x8")
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
+    parser.add_argument("--schedules", help="a column per schedule, e.g. gpipe,interleaved-1f1b:2,zbv "
+                                            "(v after the colon); all: every case of SCHEDULE_CASES")
     args = parser.parse_args(argv)
+    cases = (list(SCHEDULE_CASES) if args.schedules == "all" else
+             parse_schedules(args.schedules) if args.schedules else [])
     if args.pairs:
         pairs = [tuple(int(v) for v in p.split("x")) for p in args.pairs.split(",")]
     else:
         pairs = QUICK if args.quick else [(l, d) for l in LAYERS for d in DEVICES] if args.all else PAIRS
     results = []
     for layers, devices in pairs:
-        results.append(bench_one(layers, devices, args.time_limit, args.baseline_limit))
+        res = bench_one(layers, devices, args.time_limit, args.baseline_limit)
+        if cases:  # the 1f1b column is the main table's problem: its rows are reused
+            res["schedules"] = [{"schedule": "1f1b", "virtual": 1, "name": "1f1b", **best_and_gap(res["solvers"]),
+                                 "solvers": res["solvers"]} if (schedule, v) == ("1f1b", 1) else
+                                bench_schedule(layers, devices, schedule, v, args.time_limit, args.baseline_limit)
+                                for schedule, v in cases]
+        results.append(res)
         print(f"done {layers} x {devices}", file=sys.stderr, flush=True)
         if args.out:  # keep partial results of a long run
             args.out.write_text(json.dumps(results, indent=1))
     print(markdown(results))
+    if cases:
+        print("\n" + schedule_markdown(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=1))
     return 0

@@ -82,18 +82,61 @@ class _Parser(argparse.ArgumentParser):
         return f"{text}\nexample:\n  {example}\n" if example else text
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="pipeplan", description="Plan, prove and run pipeline-parallel training.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+#: Commands whose module is not ``pipeplan.cmd_<command>``.
+COMMAND_HOMES = {"compare": "pipeplan.cmd_plan", "profile": "pipeplan.cmd_models"}
+
+
+def command_module(command: str) -> str | None:
+    """The module of :data:`COMMAND_MODULES` that registers ``command``, or None if unknown.
+
+    Parameters
+    ----------
+    command : str
+        A sub-command name, e.g. ``"plan"``.
+
+    Returns
+    -------
+    str or None
+        The module's import name.
+
+    Examples
+    --------
+    >>> command_module("compare"), command_module("nope")
+    ('pipeplan.cmd_plan', None)
+    """
+    home = COMMAND_HOMES.get(command, f"pipeplan.cmd_{command}")
+    return home if home in COMMAND_MODULES else None
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``pipeplan`` parser.  Given the ``command`` about to run, only its module is
+    imported (the runtime and export modules import torch, seconds at each start); without
+    one, or for a name no module registers, every command is (``--help``, "invalid choice")."""
+    home = command_module(command) if command else None
+    if home is not None:
+        parser, sub = _empty_parser()
+        _register(sub, home)
+        if command in sub.choices:
+            return parser
+    parser, sub = _empty_parser()
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as exc:
-            if exc.name == name:  # a command not built yet
-                continue
-            raise
-        module.register(sub)
+        _register(sub, name)
     return parser
+
+
+def _empty_parser():
+    parser = _Parser(prog="pipeplan", description="Plan, prove and run pipeline-parallel training.")
+    return parser, parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+
+def _register(sub, name: str) -> None:
+    try:
+        module = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:  # a command not built yet
+            return
+        raise
+    module.register(sub)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     notices.discard()
     previous = _on_sigterm(_terminated)
     try:
-        args = build_parser().parse_args(argv)  # inside: a Ctrl-C while the commands import is one line too
+        argv = sys.argv[1:] if argv is None else list(argv)
+        command = argv[0] if argv and not argv[0].startswith("-") else None
+        args = build_parser(command).parse_args(argv)  # inside: a Ctrl-C while the commands import is one line too
         # an overflow is caught where it reaches an output (an error line), not as a numpy warning
         with np.errstate(all="ignore"):
             status = int(args.func(args) or 0)

@@ -19,6 +19,7 @@ from pipeplan.solver.figures import pyplot, save_png
 from pipeplan.cmd_plan import INTERRUPTED, _common, no_plan, problem_from_args
 from pipeplan.solver.infeasibility import heuristic_no_plan
 from pipeplan.solver.nsga import NsgaRun, run_nsga
+from pipeplan.solver.registry import VERSION1
 from pipeplan.solver.termination import interruptible, watch
 
 PARETO_FORMAT = "pipeplan.pareto/1"
@@ -66,6 +67,10 @@ def run_pareto(args: argparse.Namespace) -> int:
     check_outputs(args, args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
+    if args.schedule not in VERSION1:
+        raise InputError("-", "--schedule", f"pareto writes the front of nsga's search over {' and '.join(VERSION1)} "
+                                            f"plans only; plan {args.schedule} with pipeplan plan --solver nsga "
+                                            f"(or cpsat, ilp, group-search)")
     problem = problem_from_args(args)
     start = time.perf_counter()
     generations = int(args.budget) if args.budget is not None else args.generations or 60

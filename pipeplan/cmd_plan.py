@@ -24,7 +24,7 @@ from pipeplan.solver.gantt import write_gantt
 from pipeplan.solver.infeasibility import UNPROVED, memory_verdict
 from pipeplan.solver.nsga import MAX_POPULATION
 from pipeplan.solver.plan import MAX_SAMPLES
-from pipeplan.solver.problem import Overflow, PlanningProblem, TooLarge
+from pipeplan.solver.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
 from pipeplan.solver.registry import get_solver, solver_names
 from pipeplan.solver.result import SolverResult
 from pipeplan.notices import warn
@@ -51,7 +51,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--population", type=int, default=None, metavar="P", help="nsga: population (default 48)")
     p.add_argument("--backend", choices=("highs", "cbc"), default=None,
                    help="ilp: the MILP solver (default highs, in-process)")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="pipeline schedule (default 1f1b)")
+    p.add_argument("--schedule", choices=PLANNED_SCHEDULES + ("auto",), default="1f1b", metavar="NAME",
+                   help=f"pipeline schedule: {', '.join(PLANNED_SCHEDULES)}, or auto (plan: each one, the fastest "
+                        f"that fits is written; default 1f1b)")
+    p.add_argument("--virtual-stages", type=_virtual, default=None, metavar="V|auto",
+                   help="stages per device group for interleaved-1f1b, interleaved-zb and looped-bfs "
+                        "(default auto: every V that fits); zbv has 2")
     p.add_argument("--time-limit", type=float, default=60.0,
                    help="seconds per solver, a cap (default 60); a solve it cuts short may differ on another machine")
     p.add_argument("--budget", type=float, default=None, metavar="N",
@@ -82,6 +87,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)
     _common(c)
     c.add_argument("--solvers", metavar="A,B,...", help="only these solvers (default: all)")
+    c.add_argument("--schedules", metavar="A,B,...",
+                   help=f"compare these schedules (or 'all': {', '.join(PLANNED_SCHEDULES)}) instead of --schedule; "
+                        f"the table has a row per schedule and solver, the fastest fitting plan is the best")
     c.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     c.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
     c.add_argument("--plot", metavar="OUT.png", help="also write a bar chart of iteration times")
@@ -89,6 +97,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--gantt", metavar="OUT.png", help="also write the Gantt chart of the fastest plan")
     add_force_option(c)
     c.set_defaults(func=run_compare)
+
+
+def _virtual(text: str) -> int | None:
+    if text == "auto":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of stages per group or 'auto', got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 stage per group, got {value}")
+    return value
 
 
 def _microbatches(text: str) -> int | str:
@@ -137,8 +157,9 @@ def check_options(args: argparse.Namespace) -> None:
             raise InputError("-", f"--{flag}", f"must be at most {most}, got {value}")
 
 
-def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
-    """The planning problem the common options describe (files loaded and checked).
+def problem_from_args(args: argparse.Namespace, schedule: str | None = None) -> PlanningProblem:
+    """The planning problem the common options describe (files loaded and checked), for ``schedule``
+    (default ``--schedule``).
 
     Raises
     ------
@@ -154,11 +175,12 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
     equal = min(args.batch, top or 8) if auto else args.microbatches
     try:
         return PlanningProblem(graph, cluster, global_batch=args.batch, microbatches=equal,
-                               schedule=args.schedule, state_factor=args.state_factor,
+                               schedule=schedule or args.schedule, state_factor=args.state_factor,
                                allow_replication=not args.no_replication, allow_recompute=not args.no_recompute,
                                max_stages=args.max_stages, auto_microbatches=auto,
                                max_microbatches=top if top is not None else (equal if auto else None),
-                               per_stage=getattr(args, "per_stage", False))
+                               per_stage=getattr(args, "per_stage", False),
+                               virtual_stages=_virtual_for(args, schedule or args.schedule))
     except Overflow as exc:  # the file at fault: the cluster's speeds and links, or the graph's bytes
         file, where = (args.cluster, "devices and links") if exc.what == "time" else (args.graph, "layers")
         raise InputError(file, where, str(exc)) from None
@@ -170,8 +192,16 @@ def problem_from_args(args: argparse.Namespace) -> PlanningProblem:
         raise InputError("-", "arguments", str(exc)) from None
 
 
+def _virtual_for(args: argparse.Namespace, schedule: str) -> int | None:
+    """``--virtual-stages`` where the schedule takes it; with several schedules (auto, ``--schedules``) the
+    others keep their own fixed count."""
+    v = getattr(args, "virtual_stages", None)
+    several = args.schedule == "auto" or getattr(args, "schedules", None)
+    return None if several and schedule not in VIRTUAL_SCHEDULES else v
+
+
 def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace,
-           warm_start: Plan | None = None) -> list[SolverResult]:
+           warm_start: Plan | None = None, skip_refusals: bool = False) -> list[SolverResult]:
     """Run the named solvers with a progress display on stderr.
 
     The first SIGINT or SIGTERM stops the running solver, which returns its best plan so
@@ -203,7 +233,7 @@ def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace,
                 results.append(solver.solve(problem, time_limit=args.time_limit, seed=args.seed,
                                             budget=getattr(args, "budget", None), warm_start=warm_start))
             except InputError as exc:
-                if len(solvers) == 1:
+                if len(solvers) == 1 and not skip_refusals:
                     raise
                 # compare: a solver outside its scope (ilp with unequal splits) is left out, said
                 warn(f"skipped {name}: {exc.what}")
@@ -224,6 +254,8 @@ def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
         sys.stderr.write("interrupted: no plan found before the interrupt\n")
         return INTERRUPTED
     bounds_prove, constraint = memory_verdict(problem)
+    if problem.is_v2 and bounds_prove and " alone needs " not in constraint:
+        bounds_prove = False  # the model verdict reasons about one stage per device; a layer's alone holds in v2
     # the records' own words follow the first line, without repeating the constraint or "not a proof"
     why = "; ".join(f"{r.name}: {r.message.replace('; ' + UNPROVED, '')}" for r in results
                     if r.message and constraint not in r.message)
@@ -242,21 +274,94 @@ def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
 
 
 def run_plan(args: argparse.Namespace) -> int:
-    """``pipeplan plan``: solve with one solver and write the plan atomically."""
+    """``pipeplan plan``: solve with one solver and write the plan atomically.
+
+    With ``--schedule auto`` the solver plans for every schedule and the fastest fitting
+    plan is written, after a table of the schedules.
+    """
     check_outputs(args, args.output, inputs={"graph": args.graph, "cluster": args.cluster})
+    schedules = schedules_from_args(args)
+    if len(schedules) > 1:
+        return _plan_each_schedule(args, schedules)
     problem = problem_from_args(args)
     warm = load_warm_start(args.warm_start, problem) if args.warm_start else None
     results = _solve(problem, [args.solver], args, warm)
     if not results or results[0].plan is None:
         return no_plan(problem, results)
-    result = results[0]
+    _write_plan(problem, results[0], args)
+    return 0
+
+
+def _write_plan(problem: PlanningProblem, result: SolverResult, args: argparse.Namespace) -> None:
     comparison_rows(problem, [result])  # refuses a throughput beyond the float range, before writing
     atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
     gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
-    print(f"{result.name}: {result.status}, {len(result.plan.stages)} stages, iteration time "
-          f"{result.iteration_time * 1e3:.4f} ms, throughput {_throughput(problem, result.iteration_time)} "
+    named = f"{result.plan.schedule}, " if problem.is_v2 or args.schedule == "auto" else ""
+    print(f"{result.name}: {result.status}, {named}{len(result.plan.stages)} stages, iteration "
+          f"time {result.iteration_time * 1e3:.4f} ms, throughput {_throughput(problem, result.iteration_time)} "
           f"samples/s, gap {gap}, {result.wall_time:.2f} s, stopped by {result.stopped_by} -> {args.output}")
+
+
+def schedules_from_args(args: argparse.Namespace) -> list[str]:
+    """The schedules to plan for: ``--schedules`` (``all`` for every one), every one for ``--schedule auto``,
+    else ``--schedule``.
+
+    Raises
+    ------
+    InputError
+        For an unknown name in ``--schedules``, naming the valid ones.
+    """
+    listed = getattr(args, "schedules", None)
+    if listed is not None:
+        names = list(PLANNED_SCHEDULES) if listed.strip() == "all" else \
+            [n.strip() for n in listed.split(",") if n.strip()]
+        unknown = [n for n in names if n not in PLANNED_SCHEDULES]
+        if unknown or not names:
+            raise InputError("-", "--schedules", f"unknown schedule {unknown[0] if unknown else listed!r}; valid: "
+                                                 f"{', '.join(PLANNED_SCHEDULES)} or all")
+        return list(dict.fromkeys(names))
+    return list(PLANNED_SCHEDULES) if args.schedule == "auto" else [args.schedule]
+
+
+def _problems(args: argparse.Namespace, schedules: list[str]) -> list[PlanningProblem]:
+    """One problem per schedule; a schedule the options rule out is left out, said on stderr."""
+    problems = []
+    for schedule in schedules:
+        try:
+            problems.append(problem_from_args(args, schedule))
+        except InputError as exc:
+            if exc.where != "arguments":
+                raise
+            warn(f"skipped schedule {schedule}: {exc.what}")
+    if not problems:
+        raise InputError("-", "--schedules", f"no schedule of {', '.join(schedules)} can be planned with these "
+                                             f"options (see the lines above)")
+    return problems
+
+
+def _plan_each_schedule(args: argparse.Namespace, schedules: list[str]) -> int:
+    """``plan --schedule auto``: the solver on every schedule, a table, the fastest fitting plan written."""
+    if args.warm_start:
+        raise InputError("-", "--warm-start", "starts one schedule's search; give --schedule NAME with it")
+    problems = _problems(args, schedules)
+    pairs = [(problem, result) for problem in problems
+             for result in _solve(problem, [args.solver], args, skip_refusals=True)]
+    if not any(r.plan is not None for _, r in pairs):
+        return no_plan(problems[0], [r for _, r in pairs])
+    rows = schedule_rows(pairs)
+    _print_table(rows, f"{problems[0].graph.name} on {problems[0].cluster.name}: batch {problems[0].global_batch}, "
+                       f"M={problems[0].microbatches}, {args.solver} on each schedule")
+    problem, result = min(((p, r) for p, r in pairs if r.plan is not None), key=lambda pr: pr[1].iteration_time)
+    _write_plan(problem, result, args)
     return 0
+
+
+def schedule_rows(pairs: list[tuple[PlanningProblem, SolverResult]]) -> list[dict[str, Any]]:
+    """:func:`comparison_rows` over results of several schedules, each row saying its schedule (ratios to the best of all)."""
+    rows = comparison_rows(pairs[0][0], [r for _, r in pairs]) if pairs else []
+    for row, (problem, _) in zip(rows, pairs):
+        row["schedule"] = problem.schedule
+    return rows
 
 
 def _throughput(problem: PlanningProblem, seconds: float) -> str:
@@ -305,11 +410,13 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
     from rich.table import Table
 
     table = Table(title=title)
-    for col in ("solver", "status", "iteration (ms)", "throughput (samples/s)", "ratio to best",
-                "lower bound (ms)", "gap", "wall (s)"):
-        table.add_column(col, justify="left" if col in ("solver", "status") else "right")
+    several = len({row.get("schedule") for row in rows}) > 1
+    for col in (("schedule",) if several else ()) + ("solver", "status", "iteration (ms)", "throughput (samples/s)",
+                                                     "ratio to best", "lower bound (ms)", "gap", "wall (s)"):
+        table.add_column(col, justify="left" if col in ("schedule", "solver", "status") else "right")
     for row in rows:
-        table.add_row(row["solver"], row["status"], _fmt(row["iteration_time"], 1e3),
+        table.add_row(*((row["schedule"],) if several else ()), row["solver"], row["status"],
+                      _fmt(row["iteration_time"], 1e3),
                       _fmt(row["throughput"], 1, 2), _fmt(row["ratio_to_best"], 1, 3),
                       _fmt(row["lower_bound"], 1e3), "-" if row["gap"] is None else f"{100 * row['gap']:.2f}%",
                       _fmt(row["wall_time"], 1, 2))
@@ -337,9 +444,14 @@ def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    """``pipeplan compare``: run every (or the chosen) solver and report side by side."""
+    """``pipeplan compare``: run every (or the chosen) solver and report side by side.
+
+    With ``--schedules`` (or ``--schedule auto``) every solver runs on every schedule; the
+    table has a row per schedule and solver, and the best plan is the fastest of all.
+    """
     check_outputs(args, args.csv, args.plot, args.best, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster})
-    problem = problem_from_args(args)
+    schedules = schedules_from_args(args)
+    problems = _problems(args, schedules) if len(schedules) > 1 else [problem_from_args(args)]
     valid = solver_names()
     names = valid if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
     if not names:
@@ -347,11 +459,14 @@ def run_compare(args: argparse.Namespace) -> int:
     unknown = [name for name in names if name not in valid]
     if unknown:  # here, not in get_solver, so that the error names the option given
         raise InputError("-", "--solvers", f"unknown solver {unknown[0]!r}; valid: {', '.join(valid)}")
-    results = _solve(problem, names, args)
-    if all(r.plan is None for r in results):
-        return no_plan(problem, results)
-    rows = comparison_rows(problem, results)
-    title = f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}, M={problem.microbatches}, {problem.schedule}"
+    pairs = [(problem, result) for problem in problems
+             for result in _solve(problem, names, args, skip_refusals=len(problems) > 1)]
+    if all(r.plan is None for _, r in pairs):
+        return no_plan(problems[0], [r for _, r in pairs])
+    rows = schedule_rows(pairs)
+    first = problems[0]
+    what = first.schedule if len(problems) == 1 else ", ".join(p.schedule for p in problems)
+    title = f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, M={first.microbatches}, {what}"
     if args.json:
         print(json.dumps(rows))
     else:
@@ -360,20 +475,21 @@ def run_compare(args: argparse.Namespace) -> int:
         _write_csv(args.csv, rows)
     if args.plot:
         _write_plot(args.plot, rows, title)
-    _write_best(problem, results, args)
+    _write_best(pairs, args)
     return 0
 
 
-def _write_best(problem: PlanningProblem, results: list[SolverResult], args: argparse.Namespace) -> None:
+def _write_best(pairs: list[tuple[PlanningProblem, SolverResult]], args: argparse.Namespace) -> None:
     """Write the fastest plan (``--best``) and its Gantt chart (``--gantt``), if asked."""
     if not (args.best or args.gantt):
         return
-    best = min((r for r in results if r.plan is not None), key=lambda r: r.iteration_time)
+    problem, best = min(((p, r) for p, r in pairs if r.plan is not None), key=lambda pr: pr[1].iteration_time)
     if args.best:
         atomic_write_text(args.best, dumps(best.plan_with_record().to_dict()))
     if args.gantt:
         write_gantt(problem.evaluate(best.plan), args.gantt, f"{problem.graph.name} on {problem.cluster.name}, "
                                                              f"best: {best.name}")
-    print(f"best: {best.name}, {best.iteration_time * 1e3:.4f} ms"
+    named = f"{best.plan.schedule}, " if len({p.schedule for p, _ in pairs}) > 1 else ""
+    print(f"best: {best.name}, {named}{best.iteration_time * 1e3:.4f} ms"
           + (f" -> {args.best}" if args.best else "") + (f", {args.gantt}" if args.gantt else ""),
           file=sys.stderr if args.json else sys.stdout)  # --json keeps stdout one JSON value

@@ -30,10 +30,11 @@ from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import model_rows
 from pipeplan.solver.exact import solve_exact
 from pipeplan.solver.joint_split import solve_joint
-from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.termination import WorkBudget
+from pipeplan.solver.v2_solvers import solve_v2_exact
 
 DEFAULT_BUDGET = 120.0
 """CP-SAT deterministic seconds per solve of ``cpsat`` (all its CP-SAT calls together)."""
@@ -127,9 +128,10 @@ class CpSatSolver:
     name = "cpsat"
     source = "pipeplan: CP-SAT bound model + simulation + no-good cuts (OR-Tools)"
 
-    budget_unit = "CP-SAT deterministic seconds"
+    budget_unit = "CP-SAT deterministic seconds (version-2 schedules: simulations)"
     default_budget = DEFAULT_BUDGET
     proves = True
+    schedules = PLANNED_SCHEDULES
 
     def __init__(self, workers: int = 1, enumerate_first: bool = True) -> None:
         self.workers = workers
@@ -142,8 +144,11 @@ class CpSatSolver:
 
         ``budget``: CP-SAT deterministic seconds for all its CP-SAT solves (default
         :data:`DEFAULT_BUDGET`).  With ``auto_microbatches`` or ``per_stage`` the splits are
-        decisions too: see :meth:`solve_splits`.
+        decisions too: see :meth:`solve_splits`.  A version-2 schedule goes to
+        :func:`pipeplan.solver.v2_solvers.solve_v2_exact` (``budget``: simulations).
         """
+        if problem.is_v2:
+            return solve_v2_exact(self.name, problem, time_limit, seed, budget)
         work = WorkBudget(budget or DEFAULT_BUDGET)
         if problem.auto_microbatches or problem.per_stage:
             return self.solve_splits(problem, time_limit=time_limit, seed=seed, budget=work)

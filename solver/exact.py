@@ -38,19 +38,16 @@ valid lower bound, and an infeasible model proves the incumbent optimal to withi
 
 from __future__ import annotations
 
-import contextlib
 import math
-from contextvars import ContextVar
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import LowerBoundModel
-from pipeplan.solver.enumeration import DEFAULT_PREFIXES, enumerate_configurations
+from pipeplan.solver.enumeration import enumerate_configurations
 from pipeplan.solver.exact_data import build_data
-from pipeplan.solver.group_search import EVALUATIONS, group_search
-from pipeplan.solver.incumbents import (GA_GENERATIONS, GA_ROUNDS, GREEDY_AFTER_FIT, improve_with_ga,
-                                        offer_fast_plans, warm_start_plans)
+from pipeplan.solver.exact_work import ExactWork, current_work
+from pipeplan.solver.group_search import group_search
+from pipeplan.solver.incumbents import improve_with_ga, offer_fast_plans, warm_start_plans
 from pipeplan.solver.infeasibility import tightest_constraint
 from pipeplan.solver.placements import plan_config
 from pipeplan.solver.problem import PlanningProblem
@@ -79,47 +76,6 @@ are built as before whatever the machine's speed)."""
 CBC_RESERVE = 0.3
 """Share of the time limit a model solver without a work budget (CBC) leaves to the slow baselines
 and NSGA-II: its cut loop runs on the clock alone (so its record says ``time`` unless proved)."""
-
-
-@dataclass(frozen=True)
-class ExactWork:
-    """The counted work of the exact search's phases besides the model (whose budget its solver holds).
-
-    Each phase stops on its own count, never on a share of the clock, so an exact solve that the
-    time limit does not cut gives the same plan and record on any machine.  The defaults are sized
-    from solves of 96 layers x 32 devices of two types (``experiments/bench_solvers.py``), which
-    the walk does not prove (see :data:`pipeplan.solver.enumeration.DEFAULT_PREFIXES`).
-    """
-
-    patterns: int = EVALUATIONS
-    """Patterns group-search builds for the incumbent (see :func:`pipeplan.solver.group_search.group_search`)."""
-    greedy_after_fit: int = GREEDY_AFTER_FIT
-    """Greedy plans still simulated once one fitted (on large clusters each costs seconds)."""
-    prefixes: int = DEFAULT_PREFIXES
-    """Prefixes the configuration walk expands over all its passes."""
-    ga_rounds: int = GA_ROUNDS
-    """NSGA-II runs from the incumbent when the search is not proved (each restarted from the best front)."""
-    ga_generations: int = GA_GENERATIONS
-    """Generations of each of those runs."""
-
-
-_WORK: ContextVar[ExactWork | None] = ContextVar("pipeplan_exact_work", default=None)
-
-
-@contextlib.contextmanager
-def exact_work(work: ExactWork) -> Iterator[None]:
-    """Inside the block, :func:`solve_exact` runs ``work`` unless given its own (for solvers that run exact ones).
-
-    Examples
-    --------
-    >>> with exact_work(ExactWork(prefixes=1000, ga_rounds=0)):
-    ...     pass  # get_solver("cpsat").solve(problem) here walks at most 1000 prefixes
-    """
-    token = _WORK.set(work)
-    try:
-        yield
-    finally:
-        _WORK.reset(token)
 
 
 def _infeasible_message(data: ExactData) -> str:
@@ -157,7 +113,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     unless the model is too large (:data:`MAX_MODEL_ARCS`), or its build, which no clock can
     interrupt (``build_seconds_per_arc``), would outlast the cap.
     """
-    work = work or _WORK.get() or ExactWork()
+    work = work or current_work()
     details = dict(details or {})
     clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)

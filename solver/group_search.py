@@ -61,11 +61,12 @@ from pipeplan.solver.baselines.common import Judged, finalize
 from pipeplan.solver.device_classes import DeviceClass, device_classes
 from pipeplan.solver.infeasibility import heuristic_no_plan
 from pipeplan.solver.memory import range_peak_memory, settle_borderline, stash_peak, stash_points
-from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.schedule import Op, stage_ops
 from pipeplan.solver.termination import past
+from pipeplan.solver.v2_solvers import solve_v2_heuristic
 
 EVALUATIONS = 400
 """Patterns built and simulated, best estimate first."""
@@ -677,12 +678,18 @@ class GroupSearch:
     source = ("pipeplan's own heuristic: server-aligned replica groups per device class "
               "(AutoPipe-H's server-aware mapping, Hippie's pipeline + data parallelism)")
 
-    budget_unit = "patterns built"
+    budget_unit = "patterns built (version-2 schedules: simulations)"
     default_budget = EVALUATIONS
+    schedules = PLANNED_SCHEDULES
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
               budget: float | None = None) -> SolverResult:
-        """Plan ``problem``; status ``feasible`` (no proof), or ``infeasible`` when no pattern fits."""
+        """Plan ``problem``; status ``feasible`` (no proof), or ``infeasible`` when no pattern fits.
+
+        A version-2 schedule goes to :func:`pipeplan.solver.v2_solvers.solve_v2_heuristic`.
+        """
+        if problem.is_v2:
+            return solve_v2_heuristic(problem, self.name, time_limit=time_limit, seed=seed, budget=budget)
         start = time.perf_counter()
         run = group_search(problem, time_limit, evaluations=int(budget or EVALUATIONS))
         wall = time.perf_counter() - start

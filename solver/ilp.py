@@ -27,10 +27,11 @@ from pipeplan.models.errors import InputError
 from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import SIGNED_AUX, model_rows
 from pipeplan.solver.exact import solve_exact
-from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult
 from pipeplan.solver.termination import WorkBudget, note, on_interrupt
+from pipeplan.solver.v2_solvers import solve_v2_exact
 
 DEFAULT_NODES = 200_000
 """HiGHS branch-and-bound nodes per ``ilp`` solve (all its MILP solves together)."""
@@ -222,9 +223,10 @@ class IlpSolver:
     name = "ilp"
     source = "pipeplan: MILP bound model + simulation + no-good cuts (PuLP, HiGHS/CBC)"
 
-    budget_unit = "HiGHS branch-and-bound nodes"
+    budget_unit = "HiGHS branch-and-bound nodes (version-2 schedules: simulations)"
     default_budget = DEFAULT_NODES
     proves = True
+    schedules = PLANNED_SCHEDULES
 
     def __init__(self, backend: str = "highs", enumerate_first: bool = True) -> None:
         if backend not in BACKENDS:
@@ -240,12 +242,17 @@ class IlpSolver:
         ``budget``: HiGHS branch-and-bound nodes over all the MILP solves (default
         :data:`DEFAULT_NODES`; CBC takes no budget, only the time limit).
 
+        A version-2 schedule goes to :func:`pipeplan.solver.v2_solvers.solve_v2_exact` (``budget``:
+        simulations, default :data:`pipeplan.solver.v2_exact.DEFAULT_SIMULATIONS`).
+
         Raises
         ------
         InputError
             With ``auto_microbatches`` or ``per_stage``: the MILP plans equal
             microbatches only (use ``cpsat``, ``cpsat-split`` or ``nsga``).
         """
+        if problem.is_v2:
+            return solve_v2_exact(self.name, problem, time_limit, seed, budget)
         if problem.auto_microbatches or problem.per_stage:
             raise InputError("-", "--solver", "ilp plans M equal microbatches only; for --microbatches auto "
                                               "or --per-stage use cpsat (exact), cpsat-split or nsga")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from pipeplan.solver.baselines import BASELINES
+from pipeplan.solver.exact_work import GA_GENERATIONS, GA_ROUNDS, GREEDY_AFTER_FIT
 from pipeplan.solver.nsga import run_nsga
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
@@ -23,13 +24,6 @@ their DPs grow with the square of the layers and with the devices, and these siz
 about a second or two on the 2-core machine they were measured on (at 96 layers x 32 devices
 PipeDream and Piper take 10 s each there, Dapple and Alpa over a minute; Alpa 50 s at 32 x 8)."""
 
-GREEDY_AFTER_FIT = 64
-"""Greedy plans (:func:`greedy_plans`) still simulated once one fitted: each is simulated on every
-device, which takes seconds on clusters of thousands, and the first fitting ones are the best."""
-
-GA_ROUNDS, GA_GENERATIONS = 1, 60
-"""NSGA-II runs from an unproved incumbent (:func:`improve_with_ga`) and generations of each: 20
-generations took 3 s at 96 layers x 32 devices on the loaded 2-core machine this was measured on."""
 
 
 def greedy_plans(problem: PlanningProblem) -> list[Plan]:

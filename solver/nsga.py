@@ -43,10 +43,12 @@ from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 from pipeplan.solver.batched import BatchSimulator, Candidate
 from pipeplan.solver.infeasibility import heuristic_no_plan
 from pipeplan.solver.plan import Plan, Stage, equal_split
-from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.termination import TimeLimit, note
+from pipeplan.solver.v2_nsga import solve_v2_nsga
+from pipeplan.solver.warm_start import keep_better
 
 __all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "run_nsga", "Nsga"]
 
@@ -403,7 +405,7 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     the exact ones run a smaller walk (:data:`SEEDING_PREFIXES`) and no NSGA-II.
     """
     from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
-    from pipeplan.solver.exact import ExactWork, exact_work
+    from pipeplan.solver.exact_work import ExactWork, exact_work
     from pipeplan.solver.registry import get_solver, solver_names
 
     clock = TimeLimit(time_limit).start()
@@ -523,6 +525,7 @@ class Nsga:
         """Population size."""
 
     budget_unit = "generations"
+    schedules = PLANNED_SCHEDULES
 
     @property
     def default_budget(self) -> int:
@@ -534,7 +537,13 @@ class Nsga:
         """Plan ``problem``: status ``feasible`` (nothing is proved), no lower bound.
 
         ``budget`` (generations) replaces :attr:`generations`; ``warm_start`` joins the seeds.
+        A version-2 schedule goes to :func:`pipeplan.solver.v2_nsga.solve_v2_nsga`, and a
+        ``warm_start`` is kept when it is faster than its plan.
         """
+        if problem.is_v2:
+            result = solve_v2_nsga(problem, self.name, generations=int(budget or self.generations),
+                                   population=self.population, time_limit=time_limit, seed=seed)
+            return result if warm_start is None else keep_better(problem, result, warm_start)
         start = time.perf_counter()
         warm = [("warm-start", warm_start)] if warm_start is not None else []
         run = run_nsga(problem, generations=int(budget or self.generations), population=self.population, seed=seed,

@@ -10,8 +10,18 @@ from typing import Sequence
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.cluster import Cluster
 from pipeplan.solver.plan import MAX_SAMPLES, Plan, Stage, equal_split
+from pipeplan.solver.schedule import NAMED_V2
 from pipeplan.solver.simulator import SimulationResult, simulate
 
+
+V2_NAMED = NAMED_V2
+"""The named version-2 schedules (spec 7.2)."""
+
+VIRTUAL_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "looped-bfs")
+"""Schedules whose stages per group ``v`` is a choice (``virtual_stages``)."""
+
+PLANNED_SCHEDULES = ("gpipe", "1f1b") + V2_NAMED
+"""Every schedule a solver can be asked to plan for (``custom`` programs are not planned)."""
 
 MAX_DEVICES = 4096
 """Most devices a planning problem may have: the largest clusters the solvers are measured
@@ -91,7 +101,8 @@ class PlanningProblem:
     microbatches: int
     """``M``: the number of equal microbatches every stage uses."""
     schedule: str = "1f1b"
-    """``"gpipe"`` or ``"1f1b"``."""
+    """A named schedule of :data:`PLANNED_SCHEDULES`: ``"gpipe"``, ``"1f1b"`` (version 1) or a version-2
+    one, ``"interleaved-1f1b"``, ``"interleaved-zb"``, ``"looped-bfs"``, ``"zbv"`` (spec 7.2)."""
     state_factor: float = 4.0
     """Bytes of training state per parameter byte (4 for fp32 Adam)."""
     allow_replication: bool = True
@@ -107,6 +118,9 @@ class PlanningProblem:
     """``K``: most microbatches a split-aware solver may use (default ``microbatches``)."""
     per_stage: bool = False
     """Split-aware solvers may give every stage its own split (unequal data partitions)."""
+    virtual_stages: int | None = None
+    """``v``, stages per device group, for ``interleaved-1f1b``, ``interleaved-zb`` and ``looped-bfs``;
+    ``None`` (``auto``) tries every ``v`` that fits.  ``zbv`` has ``v = 2``; version 1 has ``v = 1``."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.global_batch <= MAX_SAMPLES:
@@ -114,8 +128,11 @@ class PlanningProblem:
         if not 1 <= self.microbatches <= self.global_batch:
             raise ValueError(f"microbatches must be in 1..{self.global_batch} (the batch), got {self.microbatches}; "
                              f"each microbatch needs at least one sample")
-        if self.schedule not in ("gpipe", "1f1b"):
-            raise ValueError(f"schedule must be 'gpipe' or '1f1b', got {self.schedule!r}")
+        if self.schedule not in PLANNED_SCHEDULES:
+            why = ("custom programs come from a plan file (simulate it); solvers plan the named schedules"
+                   if self.schedule == "custom" else "unknown schedule")
+            raise ValueError(f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {self.schedule!r}: {why}")
+        self._check_virtual()
         if not 0 <= self.state_factor < math.inf:
             raise ValueError(f"state_factor must be finite and >= 0 (bytes of state per parameter byte), "
                              f"got {self.state_factor}")
@@ -131,6 +148,25 @@ class PlanningProblem:
         what, why = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
         if what:
             raise Overflow(what, why)
+
+    def _check_virtual(self) -> None:
+        """Refuse a ``virtual_stages`` the schedule does not take, and unequal splits for version 2."""
+        v = self.virtual_stages
+        if v is not None and v < 1:
+            raise ValueError(f"virtual_stages must be positive, got {v}")
+        if v is not None and self.schedule not in VIRTUAL_SCHEDULES:
+            fixed = 2 if self.schedule == "zbv" else 1
+            if v != fixed:
+                raise ValueError(f"{self.schedule} has {fixed} stage(s) per device group, got virtual_stages {v}; "
+                                 f"--virtual-stages applies to {', '.join(VIRTUAL_SCHEDULES)}")
+        if self.schedule in V2_NAMED and self.per_stage:
+            raise ValueError(f"{self.schedule} splits every stage alike (spec 7.2: all stages share one "
+                             f"microbatches list), so per-stage splits do not apply; drop --per-stage")
+
+    @property
+    def is_v2(self) -> bool:
+        """Whether the schedule is a version-2 one (device groups with several stages, spec 7)."""
+        return self.schedule in V2_NAMED
 
     def equal_split_problem(self) -> "PlanningProblem":
         """The same problem with the split fixed to ``microbatches`` equal microbatches."""
@@ -162,8 +198,9 @@ class PlanningProblem:
 
     @property
     def stage_limit(self) -> int:
-        """Most stages a plan may have: bounded by layers, devices and ``max_stages``."""
-        limit = min(len(self.graph), len(self.cluster.devices))
+        """Most stages a plan may have: bounded by layers, devices (version 1) and ``max_stages``."""
+        # version 2: a group holds several stages, so devices do not bound the stages
+        limit = len(self.graph) if self.is_v2 else min(len(self.graph), len(self.cluster.devices))
         return limit if self.max_stages is None else min(limit, self.max_stages)
 
     def make_plan(self, bounds: Sequence[tuple[int, int]], devices: Sequence[Sequence[str]],

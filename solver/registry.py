@@ -13,6 +13,8 @@ from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.result import SolverResult
 from pipeplan.solver.termination import watch
+from pipeplan.solver.v2_exact import DEFAULT_SIMULATIONS
+from pipeplan.solver.v2_space import empty_space
 
 
 class Solver(Protocol):
@@ -30,6 +32,27 @@ class Solver(Protocol):
 
 
 _SOLVERS: dict[str, Callable[[], Solver]] = {}
+
+VERSION1 = ("gpipe", "1f1b")
+"""What a solver plans for unless its class says otherwise (``schedules``)."""
+
+ONE_STAGE_PER_DEVICE = ("its method places one stage per device group and has no published form for groups "
+                        "holding several stages")
+"""Why a solver without a version-2 form refuses a version-2 schedule, unless its class says (``refuses_v2``)."""
+
+
+def planned_schedules(solver: object) -> tuple[str, ...]:
+    """The schedules ``solver`` (an instance or class) plans for (its ``schedules``, else :data:`VERSION1`)."""
+    return tuple(getattr(solver, "schedules", VERSION1))
+
+
+def schedule_refusal(solver: object, schedule: str) -> str:
+    """Why ``solver`` refuses ``schedule``, in one line naming the solvers that plan it; ``""`` when it plans it."""
+    if schedule in planned_schedules(solver):
+        return ""
+    why = getattr(solver, "refuses_v2", ONE_STAGE_PER_DEVICE)
+    others = [n for n in solver_names() if schedule in planned_schedules(_SOLVERS[n])]
+    return f"{getattr(solver, 'name', '?')} does not plan {schedule}: {why}; solvers that do: {', '.join(others)}"
 
 #: Modules that register solvers when imported (a missing one is simply not built yet).
 SOLVER_MODULES = ("pipeplan.solver.baselines", "pipeplan.solver.group_search", "pipeplan.solver.ilp", "pipeplan.solver.cpsat", "pipeplan.solver.cpsat_split", "pipeplan.solver.nsga")
@@ -63,6 +86,12 @@ def _recording_stop(solve: Callable[..., SolverResult]) -> Callable[..., SolverR
     @functools.wraps(solve)
     def run(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
             budget: float | None = None, warm_start: Plan | None = None) -> SolverResult:
+        refusal = schedule_refusal(self, problem.schedule)
+        if refusal:
+            raise InputError("-", "--schedule", refusal)
+        empty = empty_space(problem) if problem.is_v2 else ""
+        if empty:
+            raise InputError("-", "--virtual-stages" if problem.virtual_stages else "--schedule", empty)
         kwargs: dict = {"time_limit": time_limit, "seed": seed}
         if "budget" in takes:
             kwargs["budget"] = budget
@@ -77,7 +106,8 @@ def _recording_stop(solve: Callable[..., SolverResult]) -> Callable[..., SolverR
         proved = result.status == "optimal" or (result.status == "infeasible" and getattr(self, "proves", False))
         used = budget if "budget" in takes else None
         if used is None and "budget" in takes:
-            used = getattr(self, "default_budget", None)
+            # a version-2 schedule is searched by simulations (pipeplan.solver.v2_exact), whatever the solver's unit
+            used = DEFAULT_SIMULATIONS if problem.is_v2 else getattr(self, "default_budget", None)
         return replace(result, stopped_by=seen.stopped_by(proved), budget=used)
 
     run.records_stop = True  # type: ignore[attr-defined]

@@ -179,7 +179,7 @@ class TestCalibrateCommand:
         # A replicated first stage whose second microbatch (1 sample) leaves g1 without work.
         return str(graph), write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 1]), (3, 6, ["g2"], [2, 2])], 4, "1f1b")
 
-    def test_writes_the_cluster_with_the_probe_devices_calibrated(self, probe, tmp_path):
+    def test_writes_the_cluster_with_the_probe_devices_calibrated(self, probe, tmp_path, run_cli):
         """Three processes: g0 and g1 (declared speed 1) replicate stage 0, g2 (0.45) runs stage 1."""
         graph, plan_file = probe
         out = tmp_path / "calibrated.json"
@@ -201,7 +201,7 @@ class TestCalibrateCommand:
         assert record["not_calibrated"] == ["g3", "g4", "g5"]
         assert summary["predicted_after"] > 0 and summary["measured_iteration_time"] > 0
         # the calibrated cluster is an ordinary cluster: the plan simulates on it
-        assert pipeplan("simulate", graph, str(out), plan_file, "--json").returncode == 0
+        assert run_cli("simulate", graph, str(out), plan_file, "--json")[0] == 0
 
     @pytest.mark.parametrize("option, value, message", [("--runs", "0", "--runs: must be at least 1"),
                                                         ("--steps", "0", "--steps: must be at least 1")])

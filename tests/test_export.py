@@ -385,7 +385,7 @@ TORCHRUN_PLANS = {
 
 class TestExportedTorchFolder:
     @pytest.mark.parametrize("name", sorted(TORCHRUN_PLANS))
-    def test_losses_equal_pipeplan_run_and_one_process(self, tmp_path, name):
+    def test_losses_equal_pipeplan_run_and_one_process(self, tmp_path, run_cli, name):
         schedule, stages = TORCHRUN_PLANS[name]
         p = plan(stages, batch=8, schedule=schedule)
         processes = sum(len(st.devices) for st in p.stages)
@@ -393,10 +393,8 @@ class TestExportedTorchFolder:
         plan_file.write_text(json.dumps({**p.to_dict(), "graph": gpt_graph().name, "cluster": f"cpu-{processes}"}))
         cluster = _cluster(tmp_path, processes)
         folder = tmp_path / "torch"
-        export = subprocess.run([sys.executable, "-m", "pipeplan", "export", str(plan_file), "--to", "torch",
-                                 "--graph", GPT, "-o", str(folder)], cwd=ROOT, capture_output=True, text=True,
-                                timeout=120)
-        assert export.returncode == 0, export.stderr
+        status, _, err = run_cli("export", str(plan_file), "--to", "torch", "--graph", GPT, "-o", str(folder))
+        assert status == 0, err
         exported = _torchrun_losses(folder, processes)
         ours = _pipeplan_run_losses(GPT, cluster, str(plan_file))
         reference = _reference_losses(8)

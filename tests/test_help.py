@@ -1,8 +1,10 @@
-"""Every ``--help`` ends with one example invocation that the parser accepts."""
+"""The parser: every ``--help`` ends with one example invocation that the parser accepts, and a
+parser built for one command (what ``main`` runs) is that command's part of the full one."""
 
 from __future__ import annotations
 
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -35,3 +37,56 @@ class TestHelpExamples:
         assert argv[0] == "pipeplan"
         args = build_parser().parse_args(argv[1:])
         assert name == "pipeplan" or args.command == name
+
+
+def _command_help(parser, command: str) -> str:
+    (sub,) = [a for a in parser._actions if a.dest == "command"]
+    return sub.choices[command].format_help()
+
+
+class TestCommandModule:
+    @pytest.mark.parametrize("command", _commands())
+    def test_names_the_module_that_registers_the_command(self, command):
+        import importlib
+
+        from pipeplan.cli import COMMAND_MODULES, _empty_parser, command_module
+
+        home = command_module(command)
+        assert home in COMMAND_MODULES
+        parser, sub = _empty_parser()
+        importlib.import_module(home).register(sub)
+        assert command in sub.choices
+
+    @pytest.mark.parametrize("name", ["", "nope", "cmd_plan", "plan.x", "../plan"])
+    def test_none_for_names_no_module_registers(self, name):
+        from pipeplan.cli import command_module
+
+        assert command_module(name) is None
+
+
+class TestBuildParser:
+    @pytest.mark.parametrize("command", _commands())
+    def test_one_command_parses_and_helps_as_in_the_full_parser(self, command):
+        full, alone = build_parser(), build_parser(command)
+        assert _command_help(alone, command) == _command_help(full, command)
+        argv = shlex.split(EXAMPLES[command])[1:]
+        assert vars(alone.parse_args(argv)) == vars(full.parse_args(argv))
+
+    def test_an_unknown_command_gets_the_full_list(self, capsys):
+        with pytest.raises(SystemExit) as stop:
+            build_parser("nope").parse_args(["nope"])
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "invalid choice: 'nope'" in err and all(c in err for c in _commands())
+
+    def test_a_solver_command_does_not_import_torch(self):
+        # pipeplan simulate/plan start without torch (seconds at every start of a CLI process)
+        import subprocess
+        import sys
+
+        code = ("import sys; from pipeplan.cli import main; "
+                "status = main(['simulate', 'examples/chain8.graph.json', 'examples/two-servers.cluster.json', "
+                "'examples/hetero.plan.json', '--json']); print(status, 'torch' in sys.modules)")
+        root = Path(__file__).resolve().parents[1]
+        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+        assert done.stdout.split()[-2:] == ["0", "False"], done.stderr

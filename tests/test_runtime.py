@@ -1,7 +1,8 @@
 """The runtime: plans train exactly like one process; faults end cleanly; bad plans are refused.
 
 Every multi-process test runs ``pipeplan run`` as a subprocess under a hard timeout
-(2 to 4 workers, one torch thread each, a few float64 steps on tiny models).
+(2 to 4 workers, one torch thread each, a few float64 steps on tiny models).  Refusals,
+which must come before any process starts, run the command in this process.
 """
 
 from __future__ import annotations
@@ -69,6 +70,18 @@ def write_plan(folder: Path, stages: list[tuple], batch: int, schedule: str = "g
 def pipeplan(*argv: str, env: dict | None = None, timeout: float = LIMIT) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pipeplan.cli", *argv], cwd=ROOT, capture_output=True,
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def refused(run_cli, monkeypatch):
+    """``pipeplan run ARGV`` in this process, with a fault set for rank 0: a worker that started
+    anyway fails with "injected fault" and exit 1, not the refusal's 2."""
+    def run(*argv: str) -> tuple[int, str]:
+        monkeypatch.setenv("PIPEPLAN_FAULT", "0:0:raise")
+        status, _, err = run_cli("run", *argv)
+        return status, err
+
+    return run
 
 
 def run_verify(graph: str, plan: str, model: str, *extra: str) -> dict:
@@ -365,33 +378,33 @@ def test_worker_fault_ends_run_and_leaves_no_process(graphs, tmp_path, kind, exp
 
 
 # ----------------------------------------------------------------- refusals
-def test_plan_for_another_model_is_refused(graphs, tmp_path):
+def test_plan_for_another_model_is_refused(graphs, tmp_path, refused):
     plan = write_plan(tmp_path, [(0, 4, ["g0"], [2]), (4, 8, ["g1"], [2])], 2)
-    done = pipeplan("run", graphs["unet"], CLUSTER, plan, "--model", "gpt-tiny")
-    assert done.returncode == 2
-    assert done.stderr.startswith("error: ") and "units" in done.stderr
+    status, err = refused(graphs["unet"], CLUSTER, plan, "--model", "gpt-tiny")
+    assert status == 2
+    assert err.startswith("error: ") and "units" in err
 
 
-def test_renamed_layer_is_refused(graphs, tmp_path):
+def test_renamed_layer_is_refused(graphs, tmp_path, refused):
     data = json.loads(Path(graphs["gpt-tiny"]).read_text())
     data["layers"][2]["name"] = "block.9"
     graph = tmp_path / "renamed.graph.json"
     graph.write_text(json.dumps(data))
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
-    done = pipeplan("run", str(graph), CLUSTER, plan, "--model", "gpt-tiny")
-    assert done.returncode == 2 and "layers[2].name" in done.stderr and "block.1" in done.stderr
+    status, err = refused(str(graph), CLUSTER, plan, "--model", "gpt-tiny")
+    assert status == 2 and "layers[2].name" in err and "block.1" in err
 
 
-def test_plan_with_unknown_device_is_refused(graphs, tmp_path):
+def test_plan_with_unknown_device_is_refused(graphs, tmp_path, refused):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["gpu9"], [2])], 2)
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny")
-    assert done.returncode == 2 and "unknown device 'gpu9'" in done.stderr
+    status, err = refused(graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny")
+    assert status == 2 and "unknown device 'gpu9'" in err
 
 
-def test_bad_spin_is_refused_before_any_process(graphs, tmp_path):
+def test_bad_spin_is_refused_before_any_process(graphs, tmp_path, refused):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--spin", "-1")
-    assert done.returncode == 2 and done.stderr.startswith("error: -: --spin: must be 'auto' or seconds >= 0")
+    status, err = refused(graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--spin", "-1")
+    assert status == 2 and err.startswith("error: -: --spin: must be 'auto' or seconds >= 0")
     assert workers_alive(str(tmp_path)) == []
 
 
@@ -406,27 +419,24 @@ def test_bad_spin_is_refused_before_any_process(graphs, tmp_path):
     ("--lr", "nan", "--lr: must be a finite learning rate >= 0, got nan"),
     ("--lr", "inf", "--lr: must be a finite learning rate >= 0, got inf"),
 ])
-def test_bad_run_option_is_refused_before_any_process(graphs, tmp_path, option, value, message):
+def test_bad_run_option_is_refused_before_any_process(graphs, tmp_path, refused, option, value, message):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
-    # A worker that started would fail with "injected fault" and exit 1.
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "3", option, value,
-                    env={"PIPEPLAN_FAULT": "0:0:raise"})
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith("error: -: " + message) and done.stderr.count("\n") == 1
+    status, err = refused(graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "3", option, value)
+    assert status == 2, err
+    assert err.startswith("error: -: " + message) and err.count("\n") == 1
 
 
-def test_emulation_that_would_outlast_the_timeout_is_refused_before_any_process(graphs, tmp_path):
+def test_emulation_that_would_outlast_the_timeout_is_refused_before_any_process(graphs, tmp_path, refused):
     # g1 at 1e-300 of this machine's speed: its ops would take about 1e296 s (and overflow the clock)
     cluster = json.loads(Path(CLUSTER).read_text())
     cluster["devices"][1]["speed"] = 1e-300
     slow = tmp_path / "slow.cluster.json"
     slow.write_text(json.dumps(cluster))
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
-    done = pipeplan("run", graphs["gpt-tiny"], str(slow), plan, "--model", "gpt-tiny", "--steps", "1", "--emulate",
-                    env={"PIPEPLAN_FAULT": "0:0:raise"})
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(f"error: {plan}: --emulate: an emulated op would last ")
-    assert "longer than --timeout 50 s" in done.stderr and done.stderr.count("\n") == 1
+    status, err = refused(graphs["gpt-tiny"], str(slow), plan, "--model", "gpt-tiny", "--steps", "1", "--emulate")
+    assert status == 2, err
+    assert err.startswith(f"error: {plan}: --emulate: an emulated op would last ")
+    assert "longer than --timeout 50 s" in err and err.count("\n") == 1
 
 
 class TestCheckOptions:
@@ -529,8 +539,8 @@ def test_sigterm_stops_workers_and_removes_the_run_folder(graphs, tmp_path):
     assert workers_alive(str(tmp_path)) == []
 
 
-def test_deadlocking_custom_plan_is_refused(graphs, tmp_path):
+def test_deadlocking_custom_plan_is_refused(graphs, tmp_path, refused):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [1, 1], False, ["F0", "B0", "F1", "B1"]),
                                  (3, 6, ["g1"], [1, 1], False, ["F0", "F1", "B1", "B0"])], 2, "custom")
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny")
-    assert done.returncode == 2 and "deadlock" in done.stderr
+    status, err = refused(graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny")
+    assert status == 2 and "deadlock" in err

@@ -10,7 +10,7 @@ from pipeplan.experiments.bench_scale import GENERATIONS, scale_cluster, scale_p
 from pipeplan.solver.ilp import quiet_stdout
 from pipeplan.solver.registry import get_solver, solver_names
 
-LIMIT = 3.0
+LIMIT = 1.0
 """The short limit of the test (seconds)."""
 
 GRACE = 0.1 * LIMIT + 1.0

@@ -72,20 +72,22 @@ class TestShippedFiles:
 
 
 class TestWrittenFiles:
-    def test_what_the_demo_writes_validates(self, tmp_path):
-        """The demo's profile, plan (with its solver record) and calibrated cluster, made the same way."""
+    def test_what_the_demo_writes_validates(self, tmp_path, run_cli):
+        """The demo's profile, plan (with its solver record) and calibrated cluster, made the same way
+        (the calibration's probe processes under a hard timeout)."""
         def cli(*argv):
-            proc = subprocess.run([sys.executable, "-m", "pipeplan", *argv], cwd=ROOT, capture_output=True,
-                                  text=True, timeout=240)
-            assert proc.returncode == 0, proc.stderr[-2000:]
+            status, _, err = run_cli(*argv)
+            assert status == 0, err[-2000:]
 
         graph, plan, calibrated = tmp_path / "g.json", tmp_path / "p.json", tmp_path / "c.json"
         cluster = str(EXAMPLES / "cpu-pair.cluster.json")
         cli("profile", "gpt-tiny", "--batch-sizes", "1,2", "-o", str(graph))
         cli("plan", str(graph), cluster, "--batch", "8", "--microbatches", "4", "--schedule", "1f1b",
             "--solver", "cpsat", "--time-limit", "5", "-o", str(plan))
-        cli("calibrate", str(graph), cluster, str(plan), "--model", "gpt-tiny", "--runs", "1", "--steps", "3",
-            "-o", str(calibrated))
+        proc = subprocess.run([sys.executable, "-m", "pipeplan", "calibrate", str(graph), cluster, str(plan),
+                               "--model", "gpt-tiny", "--runs", "1", "--steps", "3", "-o", str(calibrated)],
+                              cwd=ROOT, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-2000:]
         for path in (graph, plan, calibrated):
             assert_valid(path)
         assert "solver" in json.loads(plan.read_text())

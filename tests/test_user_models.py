@@ -329,11 +329,13 @@ class TestReplayModel:
 
 # ---------------------------------------------------------------------------------------- CLI
 class TestProfileCommand:
-    def test_dry_run_writes_nothing(self, tmp_path):
+    """``pipeplan profile`` and ``plan`` in this process (``run`` below is the multi-process one)."""
+
+    def test_dry_run_writes_nothing(self, tmp_path, run_cli):
         out = tmp_path / "g.json"
-        done = cli("profile", f"{TOY}:build", "--dry-run", "--trace", "both")
-        assert done.returncode == 0, done.stderr
-        assert "tied to embed" in done.stdout and not out.exists()
+        status, stdout, err = run_cli("profile", f"{TOY}:build", "--dry-run", "--trace", "both")
+        assert status == 0, err
+        assert "tied to embed" in stdout and not out.exists()
 
     @pytest.mark.parametrize("argv, fragment", [
         ([f"{TOY}:raises"], "raises() raised ValueError: dim must be even"),
@@ -342,38 +344,37 @@ class TestProfileCommand:
         (["gpt-tiny", "--units", "embed"], "--units: applies to an imported model"),
         ([f"{TOY}:build", "--seq-len", "4"], "--seq-len: applies to zoo models"),
     ])
-    def test_bad_input_one_line_exit_2(self, tmp_path, argv, fragment):
+    def test_bad_input_one_line_exit_2(self, tmp_path, run_cli, argv, fragment):
         out = tmp_path / "g.json"
-        done = cli("profile", *argv, "-o", str(out))
-        assert done.returncode == 2 and not out.exists()
-        assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: ") and fragment in done.stderr
+        status, _, err = run_cli("profile", *argv, "-o", str(out))
+        assert status == 2 and not out.exists()
+        assert err.count("\n") == 1 and err.startswith("error: ") and fragment in err
 
     @pytest.mark.parametrize("spec, counted_on", [([f"{TOY}:build"], "meta"),
                                                   ([f"{DATA}/branchy.py:build", "--input-shape", "4"], "cpu")])
-    def test_analytic_on_meta_where_the_forward_runs_there(self, tmp_path, spec, counted_on):
+    def test_analytic_on_meta_where_the_forward_runs_there(self, tmp_path, run_cli, spec, counted_on):
         out = tmp_path / "g.json"
-        done = cli("profile", *spec, "--analytic", "-o", str(out))
-        assert done.returncode == 0, done.stderr
+        status, _, err = run_cli("profile", *spec, "--analytic", "-o", str(out))
+        assert status == 0, err
         graph = json.loads(out.read_text())
         assert graph["profile"]["counted_on"] == counted_on  # branchy's `if` reads weight values
         if counted_on == "meta":  # the same counts as on the CPU: block Linear 2*6*16*16 per sample
             assert graph["layers"][1]["flops"]["fwd_per_sample"] == 2 * 6 * 16 * 16
 
-    def test_debug_shows_the_traceback(self):
-        done = cli("profile", f"{TOY}:raises", "--dry-run", "--debug")
-        assert done.returncode == 2 and "Traceback" in done.stderr and 'raise ValueError("dim must be even")' \
-            in done.stderr
+    def test_debug_shows_the_traceback(self, run_cli):
+        status, _, err = run_cli("profile", f"{TOY}:raises", "--dry-run", "--debug")
+        assert status == 2 and "Traceback" in err and 'raise ValueError("dim must be even")' in err
 
-    def test_profile_then_plan(self, tmp_path):
+    def test_profile_then_plan(self, tmp_path, run_cli):
         graph, plan = tmp_path / "g.json", tmp_path / "p.json"
-        done = cli("profile", f"{DATA}/unet_small.py:build", "-o", str(graph), "--batch-sizes", "1,2",
-                   "--repeats", "1", "--warmup", "0")
-        assert done.returncode == 0, done.stderr
+        status, _, err = run_cli("profile", f"{DATA}/unet_small.py:build", "-o", str(graph), "--batch-sizes", "1,2",
+                                 "--repeats", "1", "--warmup", "0")
+        assert status == 0, err
         data = json.loads(graph.read_text())
         assert [layer["name"] for layer in data["layers"]] == ["enc1", "enc2", "mid", "dec2", "dec1", "out"]
-        done = cli("plan", str(graph), str(CLUSTER), "--batch", "8", "--microbatches", "4", "--solver", "cpsat",
-                   "--time-limit", "20", "-o", str(plan))
-        assert done.returncode == 0, done.stderr
+        status, _, err = run_cli("plan", str(graph), str(CLUSTER), "--batch", "8", "--microbatches", "4",
+                                 "--solver", "cpsat", "--time-limit", "20", "-o", str(plan))
+        assert status == 0, err
         assert json.loads(plan.read_text())["solver"]["status"] in ("optimal", "feasible")
 
 
@@ -403,13 +404,14 @@ RUNS = {
 
 class TestRunImported:
     @pytest.mark.parametrize("name", list(RUNS))
-    def test_verify_on_four_processes(self, tmp_path, name):
+    def test_verify_on_four_processes(self, tmp_path, run_cli, name):
         model, cuts, replicated = RUNS[name]
         if model[0].startswith("hf:"):
             pytest.importorskip("transformers")
         graph, plan = tmp_path / "g.json", tmp_path / "p.json"
-        done = cli("profile", *model, "-o", str(graph), "--batch-sizes", "1,2", "--repeats", "1", "--warmup", "0")
-        assert done.returncode == 0, done.stderr
+        status, _, err = run_cli("profile", *model, "-o", str(graph), "--batch-sizes", "1,2", "--repeats", "1",
+                                 "--warmup", "0")
+        assert status == 0, err
         _plan(graph, plan, cuts, replicated)
         done = cli("run", str(graph), str(CLUSTER), str(plan), "--model", *model, "--verify", "--steps", "2",
                    "--json")
@@ -417,15 +419,16 @@ class TestRunImported:
         result = json.loads(done.stdout)
         assert result["processes"] == 4 and result["verified"] and result["max_param_diff"] <= 1e-6
 
-    def test_example_of_several_tensors_refused(self, tmp_path):
+    def test_example_of_several_tensors_refused(self, tmp_path, run_cli):
         graph, plan = tmp_path / "g.json", tmp_path / "p.json"
         spec = f"{DATA}/two_inputs.py:build"
-        done = cli("profile", spec, "-o", str(graph), "--batch-sizes", "1", "--repeats", "1", "--warmup", "0")
-        assert done.returncode == 0, done.stderr
+        status, _, err = run_cli("profile", spec, "-o", str(graph), "--batch-sizes", "1", "--repeats", "1",
+                                 "--warmup", "0")
+        assert status == 0, err
         _plan(graph, plan, [1], 0)
-        done = cli("run", str(graph), str(CLUSTER), str(plan), "--model", spec, "--steps", "1")
-        assert done.returncode == 2 and done.stderr.count("\n") == 1
-        assert "the runtime feeds the model one input tensor" in done.stderr
+        status, _, err = run_cli("run", str(graph), str(CLUSTER), str(plan), "--model", spec, "--steps", "1")
+        assert status == 2 and err.count("\n") == 1
+        assert "the runtime feeds the model one input tensor" in err
 
 
 # ---------------------------------------------------------------------------------------- API

@@ -10,6 +10,9 @@ Heterogeneous adaptation: DeepSpeed runs a PP x DP grid with the pipe axis outer
 so stage ``s`` gets ``r`` consecutive ranks.  We take ranks from the fastest devices
 (:func:`~pipeplan.solver.baselines.common.rank_devices`) and try, for every stage count ``S``,
 ``r = 1`` and (with replication allowed) ``r = D // S``, the largest grid that fits.
+
+Version-2 schedules (:mod:`pipeplan.solver.baselines.interleaved`): the same partition
+method over the ``S`` virtual stages, on ``R`` ranks of ``r = 1`` or ``D // R`` devices.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeplan.solver.baselines.common import Baseline, Proposal, bounds_from_cuts, rank_devices, split_groups
+from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, bounds_from_cuts, rank_devices, split_groups
+from pipeplan.solver.baselines.interleaved import InterleavedForm
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 
@@ -90,11 +94,21 @@ def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     return parts[::-1]
 
 
-class _DeepSpeed(Baseline):
+class _DeepSpeed(InterleavedForm, Baseline):
     """Shared PP x DP grid of both DeepSpeed partition methods."""
 
     def cuts(self, problem: PlanningProblem, stages: int) -> list[int]:
         raise NotImplementedError
+
+    def v2_bounds(self, problem: PlanningProblem, stages: int) -> Bounds | None:
+        cuts = self.cuts(problem, stages)
+        return bounds_from_cuts(cuts) if all(a < b for a, b in zip(cuts, cuts[1:])) else None
+
+    def v2_groupings(self, problem: PlanningProblem, groups: int) -> Iterator[Groups]:
+        ranked = rank_devices(problem)
+        widths = {1, len(ranked) // groups} if problem.allow_replication else {1}
+        for r in sorted(widths):
+            yield split_groups(ranked, [r] * groups)
 
     def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
         ranked = rank_devices(problem)

@@ -8,6 +8,9 @@ counts: every stage gets ``L // S`` layers and the first ``L % S`` stages one mo
 Heterogeneous adaptation: one device per stage (a pure pipeline, as GPipe), the ``S``
 fastest devices in :func:`~pipeplan.solver.baselines.common.rank_devices` order; every stage
 count ``S = 1 .. stage_limit`` is tried and the simulator keeps the fastest fitting plan.
+
+Version-2 schedules (:mod:`pipeplan.solver.baselines.interleaved`): torchtitan's even split
+of the layers over the ``v*R`` virtual stages, one device per rank, the ``R`` fastest.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from typing import Iterator
 
 import numpy as np
 
-from pipeplan.solver.baselines.common import Baseline, Proposal, bounds_from_cuts, rank_devices, split_groups
+from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, bounds_from_cuts, rank_devices, split_groups
+from pipeplan.solver.baselines.interleaved import InterleavedForm
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 
@@ -55,7 +59,7 @@ def even_cuts(num_layers: int, num_stages: int) -> list[int]:
 
 
 @register("even")
-class EvenSplit(Baseline):
+class EvenSplit(InterleavedForm, Baseline):
     """Even layer split, one device per stage (GPipe / torchtitan default)."""
 
     name = "even"
@@ -65,3 +69,9 @@ class EvenSplit(Baseline):
         ranked = rank_devices(problem)
         for stages in range(1, problem.stage_limit + 1):
             yield bounds_from_cuts(even_cuts(len(problem.graph), stages)), split_groups(ranked, [1] * stages)
+
+    def v2_bounds(self, problem: PlanningProblem, stages: int) -> Bounds:
+        return bounds_from_cuts(even_cuts(len(problem.graph), stages))
+
+    def v2_groupings(self, problem: PlanningProblem, groups: int) -> Iterator[Groups]:
+        yield split_groups(rank_devices(problem), [1] * groups)

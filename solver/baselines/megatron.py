@@ -20,6 +20,11 @@ size or the data-parallel degree (the user sets them): every pair ``(S, d)`` wit
 simulator keeps the fastest that fits.
 
 Heterogeneous adaptation: none; Megatron places ranks in order whatever the devices.
+
+Version-2 schedules (:mod:`pipeplan.solver.baselines.interleaved`):
+``--num-layers-per-virtual-pipeline-stage`` gives each of the ``v*R`` model chunks
+``blocks / (v*R)`` blocks (refused when that does not divide), on ``R`` ranks of ``d``
+devices in order, every ``d`` that fits.
 """
 
 from __future__ import annotations
@@ -29,7 +34,8 @@ from collections import Counter
 from typing import Iterator
 
 from pipeplan.models.graph import LayerGraph
-from pipeplan.solver.baselines.common import Baseline, Bounds, Proposal, split_groups
+from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, split_groups
+from pipeplan.solver.baselines.interleaved import InterleavedForm
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import register
 
@@ -102,11 +108,19 @@ def megatron_bounds(graph: LayerGraph, stages: int) -> Bounds | None:
 
 
 @register("megatron")
-class Megatron(Baseline):
+class Megatron(InterleavedForm, Baseline):
     """Megatron-LM's even split of transformer blocks, ranks in order."""
 
     name = "megatron"
     source = "Megatron-LM (SC'21): blocks split evenly, embedding first, head last, ranks in order"
+
+    def v2_bounds(self, problem: PlanningProblem, stages: int) -> Bounds | None:
+        return megatron_bounds(problem.graph, stages)
+
+    def v2_groupings(self, problem: PlanningProblem, groups: int) -> Iterator[Groups]:
+        devices = [d.id for d in problem.cluster.devices]
+        for d in range(1, len(devices) // groups + 1) if problem.allow_replication else [1]:
+            yield split_groups(devices, [d] * groups)
 
     def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
         devices = [d.id for d in problem.cluster.devices]

@@ -1,0 +1,68 @@
+"""The counted work of the exact search's phases (:class:`ExactWork`), and a context that sets it.
+
+Kept apart from :mod:`pipeplan.solver.exact` so that solvers which run the exact ones inside
+their own search (NSGA-II's seeding) can set it without importing the exact solver itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Iterator
+
+from pipeplan.solver.enumeration import DEFAULT_PREFIXES
+from pipeplan.solver.group_search import EVALUATIONS
+
+GREEDY_AFTER_FIT = 64
+"""Greedy plans (:func:`greedy_plans`) still simulated once one fitted: each is simulated on every
+device, which takes seconds on clusters of thousands, and the first fitting ones are the best."""
+
+GA_ROUNDS, GA_GENERATIONS = 1, 60
+"""NSGA-II runs from an unproved incumbent (:func:`improve_with_ga`) and generations of each: 20
+generations took 3 s at 96 layers x 32 devices on the loaded 2-core machine this was measured on."""
+
+@dataclass(frozen=True)
+class ExactWork:
+    """The counted work of the exact search's phases besides the model (whose budget its solver holds).
+
+    Each phase stops on its own count, never on a share of the clock, so an exact solve that the
+    time limit does not cut gives the same plan and record on any machine.  The defaults are sized
+    from solves of 96 layers x 32 devices of two types (``experiments/bench_solvers.py``), which
+    the walk does not prove (see :data:`pipeplan.solver.enumeration.DEFAULT_PREFIXES`).
+    """
+
+    patterns: int = EVALUATIONS
+    """Patterns group-search builds for the incumbent (see :func:`pipeplan.solver.group_search.group_search`)."""
+    greedy_after_fit: int = GREEDY_AFTER_FIT
+    """Greedy plans still simulated once one fitted (on large clusters each costs seconds)."""
+    prefixes: int = DEFAULT_PREFIXES
+    """Prefixes the configuration walk expands over all its passes."""
+    ga_rounds: int = GA_ROUNDS
+    """NSGA-II runs from the incumbent when the search is not proved (each restarted from the best front)."""
+    ga_generations: int = GA_GENERATIONS
+    """Generations of each of those runs."""
+
+
+_WORK: ContextVar[ExactWork | None] = ContextVar("pipeplan_exact_work", default=None)
+
+
+@contextlib.contextmanager
+def exact_work(work: ExactWork) -> Iterator[None]:
+    """Inside the block, :func:`solve_exact` runs ``work`` unless given its own (for solvers that run exact ones).
+
+    Examples
+    --------
+    >>> with exact_work(ExactWork(prefixes=1000, ga_rounds=0)):
+    ...     pass  # get_solver("cpsat").solve(problem) here walks at most 1000 prefixes
+    """
+    token = _WORK.set(work)
+    try:
+        yield
+    finally:
+        _WORK.reset(token)
+
+
+def current_work() -> ExactWork:
+    """The work set by the innermost :func:`exact_work` block, else the defaults."""
+    return _WORK.get() or ExactWork()
