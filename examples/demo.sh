@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job end to end on the built-in examples: describe a cluster, check, simulate,
-# plan with every solver, draw, profile a real model, plan it and run the plan on local processes.
+# plan with every solver, draw, profile a real model, plan it and run the plan on local processes,
+# pick its fastest schedule (interleaved, zero-bubble, ...) and export it.
 # Usage: examples/demo.sh PATH/TO/pipeplan   (make demo passes the venv's script)
 set -euo pipefail
 PIPEPLAN=${1:-pipeplan}
@@ -45,11 +46,19 @@ echo "-- trained exactly like one process (float64):"
 "$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.plan.json --model gpt-tiny \
     --steps 4 --verify
 echo
-echo "== 5. export the gpt-tiny plan to torch.distributed.pipelining, torchtitan, DeepSpeed and Megatron-LM"
+echo "== 5. version-2 schedules: plan gpt-tiny for every schedule (GPipe to ZB-V), keep the fastest, run it verified"
+"$PIPEPLAN" plan out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json --batch 64 --microbatches 4 \
+    --schedule auto --solver cpsat --time-limit 20 -o out/gpt-tiny.auto.plan.json
+"$PIPEPLAN" simulate out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.auto.plan.json \
+    --gantt out/gpt-tiny.auto.gantt.png
+"$PIPEPLAN" run out/gpt-tiny.graph.json $EX/cpu-pair.cluster.json out/gpt-tiny.auto.plan.json --model gpt-tiny \
+    --steps 4 --verify
+echo
+echo "== 6. export the gpt-tiny plan to torch.distributed.pipelining, torchtitan, DeepSpeed and Megatron-LM"
 for target in torch torchtitan deepspeed megatron; do
     "$PIPEPLAN" export out/gpt-tiny.plan.json --to $target --graph out/gpt-tiny.graph.json -o out/export-$target
 done
 echo "-- train it with torch: (cd out/export-torch && torchrun --standalone --nproc-per-node=2 train.py --steps 4)"
 echo
-echo "pictures: out/hetero.gantt.png out/compare.png out/best.gantt.png out/gpt-tiny.run.png;"
+echo "pictures: out/hetero.gantt.png out/compare.png out/best.gantt.png out/gpt-tiny.run.png out/gpt-tiny.auto.gantt.png;"
 echo "traces: out/hetero.trace.json (open in https://ui.perfetto.dev)"
