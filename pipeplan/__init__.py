@@ -94,7 +94,7 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
     Parameters
     ----------
     graph : LayerGraph or str
-        A layer graph or the path of a ``pipeplan.graph/1`` file.
+        A layer graph or the path of a ``pipeplan.graph/1`` or ``/2`` file.
     cluster : Cluster or str
         A cluster or the path of a ``pipeplan.cluster/1`` file.
     batch : int
@@ -109,7 +109,8 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
         Seed of randomised solvers (same seed, same plan).
     **options
         Further :class:`~pipeplan.solver.problem.PlanningProblem` fields
-        (``schedule``, ``state_factor``, ``allow_replication``, ``max_stages``, ...).
+        (``schedule`` including the version-2 names, ``virtual_stages``, ``state_factor``,
+        ``allow_replication``, ``max_stages``, ...).
 
     Returns
     -------
@@ -139,7 +140,7 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
 
 
 def load_plan(path: str) -> "Plan":
-    """Read and check a plan file (``pipeplan.plan/1``).
+    """Read and check a plan file (``pipeplan.plan/1`` or ``/2``).
 
     Parameters
     ----------
