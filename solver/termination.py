@@ -83,6 +83,31 @@ def watch() -> Iterator[Watch]:
         _WATCHES.reset(token)
 
 
+@contextlib.contextmanager
+def phase_watch() -> Iterator[Watch]:
+    """Like :func:`watch`, but what stops work inside reaches only this watch, not the enclosing ones.
+
+    For a phase with a budget of its own: its budget running out ends the phase, not the
+    solve, so the caller passes on only what should reach the solve's record (the clock,
+    an interrupt).
+
+    Examples
+    --------
+    >>> with watch() as outer:
+    ...     with phase_watch() as phase:
+    ...         WorkBudget(1).spend(2)
+    False
+    >>> phase.budget_spent, outer.budget_spent
+    (True, False)
+    """
+    w = Watch()
+    token = _WATCHES.set((w,))
+    try:
+        yield w
+    finally:
+        _WATCHES.reset(token)
+
+
 def note(kind: str) -> None:
     """Tell every open :func:`watch` that ``kind`` (``"time"``, ``"interrupt"``, ``"budget"``) stopped some work."""
     attr = {"time": "time_cut", "interrupt": "interrupted", "budget": "budget_spent"}[kind]
@@ -271,7 +296,7 @@ class WorkBudget:
     >>> [b.spend() for _ in range(4)]
     [True, True, True, False]
     >>> b.exhausted(), b.spent
-    (True, 3)
+    (True, 3.0)
     """
 
     units: float

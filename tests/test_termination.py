@@ -12,7 +12,7 @@ import pytest
 
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.termination import (TimeLimit, WorkBudget, clear_interrupt, interrupted, on_interrupt, past,
-                                         request_interrupt, watch)
+                                         phase_watch, request_interrupt, watch)
 from conftest import EXAMPLES, ROOT
 
 
@@ -67,6 +67,24 @@ class TestWatch:
         with watch() as seen:
             TimeLimit(0).expired()
         assert seen.stopped_by() == "interrupt"
+
+
+class TestPhaseWatch:
+    def test_what_stops_a_phase_stays_in_the_phase(self):
+        with watch() as solve:
+            with phase_watch() as phase:
+                assert not WorkBudget(1).spend(2)
+                assert TimeLimit(0.0).expired()
+        assert phase.budget_spent and phase.time_cut
+        assert not solve.budget_spent and not solve.time_cut
+        assert solve.stopped_by() == "complete"
+
+    def test_outside_the_phase_the_solve_sees_again(self):
+        with watch() as solve:
+            with phase_watch():
+                pass
+            WorkBudget(1).spend(2)
+        assert solve.stopped_by() == "budget"
 
 
 class TestInterrupt:
