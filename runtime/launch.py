@@ -7,6 +7,10 @@ give it.  The launcher is their watchdog:
 - a worker whose heartbeat (:mod:`pipeplan.runtime.heartbeat`) stands still for ``timeout``
   seconds is hung: the rank named is the one that stopped on its own, not one
   merely blocked waiting for it (:func:`_hang_key`);
+- the hang clock starts when every worker has beaten once: a worker's first beat comes
+  after Python has imported torch, which takes seconds on a busy machine, and the ranks
+  that started first wait for it without progress (a worker that has not beaten
+  ``startup_timeout`` seconds after launch is reported as not started);
 - every worker is killed when the run ends, however it ends (each runs in its own
   session, is killed by process group, and dies with the launcher through
   ``PR_SET_PDEATHSIG`` should the launcher itself be killed).
@@ -27,6 +31,8 @@ from typing import Callable, Sequence
 from pipeplan.runtime import heartbeat
 
 ROOT = Path(__file__).resolve().parents[1]
+STARTUP_TIMEOUT = 120.0
+"""Seconds a worker may take from launch to its first heartbeat (starting Python, importing torch)."""
 _PEER_ERRORS = ("connection", "gloo", "timed out", "timeout", "broken pipe", "peer", "remote", "nccl")
 
 
@@ -53,7 +59,8 @@ def _die_with_parent() -> None:
 
 def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: float,
                  describe: Callable[[int], str], extra_env: dict[str, str] | None = None,
-                 entry: Sequence[str] = ("-m", "pipeplan.runtime.worker")) -> None:
+                 entry: Sequence[str] = ("-m", "pipeplan.runtime.worker"),
+                 startup_timeout: float = STARTUP_TIMEOUT) -> None:
     """Run ``world`` workers to completion.
 
     Parameters
@@ -65,13 +72,16 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
     workdir : Path
         Where logs and the heartbeat map go.
     timeout : float
-        Seconds without a heartbeat before a worker counts as hung.
+        Seconds without a heartbeat before a worker counts as hung, once every worker has
+        beaten once.
     describe : callable
         ``rank -> "stage 0 replica 1, device g1"`` for messages.
     extra_env : dict, optional
         More environment for the workers.
     entry : sequence of str
         What ``python`` runs, before ``worker_args`` (the worker module; a test's own driver).
+    startup_timeout : float
+        Seconds from launch to a worker's first heartbeat before it counts as not started.
 
     Raises
     ------
@@ -94,14 +104,15 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
                     env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}, cwd=ROOT,
                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                     start_new_session=True, preexec_fn=_die_with_parent))
-        _watch(procs, table, timeout, describe, logs)
+        _watch(procs, table, timeout, describe, logs, startup_timeout)
     finally:
         _kill_all(procs)
 
 
 def _watch(procs: list[subprocess.Popen], table, timeout: float, describe: Callable[[int], str],
-           logs: list[Path]) -> None:
+           logs: list[Path], startup_timeout: float = STARTUP_TIMEOUT) -> None:
     started = time.perf_counter()
+    ready: float | None = None  # when every running worker had beaten once
     while True:
         codes = [p.poll() for p in procs]
         failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
@@ -114,11 +125,20 @@ def _watch(procs: list[subprocess.Popen], table, timeout: float, describe: Calla
         now = time.perf_counter()
         running = [r for r, code in enumerate(codes) if code is None]
         beats = {r: heartbeat.read(table, r) for r in running}
-        stale = [r for r in running if now - max(beats[r].time, started) > timeout]
-        if stale:
-            rank = min(running, key=lambda r: _hang_key(procs[r].pid, beats[r], started))
-            raise WorkerError(rank, f"rank {rank} ({describe(rank)}): made no progress for {timeout:g} s "
-                                    f"({_where(beats[rank])}); presumed hung", _tail(logs[rank]))
+        if ready is None:
+            unstarted = [r for r in running if beats[r].time == 0]
+            if unstarted and now - started > startup_timeout:
+                rank = unstarted[0]
+                raise WorkerError(rank, f"rank {rank} ({describe(rank)}): did not start within "
+                                        f"{startup_timeout:g} s of launch (no heartbeat yet)", _tail(logs[rank]))
+            if not unstarted:
+                ready = now
+        if ready is not None:
+            stale = [r for r in running if now - max(beats[r].time, ready) > timeout]
+            if stale:
+                rank = min(running, key=lambda r: _hang_key(procs[r].pid, beats[r], ready))
+                raise WorkerError(rank, f"rank {rank} ({describe(rank)}): made no progress for {timeout:g} s "
+                                        f"({_where(beats[rank])}); presumed hung", _tail(logs[rank]))
         time.sleep(0.05)
 
 
