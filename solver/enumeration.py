@@ -108,8 +108,9 @@ DEFAULT_TABLE_CELLS = 1_200_000_000
 """Table entries the walk may build over all its passes, without an explicit budget: the shift
 table's entries and, at each (re)build, arcs x devices-left vectors x the tables built (four, and
 one per delta band).  At 96 layers x 32 devices a rebuild grows with the cutoff, from 0.06 to 1.7
-billion entries (4 ns each on the machine the prefixes were measured on); the benchmark instances
-the walk proves (up to 64 x 16) build at most 0.3 billion."""
+billion entries (4 ns each on the machine the prefixes were measured on), and this stops the walk
+before the fourth (1.15 billion built): a default solve there then ends on its budget in about 20 s on
+that machine.  The benchmark instances the walk proves (up to 64 x 16) build at most 0.3 billion."""
 
 DELTA_BANDS = 8
 """Bands of the completions' largest ``delta`` that the pass-sum table is kept for (see [Note: delta bands])."""
