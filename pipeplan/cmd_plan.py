@@ -61,7 +61,9 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="seconds per solver, a cap (default 60); a solve it cuts short may differ on another machine")
     p.add_argument("--budget", type=float, default=None, metavar="N",
                    help="work per solver, in the solver's own unit (nsga: generations; cpsat, cpsat-split: CP-SAT "
-                        "deterministic seconds; ilp: HiGHS nodes; group-search: patterns); same budget and seed, "
+                        "deterministic seconds; ilp: HiGHS nodes; group-search: patterns); for ilp and cpsat it "
+                        "also scales every counted phase of the exact search by N / the default (walk prefixes, "
+                        "table entries, patterns, greedy plans, NSGA-II generations); same budget and seed, "
                         "same plan on any machine (default: each solver's own, see docs/determinism.md)")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the randomised solvers (default 0; same seed, same plan)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from typing import Sequence
 
 import numpy as np
@@ -29,6 +29,7 @@ from pipeplan.solver.equal_splits import fastest, solve_equal_splits
 from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import model_rows
 from pipeplan.solver.exact import solve_exact
+from pipeplan.solver.exact_work import budget_work, exact_work
 from pipeplan.solver.joint_split import solve_joint
 from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
@@ -150,11 +151,13 @@ class CpSatSolver:
         if problem.is_v2:
             return solve_v2_exact(self.name, problem, time_limit, seed, budget)
         work = WorkBudget(budget or DEFAULT_BUDGET)
-        if problem.auto_microbatches or problem.per_stage:
-            return self.solve_splits(problem, time_limit=time_limit, seed=seed, budget=work)
-        return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers, work),
-                           time_limit=time_limit, seed=seed, details={"workers": self.workers},
-                           enumerate_first=self.enumerate_first)
+        phases = budget_work(budget, DEFAULT_BUDGET)  # --budget scales every phase alike
+        with exact_work(phases):  # for the exact solves the split search runs
+            if problem.auto_microbatches or problem.per_stage:
+                return self.solve_splits(problem, time_limit=time_limit, seed=seed, budget=work)
+            return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers, work),
+                               time_limit=time_limit, seed=seed, details={"workers": self.workers, "work": asdict(phases)},
+                               enumerate_first=self.enumerate_first, work=phases)
 
     def solve_splits(self, problem: PlanningProblem, *, time_limit: float, seed: int,
                      budget: WorkBudget | None = None) -> SolverResult:

@@ -39,6 +39,7 @@ def solve_counted(solver: cp_model.CpSolver, model: cp_model.CpModel, *, time_li
         CP-SAT's status code.
     """
     solver.parameters.max_time_in_seconds = 0.0 if interrupted() else max(time_limit, 0.01)
+    solver.parameters.catch_sigint_signal = False  # interruptible() takes SIGINT; with CP-SAT's own handler the process died of it
     if budget is not None:
         solver.parameters.max_deterministic_time = max(budget.left(), 1e-6)
     with on_interrupt(solver.stop_search):

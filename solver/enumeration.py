@@ -74,7 +74,7 @@ as before.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -100,9 +100,17 @@ FAST_PASS, SLOW_PASS = 1_500, 6_000
 :data:`STEP`).  Counted, not timed, so the passes (and the bound) are the same on any machine."""
 
 DEFAULT_PREFIXES = 50_000
-"""Prefixes the walk may expand over all its passes, without an explicit budget: 20,000 took
-70 s at 96 layers x 32 devices on the loaded 2-core machine this was measured on, most of it
-building the passes' tables, which this does not count."""
+"""Prefixes the walk may expand over all its passes, without an explicit budget: 50,000 took
+18 s at 96 layers x 32 devices on the 2-core machine this was measured on (besides the tables,
+counted apart: :data:`DEFAULT_TABLE_CELLS`)."""
+
+DEFAULT_TABLE_CELLS = 1_200_000_000
+"""Table entries the walk may build over all its passes, without an explicit budget: the shift
+table's entries and, at each (re)build, arcs x devices-left vectors x the tables built (four, and
+one per delta band).  At 96 layers x 32 devices a rebuild grows with the cutoff, from 0.06 to 1.7
+billion entries (4 ns each on the machine the prefixes were measured on), and this stops the walk
+before the fourth (1.15 billion built): a default solve there then ends on its budget in about 20 s on
+that machine.  The benchmark instances the walk proves (up to 64 x 16) build at most 0.3 billion."""
 
 DELTA_BANDS = 8
 """Bands of the completions' largest ``delta`` that the pass-sum table is kept for (see [Note: delta bands])."""
@@ -140,15 +148,19 @@ class EnumerationResult:
     passes: int = 1
     """Passes run (each with a higher target)."""
     skipped: bool = False
-    """Not started: its tables would not fit in the time left or in memory (see :data:`MAX_SHIFT_ENTRIES`)."""
+    """Not started: its tables would not fit in the time left, the table budget or memory (see :data:`MAX_SHIFT_ENTRIES`)."""
+    table_cells: int = 0
+    """Table entries built (counted against the table budget)."""
 
 
 class _Walk:
     """The precomputed arrays and the depth-first walk."""
 
-    def __init__(self, data: ExactData, search: Search, clock: TimeLimit, budget: WorkBudget | None = None) -> None:
+    def __init__(self, data: ExactData, search: Search, clock: TimeLimit, budget: WorkBudget | None = None,
+                 cells: WorkBudget | None = None) -> None:
         self.data, self.search, self.clock = data, search, clock
         self.budget = budget or WorkBudget(DEFAULT_PREFIXES)
+        self.cells = cells or WorkBudget(DEFAULT_TABLE_CELLS)
         problem = data.problem
         self.L = len(problem.graph)
         self.capped = problem.schedule == "1f1b" and data.max_tau < data.stage_limit - 1
@@ -173,7 +185,7 @@ class _Walk:
         self.bounds: dict[tuple[int, ...], float] = {}  # configuration -> its bound (config_lower_bound)
         self.floors: dict[tuple[int, ...], float] = {}  # configuration -> its optimistic time
         self.settled: set[tuple[int, ...]] = set()  # configurations simulated on every placement
-        self.prefixes = self.leaves = 0
+        self.prefixes = self.leaves = self.table_cells = 0
         self.open_bounds: list[float] = []
         self.target = math.inf
 
@@ -250,6 +262,7 @@ class _Walk:
         """
         tab, L, T = self.tab, self.L, self.data.max_tau + 1
         fields = {"pass_cost": "sum", "work": "sum", "pivot_extra": "max", "standalone": "max"}
+        self._charge(len(fields))
         # one more devices-left column, always inf: where an arc does not fit (see _groups_down)
         self.best = {name: np.full((L + 1, T, self.size + 1), np.inf) for name in fields}
         for name in fields:  # row L: nothing follows the last stage
@@ -266,12 +279,24 @@ class _Walk:
         self.banded[L, :, :self.size] = 0.0
         if not len(self.edges):
             return
+        self._charge(len(self.edges))
         for h, t, ids, source in self._groups_down():
             within = tab["pivot_extra"][ids][:, None] <= self.edges[None, :]
             value = np.where(within, tab["pass_cost"][ids][:, None], np.inf)[:, None, :]
             later = self._later("banded", self._cells(tab["hi"][ids], t, source))
             np.add(value, later, out=later)
             self.banded[h, t, :self.size] = later.min(axis=0)
+
+    def _charge(self, tables: int) -> None:
+        """Pay for ``tables`` tables over the kept arcs and every devices-left vector, or stop the walk.
+
+        Counted before they are built, so the walk stops at the same rebuild on any machine.
+        """
+        cells = len(self.ids) * (self.size + 1) * tables
+        if not self.cells.spend(cells):
+            self.built_for = -math.inf  # unfinished
+            raise _Stop
+        self.table_cells += cells
 
     def _groups_down(self):
         """``(h, t, ids, source)`` for every group of arcs, from the last layer down.
@@ -482,16 +507,19 @@ class _Walk:
             step = min(MAX_STEP, 2 * step) if took < FAST_PASS else max(STEP, step / 2) if took > SLOW_PASS else step
             if reached is None:
                 self.search.raise_bound(self.stopped_bound)
-                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes)
+                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes,
+                                        table_cells=self.table_cells)
             self.search.raise_bound(reached)
             if reached >= self.search.cutoff():  # the target reached the incumbent: it is optimal
-                return EnumerationResult(True, math.inf, self.prefixes, self.leaves, passes)
+                return EnumerationResult(True, math.inf, self.prefixes, self.leaves, passes,
+                                        table_cells=self.table_cells)
             if self.search.bound < reached or reached <= proved:  # capped by the pool: no pass proves more
-                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes)
+                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes,
+                                        table_cells=self.table_cells)
 
 
 def enumerate_configurations(data: ExactData, search: Search, clock: TimeLimit,
-                             budget: WorkBudget | None = None) -> EnumerationResult:
+                             budget: WorkBudget | None = None, cells: WorkBudget | None = None) -> EnumerationResult:
     """Simulate every configuration whose bound is below the incumbent, or stop at ``budget`` or ``clock``.
 
     Parameters
@@ -504,7 +532,10 @@ def enumerate_configurations(data: ExactData, search: Search, clock: TimeLimit,
         The wall-clock cap.
     budget : WorkBudget, optional
         Prefixes the walk may expand over all its passes (default :data:`DEFAULT_PREFIXES`):
-        the work that decides the result.
+        the work that decides the result, with ``cells``.
+    cells : WorkBudget, optional
+        Table entries the walk may build (default :data:`DEFAULT_TABLE_CELLS`): the shift
+        table once, then the completion tables at every (re)build, each paid before it is built.
 
     Returns
     -------
@@ -516,12 +547,14 @@ def enumerate_configurations(data: ExactData, search: Search, clock: TimeLimit,
     if not len(data):
         return EnumerationResult(True, math.inf, 0, 0)
     entries = shift_entries(data)
-    if entries > MAX_SHIFT_ENTRIES:
+    cells = cells or WorkBudget(DEFAULT_TABLE_CELLS)
+    if entries > MAX_SHIFT_ENTRIES or not cells.spend(entries):  # memory, or the table budget (noted)
         return EnumerationResult(False, search.bound, 0, 0, 0, skipped=True)
     if entries * SHIFT_SECONDS_PER_ENTRY > clock.remaining():  # the cap binds before the walk starts
         note("time")
         return EnumerationResult(False, search.bound, 0, 0, 0, skipped=True)
-    return _Walk(data, search, clock, budget).run()
+    result = _Walk(data, search, clock, budget, cells).run()
+    return replace(result, table_cells=result.table_cells + entries)
 
 
 def shift_entries(data: ExactData) -> int:

@@ -154,10 +154,11 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             run_slow()
         return _result(name, search, data, clock, seed, "infeasible", 0, 0, details)
     if enumerate_first:
-        walk = enumerate_configurations(data, search, clock, WorkBudget(work.prefixes))
+        walk = enumerate_configurations(data, search, clock, WorkBudget(work.prefixes), WorkBudget(work.table_cells))
         details.update(enumeration="complete" if walk.complete else "skipped" if walk.skipped else "stopped",
                        enumeration_prefixes=walk.prefixes,
-                       enumeration_leaves=walk.leaves, enumeration_passes=walk.passes)
+                       enumeration_leaves=walk.leaves, enumeration_passes=walk.passes,
+                       enumeration_table_cells=walk.table_cells)
         if walk.complete:  # every configuration below the cutoff was simulated
             search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
         else:

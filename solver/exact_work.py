@@ -7,11 +7,12 @@ their own search (NSGA-II's seeding) can set it without importing the exact solv
 from __future__ import annotations
 
 import contextlib
+import math
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Iterator
 
-from pipeplan.solver.enumeration import DEFAULT_PREFIXES
+from pipeplan.solver.enumeration import DEFAULT_PREFIXES, DEFAULT_TABLE_CELLS
 from pipeplan.solver.group_search import EVALUATIONS
 
 GREEDY_AFTER_FIT = 64
@@ -38,10 +39,28 @@ class ExactWork:
     """Greedy plans still simulated once one fitted (on large clusters each costs seconds)."""
     prefixes: int = DEFAULT_PREFIXES
     """Prefixes the configuration walk expands over all its passes."""
+    table_cells: int = DEFAULT_TABLE_CELLS
+    """Table entries the configuration walk builds over all its passes (its tables' rebuilds)."""
     ga_rounds: int = GA_ROUNDS
     """NSGA-II runs from the incumbent when the search is not proved (each restarted from the best front)."""
     ga_generations: int = GA_GENERATIONS
     """Generations of each of those runs."""
+
+    def scaled(self, factor: float) -> "ExactWork":
+        """Every count times ``factor``, rounded up (at least 1); the NSGA-II rounds stay, their generations scale.
+
+        Examples
+        --------
+        >>> ExactWork(patterns=400, prefixes=50_000).scaled(0.01).prefixes
+        500
+        >>> ExactWork().scaled(1e-9).patterns
+        1
+        """
+        if not factor > 0:
+            raise ValueError(f"a work factor must be positive, got {factor}")
+        counts = {f.name: max(1, math.ceil(getattr(self, f.name) * factor - 1e-9))
+                  for f in fields(self) if f.name != "ga_rounds"}
+        return replace(self, **counts)
 
 
 _WORK: ContextVar[ExactWork | None] = ContextVar("pipeplan_exact_work", default=None)
@@ -66,3 +85,20 @@ def exact_work(work: ExactWork) -> Iterator[None]:
 def current_work() -> ExactWork:
     """The work set by the innermost :func:`exact_work` block, else the defaults."""
     return _WORK.get() or ExactWork()
+
+
+def budget_work(budget: float | None, default: float) -> ExactWork:
+    """The phases' work for a solve whose model gets ``budget`` of its ``default``: :func:`current_work` scaled alike.
+
+    ``--budget`` thus scales the whole exact solve; without it (``None``) the phases keep
+    :func:`current_work`.
+
+    Examples
+    --------
+    >>> budget_work(12.0, 120.0) == ExactWork().scaled(0.1)
+    True
+    >>> budget_work(None, 120.0) == ExactWork()
+    True
+    """
+    work = current_work()
+    return work if budget is None else work.scaled(budget / default)

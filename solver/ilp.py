@@ -19,6 +19,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import asdict
 from typing import Sequence
 
 import pulp
@@ -27,6 +28,7 @@ from pipeplan.models.errors import InputError
 from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import SIGNED_AUX, model_rows
 from pipeplan.solver.exact import solve_exact
+from pipeplan.solver.exact_work import budget_work
 from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult
@@ -257,6 +259,8 @@ class IlpSolver:
             raise InputError("-", "--solver", "ilp plans M equal microbatches only; for --microbatches auto "
                                               "or --per-stage use cpsat (exact), cpsat-split or nsga")
         work = WorkBudget(budget or DEFAULT_NODES) if self.backend == "highs" else None
+        phases = budget_work(budget, DEFAULT_NODES)  # --budget scales every phase alike (CBC: only them)
         return solve_exact(problem, self.name, lambda data: MilpModel(data, self.backend, seed, work),
-                           time_limit=time_limit, seed=seed, details={"backend": self.backend},
-                           enumerate_first=self.enumerate_first, build_seconds_per_arc=BUILD_SECONDS_PER_ARC)
+                           time_limit=time_limit, seed=seed, details={"backend": self.backend, "work": asdict(phases)},
+                           enumerate_first=self.enumerate_first, build_seconds_per_arc=BUILD_SECONDS_PER_ARC,
+                           work=phases)

@@ -55,8 +55,10 @@ __all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "run_nsga", "Nsga"]
 MAX_POPULATION = 4096
 """Largest population: pymoo's duplicate check holds a population-squared distance matrix."""
 
-SEEDING_SHARE = 0.25
-"""Fraction of the time limit that caps each seeding solver (see :func:`seed_plans`)."""
+SEEDING_SHARE = 0.5
+"""Fraction of the time limit that caps the seeding, and each seeding solver in it (see :func:`seed_plans`):
+a cap over counted work, so only a machine slow enough to reach it changes the seeds.  At 64 layers x
+16 devices the exact seed's walk took 13 s on the loaded 2-core machine this was measured on."""
 
 SEEDING_PREFIXES = 20_000
 """Prefixes the exact seeding solvers' configuration walk may expand (and they run no NSGA-II):
@@ -402,7 +404,9 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     have run (the rest are skipped); the open :func:`~pipeplan.solver.termination.watch`
     notes that, and the GA's record says ``stopped_by: time``.  An exact solver's plan
     is used only when proved optimal (on larger instances the others seed it better), so
-    the exact ones run a smaller walk (:data:`SEEDING_PREFIXES`) and no NSGA-II.
+    the exact ones run a smaller walk (:data:`SEEDING_PREFIXES`) and no NSGA-II.  The
+    baselines whose whole search would not fit the cap run only up to a problem size
+    (:func:`seeding_cells`), a count, so that no cap decides which seeds there are.
     """
     from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
     from pipeplan.solver.exact_work import ExactWork, exact_work
@@ -413,7 +417,9 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
     runs: list[tuple[str, object, PlanningProblem, str]] = []
     if "group-search" in solver_names():  # equal replica groups: what large clusters want
         runs.append(("group-search", get_solver("group-search"), problem.equal_split_problem(), "heuristic"))
-    runs.extend((cls.name, cls(), problem, "heuristic") for cls in (*BASELINES, *SPLIT_BASELINES))
+    cells = len(problem.graph) * len(problem.cluster.devices)
+    runs.extend((cls.name, cls(), problem, "heuristic") for cls in (*BASELINES, *SPLIT_BASELINES)
+                if cells <= seeding_cells(cls))
     if "cpsat" in solver_names() and (problem.auto_microbatches or problem.per_stage):
         # on small instances cpsat proves the best plan over every pipeline and split
         runs.append(("cpsat", get_solver("cpsat"), problem, "exact"))
@@ -434,6 +440,28 @@ def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> lis
         if result.plan is not None and (kind == "heuristic" or result.status == "optimal"):
             out.append((name, result.plan, kind))
     return [(name, plan) for name, plan, _ in out]
+
+
+def seeding_cells(cls: type) -> float:
+    """Largest layers x devices on which baseline ``cls`` seeds NSGA-II (``inf``: every size).
+
+    The equal-split baselines keep the sizes the exact search's incumbent uses them up to
+    (:data:`pipeplan.solver.incumbents.BASELINE_CELLS`).  A split baseline starts from the best
+    of every equal-split baseline, each given a share of its time (so the slowest decides
+    whether its clock cuts it): it seeds only where every equal-split baseline runs whole.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
+    >>> seeding_cells(BASELINES[0]), seeding_cells(SPLIT_BASELINES[0])
+    (inf, 64)
+    """
+    from pipeplan.solver.baselines import SPLIT_BASELINES
+    from pipeplan.solver.incumbents import BASELINE_CELLS
+
+    if cls in SPLIT_BASELINES:
+        return min(BASELINE_CELLS.values())
+    return BASELINE_CELLS.get(cls.__name__, math.inf)
 
 
 def _to_plan(problem: PlanningProblem, cand: Candidate) -> Plan:

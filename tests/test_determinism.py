@@ -17,11 +17,14 @@ import json
 import subprocess
 import sys
 import threading
+from dataclasses import asdict
 
 import pytest
 
 from pipeplan.models.graph import load_graph
 from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.cpsat import DEFAULT_BUDGET
+from pipeplan.solver.exact_work import ExactWork, exact_work
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver
 from pipeplan.solver.termination import REPRODUCIBLE
@@ -228,6 +231,63 @@ class TestExactSolverUnderLoad:
         # the guarantee: the same record, unless the record says the cap cut the loaded solve
         # (a machine many times slower than its 20 s allow; a share of the clock cut phases silently)
         assert loaded == idle or loaded["record"]["stopped_by"] == "time", loaded["record"]
+
+
+SMALL_BUDGET = DEFAULT_BUDGET / 10_000
+"""A ``cpsat`` budget that scales every phase down far enough that the walk on :func:`problem` stops on
+its table entries (0.1 million of the 0.5 million a whole walk builds), as the default budget stops it
+at 96 layers x 32 devices, and the model's loop after it stops on its budget too."""
+
+
+def exact_here(budget: float | None = None, time_limit: float = TIME_CAP) -> tuple[dict, object]:
+    """:func:`solve_here`'s plan and record of ``cpsat`` at M = 4 with ``budget``, and the result itself."""
+    result = get_solver("cpsat").solve(problem("cpsat", auto=False), time_limit=time_limit, seed=7, budget=budget)
+    return {"plan": result.plan.to_dict() if result.plan else None, "record": comparable(result.record())}, result
+
+
+class TestWalkOnItsTableBudget:
+    """The walk stops on its counted table entries: the same record idle, twice, and with the interpreter busy."""
+
+    def run(self) -> dict:
+        return exact_here(SMALL_BUDGET, time_limit=SHORT_CAP)[0]
+
+    def test_stops_on_the_table_budget(self):
+        details = self.run()["record"]["details"]
+        assert details["enumeration"] == "stopped"
+        assert details["enumeration_prefixes"] < details["work"]["prefixes"]  # the tables stopped it
+        assert 0 < details["enumeration_table_cells"] <= details["work"]["table_cells"]
+
+    def test_same_record_twice_and_with_the_interpreter_busy(self):
+        idle = self.run()
+        assert self.run() == idle
+        with busy_threads(2):  # two spinners: the solve runs a few times slower (eight: the test too slow)
+            loaded = self.run()
+        assert idle["record"]["stopped_by"] in REPRODUCIBLE, idle["record"]
+        assert loaded == idle
+
+
+class TestBudgetScalesTheExactSolve:
+    """``--budget`` scales every counted phase of an exact solve, not the model's alone."""
+
+    def test_every_phase_gets_its_share(self):
+        record = exact_here(SMALL_BUDGET)[0]["record"]
+        assert record["budget"] == SMALL_BUDGET
+        assert record["details"]["work"] == asdict(ExactWork().scaled(SMALL_BUDGET / DEFAULT_BUDGET))
+
+    def test_a_small_budget_walks_less_and_stays_valid(self):
+        small, result = exact_here(SMALL_BUDGET)
+        whole, best = exact_here()
+        work, details = small["record"]["details"]["work"], small["record"]["details"]
+        assert details["enumeration_prefixes"] <= work["prefixes"]
+        assert details["enumeration_table_cells"] <= work["table_cells"]
+        assert details["enumeration_table_cells"] < whole["record"]["details"]["enumeration_table_cells"]
+        assert small["record"]["stopped_by"] in REPRODUCIBLE, small["record"]
+        evaluated = problem("cpsat", auto=False).evaluate(result.plan)
+        assert evaluated.fits and evaluated.iteration_time == pytest.approx(result.iteration_time)
+        assert result.lower_bound <= best.lower_bound * (1 + 1e-9)  # best is proved: its bound is the optimum
+
+    def test_same_record_twice(self):
+        assert exact_here(SMALL_BUDGET)[0] == exact_here(SMALL_BUDGET)[0]
 
 
 class TestEverySolverHasAClass:

@@ -18,7 +18,7 @@ from pipeplan.solver.incumbents import greedy_plans
 from pipeplan.solver.search import Search as _Search
 from pipeplan.solver.search import evaluate as _evaluate
 from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.termination import TimeLimit
+from pipeplan.solver.termination import TimeLimit, WorkBudget, watch
 
 from tests.test_exact import REL, brute_force, random_problem
 
@@ -35,12 +35,13 @@ def _search(problem, warm: bool) -> _Search:
     return search
 
 
-def _walk(problem, warm: bool, seconds: float = 60.0):
+def _walk(problem, warm: bool, seconds: float = 60.0, cells: float | None = None):
     """Run the walk as the exact solvers do: arcs below the incumbent, the static bound raised first."""
     search = _search(problem, warm)
     data = build_data(problem, search.cutoff())
     search.raise_bound(data.static_bound)
-    return search, enumerate_configurations(data, search, TimeLimit(seconds).start())
+    budget = WorkBudget(cells) if cells is not None else None
+    return search, enumerate_configurations(data, search, TimeLimit(seconds).start(), cells=budget)
 
 
 class TestEnumerateConfigurations:
@@ -82,6 +83,50 @@ class TestEnumerateConfigurations:
             search, _ = _walk(problem, warm=True)
             plans.append(search.best_plan)
         assert plans[0] == plans[1]
+
+
+class TestTableBudget:
+    """The tables' entries are counted work: the walk stops on them, not on the clock."""
+
+    PROBLEM = (56, 8, 4, "1f1b")
+
+    def problem(self) -> PlanningProblem:
+        seed, layers, devices, schedule = self.PROBLEM
+        return random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+
+    def test_a_whole_walk_counts_the_shift_table_and_every_rebuild(self):
+        problem = self.problem()
+        search, walk = _walk(problem, warm=True)
+        data = build_data(problem, _search(problem, True).cutoff())
+        assert walk.complete
+        # at least the shift table and one build of the four plain tables
+        assert walk.table_cells >= enumeration.shift_entries(data) + 4 * (math.prod(c.count + 1 for c in data.classes) + 1)
+        assert walk.table_cells <= enumeration.DEFAULT_TABLE_CELLS
+
+    def test_a_budget_below_the_shift_table_skips_the_walk(self):
+        problem = self.problem()
+        data = build_data(problem, _search(problem, True).cutoff())
+        with watch() as seen:
+            _, walk = _walk(problem, warm=True, cells=enumeration.shift_entries(data) - 1)
+        assert walk.skipped and walk.prefixes == 0 and walk.table_cells == 0
+        assert seen.stopped_by() == "budget"
+
+    def test_a_short_budget_stops_on_it_with_a_valid_bound(self):
+        problem = self.problem()
+        whole = _walk(problem, warm=True)[1].table_cells
+        best = brute_force(problem)
+        with watch() as seen:
+            search, walk = _walk(problem, warm=True, cells=whole // 2)
+        assert not walk.complete and walk.table_cells <= whole // 2
+        assert seen.stopped_by() == "budget"
+        assert search.bound <= best * (1 + REL)
+
+    def test_the_stop_does_not_depend_on_the_clock(self):
+        problem = self.problem()
+        whole = _walk(problem, warm=True)[1].table_cells
+        runs = [_walk(problem, warm=True, cells=whole // 2) for _ in range(2)]
+        assert runs[0][1] == runs[1][1]
+        assert runs[0][0].best_plan == runs[1][0].best_plan and runs[0][0].bound == runs[1][0].bound
 
 
 def _many_placements_problem() -> PlanningProblem:

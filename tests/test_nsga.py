@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -122,6 +123,26 @@ class TestSeedPlans:
         seeds = seed_plans(gpt_problem(), seed=0, time_limit=60.0)
         assert calls[0] == ("group-search", 60.0) and calls.count(("cpsat", 60.0)) == 2  # joint, then equal split
         assert seeds[0][0] == "group-search"
+        # 14 layers x 6 devices = 84 cells: above Alpa's 64 (and so the split baselines'), below Dapple's 256
+        names = {name for name, _ in seeds}
+        assert {"even", "dapple", "piper"} <= names
+        assert not names & {"alpa", "umpipe-local", "umpipe-dp", "autopipe-slicing"}
+
+
+class TestSeedingCells:
+    def test_equal_split_baselines_keep_the_incumbent_sizes(self):
+        from pipeplan.solver.baselines import BASELINES
+        from pipeplan.solver.nsga import seeding_cells
+
+        limits = {cls.__name__: seeding_cells(cls) for cls in BASELINES}
+        assert limits["Alpa"] == 64 and limits["Dapple"] == 256 and limits["PipeDream"] == 1024
+        assert limits["EvenSplit"] == math.inf and limits["Megatron"] == math.inf
+
+    def test_split_baselines_only_where_every_baseline_runs_whole(self):
+        from pipeplan.solver.baselines import SPLIT_BASELINES
+        from pipeplan.solver.nsga import seeding_cells
+
+        assert [seeding_cells(cls) for cls in SPLIT_BASELINES] == [64, 64, 64]
 
 
 class TestParetoCommand:
