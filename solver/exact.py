@@ -43,6 +43,7 @@ from typing import Callable
 
 from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import LowerBoundModel
+from pipeplan.solver.class_bound import class_bound
 from pipeplan.solver.enumeration import enumerate_configurations
 from pipeplan.solver.exact_data import build_data
 from pipeplan.solver.exact_work import ExactWork, current_work
@@ -141,8 +142,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             too_big = len(data) > MAX_MODEL_ARCS
     if not data.complete or clock.expired() or (too_big and not enumerate_first):
         run_slow()
-        # out of time, or a model too large to build: only the model-free bound holds
-        search.raise_bound(data.static_bound)
+        # out of time, or a model too large to build: only the model-free bounds hold
+        search.raise_bound(max(data.static_bound, class_bound(problem, clock, search.best_time)))
         improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
         return _result(name, search, data, clock, seed, "unknown", 0, 0, details)
     search.raise_bound(data.static_bound if len(data) else search.best_time)
