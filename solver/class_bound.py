@@ -333,23 +333,27 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     budget = float(sum(d.speed for d in problem.cluster.devices))
     multipliers = [m * floor / budget for m in MULTIPLIERS]
 
-    def value(t: float) -> float:  # max over the multipliers of f(t): each is a valid f, so is their max
-        return max(_path_value(types, t, types.speeds, lam, budget, L) for lam in multipliers)
+    def value(t: float) -> float:
+        """Max over the multipliers of ``f(t)`` (each is a valid ``f``, so is their max); ``-inf`` once out of time."""
+        best_f = -math.inf
+        for lam in multipliers:
+            if clock is not None and clock.expired():
+                return -math.inf
+            best_f = max(best_f, _path_value(types, t, types.speeds, lam, budget, L))
+        return best_f
 
     fitting = types.stage_time[np.isfinite(types.stage_time)]
     if not fitting.size:
         return math.inf  # no stage fits in memory (term a): no plan fits
     # from the longest fitting stage on, every fitting type qualifies and f stays at f(cap)
     cap = float(fitting.max())
-    if clock is not None and clock.expired():
-        return floor * (1 - ROUNDING_MARGIN)
     at_cap = value(cap)
     if at_cap >= cap:
         return max(floor, at_cap) * (1 - ROUNDING_MARGIN)
     best, lo, hi = max(floor, at_cap), floor, cap if upper is None else min(cap, upper)
     for _ in range(BISECTION_STEPS):
         if clock is not None and clock.expired():
-            break
+            break  # every min(t, f(t)) so far holds
         t = 0.5 * (lo + hi)
         f = value(t)
         best = max(best, min(t, f))

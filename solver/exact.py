@@ -133,6 +133,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             for slow_plan in warm_start_plans(problem, seed, clock, slow=True):
                 search.offer(slow_plan)
 
+    search.raise_bound(class_bound(problem, clock, search.best_time))  # before build_data may spend the clock
     data = build_data(problem, search.cutoff(), clock)
     too_big = len(data) > MAX_MODEL_ARCS  # no model; the configuration walk may still run
     if not data.complete or (too_big and not enumerate_first):
@@ -142,8 +143,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             too_big = len(data) > MAX_MODEL_ARCS
     if not data.complete or clock.expired() or (too_big and not enumerate_first):
         run_slow()
-        # out of time, or a model too large to build: only the model-free bounds hold
-        search.raise_bound(max(data.static_bound, class_bound(problem, clock, search.best_time)))
+        # out of time, or a model too large to build: only the model-free bound holds
+        search.raise_bound(data.static_bound)
         improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
         return _result(name, search, data, clock, seed, "unknown", 0, 0, details)
     search.raise_bound(data.static_bound if len(data) else search.best_time)
