@@ -77,14 +77,16 @@ sequence of qualifying types covering ``[0, L)`` in order:
 - ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0)``, the pivot ``crit +
   AR``, stages after it ``u``, plus the Lagrange terms;
 
-each minus ``lambda G``.  The optimal plan (time ``T*``), at ``t = T*``, is one such
-sequence (every stage replaced as above, any stage as the pivot of ending 2): its path
-sums are ``<= T*`` and its Lagrange term ``<= 0``, so ``T* >= f(T*)`` for ``f =
-max(f1, f2)``, and for the maximum of ``f`` over the multipliers.  ``f`` does not
-increase with ``t`` (more types qualify), so for any ``t``: if ``T* < t`` then ``T* >=
-f(T*) >= f(t)``; hence ``T* >= min(t, f(t))`` for every ``t`` (``f(t) = inf`` when
-nothing qualifies).  The bound is the largest such value over the ``t`` tried (a
-bisection between the work bound and an upper end), never below
+each minus ``lambda G``, and ``f = max(f1, f2)``, maximised over the multipliers.  If
+the optimal plan's time ``T*`` is below ``t``, every one of its stages qualifies at
+``t`` (``busy + AR <= T* < t``) and ``delta* <= T* < t``, so the plan (every stage
+replaced as above, any stage the pivot of ending 2) is one such sequence: its path
+sums are ``<= T*`` and its Lagrange term ``<= 0``, so ``T* >= f(t)``.  Hence ``T* >=
+min(t, f(t))`` for every ``t`` (``f(t) = inf`` when no sequence qualifies).  At ``t =
+cap``, the longest stage time of any type that fits, every stage of every plan
+qualifies whatever ``T*``, so ``T* >= f(cap)`` outright.  The bound is the largest of
+these values over the ``t`` tried (a bisection between the work bound and the upper
+end; each value holds on its own, the bisection needs no monotonicity), never below
 :func:`pipeplan.solver.bounds.work_bound`, lowered by :data:`ROUNDING_MARGIN` for the
 float sums.  Multipliers are the speed weights' (``g(v) = v``, ``G = V``) at the
 multiples :data:`MULTIPLIERS` of ``work_bound / V``.
@@ -320,13 +322,15 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     --------
     >>> from pipeplan.models.graph import Layer, LayerGraph
     >>> from pipeplan.solver.cluster import Cluster, Device, Link
-    >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 4, 8, 16)])
-    >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 1, 1e9),))
-    >>> round(class_bound(PlanningProblem(g, c, global_batch=4, microbatches=2)), 6)
-    12.0
+    >>> g = LayerGraph.chain("g", [Layer(f"l{i}", (0, 1), (0, 2), 0, 0, 0) for i in range(2)], input_bytes=0)
+    >>> two = tuple(Device(f"d{i}", "s0", 1, 1e12) for i in range(2))
+    >>> p = PlanningProblem(g, Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), two), global_batch=2,
+    ...                     microbatches=2, allow_replication=False)
+    >>> 8.7 < class_bound(p) <= 9.0  # the best plan, a layer per device under 1F1B, takes 9 s
+    True
     """
     floor = work_bound(problem)
-    if problem.free_sizes or problem.is_v2:
+    if problem.free_sizes or problem.is_v2 or (clock is not None and clock.expired()):
         return floor
     types = stage_types(problem)
     L = len(problem.graph)

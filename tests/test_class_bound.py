@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.bounds import work_bound
-from pipeplan.solver.class_bound import DELTA_STEPS, class_bound
+from pipeplan.solver.class_bound import DELTA_STEPS, class_bound, stage_types
 from pipeplan.solver.cluster import Cluster, Device, Link
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.simulator import simulate
@@ -26,6 +27,30 @@ def _cluster(devices: int, bandwidth: float = 1e9) -> Cluster:
     """``devices`` speed-1 devices with ample memory on one server, links without latency."""
     return Cluster("c", (Link(bandwidth, 0.0, "s0"),), Link(bandwidth, 0.0),
                    tuple(Device(f"d{i}", "s0", 1.0, 1e12) for i in range(devices)))
+
+
+class TestStageTypes:
+    def test_terms_of_one_device_stages(self):
+        # two layers of (n, 2n) s, 2 microbatches of 1 sample, one device, no recompute
+        problem = PlanningProblem(_layers(2), _cluster(1), global_batch=2, microbatches=2,
+                                  allow_replication=False, allow_recompute=False)
+        types = stage_types(problem)
+        assert types.u.shape == (1, 3)  # one type (speed 1, r = 1) on the ranges [0,1), [0,2), [1,2)
+        by_range = {(int(a), int(b)): k for k, (a, b) in enumerate(zip(types.lo, types.hi))}
+        first, whole, last = by_range[(0, 1)], by_range[(0, 2)], by_range[(1, 2)]
+        assert types.stage_time[0, whole] == pytest.approx(12.0)  # 2 x (2 + 4)
+        assert types.u[0, first] == pytest.approx(3.0)
+        # [0, 1) has at most one later stage (w <= 1): F0 + B0 + B1 = 5; the last stage runs all its ops
+        assert types.crit[0, first] == pytest.approx(5.0)
+        assert types.crit[0, last] == pytest.approx(6.0)
+        assert types.tf0[0, last] == pytest.approx(1.0)
+        assert types.allreduce[0].tolist() == [0.0, 0.0, 0.0]
+
+    def test_memory_that_does_not_fit_is_infinite(self):
+        graph = LayerGraph.chain("g", [Layer("a", (0.0, 1.0), (0.0, 2.0), 1e12, 0.0, 0.0)], input_bytes=0.0)
+        problem = PlanningProblem(graph, _cluster(1), global_batch=1, microbatches=1)
+        assert np.isinf(stage_types(problem).stage_time).all()  # 4e12 bytes of state on 1e12
+        assert class_bound(problem) == math.inf
 
 
 class TestClassBound:
