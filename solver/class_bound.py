@@ -67,19 +67,19 @@ of its path terms.  Two shortest paths over layer boundaries, each minimised ove
 sequence of qualifying types covering ``[0, L)`` in order:
 
 - ``f1(t)``, ending 1 with ``p`` the stage of largest ``delta = crit - u``:
-  ``T >= U + delta* + AR_0`` with ``U = sum_j u_j`` and ``delta* = max_s delta_s <=
-  crit <= t``.  On the grid ``delta_i = i t / K`` (``K`` = :data:`DELTA_STEPS`),
-  ``delta*`` lies in some ``(delta_i, delta_{i+1}]``, every stage then has ``delta <=
-  delta_{i+1}``, so ``T >= delta_i + C(delta_{i+1})``, ``C(d)`` the cheapest cover by
-  types with ``delta <= d`` costing ``u`` (plus ``AR`` on the one starting at layer 0)
-  and the Lagrange terms; ``f1 = min_i (delta_i + C(delta_{i+1}))`` (the grid loses at
-  most ``t / K``);
+  ``T >= U + delta* + AR_0`` with ``U = sum_j u_j`` and ``delta* = max_s delta_s``.
+  Put each ``delta`` in the bucket ``ceil(delta K / t)`` clipped to ``1 .. K`` (``K`` =
+  :data:`DELTA_STEPS`; monotone in ``delta``).  If ``delta*`` is in bucket ``b``, every
+  stage's bucket is ``<= b``, so ``U + AR_0 >= C(b)``, the cheapest cover by types of
+  bucket ``<= b`` costing ``u`` (plus ``AR`` on the one starting at layer 0) and the
+  Lagrange terms; and ``delta* >= e_b``, the smallest ``delta`` of any type that fits
+  with bucket ``>= b``.  So ``f1 = min_b (e_b + C(b))``;
 - ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0)``, the pivot ``crit +
   AR``, stages after it ``u``, plus the Lagrange terms;
 
 each minus ``lambda G``, and ``f = max(f1, f2)``, maximised over the multipliers.  If
 the optimal plan's time ``T*`` is below ``t``, every one of its stages qualifies at
-``t`` (``busy + AR <= T* < t``) and ``delta* <= T* < t``, so the plan (every stage
+``t`` (``busy + AR <= T* < t``) so the plan (every stage
 replaced as above, any stage the pivot of ending 2) is one such sequence: its path
 sums are ``<= T*`` and its Lagrange term ``<= 0``, so ``T* >= f(t)``.  Hence ``T* >=
 min(t, f(t))`` for every ``t`` (``f(t) = inf`` when no sequence qualifies).  At ``t =
@@ -143,6 +143,8 @@ class StageTypes:
     """``v_c`` of each type (a column vector)."""
     extra: np.ndarray
     """``crit - u``: what the pivot adds to one microbatch's passes."""
+    fitting_extra: np.ndarray
+    """``extra`` of every type and range that fits in memory, sorted."""
 
 
 def _replica_counts(sizes: tuple[int, ...], most: int) -> list[int]:
@@ -213,7 +215,8 @@ def stage_types(problem: PlanningProblem) -> StageTypes:
     stack = {k: np.vstack(v) for k, v in rows.items()}
     return StageTypes(lo, hi, stack["stage_time"], stack["u"], stack["tf0"], stack["crit"], stack["allreduce"],
                       np.array(replicas, dtype=float)[:, None], np.array(speeds, dtype=float)[:, None],
-                      stack["crit"] - stack["u"])
+                      stack["crit"] - stack["u"],
+                      np.sort((stack["crit"] - stack["u"])[np.isfinite(stack["stage_time"])]))
 
 
 def _stash_peak(problem: PlanningProblem, q: np.ndarray, last: np.ndarray, inputs: np.ndarray,
@@ -262,27 +265,29 @@ def _shortest(before: np.ndarray, pivot: np.ndarray, after: np.ndarray) -> float
 
 
 def _largest_pivot(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, t: float, L: int) -> float:
-    """Ending 1 with the pivot the stage of largest ``crit - u``: ``min_i delta_i + U(delta_{i+1})``.
+    """Ending 1 with the pivot the stage of largest ``delta = crit - u``: ``min_i e_i + C(i)`` (module docstring)."""
+    scale = DELTA_STEPS / t
 
-    ``U(delta)`` is the cheapest cover by stages whose ``crit - u <= delta``; the plan's
-    ``delta* = max_s (crit_s - u_s)`` lies in some ``(delta_i, delta_{i+1}]`` of the grid
-    (``delta* <= crit <= t``), and ``T* >= delta* + U(delta*) >= delta_i + U(delta_{i+1})``.
-    """
-    grid = np.linspace(0.0, t, DELTA_STEPS + 1)
-    # bucket i >= 1 of a type: the first grid point delta_i >= crit - u; per range the cheapest allowed type
-    # of each bucket, then of the buckets up to i (the cheapest stage with crit - u <= delta_i)
-    bucket = np.clip(np.ceil(types.extra * (DELTA_STEPS / t)), 1, DELTA_STEPS + 1).astype(np.int64)
+    def bucket_of(delta: np.ndarray) -> np.ndarray:  # monotone in delta: a float product and ceil are
+        return np.clip(np.ceil(delta * scale), 1, DELTA_STEPS).astype(np.int64)
+
+    # per range the cheapest allowed type of each bucket, then of the buckets up to i: C(i)
     ranges = cost.shape[1]
-    cheapest = np.full((DELTA_STEPS + 2) * ranges, np.inf)
+    cheapest = np.full((DELTA_STEPS + 1) * ranges, np.inf)
     columns = np.arange(ranges)
-    for row, b in zip(np.where(allowed, cost, np.inf), bucket):
+    for row, b in zip(np.where(allowed, cost, np.inf), bucket_of(types.extra)):
         flat = b * ranges + columns
         cheapest[flat] = np.minimum(cheapest[flat], row)
-    cheapest = np.minimum.accumulate(cheapest.reshape(DELTA_STEPS + 2, ranges), axis=0)[1:DELTA_STEPS + 1]
+    cheapest = np.minimum.accumulate(cheapest.reshape(DELTA_STEPS + 1, ranges), axis=0)[1:]
     matrices = np.full((DELTA_STEPS, (L + 1) * (L + 1)), np.inf)
     matrices[:, types.lo * (L + 1) + types.hi] = cheapest
-    matrices = matrices.reshape(DELTA_STEPS, L + 1, L + 1)
-    return float(np.min(grid[:-1] + _cover(matrices)))
+    covers = _cover(matrices.reshape(DELTA_STEPS, L + 1, L + 1))
+    # e_i: the smallest delta of a type that fits, among those of bucket i or later
+    known = types.fitting_extra
+    first = np.searchsorted(bucket_of(known), np.arange(1, DELTA_STEPS + 1), side="left")
+    smallest = np.where(first < len(known), known[np.minimum(first, max(len(known) - 1, 0))], np.inf) \
+        if len(known) else np.full(DELTA_STEPS, np.inf)
+    return float(np.min(smallest + covers))
 
 
 def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int) -> float:

@@ -119,6 +119,7 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)
     offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
+    search.raise_bound(class_bound(problem, clock, search.best_time))  # before group-search takes the clock
     for judged in group_search(problem, clock.remaining(), evaluations=work.patterns).plans:
         search.offer(judged.plan)
     # The slow DP baselines too: an exact solver must never return a plan worse than a
@@ -133,7 +134,6 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
             for slow_plan in warm_start_plans(problem, seed, clock, slow=True):
                 search.offer(slow_plan)
 
-    search.raise_bound(class_bound(problem, clock, search.best_time))  # before build_data may spend the clock
     data = build_data(problem, search.cutoff(), clock)
     too_big = len(data) > MAX_MODEL_ARCS  # no model; the configuration walk may still run
     if not data.complete or (too_big and not enumerate_first):
