@@ -109,13 +109,16 @@ from pipeplan.solver.termination import TimeLimit
 ROUNDING_MARGIN = 1e-9
 """Relative amount the bound is lowered by: its sums run in another order than the simulator's."""
 
-BISECTION_STEPS = 12
-"""Halvings of the bracket on ``t`` per multiplier (the bracket shrinks to 6e-8 of its width)."""
+BISECTION_STEPS = 10
+"""Halvings of the bracket on ``t`` (to 1/1024 of its width): a fixed count, so the bound does not depend on
+the machine's speed (only an expiring clock cuts it short)."""
 
-MULTIPLIERS = (0.0, 1.0, 1.5, 2.0)
+MULTIPLIERS = (0.0, 1.5)
+"""``lambda`` tried at each ``t``, as multiples of ``work_bound / V`` (seconds per unit of summed speed); 1.5 gave
+the largest bound of 0.5 .. 4 on experiments/bench_scale.py's instances at 256 and 1,024 devices."""
 
 DELTA_STEPS = 32
-"""Grid of the pivot's ``crit - u`` in ending 1 (``[0, t]`` in this many steps; each step costs at most ``t / 32``)."""
+"""Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
 """``lambda`` tried, as multiples of the natural scale ``work_bound / G`` (seconds per weighted device)."""
 
 
