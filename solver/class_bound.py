@@ -110,12 +110,12 @@ ROUNDING_MARGIN = 1e-9
 """Relative amount the bound is lowered by: its sums run in another order than the simulator's."""
 
 BISECTION_STEPS = 10
-"""Halvings of the bracket on ``t`` (to 1/1024 of its width): a fixed count, so the bound does not depend on
-the machine's speed (only an expiring clock cuts it short)."""
+"""Geometric halvings of the bracket on ``t`` (a ratio ``hi / lo`` of 1,000 shrinks to 1.007): a fixed count,
+so the bound does not depend on the machine's speed (only an expiring clock cuts it short)."""
 
 MULTIPLIERS = (0.0, 1.5)
-"""``lambda`` tried at each ``t``, as multiples of ``work_bound / V`` (seconds per unit of summed speed); 1.5 gave
-the largest bound of 0.5 .. 4 on experiments/bench_scale.py's instances at 256 and 1,024 devices."""
+"""``lambda`` tried at each ``t``, as multiples of ``work_bound / V`` (seconds per unit of summed speed); the
+Lagrangian peaks near 1.5 on experiments/bench_scale.py's instances at 256 and 1,024 devices."""
 
 DELTA_STEPS = 32
 """Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
@@ -366,7 +366,7 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     for _ in range(BISECTION_STEPS):
         if clock is not None and clock.expired():
             break  # every min(t, f(t)) so far holds
-        t = 0.5 * (lo + hi)
+        t = math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi)  # geometric: the bracket may span decades
         f = value(t)
         best = max(best, min(t, f))
         lo, hi = (t, hi) if f >= t else (lo, t)

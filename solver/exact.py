@@ -118,8 +118,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     details = dict(details or {})
     clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)
+    search.raise_bound(class_bound(problem, clock))  # first: at scale the plans' phases spend the whole clock
     offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
-    search.raise_bound(class_bound(problem, clock, search.best_time))  # before group-search takes the clock
     for judged in group_search(problem, clock.remaining(), evaluations=work.patterns).plans:
         search.offer(judged.plan)
     # The slow DP baselines too: an exact solver must never return a plan worse than a
