@@ -172,8 +172,11 @@ def _link_bounds(problem: PlanningProblem, speed: float, r: int) -> tuple[float,
     return max(l.bandwidth for l in links), min(l.latency for l in links)
 
 
-def stage_types(problem: PlanningProblem) -> StageTypes:
-    """The terms (a)-(d) of every stage type on every layer range (see the module docstring)."""
+def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> StageTypes | None:
+    """The terms (a)-(d) of every stage type on every layer range (see the module docstring).
+
+    ``None`` when ``clock`` expires first (checked once per class and replica count).
+    """
     graph, sizes = problem.graph, problem.split
     layers, L, M = graph.layers, len(graph), len(sizes)
     pre = {name: np.concatenate(([0.0], np.cumsum([float(v) for v in values]))) for name, values in (
@@ -192,6 +195,8 @@ def stage_types(problem: PlanningProblem) -> StageTypes:
     for c in device_classes(problem.cluster):
         most = speeds_ge[c.speed] if problem.allow_replication else 1
         for r in _replica_counts(sizes, most):
+            if clock is not None and clock.expired():
+                return None
             q = np.array([-(-n // r) for n in sizes], dtype=float)
             qm, Q = -(-min(sizes) // r), float(q.sum())
             bw, lat = _link_bounds(problem, c.speed, r)
@@ -340,7 +345,9 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     floor = work_bound(problem)
     if problem.free_sizes or problem.is_v2 or (clock is not None and clock.expired()):
         return floor
-    types = stage_types(problem)
+    types = stage_types(problem, clock)
+    if types is None:
+        return floor
     L = len(problem.graph)
     budget = float(sum(d.speed for d in problem.cluster.devices))
     multipliers = [m * floor / budget for m in MULTIPLIERS]

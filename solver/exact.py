@@ -74,6 +74,10 @@ BUILD_OVERRUN_SECONDS = 0.5
 """Overrun of the time left that a model build may cause (so small models, built in milliseconds,
 are built as before whatever the machine's speed)."""
 
+CLASS_BOUND_SHARE = 0.2
+"""Most of the time limit :func:`pipeplan.solver.class_bound.class_bound` may take (it runs a fixed number of
+steps, about 2 s at 256 to 4,096 devices; the share only cuts it short under short limits)."""
+
 CBC_RESERVE = 0.3
 """Share of the time limit a model solver without a work budget (CBC) leaves to the slow baselines
 and NSGA-II: its cut loop runs on the clock alone (so its record says ``time`` unless proved)."""
@@ -118,7 +122,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     details = dict(details or {})
     clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)
-    search.raise_bound(class_bound(problem, clock))  # first: at scale the plans' phases spend the whole clock
+    # first: at scale the plans' phases spend the whole clock; its steps are counted, the share caps short limits
+    search.raise_bound(class_bound(problem, TimeLimit(CLASS_BOUND_SHARE * time_limit).start()))
     offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
     for judged in group_search(problem, clock.remaining(), evaluations=work.patterns).plans:
         search.offer(judged.plan)
