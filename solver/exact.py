@@ -43,6 +43,7 @@ from typing import Callable
 
 from pipeplan.solver.arcs import ExactData
 from pipeplan.solver.bound_model import LowerBoundModel
+from pipeplan.solver.class_bound import class_bound
 from pipeplan.solver.enumeration import enumerate_configurations
 from pipeplan.solver.exact_data import build_data
 from pipeplan.solver.exact_work import ExactWork, current_work
@@ -72,6 +73,10 @@ BUILD_SECONDS_PER_ARC = 4e-5
 BUILD_OVERRUN_SECONDS = 0.5
 """Overrun of the time left that a model build may cause (so small models, built in milliseconds,
 are built as before whatever the machine's speed)."""
+
+CLASS_BOUND_SHARE = 0.2
+"""Most of the time limit :func:`pipeplan.solver.class_bound.class_bound` may take (it runs a fixed number of
+steps, about 2 s at 256 to 4,096 devices; the share only cuts it short under short limits)."""
 
 CBC_RESERVE = 0.3
 """Share of the time limit a model solver without a work budget (CBC) leaves to the slow baselines
@@ -117,6 +122,8 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     details = dict(details or {})
     clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)
+    # first: at scale the plans' phases spend the whole clock; its steps are counted, the share caps short limits
+    search.raise_bound(class_bound(problem, TimeLimit(CLASS_BOUND_SHARE * time_limit).start()))
     offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
     for judged in group_search(problem, clock.remaining(), evaluations=work.patterns).plans:
         search.offer(judged.plan)

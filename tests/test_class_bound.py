@@ -1,0 +1,115 @@
+"""The class-level lower bound: hand-computed instances, and never above a brute-forced optimum."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.bounds import work_bound
+from pipeplan.solver.class_bound import DELTA_STEPS, class_bound, stage_types
+from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.simulator import simulate
+from pipeplan.solver.termination import TimeLimit
+from tests.test_exact import REL, brute_force, random_problem
+
+
+def _layers(count: int, params: float = 0.0) -> LayerGraph:
+    """``count`` layers of forward ``n`` and backward ``2n`` seconds for ``n`` samples, no bytes to move."""
+    return LayerGraph.chain("g", [Layer(f"l{i}", (0.0, 1.0), (0.0, 2.0), params, 0.0, 0.0)
+                                  for i in range(count)], input_bytes=0.0)
+
+
+def _cluster(devices: int, bandwidth: float = 1e9) -> Cluster:
+    """``devices`` speed-1 devices with ample memory on one server, links without latency."""
+    return Cluster("c", (Link(bandwidth, 0.0, "s0"),), Link(bandwidth, 0.0),
+                   tuple(Device(f"d{i}", "s0", 1.0, 1e12) for i in range(devices)))
+
+
+class TestStageTypes:
+    def test_terms_of_one_device_stages(self):
+        # two layers of (n, 2n) s, 2 microbatches of 1 sample, one device, no recompute
+        problem = PlanningProblem(_layers(2), _cluster(1), global_batch=2, microbatches=2,
+                                  allow_replication=False, allow_recompute=False)
+        types = stage_types(problem)
+        assert types.u.shape == (1, 3)  # one type (speed 1, r = 1) on the ranges [0,1), [0,2), [1,2)
+        by_range = {(int(a), int(b)): k for k, (a, b) in enumerate(zip(types.lo, types.hi))}
+        first, whole, last = by_range[(0, 1)], by_range[(0, 2)], by_range[(1, 2)]
+        assert types.stage_time[0, whole] == pytest.approx(12.0)  # 2 x (2 + 4)
+        assert types.u[0, first] == pytest.approx(3.0)
+        # [0, 1) has at most one later stage (w <= 1): F0 + B0 + B1 = 5; the last stage runs all its ops
+        assert types.crit[0, first] == pytest.approx(5.0)
+        assert types.crit[0, last] == pytest.approx(6.0)
+        assert types.tf0[0, last] == pytest.approx(1.0)
+        assert types.allreduce[0].tolist() == [0.0, 0.0, 0.0]
+
+    def test_memory_that_does_not_fit_is_infinite(self):
+        graph = LayerGraph.chain("g", [Layer("a", (0.0, 1.0), (0.0, 2.0), 1e12, 0.0, 0.0)], input_bytes=0.0)
+        problem = PlanningProblem(graph, _cluster(1), global_batch=1, microbatches=1)
+        assert np.isinf(stage_types(problem).stage_time).all()  # 4e12 bytes of state on 1e12
+        assert class_bound(problem) == math.inf
+
+
+class TestClassBound:
+    def test_one_device_is_bound_by_its_busy_time(self):
+        # one device, two layers: the only plan runs 2 microbatches x 2 layers x (1 + 2) s = 12 s
+        problem = PlanningProblem(_layers(2), _cluster(1), global_batch=2, microbatches=2,
+                                  allow_replication=False)
+        plan = problem.make_plan([(0, 2)], [["d0"]])
+        assert simulate(plan, problem.graph, problem.cluster).iteration_time == pytest.approx(12.0)
+        assert class_bound(problem) == pytest.approx(12.0, rel=1e-8)
+        assert work_bound(problem) == pytest.approx(12.0)
+
+    def test_pipeline_fill_and_drain(self):
+        # two devices, one layer each under 1F1B with 2 microbatches of 1 sample: stage 1 runs
+        # F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7], stage 0 B1 [7,9]: T = 9 = u_0 + u_1 + (crit_1 - u_1)
+        # = 3 + 3 + 3, while the work bound is 12 / 2 = 6; one stage on one device takes 12
+        problem = PlanningProblem(_layers(2), _cluster(2), global_batch=2, microbatches=2,
+                                  allow_replication=False)
+        plan = problem.make_plan([(0, 1), (1, 2)], [["d0"], ["d1"]])
+        assert simulate(plan, problem.graph, problem.cluster).iteration_time == pytest.approx(9.0)
+        bound = class_bound(problem)
+        assert work_bound(problem) == pytest.approx(6.0)
+        assert 9.0 * (1 - 1 / DELTA_STEPS) - 1e-9 <= bound <= 9.0
+
+    def test_allreduce_is_counted(self):
+        # one layer of 4e9 parameter bytes, batch 2 in one microbatch: one device takes 2 + 4 = 6 s;
+        # two replicas take 1 + 2 plus the all-reduce 2 * (2 - 1) * 4e9 / (2 * 1e9) = 4 s, so 7 s;
+        # the work bound (6 / 2 = 3 s) ignores the all-reduce, the class bound does not
+        problem = PlanningProblem(_layers(1, params=4e9), _cluster(2), global_batch=2, microbatches=1)
+        one = problem.make_plan([(0, 1)], [["d0"]])
+        both = problem.make_plan([(0, 1)], [["d0", "d1"]])
+        assert simulate(one, problem.graph, problem.cluster).iteration_time == pytest.approx(6.0)
+        assert simulate(both, problem.graph, problem.cluster).iteration_time == pytest.approx(7.0)
+        assert work_bound(problem) == pytest.approx(3.0)
+        assert class_bound(problem) == pytest.approx(6.0, rel=1e-8)
+
+    def test_upper_end_keeps_the_bound(self):
+        # the pipeline of test_pipeline_fill_and_drain with its optimum (9 s) as the search's upper end
+        problem = PlanningProblem(_layers(2), _cluster(2), global_batch=2, microbatches=2,
+                                  allow_replication=False)
+        assert 9.0 * (1 - 1 / DELTA_STEPS) - 1e-9 <= class_bound(problem, upper=9.0) <= 9.0
+
+    def test_expired_clock_returns_the_work_bound(self):
+        problem = PlanningProblem(_layers(2), _cluster(2), global_batch=2, microbatches=2)
+        clock = TimeLimit(0.0).start()
+        assert class_bound(problem, clock) == pytest.approx(work_bound(problem), rel=1e-8)
+
+    def test_free_sizes_fall_back_to_the_work_bound(self):
+        problem = PlanningProblem(_layers(2), _cluster(2), global_batch=4, microbatches=2,
+                                  auto_microbatches=True)
+        assert class_bound(problem) == work_bound(problem)
+
+    @pytest.mark.parametrize("seed", range(14))
+    def test_never_above_the_brute_force_optimum(self, seed):
+        schedule = ("gpipe", "1f1b")[seed % 2]
+        problem = random_problem(1000 + seed, layers=3 + seed % 3, devices=2 + seed % 3, schedule=schedule,
+                                 replication=seed % 4 != 3, recompute=seed % 5 != 4)
+        best = brute_force(problem)
+        bound = class_bound(problem)
+        assert bound >= work_bound(problem) * (1 - 1e-9)
+        if math.isfinite(best):
+            assert bound <= best * (1 + REL)
