@@ -127,7 +127,7 @@ def _measured(sec: Section, settings: Settings, budget: float) -> None:
     plans = measured_plans(graph, cluster, budget, settings.quick)
     measured = measure_plans(plans, graph, cluster, "gpt-tiny", runs)
     conditions = (f"gpt-tiny profiled on this machine, {sec.num(2, 0)} CPU processes on loopback, batch "
-                  f"{sec.num(BATCH, 0)} ({sec.num(MICROBATCHES, 0)} equal microbatches for GPipe and PipeDream), "
+                  f"{sec.num(BATCH, 0)} ({sec.num(MICROBATCHES, 0)} equal microbatches for the baselines), "
                   f"{runs.describe(sec)}")
     record(sec, "measured", plans, measured, runs, conditions)
     gains = {}
