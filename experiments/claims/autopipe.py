@@ -2,7 +2,8 @@
 
 Paper (abstract): partition balance 2.73× to 12.7× better than the DAPPLE planner and
 Piper, 50 % less startup overhead with micro-batch slicing, an order of magnitude less
-planning time.  The paper's balance metric is unknown (``papers.md`` §2.3), so three
+planning time; and (``papers.md`` §2.1) up to 1.30× faster than Megatron-LM
+(:mod:`.autopipe_megatron`).  The paper's balance metric is unknown (``papers.md`` §2.3), so three
 are reported, each over the simulated busy time (forward plus backward) of the stages.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 
+from pipeplan.experiments.claims.autopipe_megatron import megatron_rows
 from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, one_server, timed
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.baselines.slicing import sliced
@@ -79,6 +81,7 @@ def run(settings: Settings) -> Section:
                         "slowest stage over the same layer ranges, so any gain has to come from AutoPipe's "
                         "sub-layer granularity, which pipeplan's graphs do not have."))
     sec.shown.extend([2.73, 12.7])
+    megatron_rows(sec, settings, limit, BATCH, MICROBATCHES, STAGES)
     _planning_time(sec, settings, limit)
     sec.method = (f"Batch {sec.num(BATCH, 0)}, {sec.num(MICROBATCHES, 0)} microbatches, 1F1B; each planner "
                   f"gets {sec.num(limit, 0)} s.  Startup overhead: the time the last stage starts its first "

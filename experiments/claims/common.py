@@ -64,6 +64,8 @@ class Section:
     """Section heading."""
     method: str = ""
     """How pipeplan measures the claim (a paragraph)."""
+    measured_method: str = ""
+    """How the runtime measured the section's plans on this machine (a paragraph; empty when it did not)."""
     rows: list[Row] = field(default_factory=list)
     """The summary rows: paper vs pipeplan."""
     tables: list[tuple[str, list[str], list[list[str]]]] = field(default_factory=list)
@@ -95,6 +97,7 @@ class Section:
     def to_json(self) -> dict[str, Any]:
         """The section as stored in ``results.json``."""
         return {"title": self.title, "wall_time": self.wall_time, "figures": self.figures,
+                "measured_method": self.measured_method,
                 "rows": [vars(r) for r in self.rows],
                 "tables": [{"caption": c, "header": h, "rows": rs} for c, h, rs in self.tables],
                 "data": self.data, "shown": self.shown}

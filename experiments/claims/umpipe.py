@@ -11,8 +11,13 @@ is ``T_base / T_UMPIPE - 1``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pipeplan.experiments.claims.common import EXAMPLES, Row, Section, Settings, gpt1, one_server, vgg16
+from pipeplan.experiments.claims.runs import FULL_RUNS, QUICK_RUNS, cpu_cluster, measure_plans, profiled, ratios, record
 from pipeplan.experiments.umpipe import compare
+from pipeplan.solver.baselines import best_baseline
+from pipeplan.solver.cpsat_split import optimize_splits
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.figures import pyplot
@@ -88,7 +93,57 @@ def run(settings: Settings) -> Section:
                          "per-call and per-layer costs vary, which these synthetic networks fix at moderate values.",
                          at_least=True))
     sec.save_figure(_plot(rows), settings, "umpipe-gains.png")
+    _measured(sec, settings, budget)
     return sec
+
+
+def measured_plans(graph, cluster, budget: float, quick: bool) -> dict:
+    """GPipe's, PipeDream's and UMPIPE's plans for ``graph`` on ``cluster``, chosen as in :func:`measure`.
+
+    UMPIPE's is the faster (simulated) of the GPipe and 1F1B pipelines with their split
+    re-chosen (UMPIPE's own comparison: only the data partition changes).  ``quick``:
+    GPipe's and UMPIPE's on the GPipe pipeline only.
+    """
+    plans, unequal = {}, []
+    for schedule in ("gpipe",) if quick else ("gpipe", "1f1b"):
+        problem = PlanningProblem(graph, cluster, global_batch=BATCH, microbatches=MICROBATCHES, schedule=schedule)
+        equal = best_baseline(problem, time_limit=budget / 4)
+        if schedule == "gpipe":
+            plans["GPipe"] = equal.plan
+        free = replace(problem, auto_microbatches=True, max_microbatches=2 * MICROBATCHES)
+        same = optimize_splits(free, equal.plan, time_limit=budget / 4)
+        if same is not None:
+            unequal.append((same.iteration_time, same.plan))
+    if not quick:
+        problem = PlanningProblem(graph, cluster, global_batch=BATCH, microbatches=MICROBATCHES, schedule="1f1b")
+        plans["PipeDream"] = get_solver("pipedream").solve(problem, time_limit=budget, seed=0).plan
+    plans["UMPIPE"] = min(unequal, key=lambda tp: tp[0])[1]
+    return plans
+
+
+def _measured(sec: Section, settings: Settings, budget: float) -> None:
+    runs = QUICK_RUNS if settings.quick else FULL_RUNS
+    graph, cluster = profiled("gpt-tiny"), cpu_cluster("cpu-2", [1.0, 1.0])
+    plans = measured_plans(graph, cluster, budget, settings.quick)
+    measured = measure_plans(plans, graph, cluster, "gpt-tiny", runs)
+    conditions = (f"gpt-tiny profiled on this machine, {sec.num(2, 0)} CPU processes on loopback, batch "
+                  f"{sec.num(BATCH, 0)} ({sec.num(MICROBATCHES, 0)} equal microbatches for the baselines), "
+                  f"{runs.describe(sec)}")
+    record(sec, "measured", plans, measured, runs, conditions)
+    gains = {}
+    for base in ("GPipe", "PipeDream"):
+        sim, meas = ratios(measured, base, "UMPIPE")
+        gains[base] = tuple(None if r is None else r - 1 for r in (sim, meas))
+    sec.data["measured"]["gains"] = gains
+    pct = (lambda v: sec.num(None if v is None else 100 * v, 2, "%"))
+    bases = [b for b in ("GPipe", "PipeDream") if b in plans]
+    sec.rows.append(Row(f"gpt-tiny, measured: gain over ({', '.join(bases)})",
+                        f"({sec.num(PAPER['gpt1-14'][0], 2, '%')}, {sec.num(PAPER['gpt1-14'][1], 2, '%')}) on GPT1-14",
+                        f"simulated ({', '.join(pct(gains[b][0]) for b in bases)}); "
+                        f"measured ({', '.join(pct(gains[b][1]) for b in bases)})",
+                        conditions,
+                        "Measured on this machine's CPUs, where a tiny model's per-call costs dominate; the "
+                        "simulated figure is the same plans' prediction from the profile taken just before."))
 
 
 def _row(sec: Section, claim: str, paper: tuple[float, float], g, p, conditions: str, why: str,
