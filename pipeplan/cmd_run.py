@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 from pathlib import Path
@@ -23,7 +22,7 @@ from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.models.model_options import request_from_args
 from pipeplan.loading import warn_names
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
-from pipeplan.runtime.launch import WorkerError, launch_local
+from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
 from pipeplan.runtime.report import present
 from pipeplan.runtime.routing import rank_of
 from pipeplan.runtime.worker import add_arguments, check_options
@@ -35,21 +34,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_arguments(p)
     add_force_option(p)
     p.set_defaults(func=run)
-
-
-def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
-    """The workers' command line: the run's own arguments, reporting to ``result``.
-
-    The files are passed as absolute paths: the workers start in the project's root (so
-    that ``-m pipeplan.runtime.worker`` imports this pipeplan, whatever the caller's folder holds),
-    where a path relative to the caller's folder would name another file or none.
-    """
-    files = [os.path.abspath(path) for path in (args.graph, args.cluster, args.plan)]
-    argv = [*files, *request_from_args(args).argv(), "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
-            "--timeout", repr(args.timeout), "--transport", args.transport, "--spin", args.spin,
-            "--result", str(result)]
-    return argv + [flag for flag, on in (("--verify", args.verify), ("--emulate", args.emulate)) if on]
 
 
 def run(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from pipeplan.models.graph import LayerGraph
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.models.profile_measured import MeasureConfig, profile_measured
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
-from pipeplan.runtime.launch import WorkerError, launch_local
+from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
 from pipeplan.runtime.report import summarize, without_step
 from pipeplan.runtime.routing import rank_of
 from pipeplan.runtime.worker import add_arguments, check_options
@@ -220,22 +220,13 @@ def _run_args(graph_file: Path, cluster_file: Path, plan_file: Path, model: str,
     return args
 
 
-def _worker_argv(args: argparse.Namespace, result: Path) -> list[str]:
-    """The workers' command line for ``args``, reporting to ``result`` (as ``pipeplan run`` builds it)."""
-    argv = [args.graph, args.cluster, args.plan, "--model", args.model, "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
-            "--timeout", repr(args.timeout), "--transport", args.transport, "--spin", args.spin,
-            "--result", str(result)]
-    return argv + (["--emulate"] if args.emulate else [])
-
-
 def _run_once(args: argparse.Namespace, inputs: RunInputs, folder: Path, into: Measured) -> None:
     """One run of ``args``'s plan; its median and peak appended to ``into`` (or its error)."""
     result_file = folder / "result.json"
     result_file.unlink(missing_ok=True)
     world = len(rank_of(inputs.plan))
     try:
-        launch_local(_worker_argv(args, result_file), world, folder, timeout=args.timeout,
+        launch_local(worker_args(args, result_file), world, folder, timeout=args.timeout,
                      describe=lambda rank: f"rank {rank} of {world}")
     except WorkerError as exc:
         into.errors.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
