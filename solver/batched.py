@@ -36,14 +36,15 @@ import numpy as np
 
 from pipeplan.models.errors import DeadlockError
 from pipeplan.solver.schedule import FORWARD, stage_ops
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.simulator import run_timeline, simulate
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
     from pipeplan.solver.cluster import Cluster
     from pipeplan.solver.plan import Plan
+    from pipeplan.solver.simulator import StageCost
 
-__all__ = ["Candidate", "BatchResult", "StageArrays", "BatchSimulator", "simulate_batch", "timeline_arrays"]
+__all__ = ["Candidate", "BatchResult", "StageArrays", "BatchSimulator", "StageRow", "iteration_times", "simulate_batch", "stage_row", "timeline_arrays"]
 
 _ATTRS = ("af", "bf", "ab", "bb", "params", "act", "step")
 """Range-sum columns of the table, in order."""
@@ -320,11 +321,24 @@ def timeline_arrays(arrays: StageArrays, min_batch: int = 4) -> tuple[np.ndarray
     n_plans, stages = a.replicas.shape
     counts = tuple(sz.shape[1] for sz in a.sizes)
     q = [_ceil_div(a.sizes[s], a.replicas[:, s:s + 1]).T for s in range(stages)]  # (m_s, N)
-    d = _durations(a, q)
-    ends = np.full((n_plans, stages), np.nan)
+    ends = _stage_ends(a.schedule, _durations(a, q), n_plans, min_batch)
+    iteration = np.max(ends + _allreduce(a) + a.sums[:, :, 6] / a.speed, axis=1)
+    return iteration, _peaks(a, q, counts), a.capacity
+
+
+def _stage_ends(schedule: str, d: _Durations, n_plans: int, min_batch: int) -> np.ndarray:
+    """End of every stage's last op, ``(N, S)``; ``nan`` for the plans no static order served."""
+    ends = np.full((n_plans, len(d.fwd)), np.nan)
+    if _same_waits(d):  # one order serves them all: no search for it
+        need_f = tuple(() if h is None else tuple(h[:, 0].tolist()) for h in d.hi_f)
+        need_b = tuple(() if h is None else tuple(h[:, 0].tolist()) for h in d.hi_b)
+        order = _static_order(schedule, tuple(f.shape[0] for f in d.fwd), need_f, need_b)
+        if order is not None:
+            ends[:] = np.stack(_sweep(order, d, np.arange(n_plans)), axis=1)
+        return ends
     todo = np.arange(n_plans)
     while len(todo) >= min_batch or (len(todo) and len(todo) == n_plans):
-        order = _order_for(a.schedule, d, todo)
+        order = _order_for(schedule, d, todo)
         if order is None:
             break
         ok = _compatible(order, d, todo)
@@ -333,8 +347,108 @@ def timeline_arrays(arrays: StageArrays, min_batch: int = 4) -> tuple[np.ndarray
         cols = todo if ok.all() else todo[ok]
         ends[cols] = np.stack(_sweep(order, d, cols), axis=1)
         todo = todo[~ok]
-    iteration = np.max(ends + _allreduce(a) + a.sums[:, :, 6] / a.speed, axis=1)
-    return iteration, _peaks(a, q, counts), a.capacity
+    return ends
+
+
+def _same_waits(d: _Durations) -> bool:
+    """Whether every plan of the batch waits for the same sender microbatches (equal splits, say)."""
+    return all(h is None or bool((h == h[:, :1]).all()) for h in d.hi_f + d.hi_b)
+
+
+@dataclass(frozen=True)
+class StageRow:
+    """One stage's cost as arrays, for timing many plans at once (:func:`iteration_times`)."""
+
+    cost: "StageCost"
+    """The stage cost it was made from (:func:`stage_row`)."""
+    fwd: np.ndarray
+    """``TF`` per microbatch."""
+    bwd: np.ndarray
+    """``TB`` per microbatch, recompute included."""
+    send_fwd: np.ndarray
+    """Forward transfer time per microbatch (empty on the last stage)."""
+    send_bwd: np.ndarray
+    """Backward transfer time per microbatch (empty on the first stage)."""
+    hi_fwd: np.ndarray
+    """Last previous-stage microbatch each ``Fk`` waits for (empty on the first stage)."""
+    hi_bwd: np.ndarray
+    """Last next-stage microbatch each ``Bk`` waits for (empty on the last stage)."""
+
+
+def stage_row(cost: "StageCost") -> StageRow:
+    """The :class:`StageRow` of a stage cost (:func:`pipeplan.solver.simulator.stage_costs`)."""
+    return StageRow(cost, np.array(cost.fwd, dtype=float), np.array(cost.bwd, dtype=float),
+                    np.array(cost.send_fwd, dtype=float), np.array(cost.send_bwd, dtype=float),
+                    np.array([hi for _, hi in cost.wait_fwd], dtype=np.int64),
+                    np.array([hi for _, hi in cost.wait_bwd], dtype=np.int64))
+
+
+def _row_durations(plans: Sequence[Sequence[StageRow]]) -> _Durations:
+    """The :class:`_Durations` of plans with one stage count and one microbatch count per stage."""
+    stages = len(plans[0])
+    inner, before_last = range(1, stages), range(stages - 1)
+    if len({len(r.fwd) for r in plans[0]}) == 1:  # one microbatch count: one array per field, (S, m, N)
+        def column(field: str, present=range(stages)) -> list[np.ndarray | None]:
+            if not present:
+                return [None] * stages
+            table = np.array([[getattr(rows[s], field) for s in present] for rows in plans]).transpose(1, 2, 0)
+            at = dict(zip(present, table))
+            return [at.get(s) for s in range(stages)]
+    else:
+        def column(field: str, present=range(stages)) -> list[np.ndarray | None]:
+            return [np.stack([getattr(rows[s], field) for rows in plans], axis=1) if s in present else None
+                    for s in range(stages)]
+    return _Durations(column("fwd"), column("bwd"), column("send_fwd", before_last), column("send_bwd", inner),
+                      column("hi_fwd", inner), column("hi_bwd", before_last))
+
+
+def iteration_times(plans: Sequence[Sequence[StageRow]], schedule: str, min_batch: int = 4) -> np.ndarray:
+    """The iteration time :func:`pipeplan.solver.simulator.run_timeline` gives each plan's stage costs, in batches.
+
+    Plans with one stage count and one microbatch count per stage are timed together
+    (``gpipe`` and ``1f1b``); the others, and those no static op order serves, one by
+    one by ``run_timeline`` itself.  The batched numbers come from the same floating-point
+    operations in the same order, so they equal ``run_timeline``'s exactly.
+
+    Parameters
+    ----------
+    plans : sequence of sequences of StageRow
+        Each plan's stage costs (:func:`pipeplan.solver.simulator.stage_costs`), as :func:`stage_row`
+        gives them.
+    schedule : str
+        The schedule of every plan.
+    min_batch : int
+        Fewest plans of one structure timed together.
+
+    Returns
+    -------
+    numpy.ndarray
+        Seconds per iteration, shape ``(N,)``.
+
+    Raises
+    ------
+    DeadlockError
+        As ``run_timeline`` does, for a plan whose ops can never all run.
+
+    Examples
+    --------
+    >>> rows = [[stage_row(c) for c in stage_costs(plan, graph, cluster)] for plan in plans]  # doctest: +SKIP
+    >>> iteration_times(rows, "1f1b")  # doctest: +SKIP
+    """
+    times = np.full(len(plans), np.nan)
+    structures: dict[tuple[int, ...], list[int]] = {}
+    for i, rows in enumerate(plans):
+        structures.setdefault(tuple(len(r.fwd) for r in rows), []).append(i)
+    for members in structures.values():
+        if schedule in ("gpipe", "1f1b") and len(members) >= min_batch:
+            group = [plans[i] for i in members]
+            ends = _stage_ends(schedule, _row_durations(group), len(group), min_batch)
+            tails = np.array([[r.cost.allreduce for r in rows] for rows in group])
+            steps = np.array([[r.cost.step for r in rows] for rows in group])
+            times[members] = np.max(ends + tails + steps, axis=1)
+    for i in np.flatnonzero(np.isnan(times)):
+        times[i] = run_timeline(tuple(r.cost for r in plans[i]), 0).iteration_time
+    return times
 
 
 def _allreduce(a: StageArrays) -> np.ndarray:

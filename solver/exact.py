@@ -127,9 +127,13 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     search.raise_bound(class_bound(problem, bound_clock))
     if bound_clock.expired():
         note("time")  # the cap cut the bound's counted steps: the bound depends on the machine
-    offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
-    for judged in group_search(problem, clock.remaining(), evaluations=work.patterns).plans:
+    # group-search next, with what is left of the limit and its own counted budget: uncut by the
+    # clock, its plans are those the ``group-search`` solver returns, so the exact solvers are never worse
+    heuristic = group_search(problem, clock.remaining(), evaluations=work.patterns)
+    details["group_search_stopped_by_time_limit"] = heuristic.stopped_by_time
+    for judged in heuristic.plans:
         search.offer(judged.plan)
+    offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
     # The slow DP baselines too: an exact solver must never return a plan worse than a
     # baseline would, even when the model does not reach a solution.  They run after the
     # model when it is built (a proof makes them moot).

@@ -57,14 +57,17 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from pipeplan.solver.baselines.common import Judged, finalize
+from pipeplan.solver.baselines.common import Bounds, Groups, Judged, finalize, fitting_costs, stage_fits
+from pipeplan.solver.batched import StageRow, iteration_times, stage_row
 from pipeplan.solver.device_classes import DeviceClass, device_classes
 from pipeplan.solver.infeasibility import heuristic_no_plan
 from pipeplan.solver.memory import range_peak_memory, settle_borderline, stash_peak, stash_points
+from pipeplan.solver.path_floor import StageTerms, path_floor, stage_terms
 from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.registry import register
 from pipeplan.solver.result import SolverResult, TracePoint
 from pipeplan.solver.schedule import Op, stage_ops
+from pipeplan.solver.simulator import STAGE_CACHE_SIZE, StageCost
 from pipeplan.solver.termination import past
 from pipeplan.solver.v2_solvers import solve_v2_heuristic
 
@@ -85,6 +88,12 @@ RESHAPE_TRIES = 4
 
 MOVES = (-3, -2, -1, 1, 2, 3)
 """Layer shifts of one stage boundary tried while refining."""
+
+BUILD_BATCH = 32
+"""Patterns split and simulated together (:func:`_build_patterns`); the plans are those of one at a time."""
+
+REFINE_BATCH = 48
+"""Boundary moves simulated together (:func:`refine`); the plans are those of one at a time."""
 
 __all__ = ["GroupSearch", "GroupSearchRun", "Block", "balanced_bounds", "compute_floor", "group_search", "patterns", "refine",
            "replica_groups", "reshape", "reshapes"]
@@ -228,6 +237,7 @@ class _Costs:
         self._fits: dict[tuple, np.ndarray] = {}
         self.stage_cache: dict = {}
         """Stage costs of the plans simulated so far (:func:`pipeplan.solver.simulator.stage_costs`)."""
+        self._rows: dict[int, StageRow] = {}
         graph = problem.graph
         self.state = problem.state_factor * np.array([l.params for l in layers])
         self.act = np.array([l.act for l in layers])
@@ -282,6 +292,13 @@ class _Costs:
                 ok |= settle_borderline(peak <= memory, peak, memory, ranges & ~ok, exact(True), scale=ends)
             self._fits[key] = ok
         return self._fits[key]
+
+    def rows(self, costs: Sequence[StageCost]) -> list[StageRow]:
+        """The :func:`pipeplan.solver.batched.stage_row` of each stage cost, made once per cost."""
+        if len(self._rows) > STAGE_CACHE_SIZE:
+            self._rows.clear()
+        # a row holds its cost, so the id it is filed under stays that cost's while the entry lives
+        return [self._rows.get(id(c)) or self._rows.setdefault(id(c), stage_row(c)) for c in costs]
 
     def ring(self, c: int, r: int) -> tuple[float, float]:
         """``(latency, bandwidth)`` of a group of ``r`` devices of class ``c`` (as :func:`replica_groups` cuts it)."""
@@ -431,11 +448,11 @@ def compute_floor(problem: PlanningProblem, prefixes: Sequence[np.ndarray], boun
     return float(best) * (1 - 1e-9)
 
 
-def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block], cutoff: float = math.inf
-           ) -> Judged | None:
-    """The pattern's plan: server-aligned groups, balanced split, recompute where needed.
+def _pattern_split(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block]
+                   ) -> tuple[Bounds, Groups, float] | None:
+    """The pattern's server-aligned groups, its balanced split and the split's :func:`compute_floor`.
 
-    ``None`` also when its :func:`compute_floor` reaches ``cutoff`` (it cannot be faster).
+    ``None`` when no split fits.
     """
     groups = []  # one block per class: no device is used twice
     for b in blocks:
@@ -445,10 +462,56 @@ def _build(problem: PlanningProblem, costs: _Costs, blocks: Sequence[Block], cut
     allowed = [costs.fits(r, costs.classes[c].memory, _ops(problem, s, len(stages)))
                for s, (r, _, c) in enumerate(stages)]
     bounds = balanced_bounds(prefixes, allowed)
-    smallest = [costs.prefix(r, v, smallest=True) for r, v, _ in stages]
-    if bounds is None or compute_floor(problem, prefixes, bounds, smallest) >= cutoff:
+    if bounds is None:
         return None
-    return finalize(problem, tuple(bounds), tuple(groups), costs.stage_cache)
+    smallest = [costs.prefix(r, v, smallest=True) for r, v, _ in stages]
+    return tuple(bounds), tuple(groups), compute_floor(problem, prefixes, bounds, smallest)
+
+
+def _judge_all(problem: PlanningProblem, costs: _Costs, proposals: Sequence[tuple[Bounds, Groups]]) -> list[float]:
+    """The simulated time :func:`finalize` gives each proposal (``inf``: it does not fit), timed in batches.
+
+    The numbers are the scalar simulator's exactly (:func:`pipeplan.solver.batched.iteration_times`),
+    so judging proposals together never changes which one wins.
+    """
+    fitted = [fitting_costs(problem, bounds, groups, costs.stage_cache) for bounds, groups in proposals]
+    fits = [i for i, f in enumerate(fitted) if f is not None]
+    times = [math.inf] * len(proposals)
+    if fits:
+        rows = [costs.rows(fitted[i][1]) for i in fits]
+        for i, t in zip(fits, iteration_times(rows, problem.schedule).tolist()):
+            times[i] = t
+    return times
+
+
+def _build_patterns(problem: PlanningProblem, costs: _Costs, ranked: Sequence[tuple[float, int, tuple[Block, ...]]],
+                    keep: int, deadline: float, on_best: Callable[[float], None]
+                    ) -> tuple[list[tuple[float, int, tuple[Bounds, Groups]]], bool]:
+    """Build and time the ranked patterns, best estimate first: ``(time, rank, proposal)`` sorted, and whether time ran out.
+
+    A pattern is timed only while its :func:`compute_floor` is below the ``keep``-th best time
+    so far (it could not be kept otherwise).  :data:`BUILD_BATCH` patterns are split and timed
+    together; the floors are then checked one by one in rank order, against the times kept
+    before each, so the result is that of building them one at a time.  ``on_best`` hears
+    every new best time.
+    """
+    built: list[tuple[float, int, tuple[Bounds, Groups]]] = []
+    todo = [(k, blocks) for k, (guess, _, blocks) in enumerate(ranked) if math.isfinite(guess)]
+    for first in range(0, len(todo), BUILD_BATCH):
+        if past(deadline):
+            return built, True
+        cutoff = built[keep - 1][0] if len(built) >= keep else math.inf
+        splits = [(k, _pattern_split(problem, costs, blocks)) for k, blocks in todo[first:first + BUILD_BATCH]]
+        splits = [(k, split) for k, split in splits if split is not None and split[2] < cutoff]
+        times = _judge_all(problem, costs, [split[:2] for _, split in splits])
+        for (k, (bounds, groups, floor)), t in zip(splits, times):
+            cutoff = built[keep - 1][0] if len(built) >= keep else math.inf
+            if floor >= cutoff or not math.isfinite(t):
+                continue
+            if not built or t < built[0][0]:
+                on_best(t)
+            bisect.insort(built, (t, k, (bounds, groups)), key=lambda x: x[:2])
+    return built, False
 
 
 def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
@@ -456,38 +519,75 @@ def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
     return stage_ops(problem.schedule, len(problem.split), s, count)
 
 
+class _GroupTable:
+    """Stage rows and :func:`pipeplan.solver.path_floor.stage_terms` of the plans on one list of device groups.
+
+    A stage's cost depends on its position, layers and recompute flag and on its
+    neighbours' devices (:func:`pipeplan.solver.simulator.stage_costs`), so with the groups
+    fixed it is known by ``(stage, layer range)``; recompute is decided per stage as
+    :func:`pipeplan.solver.baselines.common.finalize` decides it.
+    """
+
+    def __init__(self, problem: PlanningProblem, groups: Groups, cache: dict | None) -> None:
+        self.problem, self.groups, self.cache = problem, groups, cache
+        self.rows: dict[tuple[int, tuple[int, int]], tuple[StageRow, StageTerms | None] | None] = {}
+
+    def stages(self, bounds: Bounds) -> list[tuple[StageRow, StageTerms | None] | None]:
+        """Per stage, its row and terms; ``None`` for a stage that does not fit."""
+        if any((s, b) not in self.rows for s, b in enumerate(bounds)):
+            for s, (b, cost) in enumerate(zip(bounds, stage_fits(self.problem, bounds, self.groups, self.cache)[1])):
+                if (s, b) not in self.rows:
+                    self.rows[(s, b)] = None if cost is None else (stage_row(cost), stage_terms(cost))
+        return [self.rows[(s, b)] for s, b in enumerate(bounds)]
+
+
 def refine(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
     """Move single stage boundaries by :data:`MOVES` layers while the simulated time improves.
 
     Sweeps the boundaries in order, keeping every move that helps, until a whole sweep
-    changes nothing (or the deadline passes).  With ``costs``, a move whose
-    :func:`compute_floor` already reaches the best time is not simulated.
+    changes nothing (or the deadline passes).  A move whose
+    :func:`pipeplan.solver.path_floor.path_floor` (or, with ``costs``, whose
+    :func:`compute_floor`) already reaches the best time is not simulated: it cannot help.
+    The next :data:`REFINE_BATCH` moves left are timed together; the first of them that
+    helps is kept and the sweep goes on after it, so the moves kept are those of trying
+    them one at a time.
     """
-    best = judged
-    groups = tuple(st.devices for st in best.plan.stages)
-    ends = [st.layers[1] for st in best.plan.stages]
+    groups = tuple(st.devices for st in judged.plan.stages)
+    ends = [st.layers[1] for st in judged.plan.stages]
+    best_time, best_bounds = judged.result.iteration_time, None
+    table = _GroupTable(problem, groups, costs.stage_cache if costs is not None else None)
     prefixes = None
     if costs is not None:
         speed = {d.id: d.speed for d in problem.cluster.devices}
         prefixes = [costs.prefix(len(g), min(speed[d] for d in g)) for g in groups]
         smallest = [costs.prefix(len(g), min(speed[d] for d in g), smallest=True) for g in groups]
+    moves = list(itertools.product(range(len(ends) - 1), MOVES))
     improved = True
     while improved and not past(deadline):
         improved = False
-        for i, move in itertools.product(range(len(ends) - 1), MOVES):
-            if past(deadline):  # long pipelines: one sweep takes seconds
-                break
-            trial = list(ends)
-            trial[i] += move
-            if not (trial[i - 1] if i else 0) < trial[i] < trial[i + 1]:
-                continue
-            bounds = tuple(zip([0] + trial[:-1], trial))
-            if prefixes is not None and compute_floor(problem, prefixes, bounds, smallest) >= best.result.iteration_time:
-                continue
-            cand = finalize(problem, bounds, groups, costs.stage_cache if costs is not None else None)
-            if cand is not None and cand.result.iteration_time < best.result.iteration_time * (1 - 1e-12):
-                best, ends, improved = cand, trial, True
-    return best
+        at = 0
+        while at < len(moves) and not past(deadline):  # long pipelines: one sweep takes seconds
+            trials = []
+            while at < len(moves) and len(trials) < REFINE_BATCH:
+                i, move = moves[at]
+                at += 1
+                trial = list(ends)
+                trial[i] += move
+                if not (trial[i - 1] if i else 0) < trial[i] < trial[i + 1]:
+                    continue
+                bounds = tuple(zip([0] + trial[:-1], trial))
+                if prefixes is not None and compute_floor(problem, prefixes, bounds, smallest) >= best_time:
+                    continue
+                stages = table.stages(bounds)
+                if None in stages or path_floor([t for _, t in stages], same_split=True) >= best_time:
+                    continue
+                trials.append((at, trial, bounds, [row for row, _ in stages]))
+            times = iteration_times([c for *_, c in trials], problem.schedule).tolist() if trials else []
+            for (n, trial, bounds, _), t in zip(trials, times):
+                if t < best_time * (1 - 1e-12):
+                    best_time, best_bounds, ends, improved, at = t, bounds, trial, True, n
+                    break
+    return judged if best_bounds is None else finalize(problem, best_bounds, groups, table.cache)
 
 
 Stages = list[tuple[tuple[int, int], tuple[str, ...]]]
@@ -537,12 +637,12 @@ def reshapes(stages: Stages, class_of: dict[str, int], idle: Sequence[Sequence[S
                 yield groups + [new], len(groups) - 1, len(groups) + 1
 
 
-def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: list[tuple[str, ...]], i: int,
-              j: int, speed: dict[str, float], memory: dict[str, float]) -> Judged | None:
-    """The plan of a shape from :func:`reshapes`: its new stages split by :func:`balanced_bounds`.
+def _reshaped_bounds(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: list[tuple[str, ...]], i: int,
+                     j: int, speed: dict[str, float], memory: dict[str, float]) -> Bounds | None:
+    """The layer ranges of a shape from :func:`reshapes`: its new stages split by :func:`balanced_bounds`.
 
     Only the layers of the replaced stages are split again; every other stage keeps
-    its layers.  Recompute where needed; ``None`` when it does not fit.
+    its layers.  ``None`` when the new stages have no split that fits (or too many stages).
     """
     if len(groups) > problem.stage_limit:
         return None
@@ -555,9 +655,15 @@ def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: l
     inner = balanced_bounds([p - p[0] for p in window], allowed)
     if inner is None:
         return None
-    bounds = ([b for b, _ in stages[:i]] + [(lo + a, lo + b) for a, b in inner]
-              + [b for b, _ in stages[len(stages) - kept_after:]])
-    return finalize(problem, tuple(bounds), tuple(groups), costs.stage_cache)
+    return tuple([b for b, _ in stages[:i]] + [(lo + a, lo + b) for a, b in inner]
+                 + [b for b, _ in stages[len(stages) - kept_after:]])
+
+
+def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: list[tuple[str, ...]], i: int,
+              j: int, speed: dict[str, float], memory: dict[str, float]) -> Judged | None:
+    """The plan of a shape from :func:`reshapes` (:func:`_reshaped_bounds`), recompute where needed; ``None`` when it does not fit."""
+    bounds = _reshaped_bounds(problem, costs, stages, groups, i, j, speed, memory)
+    return None if bounds is None else finalize(problem, bounds, tuple(groups), costs.stage_cache)
 
 
 def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
@@ -578,16 +684,18 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_
         stages = [(st.layers, st.devices) for st in best.plan.stages]
         used = {d for _, g in stages for d in g}
         idle = [[[d for d in ids if d not in used] for ids in _servers(cls)] for cls in classes]
-        built = []
+        shapes = []
         for k, (groups, i, j) in enumerate(reshapes(stages, class_of, idle)):
-            cand = _reshaped(problem, costs, stages, groups, i, j, speed, memory)
-            if cand is not None:
-                built.append((cand.result.iteration_time, k, cand))
+            bounds = _reshaped_bounds(problem, costs, stages, groups, i, j, speed, memory)
+            if bounds is not None:
+                shapes.append((k, (bounds, tuple(groups))))
             if past(deadline):
                 break
+        times = _judge_all(problem, costs, [shape for _, shape in shapes])
+        built = sorted((t, k, shape) for t, (k, shape) in zip(times, shapes) if math.isfinite(t))
         step = best
-        for _, _, cand in sorted(built, key=lambda x: x[:2])[:RESHAPE_TRIES]:
-            cand = refine(problem, cand, deadline, costs)
+        for _, _, shape in built[:RESHAPE_TRIES]:
+            cand = refine(problem, finalize(problem, *shape, costs.stage_cache), deadline, costs)
             if cand.result.iteration_time < step.result.iteration_time * (1 - 1e-12):
                 step = cand
         best, improved = step, step is not best
@@ -629,24 +737,14 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
             break
         ranked.append((_estimate(problem, costs, p), k, p))
     ranked.sort(key=lambda x: x[:2])
-    built: list[tuple[float, int, Judged]] = []
     trace: list[TracePoint] = []
-    for k, (guess, _, blocks) in enumerate(ranked[:evaluations]):
-        if not math.isfinite(guess):
-            break
-        if past(deadline):
-            stopped = True
-            break
-        # only the best ``refine_top`` built plans go on: a pattern that cannot beat them need not be simulated
-        cutoff = built[refine_top - 1][0] if len(built) >= refine_top else math.inf
-        judged = _build(problem, costs, blocks, cutoff)
-        if judged is not None:
-            if not built or judged.result.iteration_time < min(b[0] for b in built):
-                trace.append(TracePoint(time.perf_counter() - start, judged.result.iteration_time, None))
-            bisect.insort(built, (judged.result.iteration_time, k, judged), key=lambda x: x[:2])
-    built.sort(key=lambda x: x[:2])
+    built, cut = _build_patterns(
+        problem, costs, ranked[:evaluations], refine_top, deadline,
+        lambda t: trace.append(TracePoint(time.perf_counter() - start, t, None)))
+    stopped = stopped or cut
     refined = []
-    for _, _, judged in built[:refine_top]:
+    for _, _, proposal in built[:refine_top]:
+        judged = finalize(problem, *proposal, costs.stage_cache)
         if past(deadline):  # out of time: the built plans as they are
             stopped = True
             refined.append(judged)

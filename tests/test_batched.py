@@ -9,10 +9,10 @@ import pytest
 
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.batched import BatchSimulator, Candidate, simulate_batch, timeline_arrays
+from pipeplan.solver.batched import BatchSimulator, Candidate, iteration_times, simulate_batch, stage_row, timeline_arrays
 from pipeplan.solver.cluster import Cluster, Device, Link
 from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.simulator import run_timeline, simulate, stage_costs
 
 
 def random_split(rng: random.Random, batch: int, m: int) -> tuple[int, ...]:
@@ -109,3 +109,29 @@ class TestTimelineArrays:
             return
         assert np.all(times == expected)
         assert peaks.shape == cap.shape == (5, len(cand.bounds))
+
+
+class TestIterationTimes:
+    @pytest.mark.parametrize("seed", range(40))
+    def test_equals_run_timeline_exactly(self, seed):
+        graph, cluster, plans = random_batch(seed)
+        costs = [stage_costs(plan, graph, cluster) for plan in plans]
+        rows = [[stage_row(c) for c in plan_costs] for plan_costs in costs]
+        try:
+            expected = [run_timeline(c, 0).iteration_time for c in costs]
+        except DeadlockError:
+            with pytest.raises(DeadlockError):
+                iteration_times(rows, plans[0].schedule)
+            return
+        assert iteration_times(rows, plans[0].schedule).tolist() == expected  # bit for bit, not approx
+
+    @pytest.mark.parametrize("seed", range(10))
+    def test_copies_are_timed_together_and_alike(self, seed, monkeypatch):
+        graph, cluster, plans = random_batch(seed)
+        costs = stage_costs(plans[0], graph, cluster)
+        try:
+            expected = run_timeline(costs, 0).iteration_time
+        except DeadlockError:
+            return
+        monkeypatch.setattr("pipeplan.solver.batched.run_timeline", None)  # the batched path only
+        assert iteration_times([[stage_row(c) for c in costs]] * 5, plans[0].schedule).tolist() == [expected] * 5

@@ -11,12 +11,15 @@ import warnings
 import numpy as np
 import pytest
 
+from pipeplan.experiments.bench_scale import scale_cluster
 from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
 from pipeplan.solver.baselines.common import finalize
 from pipeplan.solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped, balanced_bounds, compute_floor, group_search, patterns, refine,
                                  replica_groups, reshape, reshapes)
+from pipeplan.solver.exact_work import ExactWork, exact_work
+from pipeplan.solver.ilp import quiet_stdout
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.registry import get_solver
 from tests.test_baselines import random_problem
@@ -242,6 +245,19 @@ class TestGroupSearchSolver:
         heuristic = get_solver("group-search").solve(problem, time_limit=10.0)
         for name in ("ilp", "cpsat"):
             assert get_solver(name).solve(problem, time_limit=10.0).iteration_time <= heuristic.iteration_time
+
+    @pytest.mark.parametrize("name", ["ilp", "cpsat"])
+    def test_exact_solvers_never_worse_on_four_generations(self, name):
+        # the benchmark's four device generations on 32 devices: group-search's patterns span
+        # four classes, and the exact solvers run it first, on its own budget, whatever they do next
+        problem = PlanningProblem(chain_graph(16), scale_cluster(32), global_batch=64, microbatches=8,
+                                  schedule="1f1b")
+        heuristic = get_solver("group-search").solve(problem, time_limit=60.0)
+        assert not heuristic.details["stopped_by_time_limit"]
+        with quiet_stdout(), exact_work(ExactWork(prefixes=100, ga_rounds=0)):
+            exact = get_solver(name).solve(problem, time_limit=6.0)
+        assert not exact.details["group_search_stopped_by_time_limit"]
+        assert exact.iteration_time <= heuristic.iteration_time
 
 
 class TestRefine:

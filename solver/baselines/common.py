@@ -20,7 +20,7 @@ import numpy as np
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.result import SolverResult, TracePoint
-from pipeplan.solver.simulator import SimulationResult, run_timeline, stage_costs
+from pipeplan.solver.simulator import SimulationResult, StageCost, run_timeline, stage_costs
 from pipeplan.solver.termination import past
 
 Bounds = tuple[tuple[int, int], ...]
@@ -135,6 +135,39 @@ class Judged:
     """The simulator's verdict."""
 
 
+def stage_fits(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: dict | None = None
+               ) -> tuple[Plan, list[StageCost | None]]:
+    """The plan of a proposal, recompute on the stages that need it, and each stage's cost (``None``: it does not fit).
+
+    A stage's cost depends only on its own recompute flag (and its neighbours' devices and
+    splits), so each stage is decided alone: without recompute when it fits so, else with
+    recompute when the problem allows it and that fits.
+    """
+    plan = problem.make_plan(bounds, groups)
+    costs: list[StageCost | None] = list(stage_costs(plan, problem.graph, problem.cluster, cache))
+    over = [c.peak_memory > c.capacity for c in costs]
+    if any(over) and problem.allow_recompute:
+        plan = problem.make_plan(bounds, groups, over)
+        costs = [c if not o else r for c, o, r in zip(costs, over, stage_costs(plan, problem.graph, problem.cluster,
+                                                                                cache))]
+    return plan, [c if c.peak_memory <= c.capacity else None for c in costs]
+
+
+def fitting_costs(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: dict | None = None
+                  ) -> tuple[Plan, tuple[StageCost, ...]] | None:
+    """The plan of a proposal, recompute on the stages that need it, and its stage costs; or ``None``.
+
+    Everything :func:`finalize` does but the timeline, for callers that time many plans
+    at once (:func:`pipeplan.solver.batched.iteration_times`).
+    """
+    if len(bounds) > problem.stage_limit or len(bounds) != len(groups):
+        return None
+    if not problem.allow_replication and any(len(g) > 1 for g in groups):
+        return None
+    plan, costs = stage_fits(problem, bounds, groups, cache)
+    return None if any(c is None for c in costs) else (plan, tuple(costs))
+
+
 def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: dict | None = None) -> Judged | None:
     """The plan of a proposal, with recompute on the stages that need it, or ``None``.
 
@@ -144,20 +177,10 @@ def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: di
     ``cache``: the stage costs of earlier proposals on this problem
     (:func:`pipeplan.solver.simulator.stage_costs`).
     """
-    if len(bounds) > problem.stage_limit or len(bounds) != len(groups):
+    fitted = fitting_costs(problem, bounds, groups, cache)
+    if fitted is None:
         return None
-    if not problem.allow_replication and any(len(g) > 1 for g in groups):
-        return None
-    plan = problem.make_plan(bounds, groups)
-    costs = stage_costs(plan, problem.graph, problem.cluster, cache)
-    over = [c.peak_memory > c.capacity for c in costs]
-    if any(over):
-        if not problem.allow_recompute:
-            return None
-        plan = problem.make_plan(bounds, groups, over)
-        costs = stage_costs(plan, problem.graph, problem.cluster, cache)
-        if any(c.peak_memory > c.capacity for c in costs):
-            return None
+    plan, costs = fitted
     return Judged(plan, run_timeline(costs, plan.global_batch))
 
 
