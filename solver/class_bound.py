@@ -366,6 +366,8 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
         return math.inf  # no stage fits in memory (term a): no plan fits
     # from the longest fitting stage on, every fitting type qualifies and f stays at f(cap)
     cap = float(fitting.max())
+    if cap <= 0:
+        return floor  # nothing costs time (a zero-cost graph): the terms below divide by t
     at_cap = value(cap)
     if at_cap >= cap:
         return max(floor, at_cap) * (1 - ROUNDING_MARGIN)

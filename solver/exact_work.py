@@ -23,6 +23,18 @@ GA_ROUNDS, GA_GENERATIONS = 1, 60
 """NSGA-II runs from an unproved incumbent (:func:`improve_with_ga`) and generations of each: 20
 generations took 3 s at 96 layers x 32 devices on the loaded 2-core machine this was measured on."""
 
+SLOW_BASELINES = ("Dapple", "Alpa")
+"""Baselines (class names) with slow pure-Python DPs: run after the others (a proof makes them moot)."""
+
+BASELINE_CELLS = {"DeepSpeedParameters": 1024, "AutoPipe": 1024, "PipeDream": 1024, "Piper": 1024,
+                  "Dapple": 256, "Alpa": 64}
+"""Largest layers x devices on which a baseline (class name) runs for the incumbent; the others
+run on every problem.  A count, not a time share, so the incumbent does not depend on the machine:
+their DPs grow with the square of the layers and with the devices, and these sizes keep each one to
+about a second or two on the 2-core machine they were measured on (at 96 layers x 32 devices
+PipeDream and Piper take 10 s each there, Dapple and Alpa over a minute; Alpa 50 s at 32 x 8)."""
+
+
 @dataclass(frozen=True)
 class ExactWork:
     """The counted work of the exact search's phases besides the model (whose budget its solver holds).

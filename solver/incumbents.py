@@ -5,25 +5,12 @@ from __future__ import annotations
 import math
 
 from pipeplan.solver.baselines import BASELINES
-from pipeplan.solver.exact_work import GA_GENERATIONS, GA_ROUNDS, GREEDY_AFTER_FIT
+from pipeplan.solver.exact_work import BASELINE_CELLS, GA_GENERATIONS, GA_ROUNDS, GREEDY_AFTER_FIT, SLOW_BASELINES
 from pipeplan.solver.nsga import run_nsga
 from pipeplan.solver.plan import Plan
 from pipeplan.solver.problem import PlanningProblem
 from pipeplan.solver.search import Search
 from pipeplan.solver.termination import TimeLimit
-
-
-SLOW_BASELINES = ("Dapple", "Alpa")
-"""Baselines (class names) with slow pure-Python DPs: run after the others (a proof makes them moot)."""
-
-BASELINE_CELLS = {"DeepSpeedParameters": 1024, "AutoPipe": 1024, "PipeDream": 1024, "Piper": 1024,
-                  "Dapple": 256, "Alpa": 64}
-"""Largest layers x devices on which a baseline (class name) runs for the incumbent; the others
-run on every problem.  A count, not a time share, so the incumbent does not depend on the machine:
-their DPs grow with the square of the layers and with the devices, and these sizes keep each one to
-about a second or two on the 2-core machine they were measured on (at 96 layers x 32 devices
-PipeDream and Piper take 10 s each there, Dapple and Alpa over a minute; Alpa 50 s at 32 x 8)."""
-
 
 
 def greedy_plans(problem: PlanningProblem) -> list[Plan]:
@@ -55,7 +42,7 @@ def greedy_plans(problem: PlanningProblem) -> list[Plan]:
 def warm_start_plans(problem: PlanningProblem, seed: int, clock: TimeLimit, slow: bool = False) -> list[Plan]:
     """Baseline plans, cheapest baseline first, and the greedy plans.
 
-    Every baseline the problem is small enough for (:data:`BASELINE_CELLS`) runs its whole
+    Every baseline the problem is small enough for (:data:`pipeplan.solver.exact_work.BASELINE_CELLS`) runs its whole
     search, with what is left of ``clock`` as its cap (so its plan depends on the machine only
     when that cap fires, which the open watch notes); once ``clock`` has expired the rest are
     skipped.  ``slow=False`` runs every baseline but those

@@ -446,7 +446,7 @@ def seeding_cells(cls: type) -> float:
     """Largest layers x devices on which baseline ``cls`` seeds NSGA-II (``inf``: every size).
 
     The equal-split baselines keep the sizes the exact search's incumbent uses them up to
-    (:data:`pipeplan.solver.incumbents.BASELINE_CELLS`).  A split baseline starts from the best
+    (:data:`pipeplan.solver.exact_work.BASELINE_CELLS`).  A split baseline starts from the best
     of every equal-split baseline, each given a share of its time (so the slowest decides
     whether its clock cuts it): it seeds only where every equal-split baseline runs whole.
 
@@ -457,7 +457,7 @@ def seeding_cells(cls: type) -> float:
     (inf, 64)
     """
     from pipeplan.solver.baselines import SPLIT_BASELINES
-    from pipeplan.solver.incumbents import BASELINE_CELLS
+    from pipeplan.solver.exact_work import BASELINE_CELLS
 
     if cls in SPLIT_BASELINES:
         return min(BASELINE_CELLS.values())
