@@ -119,7 +119,6 @@ Lagrangian peaks near 1.5 on experiments/bench_scale.py's instances at 256 and 1
 
 DELTA_STEPS = 32
 """Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
-"""``lambda`` tried, as multiples of the natural scale ``work_bound / G`` (seconds per weighted device)."""
 
 
 @dataclass(frozen=True)
@@ -179,12 +178,13 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
     """
     graph, sizes = problem.graph, problem.split
     layers, L, M = graph.layers, len(graph), len(sizes)
-    pre = {name: np.concatenate(([0.0], np.cumsum([float(v) for v in values]))) for name, values in (
-        ("af", [l.fwd[0] for l in layers]), ("bf", [l.fwd[1] for l in layers]),
-        ("ab", [l.bwd[0] for l in layers]), ("bb", [l.bwd[1] for l in layers]),
-        ("par", [l.params for l in layers]), ("act", [l.act for l in layers]))}
+    vals = {"af": [l.fwd[0] for l in layers], "bf": [l.fwd[1] for l in layers], "ab": [l.bwd[0] for l in layers],
+            "bb": [l.bwd[1] for l in layers], "par": [l.params for l in layers], "act": [l.act for l in layers]}
     lo, hi = (a.astype(np.int64) for a in np.triu_indices(L + 1, 1))
-    AF, BF, AB, BB, PAR, ACT = (pre[n][hi] - pre[n][lo] for n in ("af", "bf", "ab", "bb", "par", "act"))
+    # Each range is summed from its own first layer (in triu order), never as a difference of prefix
+    # sums: against much larger earlier layers that difference loses more than ROUNDING_MARGIN.
+    AF, BF, AB, BB, PAR, ACT = (np.concatenate([np.cumsum(np.array(vals[n][x:], dtype=float)) for x in range(L)])
+                                for n in ("af", "bf", "ab", "bb", "par", "act"))
     INP = np.array([graph.stage_input_bytes(x) for x in range(L)])[lo]
     last = hi == L
     speeds_ge = {c.speed: sum(1 for d in problem.cluster.devices if d.speed >= c.speed)

@@ -113,3 +113,30 @@ class TestClassBound:
         assert bound >= work_bound(problem) * (1 - 1e-9)
         if math.isfinite(best):
             assert bound <= best * (1 + REL)
+
+
+class TestRangeSumsAgainstHugeEarlierLayers:
+    """A stage's sums must not come from differences of prefix sums (cancellation against earlier layers)."""
+
+    def _problem(self, layers, devices) -> PlanningProblem:
+        graph = LayerGraph.chain("g", layers, input_bytes=0.0)
+        cluster = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e10, 0.0), devices)
+        return PlanningProblem(graph, cluster, global_batch=1, microbatches=1, schedule="1f1b",
+                               allow_replication=False, allow_recompute=False)
+
+    def test_a_stage_exactly_at_memory_still_fits(self):
+        # layer 1 alone on B needs exactly B's memory (4 x 0.15 bytes); the 1e12 bytes before it
+        # must not push that over, or the bound leaves out the plan [big on A, small on B]
+        layers = [Layer("big", (0.0, 1e-3), (0.0, 2e-3), 1e12, 0.0, 0.0),
+                  Layer("small", (0.0, 1.0), (0.0, 2.0), 0.15, 0.0, 0.0)]
+        graph = LayerGraph.chain("g", layers, input_bytes=0.0)
+        devices = (Device("A", "s0", 0.5, 1e13), Device("B", "s0", 1.0, 4.0 * graph.range_sum("params", 1, 2)))
+        problem = self._problem(layers, devices)
+        plan_time = 3.006  # 1e-3/0.5 + 2e-3/0.5 + 1 + 2
+        assert class_bound(problem) <= plan_time
+
+    def test_op_times_of_a_small_stage_after_a_huge_one(self):
+        layers = [Layer("big", (0.0, 1e8), (0.0, 2e8), 0.0, 0.0, 0.0),
+                  Layer("small", (0.0, 0.15), (0.0, 0.3), 1e3, 0.0, 0.0)]
+        devices = (Device("A", "s0", 1e9, 1e3), Device("B", "s0", 1.0, 1e6))  # A cannot hold layer 1
+        assert class_bound(self._problem(layers, devices)) <= 0.75  # 0.1 + 0.2 on A, 0.15 + 0.3 on B
