@@ -38,12 +38,7 @@ class TestScaleCluster:
 
 
 class TestTimeLimitAt1024Devices:
-    @pytest.mark.parametrize("name", [
-        pytest.param(n, marks=pytest.mark.xfail(
-            reason="CP-SAT's solve of the split model overruns its max_time_in_seconds at 1,024 devices "
-                   "(4.8 s for 2 s); cpsat_split.py is being reworked with the solvers' work budgets",
-            strict=False)) if n == "cpsat-split" else n
-        for n in solver_names()])
+    @pytest.mark.parametrize("name", solver_names())
     def test_solver_ends_within_its_limit(self, name, problem_1024):
         solver = get_solver(name)
         start = time.perf_counter()
