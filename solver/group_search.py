@@ -659,17 +659,10 @@ def _reshaped_bounds(problem: PlanningProblem, costs: _Costs, stages: Stages, gr
                  + [b for b, _ in stages[len(stages) - kept_after:]])
 
 
-def _reshaped(problem: PlanningProblem, costs: _Costs, stages: Stages, groups: list[tuple[str, ...]], i: int,
-              j: int, speed: dict[str, float], memory: dict[str, float]) -> Judged | None:
-    """The plan of a shape from :func:`reshapes` (:func:`_reshaped_bounds`), recompute where needed; ``None`` when it does not fit."""
-    bounds = _reshaped_bounds(problem, costs, stages, groups, i, j, speed, memory)
-    return None if bounds is None else finalize(problem, bounds, tuple(groups), costs.stage_cache)
-
-
 def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
     """Change the plan's shape one step at a time (:func:`reshapes`) while the simulated time improves.
 
-    Every shape one step away is built (:func:`_reshaped`) and simulated; the
+    Every shape one step away is split (:func:`_reshaped_bounds`) and simulated; the
     :data:`RESHAPE_TRIES` fastest are refined (:func:`refine`), and the best of them
     replaces the plan if it is faster; the search then starts again from it.
     ``costs`` (the caller's, with its cached splits and memory tables) is built if not given.

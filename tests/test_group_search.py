@@ -16,7 +16,7 @@ from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.cluster import Cluster, Device, Link
 from pipeplan.solver.baselines.common import finalize
-from pipeplan.solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped, balanced_bounds, compute_floor, group_search, patterns, refine,
+from pipeplan.solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped_bounds, balanced_bounds, compute_floor, group_search, patterns, refine,
                                  replica_groups, reshape, reshapes)
 from pipeplan.solver.exact_work import ExactWork, exact_work
 from pipeplan.solver.ilp import quiet_stdout
@@ -294,7 +294,8 @@ class TestReshapes:
         shapes = list(reshapes(stages, class_of))
         assert shapes
         for groups, i, j in shapes:
-            built = _reshaped(problem, costs, stages, groups, i, j, speed, memory)
+            bounds = _reshaped_bounds(problem, costs, stages, groups, i, j, speed, memory)
+            built = None if bounds is None else finalize(problem, bounds, tuple(groups), costs.stage_cache)
             if built is None:
                 continue
             new = [st.layers for st in built.plan.stages]
