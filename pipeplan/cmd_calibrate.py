@@ -29,8 +29,8 @@ from pipeplan.runtime.checks import load_inputs
 from pipeplan.runtime.launch import WorkerError
 from pipeplan.runtime.measure import align, measured_steps, median_step
 from pipeplan.runtime.worker import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
-from pipeplan.solver.cluster import Cluster
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import Cluster
+from pipeplan.solver.evaluation.simulator import simulate
 
 DEFAULT_RUNS = 3
 """Probe runs; each device takes the median of its factors over them."""

@@ -1,6 +1,6 @@
 """``pipeplan pareto``: the time / memory Pareto front of the ``nsga`` planner.
 
-Runs NSGA-II (``solver/nsga.py``) and writes every non-dominated fitting plan with its
+Runs NSGA-II (``solver/heuristics/nsga.py``) and writes every non-dominated fitting plan with its
 iteration time and peak memory as one JSON file (``pipeplan.pareto/1``), and with
 ``--plot`` a scatter plot of the front.  Exit status 3 when no plan comes back (the
 message says "no plan fits" only when that is proved, as ``pipeplan plan`` does).
@@ -15,12 +15,12 @@ import time
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.views.figures import pyplot, save_png
 from pipeplan.cmd_plan import INTERRUPTED, _common, no_plan, problem_from_args
-from pipeplan.solver.infeasibility import heuristic_no_plan
-from pipeplan.solver.nsga import NsgaRun, run_nsga
-from pipeplan.solver.registry import VERSION1
-from pipeplan.solver.termination import interruptible, watch
+from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
+from pipeplan.solver.heuristics.nsga import NsgaRun, run_nsga
+from pipeplan.solver.core.registry import VERSION1
+from pipeplan.solver.core.termination import interruptible, watch
 
 PARETO_FORMAT = "pipeplan.pareto/1"
 

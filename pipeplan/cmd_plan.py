@@ -18,20 +18,20 @@ from typing import Any
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text, dumps
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.figures import pyplot, save_png
-from pipeplan.solver.gantt import write_gantt
-from pipeplan.solver.infeasibility import UNPROVED, memory_verdict
-from pipeplan.solver.nsga import MAX_POPULATION
-from pipeplan.solver.plan import MAX_SAMPLES
-from pipeplan.solver.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
-from pipeplan.solver.registry import get_solver, solver_names
-from pipeplan.solver.result import SolverResult
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.views.figures import pyplot, save_png
+from pipeplan.solver.views.gantt import write_gantt
+from pipeplan.solver.bounds.infeasibility import UNPROVED, memory_verdict
+from pipeplan.solver.heuristics.nsga import MAX_POPULATION
+from pipeplan.solver.formats.plan import MAX_SAMPLES
+from pipeplan.solver.core.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
+from pipeplan.solver.core.registry import get_solver, solver_names
+from pipeplan.solver.core.result import SolverResult
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.termination import interruptible, interrupted
-from pipeplan.solver.warm_start import load_warm_start
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.termination import interruptible, interrupted
+from pipeplan.solver.core.warm_start import load_warm_start
 
 NO_PLAN = 3
 """Exit status when no plan fits."""

@@ -11,7 +11,7 @@ import pytest
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.baselines import BASELINES
-from pipeplan.solver.plan import load_plan
+from pipeplan.solver.formats.plan import load_plan
 from pipeplan import cmd_plan
 
 GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"

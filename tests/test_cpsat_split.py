@@ -10,12 +10,12 @@ import pytest
 
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.cpsat_split import CpSatSplit, optimize_splits
-from pipeplan.solver.plan import Plan, Stage, equal_split
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.splits.cpsat_split import CpSatSplit, optimize_splits
+from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.evaluation.simulator import simulate
 
 
 def compositions(batch: int, counts: range):
@@ -122,7 +122,7 @@ class TestCpSatSplit:
         assert again.plan == result.plan
 
     def test_no_base_plan_is_not_called_infeasible(self, monkeypatch):
-        import pipeplan.solver.cpsat_split as module
+        import pipeplan.solver.splits.cpsat_split as module
 
         problem, _ = instance(0)
         slow = lambda *a, **k: time.sleep(0.05) or []  # noqa: E731 - no base, found after the base's time share
