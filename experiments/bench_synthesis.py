@@ -1,0 +1,294 @@
+"""Synthesized programs against the fixed schedules, and the exact order model's proof times.
+
+Part 1, the six instance shapes of issue 36 (:func:`instances`): a transformer-like chain
+(:func:`chain`) on a cluster per shape.  For each placement (one stage per group ``one``,
+V-shaped ``v``, looped with two stages per group ``looped``), every fixed schedule that
+applies gets its own partition: from a split of the layers in proportion to the
+groups' speeds, layer boundaries move by one while the schedule's simulated time falls
+(and every group fits its memory).  On each such partition the synthesizer
+(:func:`pipeplan.solver.schedules.synthesis.synthesize`) builds programs for the same
+stages, and the exact model (:func:`pipeplan.solver.schedules.order_model.solve_order`,
+started from them) polishes them within a work limit.  Reported per instance: the best
+fixed schedule over placements and its partition, the synthesized and exact times on
+that partition, and the best synthesized time over all the partitions tried.
+
+Part 2, proof time: the exact model on 4 groups x 8 microbatches (one stage per group
+and V placement), on the equal and unequal instances of part 1, in both spaces (every
+order; in-order per stage).  Reported: status, CP-SAT deterministic seconds (the
+counted work) and wall seconds (which depend on the machine and its load).
+
+Usage::
+
+    python -m pipeplan.experiments.bench_synthesis [--quick] [--work 60] [--out experiments/results]
+
+writes ``synthesis.json`` and ``synthesis.md``.  Every time is the simulator's, checked
+by ``simulate`` on the custom plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from itertools import accumulate
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pipeplan.models.graph import Layer, LayerGraph  # noqa: E402
+from pipeplan.models.jsonio import atomic_write_text  # noqa: E402
+from pipeplan.solver.evaluation.simulator import simulate  # noqa: E402
+from pipeplan.solver.formats.cluster import Cluster, Device, Link  # noqa: E402
+from pipeplan.solver.formats.plan import Plan, Stage, equal_split  # noqa: E402
+from pipeplan.solver.schedules.order_model import OrderLimits, OrderProblem, solve_order  # noqa: E402
+from pipeplan.solver.schedules.synthesis import (ProgramDeadlock, custom_plan, evaluate,  # noqa: E402
+                                                 fixed_programs, schedule_instance, synthesize)
+
+BATCH = 32
+MICROBATCHES = 8
+STATE_FACTOR = 4.0
+
+
+def chain(layers: int, head: float = 1.0) -> LayerGraph:
+    """A chain of transformer blocks of 4 samples per microbatch scale (the last one ``head`` times heavier).
+
+    Per block and sample: forward 0.15 ms (+0.02 ms per call), backward 0.30 ms of which
+    the weight gradient 0.14 ms, 30 MB saved (15 MB still needed by the weight
+    gradient), 4 MB of output; 200 MB of parameters, 0.2 ms of optimizer step.
+    """
+    blocks = []
+    for i in range(layers):
+        x = head if i == layers - 1 else 1.0
+        blocks.append(Layer(f"block.{i}", (2e-5 * x, 1.5e-4 * x), (4e-5 * x, 3.0e-4 * x), params=2.0e8 * x,
+                            act=3.0e7 * x, out=4.0e6, bwd_w=(1.5e-5 * x, 1.4e-4 * x), act_w=1.5e7 * x,
+                            step=2e-4 * x))
+    return LayerGraph.chain(f"chain{layers}", blocks, input_bytes=4.0e6)
+
+
+def cluster(name: str, speeds: list[float], memory: float | list[float], *, servers: list[int] | None = None,
+            server_links: list[tuple[float, float]] | None = None,
+            network: tuple[float, float] = (1.25e10, 2e-5)) -> Cluster:
+    """Devices ``d0..`` with the given speeds and memories, on servers (``servers[i]``: device i's server)."""
+    n = len(speeds)
+    servers = servers or [0] * n
+    count = max(servers) + 1
+    links = server_links or [(1.5e11, 5e-6)] * count
+    memories = memory if isinstance(memory, list) else [memory] * n
+    return Cluster(name, tuple(Link(bw, lat, f"s{j}") for j, (bw, lat) in enumerate(links)), Link(*network),
+                   tuple(Device(f"d{i}", f"s{servers[i]}", speeds[i], memories[i]) for i in range(n)))
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One benchmark instance: a graph and a cluster whose devices are the groups (one device each)."""
+
+    name: str
+    graph: LayerGraph
+    cluster: Cluster
+
+
+def instances() -> list[Instance]:
+    """The six shapes of issue 36."""
+    nv = [(1.5e11, 5e-6)]
+    return [
+        Instance("4 equal stages, NVLink", chain(16), cluster("nvlink4", [1.0] * 4, 8e10, server_links=nv)),
+        Instance("4 equal stages, tight memory", chain(16),
+                 cluster("tight4", [1.0] * 4, 4.7e9, server_links=nv)),
+        Instance("6 equal stages, PCIe (transfer ~70 % of a forward)", chain(24),
+                 cluster("pcie6", [1.0] * 6, 8e10, server_links=[(9.2e9, 1e-5)])),
+        Instance("3 unequal stages, speeds 1.0/0.5/0.3", chain(18, head=2.0),
+                 cluster("speeds3", [1.0, 0.5, 0.3], 8e10, server_links=nv)),
+        Instance("4 unequal stages on two servers", chain(16, head=2.0),
+                 cluster("two-servers4", [1.0, 1.0, 0.45, 0.45], [8.5e10, 8.5e10, 2.4e10, 2.4e10], servers=[0, 0, 1, 1],
+                         server_links=[(1.5e11, 5e-6), (1.6e10, 1e-5)])),
+        Instance("6 unequal stages, tight memory", chain(24, head=2.0),
+                 cluster("tight6", [1.0, 1.0, 0.7, 0.7, 0.45, 0.45], 6.0e9, servers=[0, 0, 0, 1, 1, 1],
+                         server_links=[(1.5e11, 5e-6), (1.6e10, 1e-5)])),
+    ]
+
+
+PLACEMENTS = ("one", "v", "looped")
+
+
+def placement_groups(placement: str, groups: int) -> list[int]:
+    """The group of each stage."""
+    if placement == "one":
+        return list(range(groups))
+    if placement == "v":
+        return list(range(groups)) + list(range(groups - 1, -1, -1))
+    return [s % groups for s in range(2 * groups)]
+
+
+def proportional_cuts(graph: LayerGraph, weights: list[float]) -> list[int]:
+    """Stage boundaries (layer indices) splitting the forward+backward cost in proportion to ``weights``."""
+    cost = [layer.fwd[0] + layer.fwd[1] + layer.bwd[0] + layer.bwd[1] for layer in graph.layers]
+    prefix = [0.0] + list(accumulate(cost))
+    total, share, stages = prefix[-1], sum(weights), len(weights)
+    bounds, target = [0], 0.0
+    for s in range(stages - 1):
+        target += total * weights[s] / share
+        candidates = range(bounds[-1] + 1, len(cost) - (stages - 1 - s) + 1)
+        bounds.append(min(candidates, key=lambda i: (abs(prefix[i] - target), i)))
+    return bounds + [len(cost)]
+
+
+def make_plan(inst: Instance, placement: str, bounds: list[int]) -> Plan:
+    groups = len(inst.cluster.devices)
+    owner = placement_groups(placement, groups)
+    split = equal_split(BATCH, MICROBATCHES)
+    stages = tuple(Stage((bounds[s], bounds[s + 1]), (inst.cluster.devices[owner[s]].id,), split)
+                   for s in range(len(owner)))
+    return Plan(inst.graph.name, inst.cluster.name, BATCH, STATE_FACTOR, "custom", stages)
+
+
+def fixed_times(inst: Instance, plan: Plan) -> dict[str, float]:
+    """Each applicable fixed schedule's time on the plan's partition (``inf`` if it does not fit or deadlocks)."""
+    instance = schedule_instance(plan, inst.graph, inst.cluster)
+    out = {}
+    for name, programs in fixed_programs(instance).items():
+        try:
+            t = evaluate(instance, programs)
+        except ProgramDeadlock:
+            continue
+        out[name] = t.iteration_time if t.fits else float("inf")
+    return out
+
+
+def local_search(inst: Instance, placement: str, cost) -> tuple[list[int], float]:
+    """Boundaries from the proportional split, each moved by one layer while ``cost(plan)`` falls."""
+    groups = len(inst.cluster.devices)
+    owner = placement_groups(placement, groups)
+    per_group = [owner.count(g) for g in range(groups)]
+    weights = [inst.cluster.devices[g].speed / per_group[g] for g in owner]
+    bounds = proportional_cuts(inst.graph, weights)
+    best = cost(make_plan(inst, placement, bounds))
+    improved = True
+    while improved:
+        improved = False
+        for c in range(1, len(bounds) - 1):
+            for step in (-1, 1):
+                moved = list(bounds)
+                moved[c] += step
+                if not moved[c - 1] < moved[c] < moved[c + 1]:
+                    continue
+                value = cost(make_plan(inst, placement, moved))
+                if value < best:
+                    bounds, best, improved = moved, value, True
+    return bounds, best
+
+
+def bench_instance(inst: Instance, work: float, quick: bool) -> dict:
+    rows = []
+    for placement in PLACEMENTS:
+        plan = make_plan(inst, placement, proportional_cuts(inst.graph, [1.0] * len(
+            placement_groups(placement, len(inst.cluster.devices)))))
+        for name in fixed_times(inst, plan):
+            bounds, best = local_search(inst, placement, lambda p, n=name: fixed_times(inst, p).get(n, float("inf")))
+            rows.append({"placement": placement, "schedule": name, "bounds": bounds, "time": best})
+    fits = [r for r in rows if r["time"] < float("inf")]
+    best_fixed = min(fits, key=lambda r: r["time"]) if fits else None
+    tried = {}
+    for r in rows:  # the synthesizer on every partition a fixed schedule chose
+        key = (r["placement"], tuple(r["bounds"]))
+        if key in tried:
+            continue
+        plan = make_plan(inst, r["placement"], r["bounds"])
+        instance = schedule_instance(plan, inst.graph, inst.cluster)
+        start = time.perf_counter()
+        syn = synthesize(instance)
+        wall = time.perf_counter() - start
+        check = simulate(custom_plan(plan, syn.programs), inst.graph, inst.cluster)
+        assert check.iteration_time == syn.iteration_time
+        tried[key] = {"placement": r["placement"], "bounds": r["bounds"], "synthesized": syn.iteration_time
+                      if syn.fits else None, "source": syn.source, "synthesis_wall": wall,
+                      "fixed": fixed_times(inst, plan)}
+    out = {"instance": inst.name, "fixed_rows": rows, "best_fixed": best_fixed, "partitions": list(tried.values())}
+    synthesized = [p for p in tried.values() if p["synthesized"] is not None]
+    out["best_synthesized"] = min(synthesized, key=lambda p: p["synthesized"]) if synthesized else None
+    if best_fixed is not None:
+        plan = make_plan(inst, best_fixed["placement"], best_fixed["bounds"])
+        instance = schedule_instance(plan, inst.graph, inst.cluster)
+        syn = synthesize(instance)
+        exact = solve_order(OrderProblem(instance), OrderLimits(work=work if not quick else min(work, 5.0)),
+                            hint=syn.programs)
+        if exact.programs is not None:
+            assert simulate(custom_plan(plan, exact.programs), inst.graph, inst.cluster).iteration_time == \
+                exact.iteration_time
+        out["on_best_fixed_partition"] = {
+            "synthesized": syn.iteration_time if syn.fits else None, "source": syn.source,
+            "exact": exact.iteration_time, "lower_bound": exact.lower_bound, "status": exact.status,
+            "work": exact.work, "wall": exact.wall_time, "stopped_by": exact.stopped_by}
+    return out
+
+
+def bench_proofs(work: float) -> list[dict]:
+    """The exact model on 4 groups x 8 microbatches: instances 1 and 5 of part 1, one stage per group and V."""
+    rows = []
+    for inst in (instances()[0], instances()[4]):
+        for placement in ("one", "v"):
+            owner = placement_groups(placement, 4)
+            groups = len(inst.cluster.devices)
+            per_group = [owner.count(g) for g in range(groups)]
+            weights = [inst.cluster.devices[g].speed / per_group[g] for g in owner]
+            plan = make_plan(inst, placement, proportional_cuts(inst.graph, weights))
+            instance = schedule_instance(plan, inst.graph, inst.cluster)
+            syn = synthesize(instance)
+            for in_order in (True, False):
+                result = solve_order(OrderProblem(instance, in_order=in_order), OrderLimits(work=work),
+                                     hint=syn.programs)
+                rows.append({"instance": inst.name, "placement": placement, "space": result.space,
+                             "synthesized": syn.iteration_time, "exact": result.iteration_time,
+                             "lower_bound": result.lower_bound, "status": result.status, "work": result.work,
+                             "wall": result.wall_time, "stopped_by": result.stopped_by})
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def markdown(results: list[dict], proofs: list[dict]) -> str:
+    lines = ["| instance | best fixed (placement) | synthesized, same partition | exact, same partition "
+             "(status, bound) | best synthesized over partitions |", "|---|---|---|---|---|"]
+    for r in results:
+        bf, on, bs = r["best_fixed"], r.get("on_best_fixed_partition"), r["best_synthesized"]
+        fixed = "none fits" if bf is None else f"{_ms(bf['time'])} ms ({bf['schedule']}, {bf['placement']})"
+        same = "-" if on is None else f"{_ms(on['synthesized'])} ms"
+        exact = "-" if on is None else f"{_ms(on['exact'])} ms ({on['status']}, >= {_ms(on['lower_bound'])})"
+        best = "-" if bs is None else f"{_ms(bs['synthesized'])} ms ({bs['placement']})"
+        lines.append(f"| {r['instance']} | {fixed} | {same} | {exact} | {best} |")
+    lines += ["", "| instance | placement | space | status | time (ms) | bound (ms) | work (det. s) | wall (s) |",
+              "|---|---|---|---|---|---|---|---|"]
+    for p in proofs:
+        lines.append(f"| {p['instance']} | {p['placement']} | {p['space']} | {p['status']} | {_ms(p['exact'])} | "
+                     f"{_ms(p['lower_bound'])} | {p['work']:.2f} | {p['wall']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="part 1 only, exact model at 5 deterministic s")
+    parser.add_argument("--work", type=float, default=60.0, help="CP-SAT deterministic seconds per exact solve")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--only", type=int, nargs="*", help="instance numbers (1-6) of part 1")
+    args = parser.parse_args(argv)
+    results = []
+    for i, inst in enumerate(instances(), 1):
+        if args.only and i not in args.only:
+            continue
+        results.append(bench_instance(inst, args.work, args.quick))
+        print(json.dumps({k: v for k, v in results[-1].items() if k != "fixed_rows"}), flush=True)
+    proofs = [] if args.quick else bench_proofs(args.work)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "synthesis.json", json.dumps({"instances": results, "proofs": proofs}, indent=1) + "\n")
+    atomic_write_text(out / "synthesis.md", markdown(results, proofs))
+    print(markdown(results, proofs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
