@@ -10,16 +10,26 @@ groups' speeds, layer boundaries move by one while the schedule's simulated time
 stages, and the exact model (:func:`pipeplan.solver.schedules.order_model.solve_order`,
 started from them) polishes them within a work limit.  Reported per instance: the best
 fixed schedule over placements and its partition, the synthesized and exact times on
-that partition, and the best synthesized time over all the partitions tried.
+that partition, and the best synthesized time over the partitions of a search that
+moves boundaries while the synthesized time falls (a preview of planning partition and
+schedule jointly), from each placement's proportional split.
 
 Part 2, proof time: the exact model on 4 groups x 8 microbatches (one stage per group
 and V placement), on the equal and unequal instances of part 1, in both spaces (every
 order; in-order per stage).  Reported: status, CP-SAT deterministic seconds (the
-counted work) and wall seconds (which depend on the machine and its load).
+counted work), this process's CPU seconds (the wall time on an idle core: one CP-SAT
+worker) and wall seconds (which depend on the machine's load).
+
+Part 3 (``--rules N``), the list scheduler's rule sets: every rule of the full set on N
+random partitions (2-4 groups, 2-8 microbatches, the three placements, a quarter of
+them under tight caps) and on the six shapes' proportional partitions; reported, how
+far the best of the ``fast`` set and of the fixed schedules alone are from the best of
+everything (``synthesis_rules.json``).
 
 Usage::
 
     python -m pipeplan.experiments.bench_synthesis [--quick] [--work 60] [--out experiments/results]
+    python -m pipeplan.experiments.bench_synthesis --rules 60
 
 writes ``synthesis.json`` and ``synthesis.md``.  Every time is the simulator's, checked
 by ``simulate`` on the custom plan.
@@ -29,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -44,7 +55,8 @@ from pipeplan.solver.formats.cluster import Cluster, Device, Link  # noqa: E402
 from pipeplan.solver.formats.plan import Plan, Stage, equal_split  # noqa: E402
 from pipeplan.solver.schedules.order_model import OrderLimits, OrderProblem, solve_order  # noqa: E402
 from pipeplan.solver.schedules.synthesis import (ProgramDeadlock, custom_plan, evaluate,  # noqa: E402
-                                                 fixed_programs, schedule_instance, synthesize)
+                                                 fixed_programs, list_rules, list_schedule, schedule_instance,
+                                                 sequential_programs, synthesize)
 
 BATCH = 32
 MICROBATCHES = 8
@@ -90,12 +102,18 @@ class Instance:
 
 
 def instances() -> list[Instance]:
-    """The six shapes of issue 36."""
+    """The six shapes of issue 36.
+
+    The tight memories are set where 1F1B on the proportional split of one stage per
+    group just fits (its peak is 5.12 GB per device of ``tight4``; 9.12, 8.40, 5.12,
+    4.64, 2.08 and 2.76 GB on ``tight6``), while the fastest free programs would need
+    up to 7.04 and 10.56 GB.
+    """
     nv = [(1.5e11, 5e-6)]
     return [
         Instance("4 equal stages, NVLink", chain(16), cluster("nvlink4", [1.0] * 4, 8e10, server_links=nv)),
         Instance("4 equal stages, tight memory", chain(16),
-                 cluster("tight4", [1.0] * 4, 4.7e9, server_links=nv)),
+                 cluster("tight4", [1.0] * 4, 5.2e9, server_links=nv)),
         Instance("6 equal stages, PCIe (transfer ~70 % of a forward)", chain(24),
                  cluster("pcie6", [1.0] * 6, 8e10, server_links=[(9.2e9, 1e-5)])),
         Instance("3 unequal stages, speeds 1.0/0.5/0.3", chain(18, head=2.0),
@@ -104,7 +122,8 @@ def instances() -> list[Instance]:
                  cluster("two-servers4", [1.0, 1.0, 0.45, 0.45], [8.5e10, 8.5e10, 2.4e10, 2.4e10], servers=[0, 0, 1, 1],
                          server_links=[(1.5e11, 5e-6), (1.6e10, 1e-5)])),
         Instance("6 unequal stages, tight memory", chain(24, head=2.0),
-                 cluster("tight6", [1.0, 1.0, 0.7, 0.7, 0.45, 0.45], 6.0e9, servers=[0, 0, 0, 1, 1, 1],
+                 cluster("tight6", [1.0, 1.0, 0.7, 0.7, 0.45, 0.45], [9.5e9, 9.5e9, 6e9, 6e9, 4e9, 4e9],
+                         servers=[0, 0, 0, 1, 1, 1],
                          server_links=[(1.5e11, 5e-6), (1.6e10, 1e-5)])),
     ]
 
@@ -207,6 +226,18 @@ def bench_instance(inst: Instance, work: float, quick: bool) -> dict:
     out = {"instance": inst.name, "fixed_rows": rows, "best_fixed": best_fixed, "partitions": list(tried.values())}
     synthesized = [p for p in tried.values() if p["synthesized"] is not None]
     out["best_synthesized"] = min(synthesized, key=lambda p: p["synthesized"]) if synthesized else None
+    joint = []
+    for placement in PLACEMENTS:
+        def cost(plan: Plan) -> float:
+            syn = synthesize(schedule_instance(plan, inst.graph, inst.cluster))
+            return syn.iteration_time if syn.fits else float("inf")
+        start = time.perf_counter()
+        bounds, best = local_search(inst, placement, cost)
+        joint.append({"placement": placement, "bounds": bounds, "synthesized": best,
+                      "search_wall": time.perf_counter() - start})
+    out["joint"] = joint
+    fits_joint = [j for j in joint if j["synthesized"] < float("inf")]
+    out["best_joint"] = min(fits_joint, key=lambda j: j["synthesized"]) if fits_joint else None
     if best_fixed is not None:
         plan = make_plan(inst, best_fixed["placement"], best_fixed["bounds"])
         instance = schedule_instance(plan, inst.graph, inst.cluster)
@@ -219,7 +250,7 @@ def bench_instance(inst: Instance, work: float, quick: bool) -> dict:
         out["on_best_fixed_partition"] = {
             "synthesized": syn.iteration_time if syn.fits else None, "source": syn.source,
             "exact": exact.iteration_time, "lower_bound": exact.lower_bound, "status": exact.status,
-            "work": exact.work, "wall": exact.wall_time, "stopped_by": exact.stopped_by}
+            "work": exact.work, "cpu": exact.cpu_time, "wall": exact.wall_time, "stopped_by": exact.stopped_by}
     return out
 
 
@@ -241,9 +272,86 @@ def bench_proofs(work: float) -> list[dict]:
                 rows.append({"instance": inst.name, "placement": placement, "space": result.space,
                              "synthesized": syn.iteration_time, "exact": result.iteration_time,
                              "lower_bound": result.lower_bound, "status": result.status, "work": result.work,
-                             "wall": result.wall_time, "stopped_by": result.stopped_by})
+                             "cpu": result.cpu_time, "wall": result.wall_time, "stopped_by": result.stopped_by})
                 print(json.dumps(rows[-1]), flush=True)
     return rows
+
+
+def random_partition(rng: random.Random, groups: int, microbatches: int, placement: str
+                     ) -> tuple[Plan, LayerGraph, Cluster]:
+    """A random partition for the rule coverage: 1-2 random layers per stage, devices of four speeds."""
+    owner = placement_groups(placement, groups)
+    sizes = [rng.randint(1, 2) for _ in owner]
+    layers = []
+    for i in range(sum(sizes)):
+        fwd, bwd = (rng.uniform(0, 2e-4), rng.uniform(1e-4, 1e-3)), (rng.uniform(0, 4e-4), rng.uniform(2e-4, 2e-3))
+        share, act = rng.uniform(0.2, 0.7), rng.uniform(1e5, 1e7)
+        layers.append(Layer(f"l{i}", fwd, bwd, rng.uniform(1e6, 1e8), act, rng.uniform(1e4, 1e6),
+                            bwd_w=(bwd[0] * share, bwd[1] * share), act_w=act * rng.uniform(0.2, 1.0),
+                            step=rng.uniform(0, 5e-4)))
+    graph = LayerGraph.chain("g", layers, input_bytes=rng.uniform(1e4, 1e6))
+    devices = tuple(Device(f"d{i}", f"s{i * 2 // groups}", rng.choice([0.3, 0.45, 0.7, 1.0]), 1e13)
+                    for i in range(groups))
+    cl = Cluster("c", (Link(rng.uniform(1e9, 2e11), 5e-6, "s0"), Link(rng.uniform(1e9, 2e11), 1e-5, "s1")),
+                 Link(rng.uniform(1e8, 2e10), 2e-5), devices)
+    bounds = [0] + [sum(sizes[:s + 1]) for s in range(len(owner))]
+    split = (2,) * microbatches
+    stages = tuple(Stage((bounds[s], bounds[s + 1]), (f"d{owner[s]}",), split, rng.random() < 0.2)
+                   for s in range(len(owner)))
+    return Plan("g", "c", 2 * microbatches, STATE_FACTOR, "custom", stages), graph, cl
+
+
+def rule_coverage(count: int, seed: int) -> dict:
+    """Every rule of ``list_rules(effort="full")`` on ``count`` random partitions and the six shapes' proportional
+    ones: how far the best of each subset is from the best of all rules and fixed schedules."""
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        placement = PLACEMENTS[i % 3]
+        plan, graph, cl = random_partition(rng, rng.randint(2, 4), rng.randint(2, 8), placement)
+        instance = schedule_instance(plan, graph, cl)
+        if i % 4 == 3:  # a quarter under caps between the memory-minimal peak and a free schedule's
+            least = evaluate(instance, sequential_programs(instance)).peak_memory
+            most = evaluate(instance, synthesize(instance).programs).peak_memory
+            instance = schedule_instance(plan, graph, cl, memory_caps=[
+                a + rng.uniform(0.1, 0.6) * (b - a) for a, b in zip(least, most)])
+        cases.append((f"random {i} ({placement})", instance))
+    for inst in instances():
+        for placement in PLACEMENTS:
+            owner = placement_groups(placement, len(inst.cluster.devices))
+            per = [owner.count(g) for g in range(len(inst.cluster.devices))]
+            plan = make_plan(inst, placement, proportional_cuts(
+                inst.graph, [inst.cluster.devices[g].speed / per[g] for g in owner]))
+            cases.append((f"{inst.name} ({placement})", schedule_instance(plan, inst.graph, inst.cluster)))
+    table = []
+    for label, instance in cases:
+        times = {}
+        for rule in list_rules(instance, effort="full"):
+            programs = list_schedule(instance, rule)
+            timeline = None if programs is None else evaluate(instance, programs)
+            times[rule.name] = timeline.iteration_time if timeline is not None and timeline.fits else None
+        fixed = []
+        for programs in fixed_programs(instance).values():
+            try:
+                timeline = evaluate(instance, programs)
+            except ProgramDeadlock:
+                continue
+            if timeline.fits:
+                fixed.append(timeline.iteration_time)
+        fast = {rule.name for rule in list_rules(instance)}
+        table.append({"case": label, "rules": times, "fixed": fixed, "fast": sorted(fast)})
+
+    def excess(row: dict, names) -> float:
+        found = [row["rules"][n] for n in names if row["rules"].get(n) is not None] + row["fixed"]
+        everything = [t for t in row["rules"].values() if t is not None] + row["fixed"]
+        return min(found) / min(everything) - 1 if found else 1.0
+
+    summary = {"cases": len(table),
+               "fast_worst": max(excess(r, r["fast"]) for r in table),
+               "fast_mean": sum(excess(r, r["fast"]) for r in table) / len(table),
+               "fixed_only_mean": sum(excess(r, []) for r in table) / len(table),
+               "fixed_only_worst": max(excess(r, []) for r in table)}
+    return {"summary": summary, "table": table}
 
 
 def _ms(x: float | None) -> str:
@@ -251,20 +359,20 @@ def _ms(x: float | None) -> str:
 
 
 def markdown(results: list[dict], proofs: list[dict]) -> str:
-    lines = ["| instance | best fixed (placement) | synthesized, same partition | exact, same partition "
-             "(status, bound) | best synthesized over partitions |", "|---|---|---|---|---|"]
+    lines = ["| instance | best fixed (schedule, placement) | synthesized, same partition | exact, same partition "
+             "(status, bound) | synthesized, its own partition search |", "|---|---|---|---|---|"]
     for r in results:
-        bf, on, bs = r["best_fixed"], r.get("on_best_fixed_partition"), r["best_synthesized"]
+        bf, on, bj = r["best_fixed"], r.get("on_best_fixed_partition"), r.get("best_joint")
         fixed = "none fits" if bf is None else f"{_ms(bf['time'])} ms ({bf['schedule']}, {bf['placement']})"
         same = "-" if on is None else f"{_ms(on['synthesized'])} ms"
         exact = "-" if on is None else f"{_ms(on['exact'])} ms ({on['status']}, >= {_ms(on['lower_bound'])})"
-        best = "-" if bs is None else f"{_ms(bs['synthesized'])} ms ({bs['placement']})"
-        lines.append(f"| {r['instance']} | {fixed} | {same} | {exact} | {best} |")
-    lines += ["", "| instance | placement | space | status | time (ms) | bound (ms) | work (det. s) | wall (s) |",
-              "|---|---|---|---|---|---|---|---|"]
+        joint = "-" if bj is None else f"{_ms(bj['synthesized'])} ms ({bj['placement']})"
+        lines.append(f"| {r['instance']} | {fixed} | {same} | {exact} | {joint} |")
+    lines += ["", "| instance | placement | space | status | time (ms) | bound (ms) | work (det. s) | CPU (s) | "
+              "wall (s) |", "|---|---|---|---|---|---|---|---|---|"]
     for p in proofs:
         lines.append(f"| {p['instance']} | {p['placement']} | {p['space']} | {p['status']} | {_ms(p['exact'])} | "
-                     f"{_ms(p['lower_bound'])} | {p['work']:.2f} | {p['wall']:.1f} |")
+                     f"{_ms(p['lower_bound'])} | {p['work']:.2f} | {p['cpu']:.1f} | {p['wall']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
@@ -274,7 +382,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=float, default=60.0, help="CP-SAT deterministic seconds per exact solve")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--only", type=int, nargs="*", help="instance numbers (1-6) of part 1")
+    parser.add_argument("--rules", type=int, metavar="N",
+                        help="part 3 only: the list scheduler's rules on N random partitions and the six shapes")
     args = parser.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.rules:
+        coverage = rule_coverage(args.rules, seed=0)
+        atomic_write_text(out / "synthesis_rules.json", json.dumps(coverage, indent=1) + "\n")
+        print(json.dumps(coverage["summary"], indent=1))
+        return 0
     results = []
     for i, inst in enumerate(instances(), 1):
         if args.only and i not in args.only:
@@ -282,8 +399,6 @@ def main(argv: list[str] | None = None) -> int:
         results.append(bench_instance(inst, args.work, args.quick))
         print(json.dumps({k: v for k, v in results[-1].items() if k != "fixed_rows"}), flush=True)
     proofs = [] if args.quick else bench_proofs(args.work)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "synthesis.json", json.dumps({"instances": results, "proofs": proofs}, indent=1) + "\n")
     atomic_write_text(out / "synthesis.md", markdown(results, proofs))
     print(markdown(results, proofs))

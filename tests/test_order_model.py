@@ -23,7 +23,8 @@ from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan, Stage
-from pipeplan.solver.schedules.order_model import (OrderLimits, OrderProblem, solve_order, time_resolution)
+from pipeplan.solver.schedules.order_model import (OrderLimits, OrderProblem, floor_slack, solve_order,
+                                                   time_resolution)
 from pipeplan.solver.schedules.programs import Action
 from pipeplan.solver.schedules.synthesis import evaluate, fixed_programs, schedule_instance, synthesize
 
@@ -152,13 +153,15 @@ class TestSolveOrderAgainstBruteForce:
         assert best > loose.iteration_time
 
     def test_inexact_costs_stay_within_the_floors(self):
-        """Arbitrary floats: bound <= brute force <= the model's time <= brute force + one unit per action and transfer."""
+        """Arbitrary floats: bound <= brute force <= the model's time <= brute force + the floors' slack."""
         owners, splits = [0, 1], [(1, 1)] * 2
         plan, graph, cluster = dyadic_problem(random.Random(8), owners, splits, exact=False)
         best = brute_force(plan, graph, cluster, True, False)
         result = exact(plan, graph, cluster, True, False, work=30.0)
-        units = 12 + 4 + 2  # actions, transfers, all-reduce and step
-        assert result.lower_bound <= best <= result.iteration_time <= best + units * result.resolution
+        problem = OrderProblem(schedule_instance(plan, graph, cluster))
+        assert result.lower_bound <= best <= result.iteration_time
+        assert result.iteration_time <= best + floor_slack(problem, result.resolution)
+        assert floor_slack(problem, result.resolution) == (12 + 4 + 4) * result.resolution
 
 
 @pytest.fixture(scope="module")

@@ -344,6 +344,7 @@ class TestSynthesize:
         syn = synthesize(schedule_instance(plan, graph, cluster, memory_caps=caps))
         assert not syn.fits and syn.timeline.excess > 0
         assert syn.reason is not None and syn.reason.startswith("group 1 needs")
+        assert "even one microbatch at a time" in syn.reason and "so no program fits" in syn.reason
 
     @pytest.mark.parametrize("placement", PLACEMENTS)
     def test_equal_stages_within_one_percent_of_the_best_generator(self, placement):

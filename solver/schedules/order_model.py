@@ -8,31 +8,40 @@ plus its all-reduce and step) is smallest, each group's stash staying under its 
 
 - one fixed-size interval per action (``F``, and ``I`` and ``W``, or ``B``); the
   intervals of a group do not overlap;
-- for every pair of actions of a group, a literal "``a`` runs before ``b``" that
-  orders their intervals.  These literals are the program; pairs whose order the
-  dependencies force are constants;
-- one fixed-size interval per transfer, after the action that sends it, on the
-  intervals of its link (an ordered pair of groups).  The spec's links are FIFO in
-  the sending group's program order: for two actions of a group that send over one
-  link, the same literal that orders the actions orders their transfers;
+- one fixed-size interval per transfer, after the action that sends it, on its link
+  (an ordered pair of groups), whose intervals do not overlap;
+- an order literal "``a`` runs before ``b``" for every pair of a group's actions whose
+  order the dependencies leave open (pairs they force are constants).  The spec's
+  links are FIFO in the sending group's program order, so when both actions send
+  over one link the same literal orders their transfers.  The literals are also the
+  search's decisions: without them (``pair_literals=False``, literals only for pairs
+  that share a link) CP-SAT proves easy instances faster but finds good orders of
+  harder ones much later;
 - precedence: ``F`` after the arrival of the activations it needs (or their local
   hand-over), ``B``/``I`` after the gradients it needs (on the last stage, after its
   own ``F``), ``W`` after its own ``I``;
-- memory, per group and action that can raise the stash (an ``F``, or a recomputing
-  ``B``/``I`` while it runs): the bytes of all actions before it, by the order
-  literals, plus its own, at most the cap less the state;
+- memory, per group, a reservoir of stash bytes: an ``F`` adds at its end, a ``B``
+  removes at its end, an ``I`` trades its stash for ``Aw`` at its end, a ``W`` removes
+  ``Aw``, a recomputing ``B``/``I`` holds its working set from its start to its end;
+  the level stays within the cap less the state at all times.  Since a group's
+  actions take turns, the level at an action's end is the simulator's stash after it
+  in program order;
 - objective: the makespan ``max_g (end of the group's last action + AR_g + STEP_g)``.
 
 For a fixed order the earliest start times are what the simulator computes, so the
 optimum over orders is the best iteration time over programs.  CP-SAT works in
-integers: every duration is floored to a multiple of a resolution (a power of two,
-so that scaling is exact in floating point).  Floored durations can only shorten
-every order's time, so CP-SAT's bound times the resolution is a lower bound on every
-program's true time; the time reported is the simulator's (see
-:func:`~pipeplan.solver.schedules.synthesis.evaluate`) of the order returned, so the
-two differ by at most the floors along a path.  Bytes are rounded to a resolution
-too, with the cap raised by the largest rounding a sum can collect, so the model
-keeps every order that fits: the returned order is checked with exact bytes.
+integers: every duration is floored to a multiple of a resolution (a power of two, so
+that scaling is exact in floating point).  Floored durations can only shorten every
+order's time, so CP-SAT's bound times the resolution is a lower bound on every
+program's true time.  The time reported is the simulator's (see
+:func:`~pipeplan.solver.schedules.synthesis.evaluate`) of the order returned, which
+exceeds its floored time by at most one unit per action, transfer, all-reduce and
+step (:func:`floor_slack`).  Bytes are rounded to a unit too, with the cap raised by
+the most the roundings of a sum can add, so the model keeps every order that fits;
+the returned order is checked with exact bytes.  An action whose duration floors to
+zero can share its instant with others and hide a peak or a transfer's place in its
+link's queue: the model then relaxes the spec, which keeps the bound valid, and the
+returned order's true time, checked, says whether the proof still holds.
 
 Spaces: ``in_order=False`` searches every order (any microbatch order on each stage);
 ``in_order=True`` only those in which each stage runs its ``F`` s, its ``B``/``I`` s and
@@ -85,9 +94,13 @@ class OrderProblem:
     in_order: bool = False
     """Each stage runs each kind of action in microbatch order (else any order)."""
     resolution: float | None = None
-    """Seconds per time unit (a power of two); ``None``: :func:`time_resolution`."""
+    """Seconds per time unit (best a power of two, which scales exactly); ``None``: :func:`time_resolution`."""
     pair_literals: bool = True
     """One order literal per pair of a group's actions (else only for pairs sharing a link)."""
+
+    def __post_init__(self) -> None:
+        if self.resolution is not None and not self.resolution > 0:
+            raise ValueError(f"resolution must be > 0 seconds, got {self.resolution}")
 
     @property
     def space(self) -> str:
@@ -193,7 +206,8 @@ def _identical_microbatches(instance: ScheduleInstance) -> bool:
 class _Model:
     """The CP-SAT model of one :class:`OrderProblem` (see the module docstring)."""
 
-    def __init__(self, problem: OrderProblem, hint: Programs | None, hint_fits: bool) -> None:
+    def __init__(self, problem: OrderProblem, hint: Programs | None) -> None:
+        """``hint``: programs that fit the caps, to start from (and whose time bounds the horizon)."""
         inst = problem.instance
         self.problem = problem
         self.resolution = problem.resolution or time_resolution(inst, problem.split_backward)
@@ -203,7 +217,7 @@ class _Model:
         self.actions = inst.actions(problem.split_backward)
         self.preds = self._dependencies()
         self.ancestors = self._ancestors()
-        self.horizon = self._horizon(hint if hint_fits else None)
+        self.horizon = self._horizon(hint)
         self._intervals()
         self._precedences()
         self._links()
@@ -368,20 +382,20 @@ class _Model:
         ``Aw``) at theirs, ``W`` removes ``Aw``, a recomputing backward holds its working set while it runs."""
         inst = self.problem.instance
         m = self.model
-        self.memory_bound = [False] * len(self.actions)
         for g, acts in enumerate(self.actions):
             group = inst.groups[g]
             budget = group.cap - group.state
             if budget < 0:
                 m.add_bool_or([])  # the state alone exceeds the cap: no program fits
                 continue
-            rises = [inst.stages[a.stage].samples[a.microbatch] * inst.stages[a.stage].stash
+            # the stash holds, per microbatch and stage, X or Aw (never both), plus one working set
+            rises = [inst.stages[a.stage].samples[a.microbatch] * max(inst.stages[a.stage].stash,
+                                                                      inst.stages[a.stage].weight_stash)
                      for a in acts if a.kind == FORWARD]
             working = max((inst.stages[a.stage].samples[a.microbatch] * inst.stages[a.stage].working
                            for a in acts if a.kind != FORWARD), default=0.0)
             if math.fsum(rises) + working <= budget * (1 - 1e-9):
                 continue  # even every forward first fits: the cap never binds
-            self.memory_bound[g] = True
             unit = 2.0 ** math.ceil(math.log2(max(budget, math.fsum(rises) + working) / MEMORY_UNITS))
             times, changes = [], []
             for a in acts:
@@ -411,8 +425,9 @@ class _Model:
         m.minimize(self.makespan)
 
     def _hint(self, hint: Programs) -> None:
+        """Every start, transfer start, literal and the makespan of ``hint``'s earliest schedule in units."""
         sends: dict[Action, int] = {}
-        _, times, _ = _timeline(self.units, hint, sends)
+        makespan, times, _ = _timeline(self.units, hint, sends)
         m = self.model
         rank = {}
         for g, program in enumerate(hint):
@@ -423,7 +438,7 @@ class _Model:
                     m.add_hint(self.tx_start[a], int(sends[a]))
         for a, b, lit in self.literals:
             m.add_hint(lit, rank[a] < rank[b])
-        m.add_hint(self.makespan, int(_timeline(self.units, hint)[0]))
+        m.add_hint(self.makespan, int(makespan))
 
     # ------------------------------------------------------------------ reading a solution
     def programs(self, solver: cp_model.CpSolver) -> Programs:
@@ -509,7 +524,7 @@ def solve_order(problem: OrderProblem, limits: OrderLimits = OrderLimits(), *,
         hint_programs, hint_timeline = None, None
     if hint_timeline is not None and not hint_timeline.fits:
         hint_programs, hint_timeline = None, None
-    model = _Model(problem, hint_programs, hint_timeline is not None)
+    model = _Model(problem, hint_programs)
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_deterministic_time = limits.work

@@ -12,10 +12,12 @@ holds
   to the simulator's on the ``custom`` plan :func:`custom_plan` makes of them (spec
   sections 7.3 and 7.4, the same arithmetic in the same order);
 - :func:`synthesize`, a list scheduler: every group picks, whenever it is idle, among
-  the actions whose inputs have arrived, by rules and in-flight limits derived from the
-  instance's own costs; a handful of such rules, the fixed schedules' programs for the
-  same partition and the memory-minimal program are timed, and the fastest that
-  respects every group's memory cap wins.
+  the actions whose inputs have arrived, by a rule (:class:`ListRule`) and in-flight
+  limits derived from the instance's own costs (:func:`warmup_limits`); some twenty
+  rules (:func:`list_rules`), the fixed schedules' programs for the same partition
+  (:func:`fixed_programs`) and the memory-minimal programs
+  (:func:`sequential_programs`) are timed, and the fastest that respects every
+  group's memory cap wins.
 
 The exact order model (CP-SAT) is :mod:`pipeplan.solver.schedules.order_model`.
 
@@ -108,7 +110,8 @@ class StageCosts:
     weight_grad: tuple[float, ...]
     """Seconds of ``W`` per microbatch."""
     stash: float
-    """``X_s``: bytes per sample an ``F`` adds and its ``B`` or ``I`` removes (``I_s`` if it recomputes, else ``A_s``)."""
+    """``X_s``: bytes per sample an ``F`` adds and its ``B`` or ``I`` removes (``I_s`` if it recomputes, else
+    ``A_s``)."""
     working: float
     """``A_s`` if the stage recomputes (held while its ``B`` or ``I`` runs), else 0."""
     weight_stash: float
@@ -413,7 +416,8 @@ def _timeline(instance: ScheduleInstance, programs: Sequence[Sequence[Action]],
               sends: dict[Action, Any] | None = None):
     """``(T, times, group ends)`` by the simulator's sweep: each group advances while its inputs are in.
 
-    ``sends``, when given, receives the start of every transfer over a link, by the action that sent it.
+    ``sends``, when given, receives the start of every transfer over a link, by the action that sent it
+    (as its arrival less its duration: exact in the integer times the order model gives).
     """
     stages, bounds, groups = instance.stages, instance.boundaries, instance.groups
     count, last = len(groups), len(stages) - 1
@@ -727,14 +731,15 @@ def list_schedule(instance: ScheduleInstance, rule: ListRule, split_backward: bo
     split_backward : bool
         Backwards as ``I`` then ``W`` (else whole ``B``).
     tails : optional
-        :func:`_tails` of the instance, when the caller has it.
+        The instance's critical-path tails (``_tails``), computed when not given.
 
     Returns
     -------
     Programs or None
         ``None`` if the rule stalls (every group waits and nothing is in flight): with
-        limits of at least 1 this happens only when a cap blocks a forward that no
-        ``W`` can make room for.
+        limits of at least :func:`minimal_limits` this happens only when a cap blocks
+        a forward that no ``W`` can make room for (limits from :func:`warmup_limits`
+        are clipped so that it cannot).
     """
     return _list_run(instance, rule, split_backward, tails)[0]
 
@@ -1142,7 +1147,10 @@ def synthesize(instance: ScheduleInstance, *, split_backward: bool = True, fixed
     if not timeline.fits:
         minimal = evaluate(instance, sequential)
         g = max(range(len(instance.groups)), key=lambda i: minimal.peak_memory[i] - minimal.caps[i])
-        reason = (f"group {g} needs {minimal.peak_memory[g]:.6g} bytes per device even one microbatch at a time "
-                  f"(state {instance.groups[g].state:.6g}), above its cap {minimal.caps[g]:.6g}; "
-                  f"raise the cap, recompute, or give the group fewer layers")
+        how = ("even one microbatch at a time" if instance.equal_splits
+               else "even with as few microbatches in flight as the stages' splits allow")
+        proof = ", so no program fits" if instance.equal_splits else ""
+        reason = (f"group {g} needs {minimal.peak_memory[g]:.6g} bytes per device {how} (state "
+                  f"{instance.groups[g].state:.6g}), above its cap {minimal.caps[g]:.6g}{proof}; raise the cap, "
+                  f"recompute, or give the group fewer layers")
     return Synthesis(programs, timeline, source, tuple(tried), reason)
