@@ -115,6 +115,7 @@ def exact(plan: Plan, graph: LayerGraph, cluster: Cluster, split: bool, in_order
 
 BRUTE_CASES = {
     "2 groups, 2 microbatches, F I W, any order": ([0, 1], [(1, 1)] * 2, True, False),
+    "2 groups, microbatches of 1 and 2 samples, F I W, any order": ([0, 1], [(1, 2)] * 2, True, False),
     "3 groups, 2 microbatches, F B, any order": ([0, 1, 2], [(1, 1)] * 3, False, False),
     "3 groups, 2 microbatches, F I W, in order": ([0, 1, 2], [(1, 1)] * 3, True, True),
     "2 groups, 3 against 1 microbatches, F B, any order": ([0, 1], [(1, 1, 1), (3,)], False, False),
@@ -196,6 +197,17 @@ class TestSolveOrder:
                 for kind in "FIW":
                     ks = [a.microbatch for a in program if a.stage == s and a.kind == kind]
                     assert ks == sorted(ks)
+
+    def test_identical_microbatches_are_searched_in_order(self):
+        """Equal microbatches: in-order programs are as good as any (the module's proof), so only they are searched;
+        the brute-force cases with any order check that nothing better is lost."""
+        plan, graph, cluster = dyadic_problem(random.Random(11), [0, 1, 2], [(1, 1, 1)] * 3)
+        result = solve_order(OrderProblem(schedule_instance(plan, graph, cluster)), OrderLimits(work=5.0))
+        assert result.space.endswith("any order") and result.status == "optimal"
+        for program in result.programs:
+            for kind in "FIW":
+                ks = [a.microbatch for a in program if a.kind == kind]
+                assert ks == sorted(ks)
 
     def test_deterministic(self, v_instance):
         problem = OrderProblem(v_instance, in_order=True)

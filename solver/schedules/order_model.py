@@ -46,9 +46,23 @@ returned order's true time, checked, says whether the proof still holds.
 Spaces: ``in_order=False`` searches every order (any microbatch order on each stage);
 ``in_order=True`` only those in which each stage runs its ``F`` s, its ``B``/``I`` s and
 its ``W`` s in microbatch order (the space of the fixed schedules and of Zero Bubble's
-ILP), which is much smaller.  When every microbatch costs the same on every stage
-(equal splits), relabelling microbatches maps programs onto programs of the same
-time, so stage 0's forwards are fixed in microbatch order without losing the optimum.
+ILP), which is much smaller.
+
+When the microbatches are identical (the stages split alike, and on each stage every
+microbatch has the same samples, action times and transfer times), the in-order
+programs are as good as any, so the model searches them only, whichever space is
+asked.  Proof: take any programs and their timeline; on each stage give the ``i``-th
+``F`` (in program order) microbatch ``i``, and likewise the ``i``-th ``B``/``I`` and the
+``i``-th ``W``, keeping every action's position and times.  The ``i``-th ``F`` of stage
+``s + 1`` started after ``i`` distinct microbatches had arrived from stage ``s``, so after
+the arrival of stage ``s``'s ``i``-th ``F``: a link delivers in its sending order, and the
+arrivals of one stage's transfers rise with their order.  In the same way the ``i``-th
+``B``/``I`` of a stage starts after its ``i``-th ``F`` has ended and the ``i``-th gradient
+from the next stage has arrived, and the ``i``-th ``W`` after the ``i``-th ``I``.  Every
+transfer keeps its place and duration on its link, and the stash after each action
+depends on the kinds in program order only, so the relabelled programs are valid, fit
+where the originals fit, and their earliest timeline is no later.  (The brute-force
+tests of ``tests/test_order_model.py`` enumerate every order, so they check this too.)
 """
 
 from __future__ import annotations
@@ -254,6 +268,8 @@ class _Model:
         stages = self.units.stages
         last = len(stages) - 1
         back = self.back
+        # identical microbatches: in-order programs are as good as any (see the module docstring)
+        in_order = self.problem.in_order or _identical_microbatches(self.problem.instance)
         preds: dict[Action, list[Action]] = {a: [] for acts in self.actions for a in acts}
         for s, st in enumerate(stages):
             for k in range(st.count):
@@ -267,12 +283,9 @@ class _Model:
                 preds[b].append(f)  # implied on every stage but the last
                 if back == INPUT_BACKWARD:
                     preds[Action(s, WEIGHT_BACKWARD, k)].append(b)
-                if self.problem.in_order and k > 0:
+                if in_order and k > 0:
                     for kind in (FORWARD, back) + ((WEIGHT_BACKWARD,) if back == INPUT_BACKWARD else ()):
                         preds[Action(s, kind, k)].append(Action(s, kind, k - 1))
-        if not self.problem.in_order and _identical_microbatches(self.problem.instance):
-            for k in range(1, stages[0].count):
-                preds[Action(0, FORWARD, k)].append(Action(0, FORWARD, k - 1))
         return preds
 
     def _ancestors(self) -> dict[Action, int]:

@@ -717,8 +717,8 @@ def list_schedule(instance: ScheduleInstance, rule: ListRule, split_backward: bo
                   tails: list[dict[str, list[float]]] | None = None) -> Programs | None:
     """Programs built by running the pipeline: each idle group picks a ready action by ``rule``.
 
-    Time moves from event to event (an action ends, a transfer arrives); at each, every
-    idle group picks among the actions whose inputs are in: the next ``F`` of a stage
+    Time moves from event to event (an action ends, a transfer arrives); at each, the
+    idle groups it concerns pick among the actions whose inputs are in: the next ``F`` of a stage
     (in microbatch order, while the stage holds fewer than its limit and the stash fits
     the cap), its next ``B``/``I`` (in microbatch order), its next ``W``, as ``rule``
     ranks them. Transfers queue on their links in the order their actions end, as the
