@@ -152,8 +152,8 @@ def load_plan(path: str) -> "Plan":
     pipeplan.solver.formats.plan.Plan
         ``stages`` (each with ``layers`` ``[lo, hi)``, ``devices``, ``microbatches``, the
         stage's own split, and ``recompute``), ``groups`` (the device groups),
-        ``programs()`` (every group's actions, ``"0F3"``), ``op_lists()`` (every stage's
-        ops), ``schedule``, ``global_batch`` and the solver record in ``extra["solver"]``.
+        ``programs()`` (every group's actions, ``"0F3"``), ``stage_actions()`` (every stage's
+        actions in its group's order), ``schedule``, ``global_batch`` and the solver record in ``extra["solver"]``.
 
     Raises
     ------

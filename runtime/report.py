@@ -12,10 +12,10 @@ from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
 from pipeplan.runtime.replay import rank_stages, replay
 from pipeplan.runtime.verify import TOLERANCE
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, group_costs
+from pipeplan.solver.evaluation.simulator import Simulation
 
 
-def without_step(prediction: SimulationResult | GroupSimulationResult) -> float:
+def without_step(prediction: Simulation) -> float:
     """``T`` less the optimizer step: when the last group ends its all-reduce.
 
     The run times an iteration up to the gradient all-reduce (see
@@ -23,8 +23,7 @@ def without_step(prediction: SimulationResult | GroupSimulationResult) -> float:
     profiled optimizer's (Adam by default).  So measured times are compared with the
     prediction before the step; ``predicted_step`` in the summary says what it adds.
     """
-    units = prediction.groups if isinstance(prediction, GroupSimulationResult) else prediction.stages
-    return max(end - unit.step for end, unit in zip(prediction.group_end, units))
+    return max(end - group.step for end, group in zip(prediction.group_end, prediction.groups))
 
 
 def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
@@ -42,12 +41,11 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         "predicted_step": inputs.prediction.iteration_time - predicted,
         "ratio": measured / predicted if predicted > 0 else None,
         # The spec's timeline on the measured op times: see runtime.replay.
-        "replayed_iteration_time": without_step(replay(ranks, measured_steps(result), inputs.prediction,
-                                                       _links(inputs))),
+        "replayed_iteration_time": without_step(replay(ranks, measured_steps(result), inputs.prediction)),
         "iteration_times": iteration_times(result),
         "peak_memory": [r["peak_memory"] for r in ranks],
         "peak_memory_kind": ranks[0]["peak_memory_kind"],
-        # one peak per device group (per stage under version 1, where a group is a stage)
+        # one peak per device group
         "predicted_peak_memory": [inputs.prediction.peak_memory[r.get("group", r["stage"])] for r in ranks],
         "rss_peak": [r["rss_peak"] for r in ranks],
         "idle": [sum(b - a for a, b in idle_spans(r["steps"][step]["events"], r["steps"][step]["end"]))
@@ -75,19 +73,10 @@ def step_losses(ranks: list[dict]) -> list[float]:
     return [sum(r["steps"][k]["loss"] for r in ranks if last in rank_stages(r)) for k in range(steps)]
 
 
-def _links(inputs: RunInputs) -> tuple | None:
-    """The stages' links a version-2 replay needs (``None`` for a version-1 prediction)."""
-    if not isinstance(inputs.prediction, GroupSimulationResult):
-        return None
-    return group_costs(inputs.plan, inputs.graph, inputs.cluster, inputs.plan.actions())[1]
-
-
 def _busy_by_rank(inputs: RunInputs, ranks: list[dict]) -> list[float]:
-    """Seconds the spec charges each rank's actions: its group's (version 2) or its stage's busy time."""
+    """Seconds the spec charges each rank's actions: its group's busy time."""
     busy = inputs.prediction.busy
-    if isinstance(inputs.prediction, GroupSimulationResult):
-        return [float(busy[r["group"]]) for r in ranks]
-    return [float(sum(busy[s] for s in rank_stages(r))) for r in ranks]
+    return [float(busy[r.get("group", r["stage"])]) for r in ranks]
 
 
 def breakdown(ranks: list[dict], step: int, predicted_busy: list[float]) -> dict[str, Any]:

@@ -259,7 +259,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     model = inputs.model  # every rank builds it with the same seed: the same weights everywhere
     shapes = unit_shapes(model)
     # every group's program, and each stage's actions in its group's order (what message routing needs)
-    programs, op_lists = plan.actions(inputs.plan_file), plan.op_lists()
+    programs, stage_actions = plan.actions(inputs.plan_file), plan.stage_actions()
     mailbox: dict = {}  # the hand-overs between this rank's own stages
     emulator = None
     last = len(plan.stages) - 1
@@ -269,7 +269,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         emulator = make_emulator(plan, inputs.cluster, group, rank_of(plan)[rank][1], param_bytes)
     prefix = len(mine) > 1
-    on_rank = {s: RankStage(stage, Channels(rank, s, plan, op_lists, layouts, transport, device, emulator, mailbox),
+    on_rank = {s: RankStage(stage, Channels(rank, s, plan, stage_actions, layouts, transport, device, emulator, mailbox),
                             {p.microbatch: p for p in pieces(plan, s) if p.rank == rank},
                             f"{s}:" if prefix else "")
                for s, (stage, layouts) in stages.items()}

@@ -129,7 +129,7 @@ def test_messages_cover_every_sample_once_in_both_directions():
         Stage((1, 2), ("c",), (2, 2, 7)),
         Stage((2, 3), ("d", "e", "f"), (4, 4, 3)),
     ))
-    ops = plan.op_lists()
+    ops = plan.stage_actions()
     for cut in range(2):
         msgs = cut_messages(plan, cut, ops)
         for side, key in ((cut, "src"), (cut + 1, "dst")):

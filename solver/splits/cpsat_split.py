@@ -53,8 +53,8 @@ from pipeplan.solver.formats.plan import Plan, Stage, equal_split
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.registry import get_solver, register, solver_names
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.schedules.schedule import FORWARD, stage_ops
-from pipeplan.solver.evaluation.simulator import SimulationResult, stage_costs, simulate
+from pipeplan.solver.schedules.schedule import FORWARD, stage_actions
+from pipeplan.solver.evaluation.simulator import Simulation, plan_costs, simulate
 from pipeplan.solver.core.termination import WorkBudget
 
 __all__ = ["SplitSearch", "optimize_splits", "base_plans", "CpSatSplit"]
@@ -161,7 +161,7 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
 class _SplitModel:
     """Builds the CP-SAT model of :func:`optimize_splits` and reads a split back."""
 
-    def __init__(self, problem: PlanningProblem, base: Plan, base_result: SimulationResult) -> None:
+    def __init__(self, problem: PlanningProblem, base: Plan, base_result: Simulation) -> None:
         self.problem, self.base = problem, base
         self.model = cp_model.CpModel()
         self.stages = len(base.stages)
@@ -172,7 +172,7 @@ class _SplitModel:
         self.horizon = TICKS + 1  # the base split's floored schedule ends by then
         self.rounding = 0.0  # ticks: an upper bound on what flooring removes from any path
         plan = base.with_extra()
-        self.costs = stage_costs(plan, problem.graph, problem.cluster)
+        self.costs = plan_costs(plan, problem.graph, problem.cluster).groups  # one stage per group
 
     # ------------------------------------------------------------------ variables
     def build(self) -> None:
@@ -270,10 +270,10 @@ class _SplitModel:
                     self.op[s, kind, k] = (start, end)
                     intervals.append(iv)
             m.add_no_overlap(intervals)
-            ops = stage_ops(self.problem.schedule, K, s, S)
+            ops = stage_actions(self.problem.schedule, K, s, S)
             for prev, nxt in zip(ops, ops[1:]):
-                m.add(self.op[(s, *nxt)][0] >= self.op[(s, *prev)][1])
-            self.chain_end[s] = self.op[(s, *ops[-1])][1]
+                m.add(self.op[tuple(nxt)][0] >= self.op[tuple(prev)][1])
+            self.chain_end[s] = self.op[tuple(ops[-1])][1]
 
     def _transfers(self) -> None:
         """Transfer intervals on one no-overlap machine per link direction, FIFO by slot."""
@@ -336,7 +336,7 @@ class _SplitModel:
             sps, wps = math.floor(per_sample / unit), math.floor(working / unit)
             cap = math.ceil(room / unit)
             held = []
-            for kind, k in stage_ops(self.problem.schedule, K, s, S):
+            for _, kind, k in stage_actions(self.problem.schedule, K, s, S):
                 if kind == FORWARD:
                     held.append(self.q[s, k])
                     m.add(sps * sum(held) <= cap)
