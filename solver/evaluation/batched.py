@@ -135,37 +135,9 @@ class _Structure:
                     sent.setdefault((s, kind != FORWARD), []).append(k)
         self.monotone = all(ks == sorted(ks) for ks in sent.values())
         """Whether every stage sends its outputs in microbatch order (each wait is then one gather)."""
-        self.memory = [self._memory_recipe(program) for program in wiring.programs]
+        self.walks = [layout.walk for layout in wiring.layouts]
+        """Each group's memory walk (:class:`pipeplan.solver.evaluation.memory.StashWalk`), timed here as arrays."""
         self._orders: dict[tuple, list | None] = {}
-
-    def _memory_recipe(self, program: tuple[Action, ...]) -> tuple[np.ndarray, ...]:
-        """The stash walk of a program as index arrays: ``(delta rows, signs, after F, before B or I, working rows)``.
-
-        The walk adds ``q X`` after an ``F``, takes it away after a ``B`` or ``I`` (which
-        adds back ``q Aw``) and takes ``q Aw`` away after a ``W`` (:func:`_group_peaks`).
-        """
-        offsets = np.concatenate(([0], np.cumsum(self.counts)))
-        total = offsets[-1]
-        delta, sign, after_f, before_b, working = [], [], [], [], []
-        for s, kind, k in program:
-            row = offsets[s] + k
-            if kind == FORWARD:
-                delta.append(row)
-                sign.append(1.0)
-                after_f.append(len(delta) - 1)
-            elif kind == WEIGHT:
-                delta.append(total + row)
-                sign.append(-1.0)
-            else:
-                before_b.append(len(delta))
-                working.append(row)
-                delta.append(row)
-                sign.append(-1.0)
-                if kind == INPUT:
-                    delta.append(total + row)
-                    sign.append(1.0)
-        as_int = lambda x: np.array(x, dtype=np.int64)  # noqa: E731
-        return as_int(delta), np.array(sign), as_int(after_f), as_int(before_b), as_int(working)
 
     def order(self, waits: tuple) -> list[tuple[int, int]] | None:
         """An order of every ``(group, position)`` after the slots it waits for (``waits``: per action, a tuple of slots).
@@ -312,22 +284,28 @@ def _tails(a: PlanArrays) -> np.ndarray:
 
 
 def _group_peaks(a: PlanArrays, per_replica: list[np.ndarray]) -> np.ndarray:
-    """Peak bytes per device of every group (spec 7.4), ``(N, G)``: the scalar walk as one cumulative sum."""
+    """Peak bytes per device of every group (spec 7.4), ``(N, G)``: each group's
+    :class:`~pipeplan.solver.evaluation.memory.StashWalk` on vectors, its running sum a sequential cumulative sum."""
     st = a.structure
     rc = a.recompute
     stash = np.where(rc, a.input_bytes, a.sums[:, :, ACT])  # (N, S)
     working = np.where(rc, a.sums[:, :, ACT], 0.0)
-    q = np.concatenate(per_replica)  # (M, N), stages one after another
-    stage_of = np.repeat(np.arange(len(st.counts)), st.counts)
-    table = np.concatenate([q * stash.T[stage_of], q * a.sums[:, :, ACT_W].T[stage_of]])
-    held_working = q * working.T[stage_of]
     params = _group_sum(a, PARAMS)
-    peaks = np.empty((a.count, len(st.memory)))
+    peaks = np.empty((a.count, len(st.walks)))
     zero = np.zeros((1, a.count))
-    for g, (delta, sign, after_f, before_b, rows) in enumerate(st.memory):
-        walk = np.cumsum(table[delta] * sign[:, None], axis=0)
-        before = np.concatenate([zero, walk[:-1]])
-        peak = np.maximum(np.max(np.concatenate([walk[after_f], before[before_b] + held_working[rows]]), axis=0), 0.0)
+    for g, walk in enumerate(st.walks):
+        table, held = [], []
+        for s in walk.stages:  # the rows as StashWalk lays them out: +qX, -qX, then (split) +qAw, -qAw
+            q = per_replica[s]
+            added = q * stash[:, s]
+            table += [added, -added]
+            if walk.split[s]:
+                kept = q * a.sums[:, s, ACT_W]
+                table += [kept, -kept]
+            held.append(q * working[:, s])
+        running = np.concatenate([zero, np.cumsum(np.concatenate(table)[walk.deltas], axis=0)])
+        during = running[walk.before] + np.concatenate(held)[walk.working]
+        peak = np.maximum(np.max(np.concatenate([running[walk.after], during]), axis=0), 0.0)
         peaks[:, g] = a.state_factor * params[:, g] + peak
     return peaks
 

@@ -111,6 +111,10 @@ class StashWalk:
                 deltas.append(base + m + k)
                 if kind == INPUT:
                     deltas.append(base + 2 * m + k)
+        self.deltas, self.after, self.before, self.working = deltas, after_f, before_b, working
+        """The walk as indices: the change each action makes (into :meth:`table`'s rows), the points after an
+        ``F`` and before a ``B`` or ``I`` (into the running sum with a leading 0), and the working set held
+        during each of the latter (into the stages' microbatches, one after another)."""
         self._deltas, self._after_f = gather(deltas), gather(after_f)
         self._before_b, self._working = gather(before_b), gather(working)
 
@@ -118,7 +122,7 @@ class StashWalk:
         """The largest stash of the program (plus the working set of a running ``B`` or ``I``), per device."""
         table: list[float] = []
         held: list[float] = []
-        for s in self.stages:
+        for s in self.stages:  # the layout of the rows: see __init__ (a batched walk builds the same)
             mem = stages[s]
             per_replica = mem.per_replica[:self.counts[s]]
             added = [q * mem.stash for q in per_replica]
