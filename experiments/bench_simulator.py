@@ -14,7 +14,7 @@ alone: ``run_programs(plan_costs(...))``, or an older revision's
 ``run_timeline(stage_costs(...))``).  The report gives both medians and their ratio
 (this checkout over the baseline: above 1 is faster).
 
-Usage: ``python experiments/bench_simulator.py [--stages 8] [--microbatches 64] [--rounds 7] [--baseline REV]``
+Usage: ``python experiments/bench_simulator.py [--stages 8] [--microbatches 64] [--rounds 7] [--seconds 0.5] [--baseline REV]``
 """
 
 from __future__ import annotations
@@ -79,8 +79,10 @@ def timers(plan, graph, cluster) -> dict:
 
 
 def measure(plan, graph, cluster, rounds: int, seconds: float = 0.5) -> dict[str, list[float]]:
-    """Plans per second of every timer, one number per round."""
+    """Plans per second of every timer, one number per round (each timer called once first, to warm up)."""
     found = timers(plan, graph, cluster)
+    for fn in found.values():
+        fn()
     return {name: [rate(fn, seconds) for _ in range(rounds)] for name, fn in found.items()}
 
 
@@ -89,7 +91,7 @@ def _pin() -> None:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core
 
 
-def measure_files(folder: str, rounds: int) -> dict[str, list[float]]:
+def measure_files(folder: str, rounds: int, seconds: float = 0.5) -> dict[str, list[float]]:
     """:func:`measure` of the plan, graph and cluster files in ``folder``, on one core (what each side of
     ``--baseline`` runs, with its own revision's code)."""
     from pipeplan.models.graph import load_graph
@@ -101,10 +103,10 @@ def measure_files(folder: str, rounds: int) -> dict[str, list[float]]:
 
     _pin()
     graph, cluster = load_graph(f"{folder}/graph.json"), load_cluster(f"{folder}/cluster.json")
-    return measure(load_plan(f"{folder}/plan.json", graph, cluster), graph, cluster, rounds)
+    return measure(load_plan(f"{folder}/plan.json", graph, cluster), graph, cluster, rounds, seconds)
 
 
-def side_by_side(baseline: str, plan, graph, cluster, rounds: int) -> dict:
+def side_by_side(baseline: str, plan, graph, cluster, rounds: int, seconds: float = 0.5) -> dict:
     """Medians of this checkout and of revision ``baseline`` (:mod:`pipeplan.experiments.revisions`), and their ratios."""
     from pipeplan.experiments import revisions
     from pipeplan.models.jsonio import atomic_write_text
@@ -112,7 +114,7 @@ def side_by_side(baseline: str, plan, graph, cluster, rounds: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-sim-") as folder:
         for name, obj in (("plan", plan), ("graph", graph), ("cluster", cluster)):
             atomic_write_text(f"{folder}/{name}.json", json.dumps(obj.to_dict()))
-        runs = revisions.side_by_side(baseline, __file__, "measure_files", rounds, folder, 1)
+        runs = revisions.side_by_side(baseline, __file__, "measure_files", rounds, folder, 1, seconds)
     report = {key: runs[key] for key in ("this_revision", "baseline_revision")}
     for side in ("this", "baseline"):
         report[side] = {f"{name}_plans_per_s_median": statistics.median(values) for name, values in runs[side].items()}
@@ -130,16 +132,17 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=0.5, help="seconds each rate is measured over")
     parser.add_argument("--baseline", metavar="REV", help="also time git revision REV's simulator, side by side")
     args = parser.parse_args()
     plan, graph, cluster = instance(args.stages, args.microbatches)
     result = {"case": f"{args.stages} stages x {args.microbatches} microbatches, 1f1b", "rounds": args.rounds}
     if args.baseline:
-        result.update(side_by_side(args.baseline, plan, graph, cluster, args.rounds))
+        result.update(side_by_side(args.baseline, plan, graph, cluster, args.rounds, args.seconds))
     else:
         _pin()
         result.update({f"{name}_plans_per_s_median": statistics.median(values)
-                       for name, values in measure(plan, graph, cluster, args.rounds).items()})
+                       for name, values in measure(plan, graph, cluster, args.rounds, args.seconds).items()})
     result.update(python=platform.python_version(), machine=platform.machine(), load_average=os.getloadavg())
     print(json.dumps(result, indent=2))
 
