@@ -346,8 +346,8 @@ class TestCommandLine:
         assert status == 0 and gantt.stat().st_size > 0
         events = json.loads(trace.read_text())["traceEvents"]
         names = [e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"]
-        assert names == ["group 0 (stages 0, 2; cpu0)", "group 1 (stages 1, 3; cpu1)", "link group 0->1",
-                         "link group 1->0"]
+        assert names == ["group 0 (stages 0, 2; cpu0)", "link group 0->1", "link group 1->0",
+                         "group 1 (stages 1, 3; cpu1)"]  # each group above the links to and from the next
         assert {e["name"] for e in events if e["ph"] == "X" and e["pid"] == 0} >= {"0F0", "2F0", "2B0", "0B3"}
 
 

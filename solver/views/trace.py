@@ -61,19 +61,22 @@ def chrome_trace(result: Simulation, title: str = "pipeplan") -> dict[str, Any]:
     """The ``{"traceEvents": [...]}`` object for ``result``.
 
     Rows (``pid``): group ``g`` is ``g``; the links between groups follow from ``1000``,
-    in :func:`link_order`.
+    in :func:`link_order`.  Each group is shown above the links to and from the next groups.
     """
     events: list[dict[str, Any]] = []
     by_stage = one_stage_per_group(result)
     links = link_order(result)
+    rows = []  # (pid, name) top to bottom: each group, then the links to and from the next groups
     for g, cost in enumerate(result.groups):
-        name = (f"stage {cost.stages[0]}" if by_stage else
-                f"group {g} (stages {', '.join(map(str, cost.stages))}; {', '.join(cost.devices)})")
-        _row(events, g, name, g)
-    for i, (x, y) in enumerate(links):
-        carries = link_carries(result, (x, y))
-        _row(events, 1000 + i, f"link {'' if by_stage else 'group '}{x}->{y}" + (f" ({carries})" if carries else ""),
-             len(result.groups) + i)
+        rows.append((g, f"stage {cost.stages[0]}" if by_stage else
+                     f"group {g} (stages {', '.join(map(str, cost.stages))}; {', '.join(cost.devices)})"))
+        for i, (x, y) in enumerate(links):
+            if min(x, y) == g:
+                carries = link_carries(result, (x, y))
+                rows.append((1000 + i, f"link {'' if by_stage else 'group '}{x}->{y}"
+                             + (f" ({carries})" if carries else "")))
+    for order, (pid, name) in enumerate(rows):
+        _row(events, pid, name, order)
     for op in result.ops:
         events.append(_span(op.group, op.label, _CATEGORIES[op.kind], op.start,
                             op.end, {"stage": op.stage, "samples_per_replica": op.samples}))
