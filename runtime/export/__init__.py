@@ -15,7 +15,7 @@ from pipeplan.runtime.export.megatron import export_megatron
 from pipeplan.runtime.export.rules import Change, Target, check_plan
 from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
 from pipeplan.runtime.export.torch_target import export_torch
-from pipeplan.runtime.export.torchtitan import export_torchtitan
+from pipeplan.runtime.export.torchtitan import choose_release, export_torchtitan
 from pipeplan.solver.formats.plan import Plan
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TORCH, TORCHTITAN, DEEPSPEED, MEGATRON)}
@@ -35,7 +35,8 @@ class Export:
 
 
 def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_file: str = "-",
-                graph_file: str = "-", approximate: bool = False) -> Export:
+                graph_file: str = "-", approximate: bool = False, torchtitan_version: str | None = None,
+                torchtitan_model: str | None = None) -> Export:
     """The files that run ``plan`` on ``target``.
 
     Parameters
@@ -52,6 +53,10 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
         Paths for messages.
     approximate : bool
         Export the nearest plan the target runs instead of refusing.
+    torchtitan_version, torchtitan_model : str, optional
+        torchtitan only: the release to write for (``0.3``, ``0.2``; default the
+        installed one, else the current one) and its model (``MODULE:CONFIG`` for 0.3,
+        ``NAME:FLAVOR`` for 0.2; default its debug model).
 
     Returns
     -------
@@ -74,9 +79,10 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
     if target == "torch":
         files = export_torch(runnable, graph, model)
     elif target == "torchtitan":
-        files = export_torchtitan(runnable, graph, graph_file, plan_file)
+        files = export_torchtitan(runnable, graph, graph_file, plan_file,
+                                  choose_release(torchtitan_version, plan_file), torchtitan_model)
     elif target == "deepspeed":
-        files = export_deepspeed(runnable, graph)
+        files = export_deepspeed(runnable, graph, model)
     else:
         files = export_megatron(runnable, graph, graph_file, plan_file)
     return Export(files, runnable, changes)
