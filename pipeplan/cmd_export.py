@@ -14,6 +14,7 @@ target's own multi-stage schedule or are refused (docs/export.md).
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from pipeplan.models.errors import InputError
@@ -83,8 +84,11 @@ def run(args: argparse.Namespace) -> int:
     for name in result.files:
         if (out / name).is_dir():
             raise InputError(str(out / name), "output", "is a folder, not a file name")
-    check_outputs(args, *((out / name for name in result.files) if out.is_dir() else (out,)),
-                  inputs={"plan": args.plan, "graph": args.graph, "cluster": args.cluster})
+    if out.is_dir():
+        check_outputs(args, *(out / name for name in result.files),
+                      inputs={"plan": args.plan, "graph": args.graph, "cluster": args.cluster})
+    elif not os.access(above or Path("."), os.W_OK):  # the folders are made below the nearest that exists
+        raise InputError(args.output, "output", f"folder {str(above or Path('.'))!r} is not writable")
     out.mkdir(parents=True, exist_ok=True)
     for name, text in result.files.items():
         atomic_write_text(out / name, text)

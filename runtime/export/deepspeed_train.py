@@ -182,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     optimizer = torch.optim.SGD([p for p in module.parameters()], lr=args.lr)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
     replica = engine.grid.get_data_parallel_rank()
+    built = engine.module
+    print(f"rank {torch.distributed.get_rank()} stage {engine.stage_id} replica {replica} layers "
+          f"{built._local_start} {built._local_stop} parts {list(built.parts)} tied {sorted(built.tied_modules)}",
+          flush=True)
     m, size = config["gradient_accumulation_steps"], config["train_batch_size"] // config["gradient_accumulation_steps"]
     for step in range(args.steps):
         x, y = step_batch(model, config["train_batch_size"], args.seed, step)

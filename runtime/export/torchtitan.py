@@ -224,9 +224,7 @@ def model_modules(release: Release, model: str) -> list[str] | None:
 
     if release.version == "0.3":
         module, _, function = model.partition(":")
-        registry = importlib.import_module(f"torchtitan.models.{module}.config_registry"
-                                           if "." not in module else module)
-        config = getattr(registry, function)().model_spec.model
+        config = getattr(config_registry(module), function)().model_spec.model
         with torch.device("meta"):
             built = config.build()
     else:
@@ -235,6 +233,22 @@ def model_modules(release: Release, model: str) -> list[str] | None:
         with torch.device("meta"):
             built = spec.model_cls(spec.model_args[flavor])
     return split_names(built)
+
+
+def config_registry(module: str):
+    """torchtitan 0.3's ``--module``: a model of ``torchtitan.models`` (or its experiments) by
+    name, else a module path (``M.config_registry`` first, then ``M``), as its ``ConfigManager``
+    resolves it."""
+    from torchtitan.experiments import _supported_experiments
+    from torchtitan.models import _supported_models
+
+    if module in _supported_models | _supported_experiments:
+        prefix = "torchtitan.models" if module in _supported_models else "torchtitan.experiments"
+        return importlib.import_module(f"{prefix}.{module}.config_registry")
+    try:
+        return importlib.import_module(f"{module}.config_registry")
+    except ImportError:
+        return importlib.import_module(module)
 
 
 def split_names(model) -> list[str]:
@@ -315,7 +329,8 @@ from pathlib import Path
 import torch
 
 BASE = {base!r}
-"""``MODULE:FUNCTION`` of the config the plan is set on (MODULE: a torchtitan model or a module path)."""
+"""``MODULE:FUNCTION`` of the config the plan is set on (MODULE as torchtitan's ``--module``:
+a model of torchtitan by name, or a module path)."""
 
 PARALLELISM = {parallelism}
 """The ``ParallelismConfig`` fields of the plan."""
@@ -334,11 +349,20 @@ RECOMPUTE = {recompute}
 
 
 def base_config():
-    """torchtitan's config ``BASE`` names."""
+    """The config ``BASE`` names, its module resolved as torchtitan's ``--module`` is."""
+    from torchtitan.experiments import _supported_experiments
+    from torchtitan.models import _supported_models
+
     module, _, function = BASE.partition(":")
-    if "." not in module:
-        module = f"torchtitan.models.{{module}}.config_registry"
-    return getattr(importlib.import_module(module), function)()
+    if module in _supported_models | _supported_experiments:
+        prefix = "torchtitan.models" if module in _supported_models else "torchtitan.experiments"
+        registry = importlib.import_module(f"{{prefix}}.{{module}}.config_registry")
+    else:
+        try:
+            registry = importlib.import_module(f"{{module}}.config_registry")
+        except ImportError:
+            registry = importlib.import_module(module)
+    return getattr(registry, function)()
 
 
 def split_names(model):
@@ -423,10 +447,11 @@ def export_torchtitan(plan: Plan, graph: LayerGraph, file: str = "-", plan_file:
     """
     release = release or choose_release(None, plan_file)
     check_runs_a_pipeline(plan, plan_file)
+    parts = parallelism(plan, graph, file, plan_file, release)["module_fqns_per_model_part"]  # placement checked
     chosen = model or release.model
     modules = model_modules(release, chosen)
     if modules is not None:
-        check_module_names(module_fqns(plan, graph, file, release), modules, chosen, plan_file)
+        check_module_names(parts, modules, chosen, plan_file)
     if release.version == "0.3":
         files = {release.config_file: config_module(plan, graph, file, plan_file, release, chosen)}
     else:
