@@ -71,6 +71,10 @@ DEEPSPEED_PLANS = {
     # 2 processes: the user model (tied head, a skip from the embedding over the cut), every stage recomputing
     "mymodel-recompute": ("mymodel", [(0, 3, ["cpu0"], [2, 2, 2, 2], True), (3, 6, ["cpu1"], [2, 2, 2, 2], True)]),
 }
+PIPEPLAN_RUN = ("mymodel-recompute",)
+"""The plans also run with ``pipeplan run`` (processes are the cost of this module).  gpt-tiny's
+``pipeplan run`` losses at this batch, seed and step count equal the one-process ones within 1e-5
+(tests/test_export.py, ``TestExportedTorchFolder``), so its DeepSpeed run is checked against those."""
 
 
 def run_deepspeed(folder: Path, processes: int, model_options: list[str]) -> str:
@@ -116,17 +120,19 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
         runs[name] = {"plan": p, "stdout": out,
                       "losses": [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")],
                       "ranks": sorted(line.split() for line in out.splitlines() if line.startswith("rank ")),
-                      "pipeplan_run": run_pipeplan(graphs[model], cluster_file(folder, processes), plan_file, options),
+                      "pipeplan_run": (run_pipeplan(graphs[model], cluster_file(folder, processes), plan_file, options)
+                                       if name in PIPEPLAN_RUN else None),
                       "one_process": reference}
     return runs
 
 
 @pytest.mark.parametrize("name", sorted(DEEPSPEED_PLANS))
 class TestDeepspeedTrains:
-    def test_losses_equal_pipeplan_run(self, deepspeed_runs, name):
+    def test_losses_equal_pipeplan_run_and_one_process(self, deepspeed_runs, name):
         run = deepspeed_runs[name]
         assert len(run["losses"]) == STEPS, run["stdout"]
-        assert run["losses"] == pytest.approx(run["pipeplan_run"], rel=LOSS_TOLERANCE)
+        if run["pipeplan_run"] is not None:
+            assert run["losses"] == pytest.approx(run["pipeplan_run"], rel=LOSS_TOLERANCE)
         assert run["losses"] == pytest.approx(run["one_process"], rel=LOSS_TOLERANCE)
 
     def test_the_weights_move(self, deepspeed_runs, name):
