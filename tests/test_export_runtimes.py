@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -77,8 +78,14 @@ PIPEPLAN_RUN = ("mymodel-recompute",)
 (tests/test_export.py, ``TestExportedTorchFolder``), so its DeepSpeed run is checked against those."""
 
 
+STEP_LINE = re.compile(r"\bstep (\d+) loss (-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)")
+RANK_LINE = re.compile(r"\brank (\d+) stage (\d+) replica (\d+) layers (\d+) (\d+) parts (\[[^]]*\]) tied (\[[^]]*\])")
+"""What train.py prints (searched anywhere in a line: the ranks share one stdout)."""
+
+
 def run_deepspeed(folder: Path, processes: int, model_options: list[str]) -> str:
     env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
+    env.pop("PYTHONUNBUFFERED", None)  # each rank's lines leave in whole writes
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={processes}", "train.py", "--steps", str(STEPS), *model_options],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=400)
@@ -118,8 +125,9 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
         reference_parameters(request, steps=STEPS, global_batch=8, lr=0.05, seed=0, dtype=torch.float32,
                              seq_len=16 if model == "gpt-tiny" else None, on_loss=reference.append)
         runs[name] = {"plan": p, "stdout": out,
-                      "losses": [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")],
-                      "ranks": sorted(line.split() for line in out.splitlines() if line.startswith("rank ")),
+                      "steps": [int(m.group(1)) for m in STEP_LINE.finditer(out)],
+                      "losses": [float(m.group(2)) for m in STEP_LINE.finditer(out)],
+                      "ranks": sorted(m.groups() for m in RANK_LINE.finditer(out)),
                       "pipeplan_run": (run_pipeplan(graphs[model], cluster_file(folder, processes), plan_file, options)
                                        if name in PIPEPLAN_RUN else None),
                       "one_process": reference}
@@ -130,7 +138,7 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
 class TestDeepspeedTrains:
     def test_losses_equal_pipeplan_run_and_one_process(self, deepspeed_runs, name):
         run = deepspeed_runs[name]
-        assert len(run["losses"]) == STEPS, run["stdout"]
+        assert run["steps"] == list(range(STEPS)), run["stdout"]
         if run["pipeplan_run"] is not None:
             assert run["losses"] == pytest.approx(run["pipeplan_run"], rel=LOSS_TOLERANCE)
         assert run["losses"] == pytest.approx(run["one_process"], rel=LOSS_TOLERANCE)
@@ -144,13 +152,13 @@ class TestDeepspeedTrains:
         replicas = p.stages[0].replicas
         parts = [st.layers[0] for st in p.stages] + [p.stages[-1].layers[1]]
         assert len(run["ranks"]) == len(p.stages) * replicas
-        for words in run["ranks"]:
-            rank, stage, replica = int(words[1]), int(words[3]), int(words[5])
-            assert (stage, replica) == divmod(rank, replicas)
-            assert (int(words[7]), int(words[8])) == p.stages[stage].layers
-            assert json.loads(" ".join(words[10:words.index("tied")])) == parts
+        assert sorted(int(found[0]) for found in run["ranks"]) == list(range(len(p.stages) * replicas))
+        for rank, stage, replica, lo, hi, found_parts, tied in run["ranks"]:
+            assert (int(stage), int(replica)) == divmod(int(rank), replicas)
+            assert (int(lo), int(hi)) == p.stages[int(stage)].layers
+            assert json.loads(found_parts) == parts
             # the tied embedding and head: one TiedLayerSpec key on the first and the last stage
-            assert words[words.index("tied") + 1:] == (["['tied0']"] if stage in (0, len(p.stages) - 1) else ["[]"])
+            assert tied == ("['tied0']" if int(stage) in (0, len(p.stages) - 1) else "[]")
 
 
 # ---------------------------------------------------------------- Megatron: megatron-core's own checks

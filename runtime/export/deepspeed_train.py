@@ -159,6 +159,12 @@ def replica_microbatches(x: torch.Tensor, y: torch.Tensor, m: int, size: int, re
         yield x[rows], y[rows]
 
 
+def say(line: str) -> None:
+    """One line on stdout in one write, so that the lines of several ranks never interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def main(argv: list[str] | None = None) -> int:
     config = json.loads((HERE / "deepspeed_config.json").read_text())
     args = parse_args(argv)
@@ -183,15 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
     replica = engine.grid.get_data_parallel_rank()
     built = engine.module
-    print(f"rank {torch.distributed.get_rank()} stage {engine.stage_id} replica {replica} layers "
-          f"{built._local_start} {built._local_stop} parts {list(built.parts)} tied {sorted(built.tied_modules)}",
-          flush=True)
+    say(f"rank {torch.distributed.get_rank()} stage {engine.stage_id} replica {replica} layers "
+        f"{built._local_start} {built._local_stop} parts {list(built.parts)} tied {sorted(built.tied_modules)}")
     m, size = config["gradient_accumulation_steps"], config["train_batch_size"] // config["gradient_accumulation_steps"]
     for step in range(args.steps):
         x, y = step_batch(model, config["train_batch_size"], args.seed, step)
         loss = engine.train_batch(data_iter=replica_microbatches(x, y, m, size, replicas, replica))
         if torch.distributed.get_rank() == 0:
-            print(f"step {step} loss {loss.item()!r}", flush=True)
+            say(f"step {step} loss {loss.item()!r}")
     torch.distributed.destroy_process_group()
     return 0
 
