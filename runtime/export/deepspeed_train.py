@@ -82,7 +82,7 @@ class TiedUnits(nn.Module):
         self.units = nn.ModuleDict({str(i): model.units[i].module for i in indices})
 
 
-def tie_groups(model) -> dict[int, list[int]]:
+def tie_groups() -> dict[int, list[int]]:
     """Owner unit -> every unit sharing its Parameters (the owner first)."""
     groups: dict[int, list[int]] = {}
     for unit, owner in TIED:
@@ -116,7 +116,7 @@ def plan_layers(model) -> list:
     """
     live = live_tensors(model) + [[len(model.units) - 1]]
     stage_of = [s for s in range(len(PARTS) - 1) for _ in range(PARTS[s], PARTS[s + 1])]
-    groups = tie_groups(model)
+    groups = tie_groups()
     key_of = {u: owner for owner, units in groups.items() for u in units}
     layers: list = []
     for i in range(len(model.units)):
