@@ -105,7 +105,7 @@ def checkpoint_interval(plan: Plan) -> int:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> checkpoint_interval(Plan("g", "c", 2, 4.0, "1f1b", (Stage((0, 3), ("a",), (2,), True),
     ...                                                     Stage((3, 5), ("b",), (2,), True))))
     3

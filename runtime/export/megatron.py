@@ -95,7 +95,7 @@ def recompute_chunk(plan: Plan, roles: list[str]) -> int:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> p = Plan("g", "c", 2, 4.0, "1f1b", (Stage((0, 3), ("a",), (2,), True), Stage((3, 6), ("b",), (2,), True)))
     >>> recompute_chunk(p, ["E", "t", "t", "t", "t", "L"])
     2
