@@ -54,8 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if plan.graph != graph.name:
         warn(f"warning: {args.plan}: graph: plan was made for graph {plan.graph!r}, exporting it on "
              f"{graph.name!r}")
-    model = args.model or _profiled_model(graph) or graph.name
-    result = export_plan(plan, graph, args.to, model=model, plan_file=args.plan, graph_file=args.graph,
+    result = export_plan(plan, graph, args.to, model=args.model, plan_file=args.plan, graph_file=args.graph,
                          approximate=args.allow_approximate)
     if result.changes:
         if cluster is None:
@@ -78,8 +77,3 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {', '.join(str(out / name) for name in result.files)}")
     return 0
 
-
-def _profiled_model(graph) -> str | None:
-    profile = graph.extra.get("profile")
-    model = profile.get("model") if isinstance(profile, dict) else None
-    return model if isinstance(model, str) else None

@@ -34,7 +34,7 @@ class Export:
     """How ``plan`` differs from the given plan (empty unless approximating)."""
 
 
-def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_file: str = "-",
+def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str | None = None, plan_file: str = "-",
                 graph_file: str = "-", approximate: bool = False) -> Export:
     """The files that run ``plan`` on ``target``.
 
@@ -46,8 +46,9 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
         Its layer graph.
     target : str
         A key of :data:`TARGETS`.
-    model : str
-        The model spec the torch script builds by default.
+    model : str, optional
+        The model spec the torch script builds by default (``None``: the model the graph
+        was profiled from, with its options; see :func:`pipeplan.runtime.export.torch_target.export_request`).
     plan_file, graph_file : str
         Paths for messages.
     approximate : bool
@@ -72,7 +73,7 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
     """
     runnable, changes = check_plan(plan, TARGETS[target], plan_file, approximate)
     if target == "torch":
-        files = export_torch(runnable, graph, model)
+        files = export_torch(runnable, graph, model, graph_file)
     elif target == "torchtitan":
         files = export_torchtitan(runnable, graph, graph_file, plan_file)
     elif target == "deepspeed":
