@@ -17,8 +17,9 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.imported import TRACES, ImportedModel, trace_model
 from pipeplan.models.spec import is_zoo_spec, parse_input_spec, parse_model_args, resolve_user_model
 
-SPEC_HELP = ("a zoo model, path/to/file.py:factory, package.module:factory or hf:NAME (a transformers model "
-             "from its configuration, random weights, no download). Loading a file or module runs its code, "
+SPEC_HELP = ("a zoo model, path/to/file.py:factory, package.module:factory or hf:NAME[:HEAD] (a transformers "
+             "model from its configuration, random weights, no download; HEAD causal, seq2seq, masked or base, "
+             "default the causal LM, else seq2seq, else base). Loading a file or module runs its code, "
              "like any Python import")
 
 
@@ -34,9 +35,10 @@ def add_model_options(p: argparse.ArgumentParser, trace: bool = True) -> None:
     p.add_argument("--input-dtype", metavar="DTYPE", help="float32 (default), float64, bfloat16 or int64")
     p.add_argument("--input-high", metavar="N", help="integer inputs are drawn in [0, N) (token ids)")
     p.add_argument("--units", default="auto", metavar="auto|FQN,...",
-                   help="partition units: auto (the longest ModuleList, one unit per item, plus the sibling modules "
-                        "on the path to it; else the top-level children) or qualified submodule names (a "
-                        "ModuleList's name means each of its items)")
+                   help="partition units: auto (the outermost ModuleLists holding at least half the parameters "
+                        "of the largest, one unit per item, plus the sibling modules on the paths to them; else the "
+                        "top-level children) or qualified submodule names (a ModuleList's name means each of its "
+                        "items)")
     if trace:
         p.add_argument("--trace", default="eager", choices=TRACES,
                        help="how the dataflow is found: eager (hooks and tagged tensors, any Python), export "
