@@ -612,7 +612,7 @@ class TestForwardDependence:
         assert forward_dependence(model, model.example_batch(8, 0)[0]) == set()
 
     def test_the_reference_runs_the_plans_microbatches_and_says_so(self):
-        from pipeplan.solver.plan import Plan, Stage
+        from pipeplan.solver.formats.plan import Plan, Stage
 
         plan = Plan("g", "c", 8, 4.0, "gpipe", (Stage((0, 2), ("a",), (4, 4)), Stage((2, 3), ("b",), (4, 4))))
         kw = dict(steps=1, global_batch=8, lr=0.1, seed=0, dtype=torch.float64, seq_len=None)
