@@ -64,11 +64,10 @@ def run(args: argparse.Namespace) -> int:
     if plan.graph != graph.name:
         warn(f"warning: {args.plan}: graph: plan was made for graph {plan.graph!r}, exporting it on "
              f"{graph.name!r}")
-    model = _absolute_file_spec(args.model or _profiled_model(graph) or graph.name)
     if args.to != "torchtitan" and (args.torchtitan_version or args.torchtitan_model):
         raise InputError("-", "--torchtitan-version" if args.torchtitan_version else "--torchtitan-model",
                          f"applies to --to torchtitan, not --to {args.to}: drop it")
-    result = export_plan(plan, graph, args.to, model=model, plan_file=args.plan, graph_file=args.graph,
+    result = export_plan(plan, graph, args.to, model=args.model, plan_file=args.plan, graph_file=args.graph,
                          approximate=args.allow_approximate, torchtitan_version=args.torchtitan_version,
                          torchtitan_model=args.torchtitan_model)
     if result.changes:
@@ -94,18 +93,3 @@ def run(args: argparse.Namespace) -> int:
         atomic_write_text(out / name, text)
     print(f"wrote {', '.join(str(out / name) for name in result.files)}")
     return 0
-
-
-def _absolute_file_spec(spec: str) -> str:
-    """``path/to/file.py:factory`` with the file's absolute path (the scripts written run from their
-    own folder); other specs as given."""
-    target, sep, attr = spec.rpartition(":")
-    if sep and target.endswith(".py") and Path(target).is_file():
-        return f"{Path(target).resolve()}:{attr}"
-    return spec
-
-
-def _profiled_model(graph) -> str | None:
-    profile = graph.extra.get("profile")
-    model = profile.get("model") if isinstance(profile, dict) else None
-    return model if isinstance(model, str) else None

@@ -116,13 +116,10 @@ def run_profile(args: argparse.Namespace) -> int:
             if value is not None:
                 raise InputError("-", flag, "applies to zoo models; an imported model's factory sets its own "
                                             "sizes and dtype (use --model-arg or --input-shape)")
-        imported = _imported(args)
         if args.dry_run:  # the description lists the warnings
-            sys.stdout.write(describe(imported) + "\n")
+            sys.stdout.write(describe(imported_from_args(args)) + "\n")
             return 0
-        for note in imported.warnings:
-            sys.stderr.write(one_line(f"warning: {args.model}: {note}") + "\n")
-        graph = _analytic_imported(args, imported) if args.analytic else _measured_imported(args, imported)
+        imported, graph = _analytic_imported(args) if args.analytic else _measured_imported(args)
     try:
         text = dumps(graph.to_dict())
     except ValueError:  # json's word for inf or nan
@@ -146,31 +143,42 @@ def _describe_zoo(name: str, seq_len: int | None) -> int:
     return 0
 
 
-def _imported(args: argparse.Namespace) -> Any:
-    """The traced model: for ``--analytic`` on the meta device (no weights allocated) when its forward runs
-    there, else on the CPU (a forward reading values, ``.item()`` or a value-dependent ``if``, needs them)."""
-    if args.analytic and not args.dry_run:
-        try:
-            return imported_from_args(args, device="meta")
-        except InputError as exc:
-            if exc.where != "forward":
-                raise
-    return imported_from_args(args)
+def _warn(args: argparse.Namespace, imported: Any) -> None:
+    for note in imported.warnings:
+        sys.stderr.write(one_line(f"warning: {args.model}: {note}") + "\n")
 
 
-def _analytic_imported(args: argparse.Namespace, imported: Any) -> Any:
+def _analytic_imported(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The traced model and its estimated graph: counted on the meta device (no weights allocated) when
+    the model's forward and the counting run there, else on the CPU (a forward reading values, ``.item()``
+    or a value-dependent ``if``, needs them; so do a few operations without meta kernels)."""
     from pipeplan.models.profile_imported import analyse_imported
 
-    return analyse_imported(imported, _analytic_device(args), args.optimizer)
+    device = _analytic_device(args)
+    try:
+        imported = imported_from_args(args, device="meta")
+        graph = analyse_imported(imported, device, args.optimizer)
+    except InputError as exc:
+        if exc.where != "forward" and not exc.where.startswith("unit ") and exc.where != "the units' arguments":
+            raise
+    else:
+        _warn(args, imported)
+        return imported, graph
+    imported = imported_from_args(args)
+    _warn(args, imported)
+    return imported, analyse_imported(imported, device, args.optimizer)
 
 
-def _measured_imported(args: argparse.Namespace, imported: Any) -> Any:
+def _measured_imported(args: argparse.Namespace) -> tuple[Any, Any]:
     from pipeplan.models.profile_imported import profile_imported
 
     if _torch_device(args.device or MEASURE_DEFAULTS["device"]) != "cpu":
         raise InputError("-", "--device", "imported models are measured on the CPU only so far; "
                                           "profile a zoo model on the GPU, or drop --device")
-    return profile_imported(imported, _measure_config(args), progress=sys.stderr.isatty())
+    config = _measure_config(args)
+    imported = imported_from_args(args)
+    _warn(args, imported)
+    return imported, profile_imported(imported, config, progress=sys.stderr.isatty())
 
 
 MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "warmup": "2", "repeats": "5",

@@ -11,7 +11,7 @@ from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
 from pipeplan.runtime.replay import rank_stages, replay
-from pipeplan.runtime.verify import TOLERANCE
+from pipeplan.runtime.verify import ABSOLUTE, TOLERANCE
 from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, group_costs
 
 
@@ -60,6 +60,8 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         diff = result["max_param_diff"]  # None: some parameter held NaN or inf
         summary.update(max_param_diff=diff, max_param_diff_at=result["max_param_diff_at"],
                        verified=diff is not None and diff <= TOLERANCE)
+        if result.get("verify_notes"):
+            summary["verify_notes"] = result["verify_notes"]
     return summary
 
 
@@ -137,9 +139,10 @@ def present(args, inputs: RunInputs, result: dict) -> int:
     else:
         _print_text(summary)
     if summary.get("verified") is False:
+        notes = "".join(f"; {note}" for note in summary.get("verify_notes", ()))
         print(one_line(f"error: {inputs.plan_file}: verify: max relative parameter difference "
                        f"{_difference(summary['max_param_diff'])} at {summary['max_param_diff_at']} exceeds "
-                       f"{TOLERANCE:g}"), file=sys.stderr)
+                       f"{TOLERANCE:g} (or {ABSOLUTE:g} absolute near zero){notes}"), file=sys.stderr)
         return 1
     return 0
 
@@ -163,6 +166,8 @@ def _print_text(summary: dict[str, Any]) -> None:
         verdict = "ok" if summary["verified"] else "FAILED"
         print(f"verify: max relative parameter difference {_difference(summary['max_param_diff'])} "
               f"({summary['dtype']}, at {summary['max_param_diff_at']}): {verdict}")
+        for note in summary.get("verify_notes", ()):
+            print(f"note: {note}")
 
 
 def _difference(diff: float | None) -> str:

@@ -394,10 +394,13 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
               "transport": "tcp" if _uses_tcp(args.transport, executor.memory.device) else "dist",
               "ranks": [item[0] for item in gathered]}
     if args.verify:
+        notes: list[str] = []
         reference = reference_parameters(inputs.request, steps=args.steps, global_batch=plan.global_batch,
                                          lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
                                          plan=plan, device=executor.memory.device,
-                                         beat=lambda step: beat(-2, step))
+                                         beat=lambda step: beat(-2, step), notes=notes)
+        if notes:
+            result["verify_notes"] = notes
         diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
         # JSON has no inf: a non-finite difference (NaN or inf in some parameter) is reported as null
         result.update(max_param_diff=diff if math.isfinite(diff) else None, max_param_diff_at=where)

@@ -232,8 +232,21 @@ class TestMaxDifference:
         from pipeplan.runtime.verify import relative_difference
 
         assert relative_difference(torch.tensor([2.0, 4.5]), torch.tensor([2.0, 4.0])) == 0.5 / 4.0
-        assert relative_difference(torch.tensor([0.25]), torch.zeros(1)) == 0.25
+        # near zero the difference is absolute: at most ABSOLUTE = 1e-12 passes the 1e-6 check
+        assert relative_difference(torch.tensor([0.25]), torch.zeros(1)) == 0.25 / 1e-6
+        assert relative_difference(torch.tensor([1e-12]), torch.zeros(1)) == pytest.approx(1e-6)
         assert relative_difference(torch.tensor([math.inf]), torch.ones(1)) == math.inf
+
+    def test_round_off_of_a_zero_gradient_passes(self):
+        import torch
+
+        from pipeplan.runtime.verify import TOLERANCE, relative_difference
+
+        # a key bias: exact gradient 0, round-off ~1e-24 (got and want differ by 100 %)
+        got, want = torch.tensor([1.9e-24, -3e-25]), torch.tensor([1.0e-24, 2e-25])
+        assert relative_difference(got, want) <= TOLERANCE
+        # a real difference on such a parameter still fails
+        assert relative_difference(torch.tensor([1e-6]), torch.tensor([1e-24])) > TOLERANCE
 
 
 def test_unet_skips_relayed_through_middle_stage(graphs, tmp_path):
