@@ -22,7 +22,6 @@ from pipeplan.solver.cluster import load_cluster
 from pipeplan.solver.figures import pyplot, save_png
 from pipeplan.solver.gantt import write_gantt
 from pipeplan.solver.infeasibility import UNPROVED, memory_verdict
-from pipeplan.solver.nsga import MAX_POPULATION
 from pipeplan.solver.plan import MAX_SAMPLES
 from pipeplan.solver.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
 from pipeplan.solver.registry import get_solver, solver_names
@@ -136,6 +135,8 @@ def check_options(args: argparse.Namespace) -> None:
     ...
     models.errors.InputError: -: --time-limit: must be positive finite seconds, got nan
     """
+    from pipeplan.solver.nsga import MAX_POPULATION  # pymoo: imported to run, not while the parser is built
+
     limit, seed, factor = (getattr(args, key, None) for key in ("time_limit", "seed", "state_factor"))
     if limit is not None and not 0 < limit < float("inf"):
         raise InputError("-", "--time-limit", f"must be positive finite seconds, got {limit}")
