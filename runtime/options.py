@@ -10,6 +10,7 @@ import argparse
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.model_options import SPEC_HELP, add_model_options
+from pipeplan.runtime.launch import STARTUP_TIMEOUT
 
 DEFAULT_WARMUP = 2
 """Steps left out of the measured median unless ``--warmup`` says otherwise."""
@@ -59,8 +60,9 @@ def add_launch_options(p: argparse.ArgumentParser) -> None:
                    help="tcp transport: seconds a waiting rank polls before it sleeps (default auto: 0.005 when "
                         "every local rank has a core of its own, else 0)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds without progress before a worker counts as hung (default {DEFAULT_TIMEOUT:g}: "
-                        "a hung or dead worker ends the run within 60 s)")
+                   help=f"seconds without progress in training before a worker counts as hung (default "
+                        f"{DEFAULT_TIMEOUT:g}: a hung or dead worker ends the run within 60 s; setting up, before "
+                        f"the first step, may take up to {STARTUP_TIMEOUT:g} s between signs of progress)")
 
 
 def check_options(args: argparse.Namespace) -> None:

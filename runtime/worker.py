@@ -40,6 +40,7 @@ from pipeplan.runtime.emulate import make_emulator
 from pipeplan.runtime.executor import Executor, RankStage
 from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups
 from pipeplan.runtime.heartbeat import Heartbeat
+from pipeplan.runtime.launch import STARTUP_TIMEOUT
 from pipeplan.runtime.memory import rss_peak_bytes
 from pipeplan.runtime.options import (DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MAX_SEED,  # noqa: F401
                                       add_arguments, add_launch_options, check_options, check_spin)
@@ -93,8 +94,10 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
         if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    # The rendezvous waits for the slowest rank to start (seconds on a busy machine): the set-up
+    # allowance of the launcher, not --timeout, which is for training (see runtime.launch).
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=args.timeout))
+                            timeout=timedelta(seconds=max(args.timeout, STARTUP_TIMEOUT)))
     tcp = _uses_tcp(args.transport, device)
     control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
     members = group_members(plan, inputs.model)
@@ -109,6 +112,9 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
     transport = _transport(args, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
     executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
+    beat.wait(True)
+    dist.barrier(group=control)  # training starts together: its waits (--timeout) never wait on a set-up
+    beat.wait(False)
     _pin_main_thread(device)
     records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
     status = _finish(args, inputs, executor, records, rank, world, control, beat)
