@@ -23,10 +23,10 @@ import time
 import numpy as np
 
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.batched import BatchSimulator, Candidate, timeline_arrays
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate, timeline_arrays
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.evaluation.simulator import simulate
 
 
 def instance(stages: int, layers_per_stage: int = 4) -> tuple[LayerGraph, Cluster]:

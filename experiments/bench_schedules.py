@@ -48,10 +48,10 @@ from pipeplan.experiments.bench_solvers import (PAIRS, QUICK, SCHEDULE_CASES, SE
 from pipeplan.models.errors import InputError  # noqa: E402
 from pipeplan.models.graph import LayerGraph  # noqa: E402
 from pipeplan.models.jsonio import atomic_write_text  # noqa: E402
-from pipeplan.solver.cluster import Cluster  # noqa: E402
-from pipeplan.solver.plan import Plan, Stage, equal_split  # noqa: E402
-from pipeplan.solver.schedule import num_stages, stage_group  # noqa: E402
-from pipeplan.solver.simulator import simulate  # noqa: E402
+from pipeplan.solver.formats.cluster import Cluster  # noqa: E402
+from pipeplan.solver.formats.plan import Plan, Stage, equal_split  # noqa: E402
+from pipeplan.solver.schedules.schedule import num_stages, stage_group  # noqa: E402
+from pipeplan.solver.evaluation.simulator import simulate  # noqa: E402
 
 CASES = SCHEDULE_CASES
 """``(schedule, v)`` pairs compared, the solver benchmark's schedule columns."""
@@ -201,7 +201,7 @@ def build_plan(schedule: str, virtual: int, graph: LayerGraph, cluster: Cluster,
 
 
 def measure(plan: Plan, graph: LayerGraph, cluster: Cluster) -> dict:
-    """What :func:`~pipeplan.solver.simulator.simulate` gives ``plan``: time, bubble, largest peak, fit."""
+    """What :func:`~pipeplan.solver.evaluation.simulator.simulate` gives ``plan``: time, bubble, largest peak, fit."""
     result = simulate(plan, graph, cluster)
     return {"iteration_time": result.iteration_time, "bubble_fraction": result.bubble_fraction,
             "peak_memory": max(result.peak_memory), "fits": result.fits,
@@ -263,7 +263,7 @@ def markdown(results: list[dict]) -> str:
 
 def bar_chart(results: list[dict], path: Path) -> None:
     """Iteration time of each schedule relative to 1F1B, grouped by cluster, as a PNG."""
-    from pipeplan.solver.figures import pyplot, save_png
+    from pipeplan.solver.views.figures import pyplot, save_png
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(results) + 2), 4.0))

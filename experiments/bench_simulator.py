@@ -17,9 +17,9 @@ import statistics
 import time
 
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.plan import Plan, Stage, equal_split
-from pipeplan.solver.simulator import run_timeline, simulate, stage_costs
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.evaluation.simulator import run_timeline, simulate, stage_costs
 
 
 def instance(stages: int, microbatches: int, layers_per_stage: int = 4):

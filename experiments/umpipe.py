@@ -33,11 +33,11 @@ from pipeplan.models.graph import LayerGraph, load_graph
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.baselines import best_baseline
-from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.cpsat_split import optimize_splits
-from pipeplan.solver.figures import pyplot, save_png
-from pipeplan.solver.registry import get_solver
+from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.splits.cpsat_split import optimize_splits
+from pipeplan.solver.views.figures import pyplot, save_png
+from pipeplan.solver.core.registry import get_solver
 
 ROOT = Path(__file__).resolve().parents[1]
 UNEQUAL = ("umpipe-local", "umpipe-dp", "autopipe-slicing", "cpsat-split", "nsga")

@@ -23,9 +23,9 @@ if TYPE_CHECKING:
     from torch import nn
 
     from pipeplan.models.graph import LayerGraph
-    from pipeplan.solver.cluster import Cluster
-    from pipeplan.solver.plan import Plan
-    from pipeplan.solver.result import SolverResult
+    from pipeplan.solver.formats.cluster import Cluster
+    from pipeplan.solver.formats.plan import Plan
+    from pipeplan.solver.core.result import SolverResult
 
 __all__ = ["profile_model", "plan", "load_plan"]
 
@@ -108,7 +108,7 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
     seed : int
         Seed of randomised solvers (same seed, same plan).
     **options
-        Further :class:`~pipeplan.solver.problem.PlanningProblem` fields
+        Further :class:`~pipeplan.solver.core.problem.PlanningProblem` fields
         (``schedule`` including the version-2 names, ``virtual_stages``, ``state_factor``,
         ``allow_replication``, ``max_stages``, ...).
 
@@ -128,9 +128,9 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
     ('optimal', True)
     """
     from pipeplan.models.graph import load_graph
-    from pipeplan.solver.cluster import load_cluster
-    from pipeplan.solver.problem import PlanningProblem
-    from pipeplan.solver.registry import get_solver
+    from pipeplan.solver.formats.cluster import load_cluster
+    from pipeplan.solver.core.problem import PlanningProblem
+    from pipeplan.solver.core.registry import get_solver
 
     graph = load_graph(graph) if isinstance(graph, str) else graph
     cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
@@ -149,7 +149,7 @@ def load_plan(path: str) -> "Plan":
 
     Returns
     -------
-    pipeplan.solver.plan.Plan
+    pipeplan.solver.formats.plan.Plan
         ``stages`` (each with ``layers`` ``[lo, hi)``, ``devices``, ``microbatches``, the
         stage's own split, and ``recompute``), ``groups`` (the device groups),
         ``programs()`` (every group's actions, ``"0F3"``), ``op_lists()`` (every stage's
@@ -166,6 +166,6 @@ def load_plan(path: str) -> "Plan":
     >>> plan.groups, plan.programs()[1][:4]
     ([('g0',), ('g1',)], ['1F0', '1B0', '1F1', '1B1'])
     """
-    from pipeplan.solver.plan import load_plan as load  # lazy: `import pipeplan` stays light
+    from pipeplan.solver.formats.plan import load_plan as load  # lazy: `import pipeplan` stays light
 
     return load(path)

@@ -26,8 +26,8 @@ from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
 from pipeplan.runtime.launch import WorkerError
 from pipeplan.runtime.options import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
-from pipeplan.solver.cluster import Cluster
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import Cluster
+from pipeplan.solver.evaluation.simulator import simulate
 
 DEFAULT_RUNS = 3
 """Probe runs; each device takes the median of its factors over them."""

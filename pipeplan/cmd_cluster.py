@@ -14,10 +14,10 @@ from typing import Any
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.catalog import load_catalog
-from pipeplan.solver.cluster import Cluster
-from pipeplan.solver.infeasibility import format_bytes
-from pipeplan.solver.cluster_spec import DEFAULT_MEMORY_RESERVE, build_cluster, parse_server_group
+from pipeplan.solver.formats.catalog import load_catalog
+from pipeplan.solver.formats.cluster import Cluster
+from pipeplan.solver.bounds.infeasibility import format_bytes
+from pipeplan.solver.formats.cluster_spec import DEFAULT_MEMORY_RESERVE, build_cluster, parse_server_group
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -90,8 +90,7 @@ def summary(cluster: Cluster) -> str:
 
     Examples
     --------
-    >>> from pipeplan.solver.infeasibility import format_bytes
-from pipeplan.solver.cluster_spec import build_cluster, parse_server_group
+    >>> from pipeplan.solver.formats.cluster_spec import build_cluster, parse_server_group
     >>> print(summary(build_cluster([parse_server_group("1x2:a100-80g")], None)))
     1x2-a100-80g: 1 server, 2 devices
       2 x a100-80g  speed 1.000  memory 77.31 GB

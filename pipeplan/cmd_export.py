@@ -20,9 +20,9 @@ from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.plan import load_plan
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.formats.plan import load_plan
+from pipeplan.solver.evaluation.simulator import simulate
 
 
 EXPORT_TARGETS = ("deepspeed", "megatron", "torch", "torchtitan")

@@ -1,6 +1,6 @@
 """``pipeplan pareto``: the time / memory Pareto front of the ``nsga`` planner.
 
-Runs NSGA-II (``solver/nsga.py``) and writes every non-dominated fitting plan with its
+Runs NSGA-II (``solver/heuristics/nsga.py``) and writes every non-dominated fitting plan with its
 iteration time and peak memory as one JSON file (``pipeplan.pareto/1``), and with
 ``--plot`` a scatter plot of the front.  Exit status 3 when no plan comes back (the
 message says "no plan fits" only when that is proved, as ``pipeplan plan`` does).
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.figures import pyplot, save_png
+from pipeplan.solver.views.figures import pyplot, save_png
 from pipeplan.cmd_plan import INTERRUPTED, _common, no_plan, problem_from_args
-from pipeplan.solver.infeasibility import format_bytes, heuristic_no_plan
-from pipeplan.solver.registry import VERSION1
-from pipeplan.solver.termination import interruptible, watch
+from pipeplan.solver.bounds.infeasibility import format_bytes, heuristic_no_plan
+from pipeplan.solver.core.registry import VERSION1
+from pipeplan.solver.core.termination import interruptible, watch
 
 if TYPE_CHECKING:  # pymoo: imported where the search runs, not while the parser is built
-    from pipeplan.solver.nsga import NsgaRun
+    from pipeplan.solver.heuristics.nsga import NsgaRun
 
 PARETO_FORMAT = "pipeplan.pareto/1"
 
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def front_document(run: NsgaRun, args: argparse.Namespace, stopped_by: str = "budget") -> dict:
     """The JSON object: the problem's names, run facts, and the points fastest first.
 
-    ``stopped_by`` is why the run ended (see :mod:`pipeplan.solver.termination`);
+    ``stopped_by`` is why the run ended (see :mod:`pipeplan.solver.core.termination`);
     ``stopped_by_time_limit`` says whether the clock cut anything short, and ``time_cut`` what:
     the seeding (a seeding solver's cap) or the generations.
     """
@@ -73,7 +73,7 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
-    from pipeplan.solver.nsga import run_nsga, time_cut_message
+    from pipeplan.solver.heuristics.nsga import run_nsga, time_cut_message
 
     check_outputs(args, args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:

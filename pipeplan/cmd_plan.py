@@ -19,19 +19,19 @@ from typing import Any
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text, dumps
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.figures import pyplot, save_png
-from pipeplan.solver.gantt import write_gantt
-from pipeplan.solver.infeasibility import UNPROVED, memory_verdict
-from pipeplan.solver.plan import MAX_SAMPLES
-from pipeplan.solver.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
-from pipeplan.solver.registry import get_solver, solver_names
-from pipeplan.solver.result import SolverResult
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.views.figures import pyplot, save_png
+from pipeplan.solver.views.gantt import write_gantt
+from pipeplan.solver.bounds.infeasibility import UNPROVED, memory_verdict
+from pipeplan.solver.formats.plan import MAX_SAMPLES
+from pipeplan.solver.core.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
+from pipeplan.solver.core.registry import get_solver, solver_names
+from pipeplan.solver.core.result import SolverResult
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.termination import interruptible, interrupted
-from pipeplan.solver.warm_start import load_warm_start
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.termination import interruptible, interrupted
+from pipeplan.solver.core.warm_start import load_warm_start
 
 NO_PLAN = 3
 """Exit status when no plan fits."""
@@ -136,7 +136,7 @@ def check_options(args: argparse.Namespace) -> None:
     ...
     models.errors.InputError: -: --time-limit: must be positive finite seconds, got nan
     """
-    from pipeplan.solver.nsga import MAX_POPULATION  # pymoo: imported to run, not while the parser is built
+    from pipeplan.solver.heuristics.nsga import MAX_POPULATION  # pymoo: imported to run, not while the parser is built
 
     limit, seed, factor = (getattr(args, key, None) for key in ("time_limit", "seed", "state_factor"))
     if limit is not None and not 0 < limit < float("inf"):
@@ -461,7 +461,7 @@ def compare_title(problems: list[PlanningProblem]) -> str:
     Examples
     --------
     >>> from pipeplan.models.graph import load_graph
-    >>> from pipeplan.solver.cluster import load_cluster
+    >>> from pipeplan.solver.formats.cluster import load_cluster
     >>> p = PlanningProblem(load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json"),
     ...                     global_batch=64, microbatches=8, auto_microbatches=True, max_microbatches=16)
     >>> compare_title([p])

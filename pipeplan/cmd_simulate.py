@@ -7,12 +7,12 @@ import json
 
 from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.gantt import write_gantt
-from pipeplan.solver.infeasibility import format_bytes
-from pipeplan.solver.plan import Plan, load_plan
-from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult, simulate
-from pipeplan.solver.trace import check_traceable, chrome_trace
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.views.gantt import write_gantt
+from pipeplan.solver.bounds.infeasibility import format_bytes
+from pipeplan.solver.formats.plan import Plan, load_plan
+from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, simulate
+from pipeplan.solver.views.trace import check_traceable, chrome_trace
 from pipeplan.loading import warn_names
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs

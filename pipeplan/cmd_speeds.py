@@ -16,8 +16,8 @@ from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.speeds import STATISTICS, WIDE_SPREAD, SpeedComparison, compare_speeds, set_kind_speed
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.formats.speeds import STATISTICS, WIDE_SPREAD, SpeedComparison, compare_speeds, set_kind_speed
 
 DEFAULT_SAMPLES = 8
 """Samples per replica the layer times are compared at."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeplan.solver.simulator import check_deadlock_free, simulate
+from pipeplan.solver.evaluation.simulator import check_deadlock_free, simulate
 from pipeplan.loading import load_any
 from pipeplan.notices import warn
 

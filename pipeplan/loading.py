@@ -7,8 +7,8 @@ from typing import Any
 from pipeplan.models.errors import InputError, one_line
 from pipeplan.models.graph import GRAPH_FORMAT, LayerGraph
 from pipeplan.models.jsonio import load_json
-from pipeplan.solver.cluster import CLUSTER_FORMAT, Cluster
-from pipeplan.solver.plan import PLAN_FORMAT, Plan
+from pipeplan.solver.formats.cluster import CLUSTER_FORMAT, Cluster
+from pipeplan.solver.formats.plan import PLAN_FORMAT, Plan
 
 KINDS = {GRAPH_FORMAT.split("/")[0]: ("graph", LayerGraph),
          CLUSTER_FORMAT.split("/")[0]: ("cluster", Cluster),

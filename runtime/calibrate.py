@@ -26,8 +26,8 @@ from typing import Any
 from pipeplan.models.graph import LayerGraph
 from pipeplan.runtime.replay import MICROBATCH_LABELS, op_seconds, rank_stages, stage_prefix
 from pipeplan.runtime.routing import replica_split
-from pipeplan.solver.cluster import Cluster
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.cluster import Cluster
+from pipeplan.solver.formats.plan import Plan
 
 
 def charged_seconds(plan: Plan, graph: LayerGraph, stage: int, replica: int) -> float:
@@ -157,7 +157,7 @@ def calibrated_cluster(cluster: Cluster, factors: dict[str, float], note: dict[s
 
     Examples
     --------
-    >>> from pipeplan.solver.cluster import Device, Link
+    >>> from pipeplan.solver.formats.cluster import Device, Link
     >>> c = Cluster("c", (Link(1e11, 1e-6, "s0"),), Link(1e10, 1e-5),
     ...             (Device("g0", "s0", 1.0, 8e9), Device("g1", "s0", 0.5, 8e9)))
     >>> [d.speed for d in calibrated_cluster(c, {"g0": 1.25}, {}).devices]

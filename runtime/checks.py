@@ -19,9 +19,9 @@ from pipeplan.models.graph import LayerGraph, load_graph
 from pipeplan.models.model_options import ModelRequest
 from pipeplan.models.zoo import ZooModel, model_names
 from pipeplan.runtime.training_data import build_run_model
-from pipeplan.solver.cluster import Cluster, load_cluster
-from pipeplan.solver.plan import Plan, load_plan
-from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult, simulate
+from pipeplan.solver.formats.cluster import Cluster, load_cluster
+from pipeplan.solver.formats.plan import Plan, load_plan
+from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, simulate
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,7 @@ def check_emulation(prediction: SimulationResult | GroupSimulationResult, timeou
 
     Examples
     --------
-    >>> from pipeplan.solver.simulator import SimulationResult
+    >>> from pipeplan.solver.evaluation.simulator import SimulationResult
     >>> fast = SimulationResult(1.0, 1, (), (((0.0, 0.5),),), (), ())
     >>> check_emulation(fast, 50.0, "p.json")
     >>> check_emulation(fast, 0.25, "p.json")  # doctest: +ELLIPSIS

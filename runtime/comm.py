@@ -25,8 +25,8 @@ from pipeplan.runtime.emulate import Emulator, sleep_until
 from pipeplan.runtime.routing import Message, cut_messages, grad_order
 from pipeplan.runtime.stage import CutLayout
 from pipeplan.runtime.transport import Transport, Work
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.schedule import Op
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.schedules.schedule import Op
 
 STAMP_TAG = 1 << 20
 """Added to a message's tag for its emulated-arrival stamp."""

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.catalog import Accelerator, Catalog, LinkKind, load_catalog
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.cluster_spec import DEFAULT_MEMORY_RESERVE
+from pipeplan.solver.formats.catalog import Accelerator, Catalog, LinkKind, load_catalog
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.cluster_spec import DEFAULT_MEMORY_RESERVE
 
 CPU_PROCESSES = 2
 """CPU devices a CPU-only machine gets when no process count is given."""
@@ -126,7 +126,7 @@ def detect_cluster(processes: int | None = None, *, memory_reserve: float = DEFA
         Catalog kind whose speed is 1; default the kind of the first GPU (the one a graph
         profiled here was measured on).  CPU devices have speed 1.
     catalog : Catalog, optional
-        Default :func:`pipeplan.solver.catalog.load_catalog`.
+        Default :func:`pipeplan.solver.formats.catalog.load_catalog`.
 
     Returns
     -------

@@ -33,7 +33,7 @@ from pipeplan.runtime.memory import MemoryMeter
 from pipeplan.runtime.pieces import piece_seed
 from pipeplan.runtime.routing import Piece
 from pipeplan.runtime.stage import Stage
-from pipeplan.solver.schedule import FORWARD, Action
+from pipeplan.solver.schedules.schedule import FORWARD, Action
 
 EVENT_KINDS = ("forward", "backward", "recompute", "send", "receive", "allreduce", "idle")
 """Kinds of :class:`Event` (``idle`` is derived from the gaps when reporting)."""

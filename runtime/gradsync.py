@@ -27,7 +27,7 @@ from torch import nn
 from pipeplan.models.zoo import ZooModel
 from pipeplan.runtime.routing import device_ranks, stage_ranks
 from pipeplan.runtime.transport import Transport, Work
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.plan import Plan
 
 
 def tied_holders(model: ZooModel, plan: Plan) -> dict[int, tuple[int, ...]]:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from pipeplan.solver.figures import pyplot, save_png
-from pipeplan.solver.gantt import Bar, bars_of, draw_gantt, gantt_title
-from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult
+from pipeplan.solver.views.figures import pyplot, save_png
+from pipeplan.solver.views.gantt import Bar, bars_of, draw_gantt, gantt_title
+from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult
 
 _US = 1e6
 _COMPUTE = {"forward": "forward", "backward": "backward", "recompute": "recompute", "allreduce": "allreduce"}

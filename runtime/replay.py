@@ -3,7 +3,7 @@
 A prediction can miss for two reasons: the op costs (the profile, measured per unit
 in isolation) are off, or the timeline (the spec's dependencies, links and
 schedule) is.  Replaying splits the two: every stage's forward and backward time is
-replaced by what the run measured for that op, and :func:`pipeplan.solver.simulator.run_timeline`
+replaced by what the run measured for that op, and :func:`pipeplan.solver.evaluation.simulator.run_timeline`
 recomputes the iteration with everything else as predicted (transfer times from the
 cluster's links, all-reduce times, the op order).  ``measured / replayed`` is then the
 timeline's error alone; ``replayed / predicted`` the op costs'.
@@ -23,7 +23,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import replace
 
-from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult, StageLinks, run_programs, run_timeline
+from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, StageLinks, run_programs, run_timeline
 
 
 FORWARD_LABELS = ("recv A", "F", "send A")
@@ -153,7 +153,7 @@ def replay(ranks: list[dict], steps: list[int], prediction: SimulationResult | G
         The simulator's result for the same plan, graph and cluster.
     links : tuple of StageLinks, optional
         With a version-2 prediction, the stages' links
-        (:func:`pipeplan.solver.simulator.group_costs` gives them).
+        (:func:`pipeplan.solver.evaluation.simulator.group_costs` gives them).
 
     Returns
     -------

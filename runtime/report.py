@@ -12,8 +12,8 @@ from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
 from pipeplan.runtime.replay import rank_stages, replay
 from pipeplan.runtime.verify import TOLERANCE
-from pipeplan.solver.infeasibility import format_bytes
-from pipeplan.solver.simulator import GroupSimulationResult, SimulationResult, group_costs
+from pipeplan.solver.bounds.infeasibility import format_bytes
+from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, group_costs
 
 
 def without_step(prediction: SimulationResult | GroupSimulationResult) -> float:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import Sequence
 
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.schedule import Op
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.schedules.schedule import Op
 
 GRADIENT_SENDERS = ("B", "I")
 """Actions that compute a stage's input gradients and send them to the stage before."""
@@ -98,7 +98,7 @@ def device_ranks(plan: Plan) -> dict[str, int]:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Plan, Stage
+    >>> from pipeplan.solver.formats.plan import Plan, Stage
     >>> plan = Plan("g", "c", 2, 4.0, "custom", (Stage((0, 1), ("a", "b"), (2,)), Stage((1, 2), ("c",), (2,)),
     ...                                          Stage((2, 3), ("b", "a"), (2,))))
     >>> device_ranks(plan)

@@ -38,7 +38,7 @@ from pipeplan.models.zoo import ZooModel
 from pipeplan.runtime.pieces import batch_norms, has_dropout, piece_seed
 from pipeplan.runtime.routing import pieces
 from pipeplan.runtime.training_data import build_run_model, step_batch
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.plan import Plan
 
 TOLERANCE = 1e-6
 """Largest accepted relative difference (float64 runs agree to ~1e-15)."""
@@ -84,7 +84,7 @@ def plan_pieces(plan: Plan, stage: int) -> list[tuple[int, int, int, int]]:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Plan, Stage
+    >>> from pipeplan.solver.formats.plan import Plan, Stage
     >>> plan = Plan("g", "c", 5, 4.0, "gpipe", (Stage((0, 1), ("a", "b"), (3, 2), False),))
     >>> plan_pieces(plan, 0)
     [(0, 0, 0, 2), (0, 1, 2, 3), (1, 0, 3, 4), (1, 1, 4, 5)]

@@ -14,8 +14,8 @@ from typing import Iterator
 import pytest
 
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.plan import Plan, Stage
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.plan import Plan, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

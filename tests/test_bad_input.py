@@ -18,7 +18,7 @@ from conftest import EXAMPLES
 from pipeplan import notices
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import MAX_INPUT_BYTES, check_output_kind, read_input
-from pipeplan.solver.problem import MAX_DEVICES, MAX_LAYERS, MAX_MICROBATCHES, TooLarge, check_size
+from pipeplan.solver.core.problem import MAX_DEVICES, MAX_LAYERS, MAX_MICROBATCHES, TooLarge, check_size
 from conftest import chain, cluster
 
 GRAPH = str(EXAMPLES / "chain8.graph.json")

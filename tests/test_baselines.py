@@ -16,9 +16,9 @@ from pipeplan.solver.baselines.dapple import append_first, fresh_first, scatter_
 from pipeplan.solver.baselines.deepspeed import partition_balanced, partition_uniform
 from pipeplan.solver.baselines.even import even_cuts
 from pipeplan.solver.baselines.greedy_speed import proportional_cuts
-from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver, solver_names
+from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver, solver_names
 
 NAMES = ["even", "megatron", "deepspeed-uniform", "deepspeed-parameters", "pipedream", "dapple", "piper", "alpa", "autopipe",
          "greedy-speed"]
@@ -56,7 +56,7 @@ class TestRegistry:
 
 
     def test_names_in_module_order_whatever_was_imported_first(self):
-        import pipeplan.solver.nsga  # noqa: F401 - the CLI's pareto command imports it before the registry loads
+        import pipeplan.solver.heuristics.nsga  # noqa: F401 - the CLI's pareto command imports it before the registry loads
 
         names = solver_names()
         assert names[0] == "even" and names[-1] == "nsga"

@@ -9,10 +9,10 @@ import pytest
 
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.batched import BatchSimulator, Candidate, iteration_times, simulate_batch, stage_row, timeline_arrays
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.simulator import run_timeline, simulate, stage_costs
+from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate, iteration_times, simulate_batch, stage_row, timeline_arrays
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.evaluation.simulator import run_timeline, simulate, stage_costs
 
 
 def random_split(rng: random.Random, batch: int, m: int) -> tuple[int, ...]:
@@ -133,5 +133,5 @@ class TestIterationTimes:
             expected = run_timeline(costs, 0).iteration_time
         except DeadlockError:
             return
-        monkeypatch.setattr("pipeplan.solver.batched.run_timeline", None)  # the batched path only
+        monkeypatch.setattr("pipeplan.solver.evaluation.batched.run_timeline", None)  # the batched path only
         assert iteration_times([[stage_row(c) for c in costs]] * 5, plans[0].schedule).tolist() == [expected] * 5

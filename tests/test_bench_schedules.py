@@ -10,8 +10,8 @@ from pipeplan.experiments import bench_schedules as bench
 from pipeplan.experiments import bench_solvers as solvers_bench
 from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.evaluation.simulator import simulate
 
 SHARES = bench.BlockShares(0.5, 0.25, 0.5, 1e12)
 

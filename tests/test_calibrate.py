@@ -18,8 +18,8 @@ from conftest import chain, cluster, make_layer, plan
 from pipeplan.models.graph import LayerGraph
 from pipeplan.models.jsonio import dumps
 from pipeplan.runtime.calibrate import calibrated_cluster, charged_seconds, device_factors, run_factors
-from pipeplan.solver.cluster import Cluster, load_cluster
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import Cluster, load_cluster
+from pipeplan.solver.evaluation.simulator import simulate
 from test_replay import rank
 from pipeplan.cmd_calibrate import _notes
 from test_runtime import CLUSTER, model_graph, pipeplan, write_plan

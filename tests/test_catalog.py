@@ -3,7 +3,7 @@
 import pytest
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.catalog import load_catalog
+from pipeplan.solver.formats.catalog import load_catalog
 
 #: What issue 28 asks the catalog to hold at least.
 REQUIRED_ACCELERATORS = ("h100-sxm", "h100-pcie", "h200", "a100-40g", "a100-80g", "a100-pcie-40g", "a100-pcie-80g",

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.bounds import work_bound
-from pipeplan.solver.class_bound import DELTA_STEPS, class_bound, stage_types
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.simulator import simulate
-from pipeplan.solver.termination import TimeLimit
+from pipeplan.solver.bounds.terms import work_bound
+from pipeplan.solver.bounds.class_bound import DELTA_STEPS, class_bound, stage_types
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.evaluation.simulator import simulate
+from pipeplan.solver.core.termination import TimeLimit
 from tests.test_exact import REL, brute_force, random_problem
 
 

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from conftest import EXAMPLES
 from pipeplan.models.errors import InputError
-from pipeplan.solver.cluster import Cluster, Device, load_cluster
+from pipeplan.solver.formats.cluster import Cluster, Device, load_cluster
 
 
 @pytest.fixture

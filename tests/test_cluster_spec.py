@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.cluster import Cluster
-from pipeplan.solver.cluster_spec import build_cluster, parse_server_group
+from pipeplan.solver.formats.cluster import Cluster
+from pipeplan.solver.formats.cluster_spec import build_cluster, parse_server_group
 
 
 def groups(*texts):
@@ -80,7 +80,7 @@ class TestBuildCluster:
         assert [s.extra["link"] for s in c.servers] == ["nvlink4", "pcie4"]
 
     def test_the_written_file_loads(self, issue_example, tmp_path):
-        from pipeplan.solver.cluster import load_cluster
+        from pipeplan.solver.formats.cluster import load_cluster
 
         path = tmp_path / "c.json"
         path.write_text(json.dumps(issue_example.to_dict()))

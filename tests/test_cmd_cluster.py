@@ -6,7 +6,7 @@ import pytest
 
 from conftest import EXAMPLES
 from pipeplan.runtime import detect
-from pipeplan.solver.cluster import load_cluster
+from pipeplan.solver.formats.cluster import load_cluster
 
 ISSUE_EXAMPLE = ["--server", "2x8:a100-80g:nvlink3", "--server", "4x8:v100-32g:pcie3", "--network", "ib-hdr"]
 GRAPH = str(EXAMPLES / "chain8.graph.json")

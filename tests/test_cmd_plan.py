@@ -10,7 +10,7 @@ import pytest
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.baselines import BASELINES
-from pipeplan.solver.plan import load_plan
+from pipeplan.solver.formats.plan import load_plan
 from pipeplan import cmd_plan
 from conftest import cpu_past
 

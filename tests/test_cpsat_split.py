@@ -10,13 +10,13 @@ import pytest
 
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.cpsat_split import CpSatSplit, optimize_splits
-from pipeplan.solver.plan import Plan, Stage, equal_split
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
-from pipeplan.solver.simulator import simulate
-from pipeplan.solver.termination import note
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.splits.cpsat_split import CpSatSplit, optimize_splits
+from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.evaluation.simulator import simulate
+from pipeplan.solver.core.termination import note
 
 
 def compositions(batch: int, counts: range):
@@ -123,7 +123,7 @@ class TestCpSatSplit:
         assert again.plan == result.plan
 
     def test_no_base_plan_is_not_called_infeasible(self, monkeypatch):
-        import pipeplan.solver.cpsat_split as module
+        import pipeplan.solver.splits.cpsat_split as module
 
         problem, _ = instance(0)
         cut = lambda *a, **k: note("time") or []  # noqa: E731 - the time limit cut the search for a base
@@ -147,7 +147,7 @@ class TestStopping:
 
     def test_every_phase_gets_what_is_left_of_the_limit(self, monkeypatch):
         import pipeplan.solver.baselines.umpipe as umpipe
-        import pipeplan.solver.cpsat_split as module
+        import pipeplan.solver.splits.cpsat_split as module
         from pipeplan.solver.baselines import BASELINES
 
         problem, _ = instance(1)
@@ -175,7 +175,7 @@ class TestStopping:
         assert deadlines and all(d == pytest.approx(start + limit, abs=1.0) for d in deadlines)
 
     def test_the_split_search_runs_its_default_budget(self):
-        from pipeplan.solver.cpsat_split import DEFAULT_BUDGET
+        from pipeplan.solver.splits.cpsat_split import DEFAULT_BUDGET
 
         problem, _ = instance(1)
         result = CpSatSplit(use_exact=False).solve(problem, time_limit=600, seed=0)

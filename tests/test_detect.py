@@ -10,7 +10,7 @@ from conftest import ROOT
 from pipeplan.models.errors import InputError
 from pipeplan.runtime import detect
 from pipeplan.runtime.detect import detect_cluster, nvlink_lanes, parse_topology
-from pipeplan.solver.cluster import Cluster
+from pipeplan.solver.formats.cluster import Cluster
 
 TOPO = ROOT / "tests" / "data" / "topo"
 

@@ -22,12 +22,12 @@ from dataclasses import asdict
 import pytest
 
 from pipeplan.models.graph import load_graph
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.cpsat import DEFAULT_BUDGET
-from pipeplan.solver.exact_work import ExactWork, exact_work
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
-from pipeplan.solver.termination import REPRODUCIBLE
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.exact.cpsat import DEFAULT_BUDGET
+from pipeplan.solver.exact.work import ExactWork, exact_work
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.core.termination import REPRODUCIBLE
 from conftest import EXAMPLES, ROOT
 
 SPLIT_AWARE = {"umpipe-local", "umpipe-dp", "autopipe-slicing", "cpsat", "cpsat-split", "nsga"}
@@ -37,7 +37,7 @@ BUDGETS = {"nsga": 3, "cpsat": 30.0, "cpsat-split": 30.0, "ilp": 50_000, "group-
 TIME_CAP = 600.0
 """Seconds: a cap far above what any of these solves takes, so only the budgets end them."""
 EXACT = ("ilp", "cpsat")
-"""The solvers of :func:`pipeplan.solver.exact.solve_exact`."""
+"""The solvers of :func:`pipeplan.solver.exact.solve.solve_exact`."""
 SHORT_CAP = 20.0
 """Seconds: several times what an exact solve of :func:`problem` takes with :func:`busy_threads`
 running (so the cap does not fire), yet short enough that a phase given a part of it instead of
@@ -292,7 +292,7 @@ class TestBudgetScalesTheExactSolve:
 
 class TestEverySolverHasAClass:
     def test_the_list_is_the_registry(self):
-        from pipeplan.solver.registry import solver_names
+        from pipeplan.solver.core.registry import solver_names
 
         assert sorted(ALL) == sorted(solver_names())
         classes = {cls.name for cls in _SameRecord.__subclasses__()}

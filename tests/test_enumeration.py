@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver import enumeration
-from pipeplan.solver.enumeration import _Walk, enumerate_configurations
-from pipeplan.solver.bounds import optimistic_time
-from pipeplan.solver.exact_data import build_data
-from pipeplan.solver.incumbents import greedy_plans
-from pipeplan.solver.search import Search as _Search
-from pipeplan.solver.search import evaluate as _evaluate
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.termination import TimeLimit, WorkBudget, watch
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.exact import enumeration
+from pipeplan.solver.exact.enumeration import _Walk, enumerate_configurations
+from pipeplan.solver.bounds.terms import optimistic_time
+from pipeplan.solver.exact.data import build_data
+from pipeplan.solver.exact.incumbents import greedy_plans
+from pipeplan.solver.exact.search import Search as _Search
+from pipeplan.solver.exact.search import evaluate as _evaluate
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, watch
 
 from tests.test_exact import REL, brute_force, random_problem
 

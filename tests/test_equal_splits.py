@@ -9,12 +9,12 @@ import pytest
 
 from conftest import EXAMPLES
 from pipeplan.models.graph import load_graph
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.equal_splits import fastest, solve_equal_splits
-from pipeplan.solver.problem import PlanningProblem, probe_counts, probe_order
-from pipeplan.solver.registry import get_solver
-from pipeplan.solver.result import SolverResult
-from pipeplan.solver.termination import watch
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.splits.equal_splits import fastest, solve_equal_splits
+from pipeplan.solver.core.problem import PlanningProblem, probe_counts, probe_order
+from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.core.termination import watch
 
 
 class TestProbeCounts:
@@ -168,10 +168,10 @@ class TestSplitSolversStartFromTheBestEqualSplit:
 
     @pytest.mark.parametrize("name", ["cpsat", "cpsat-split"])
     def test_no_worse_than_every_equal_split(self, name, best_equal, monkeypatch):
-        import pipeplan.solver.cpsat
+        import pipeplan.solver.exact.cpsat
 
         # the decomposition, not the joint search, on any machine (it hands over here anyway)
-        monkeypatch.setattr(pipeplan.solver.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.exact.cpsat, "solve_joint", lambda *a, **k: None)
         problem = example_problem()
         # limits far above what the proofs take, even on a loaded machine, so that no cap cuts them
         # CP-SAT deterministic seconds: the split search ends there.  cpsat-split's search starts from
@@ -183,9 +183,9 @@ class TestSplitSolversStartFromTheBestEqualSplit:
         assert result.lower_bound is None  # the decomposition proves nothing over every pipeline
 
     def test_decomposition_says_what_it_tried(self, monkeypatch):
-        import pipeplan.solver.cpsat
+        import pipeplan.solver.exact.cpsat
 
-        monkeypatch.setattr(pipeplan.solver.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.exact.cpsat, "solve_joint", lambda *a, **k: None)
         # 4 s for the equal splits: every count is proved in a fraction of it, even loaded
         result = get_solver("cpsat").solve(example_problem(max_microbatches=4), time_limit=8, seed=0)
         assert list(result.details["equal_splits"]) == [4, 2, 1, 3]

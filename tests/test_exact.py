@@ -10,21 +10,21 @@ from pathlib import Path
 import pytest
 
 from pipeplan.models.graph import Layer, LayerGraph, load_graph
-from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
-from pipeplan.solver.cpsat import CpSatSolver
-from pipeplan.solver.arcs import two_round_trips
-from pipeplan.solver.bound_model import model_rows
-from pipeplan.solver.bounds import config_lower_bound, optimistic_time
-from pipeplan.solver.device_classes import device_classes
-from pipeplan.solver.exact_data import build_data
-from pipeplan.solver.incumbents import greedy_plans
-from pipeplan.solver.placements import placements, plan_config
-from pipeplan.solver.search import OPT_TOL
-from pipeplan.solver.stage_options import stage_options
-from pipeplan.solver.ilp import IlpSolver
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.simulator import simulate
-from pipeplan.solver.termination import TimeLimit
+from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
+from pipeplan.solver.exact.cpsat import CpSatSolver
+from pipeplan.solver.space.arcs import two_round_trips
+from pipeplan.solver.exact.bound_model import model_rows
+from pipeplan.solver.bounds.terms import config_lower_bound, optimistic_time
+from pipeplan.solver.space.device_classes import device_classes
+from pipeplan.solver.exact.data import build_data
+from pipeplan.solver.exact.incumbents import greedy_plans
+from pipeplan.solver.space.placements import placements, plan_config
+from pipeplan.solver.exact.search import OPT_TOL
+from pipeplan.solver.space.stage_options import stage_options
+from pipeplan.solver.exact.ilp import IlpSolver
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.evaluation.simulator import simulate
+from pipeplan.solver.core.termination import TimeLimit
 from conftest import cpu_past
 
 REL = 1e-9  # float noise allowed when comparing iteration times
@@ -149,7 +149,7 @@ class TestIlpSolve:
         from pathlib import Path
 
         from pipeplan.models.graph import load_graph
-        from pipeplan.solver.cluster import load_cluster
+        from pipeplan.solver.formats.cluster import load_cluster
 
         data = Path(__file__).parent / "data" / "cbc_bound"
         problem = PlanningProblem(load_graph(str(data / f"seed{seed}.graph.json")),

@@ -18,8 +18,8 @@ from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTIT
 from pipeplan.runtime.export.torch_target import schedule_csv, stages_config, torch_schedule
 from pipeplan.runtime.export.torch_train import make_schedule
 from pipeplan.runtime.export.torchtitan import csv_schedule_name, toml_fragment
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.schedule import NAMED_V2, group_programs
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.schedules.schedule import NAMED_V2, group_programs
 
 LAYERS = [(0, 2), (2, 3), (3, 4), (4, 6)]
 """gpt-tiny's six layers (embed, block.0 .. block.3, head) in four stages."""

@@ -14,14 +14,14 @@ import pytest
 from pipeplan.experiments.bench_scale import scale_cluster
 from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.baselines.common import finalize
-from pipeplan.solver.group_search import (MOVES, Block, _classes, _Costs, _reshaped_bounds, balanced_bounds, compute_floor, group_search, patterns, refine,
+from pipeplan.solver.heuristics.group_search import (MOVES, Block, _classes, _Costs, _reshaped_bounds, balanced_bounds, compute_floor, group_search, patterns, refine,
                                  replica_groups, reshape, reshapes)
-from pipeplan.solver.exact_work import ExactWork, exact_work
-from pipeplan.solver.ilp import quiet_stdout
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
+from pipeplan.solver.exact.work import ExactWork, exact_work
+from pipeplan.solver.exact.ilp import quiet_stdout
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
 from tests.test_baselines import random_problem
 from conftest import cpu_past
 
@@ -393,7 +393,7 @@ class TestComputeFloor:
 class TestGroupSearchAtScale:
     def test_a_plan_when_the_limit_stops_the_build(self, monkeypatch):
         """Stopped before refining, the plans built so far are returned unrefined, not dropped."""
-        import pipeplan.solver.group_search as module
+        import pipeplan.solver.heuristics.group_search as module
         from pipeplan.experiments.bench_scale import scale_problem
 
         # the clock runs out right after the build, whatever the machine's speed

@@ -9,10 +9,10 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.infeasibility import (_first_counts, exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.bounds.infeasibility import (_first_counts, exceeds, fewest_stages, format_bytes, largest_microbatch, layer_footprint,
                                    heuristic_no_plan, proves_infeasible, tightest_constraint)
-from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.core.problem import PlanningProblem
 
 
 def problem(memories, params=(1e9, 7.8e9, 1e9), act=1e8, **kw) -> PlanningProblem:
@@ -125,7 +125,7 @@ class TestFewestStages:
 
     @pytest.mark.parametrize("seed", range(30))
     def test_proof_agrees_with_the_exact_solver(self, seed):
-        from pipeplan.solver.registry import get_solver
+        from pipeplan.solver.core.registry import get_solver
 
         rng = random.Random(seed)
         p = problem([rng.choice([0.5e9, 1e9, 1.6e9]) for _ in range(rng.randint(1, 3))],

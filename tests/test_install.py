@@ -47,7 +47,7 @@ class TestInstalledNames:
             names = set(archive.namelist())
         for sub in SUB_PACKAGES:
             assert f"pipeplan/{sub}/__init__.py" in names
-        assert "pipeplan/schemas/plan.schema.json" in names and "pipeplan/solver/catalog.json" in names
+        assert "pipeplan/schemas/plan.schema.json" in names and "pipeplan/solver/formats/catalog.json" in names
 
     def test_the_layout_folders_do_not_import_by_their_own_names(self, tmp_path):
         for sub in SUB_PACKAGES:

@@ -8,11 +8,11 @@ import pytest
 from conftest import make_layer
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.joint_split import fits_some_split, pipeline_bound, pipelines, solve_joint
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.splits.joint_split import fits_some_split, pipeline_bound, pipelines, solve_joint
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.evaluation.simulator import simulate
 
 
 def compositions(total, max_parts):
@@ -138,7 +138,7 @@ class TestFitsSomeSplit:
 class TestNsgaNearTheJointOptimum:
     @pytest.mark.parametrize("seed", range(2))
     def test_within_two_percent(self, seed):
-        from pipeplan.solver.registry import get_solver
+        from pipeplan.solver.core.registry import get_solver
 
         problem = instance(seed, True, "1f1b")
         exact = solve_joint(problem, name="cpsat", time_limit=60)
@@ -154,7 +154,7 @@ class TestFixedMicrobatchCount:
     def test_split_aware_solvers_keep_the_equal_split(self, name):
         from dataclasses import replace
 
-        from pipeplan.solver.registry import get_solver
+        from pipeplan.solver.core.registry import get_solver
 
         problem = replace(instance(0, False, "1f1b"), auto_microbatches=False, max_microbatches=None)
         result = get_solver(name).solve(problem, time_limit=30, seed=0)

@@ -1,4 +1,4 @@
-"""Peak memory helpers shared by the searches (solver/memory.py)."""
+"""Peak memory helpers shared by the searches (solver/evaluation/memory.py)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import math
 import numpy as np
 
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.memory import ROUNDING, range_peak_memory, settle_borderline, stage_peak_memory
-from pipeplan.solver.schedule import stage_ops
+from pipeplan.solver.evaluation.memory import ROUNDING, range_peak_memory, settle_borderline, stage_peak_memory
+from pipeplan.solver.schedules.schedule import stage_ops
 
 
 class TestRangePeakMemory:

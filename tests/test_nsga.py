@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from pipeplan.models.graph import load_graph
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.nsga import BIG, Codec, Nsga, run_nsga
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.heuristics.nsga import BIG, Codec, Nsga, run_nsga
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.evaluation.simulator import simulate
 from test_cpsat_split import instance
 from conftest import EXAMPLES
 
@@ -37,7 +37,7 @@ class TestCodec:
             assert np.array_equal(codec.repair(x), x)  # repair is idempotent
             cand = codec.decode(x)
             plan = Plan("gpt1-14", "two-servers", 16, 4.0, "1f1b", tuple(
-                __import__("pipeplan.solver.plan", fromlist=["Stage"]).Stage(b, g, sp, rc)
+                __import__("pipeplan.solver.formats.plan", fromlist=["Stage"]).Stage(b, g, sp, rc)
                 for b, g, sp, rc in zip(cand.bounds, cand.groups, cand.splits, cand.recompute)))
             plan.validate(problem.graph, problem.cluster)
             assert problem.in_split_space(plan)
@@ -83,7 +83,7 @@ class TestNsga:
     def test_a_device_without_memory(self):
         # "memory": 0 is allowed; the overuse of a stage on it once divided by zero
         from pipeplan.models.graph import Layer, LayerGraph
-        from pipeplan.solver.cluster import Cluster, Device, Link
+        from pipeplan.solver.formats.cluster import Cluster, Device, Link
         graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-4, 1e-4), (2e-4, 2e-4), 1e6, 1e5, 1e3) for i in range(6)])
         cluster = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e9, 1e-5),
                           (Device("d0", "s0", 1.0, 0.0), Device("d1", "s0", 1.0, 1e8), Device("d2", "s0", 1.0, 1e8)))
@@ -93,7 +93,7 @@ class TestNsga:
 
     @pytest.mark.parametrize("seed", [0, 1])
     def test_within_two_percent_of_cpsat(self, seed):
-        from pipeplan.solver.cpsat_split import optimize_splits
+        from pipeplan.solver.splits.cpsat_split import optimize_splits
         problem, base = instance(seed)
         best = optimize_splits(problem, base, time_limit=20).iteration_time
         result = Nsga(generations=15, population=24).solve(problem, time_limit=60, seed=0)
@@ -103,11 +103,11 @@ class TestNsga:
 class TestSeedPlans:
     def test_group_search_first_and_every_seed_solver_the_same_cap(self, monkeypatch):
         # a share of what is left would make each seed depend on how fast the earlier ones ran
-        import pipeplan.solver.registry
-        from pipeplan.solver.nsga import seed_plans
+        import pipeplan.solver.core.registry
+        from pipeplan.solver.heuristics.nsga import seed_plans
 
         calls = []
-        real = pipeplan.solver.registry.get_solver
+        real = pipeplan.solver.core.registry.get_solver
 
         def recording(name):
             solver_ = real(name)
@@ -119,7 +119,7 @@ class TestSeedPlans:
             solver_.solve = solve_recorded
             return solver_
 
-        monkeypatch.setattr(pipeplan.solver.registry, "get_solver", recording)
+        monkeypatch.setattr(pipeplan.solver.core.registry, "get_solver", recording)
         seeds = seed_plans(gpt_problem(), seed=0, time_limit=60.0)
         assert calls[0] == ("group-search", 60.0) and calls.count(("cpsat", 60.0)) == 2  # joint, then equal split
         assert seeds[0][0] == "group-search"
@@ -132,7 +132,7 @@ class TestSeedPlans:
 class TestSeedingCells:
     def test_equal_split_baselines_keep_the_incumbent_sizes(self):
         from pipeplan.solver.baselines import BASELINES
-        from pipeplan.solver.nsga import seeding_cells
+        from pipeplan.solver.heuristics.nsga import seeding_cells
 
         limits = {cls.__name__: seeding_cells(cls) for cls in BASELINES}
         assert limits["Alpa"] == 64 and limits["Dapple"] == 256 and limits["PipeDream"] == 1024
@@ -140,7 +140,7 @@ class TestSeedingCells:
 
     def test_split_baselines_only_where_every_baseline_runs_whole(self):
         from pipeplan.solver.baselines import SPLIT_BASELINES
-        from pipeplan.solver.nsga import seeding_cells
+        from pipeplan.solver.heuristics.nsga import seeding_cells
 
         assert [seeding_cells(cls) for cls in SPLIT_BASELINES] == [64, 64, 64]
 
@@ -160,8 +160,8 @@ class TestParetoCommand:
 
     def test_a_seeding_cut_short_is_reported_as_the_seeding(self, run_cli, tmp_path, monkeypatch):
         # a seeding solver's cap fires (as on a slow machine); every generation still runs
-        import pipeplan.solver.nsga as nsga
-        from pipeplan.solver.termination import note
+        import pipeplan.solver.heuristics.nsga as nsga
+        from pipeplan.solver.core.termination import note
 
         def capped_seeding(problem, *, seed, time_limit):
             note("time")

@@ -7,8 +7,8 @@ import itertools
 import pytest
 
 from pipeplan.solver.baselines.common import finalize
-from pipeplan.solver.path_floor import StageTerms, path_floor, stage_terms
-from pipeplan.solver.simulator import stage_costs
+from pipeplan.solver.bounds.path_floor import StageTerms, path_floor, stage_terms
+from pipeplan.solver.evaluation.simulator import stage_costs
 from tests.test_baselines import random_problem
 
 

@@ -11,8 +11,8 @@ import pytest
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.baselines.megatron import Megatron, block_span, megatron_bounds
 from pipeplan.solver.baselines.piper import Piper, PiperView, piper_dp, stage_estimate
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.core.problem import PlanningProblem
 
 
 def uniform(layers: int = 4, speeds=(1.0, 1.0), memory: float = 1e12, act: float = 1e3, names=None,

@@ -7,8 +7,8 @@ import pytest
 from conftest import EXAMPLES, chain, cluster
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.plan import Plan, equal_split, load_plan
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.formats.plan import Plan, equal_split, load_plan
 
 
 def base() -> dict:

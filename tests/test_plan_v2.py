@@ -5,7 +5,7 @@ import json
 import pytest
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.plan import PLAN_FORMAT, PLAN_FORMAT_V2, Plan, Stage, load_plan
+from pipeplan.solver.formats.plan import PLAN_FORMAT, PLAN_FORMAT_V2, Plan, Stage, load_plan
 
 EXAMPLE = "examples/interleaved.plan.json"
 GRAPH, CLUSTER = "examples/gpt-tiny.graph.json", "examples/cpu-pair.cluster.json"
@@ -222,9 +222,9 @@ class TestCommandLine:
 class TestSplitActionsInPictures:
     def test_i_and_w_are_bars_of_their_own(self):
         from conftest import chain, cluster
-        from pipeplan.solver.gantt import bars_of
-        from pipeplan.solver.simulator import simulate
-        from pipeplan.solver.trace import chrome_trace
+        from pipeplan.solver.views.gantt import bars_of
+        from pipeplan.solver.evaluation.simulator import simulate
+        from pipeplan.solver.views.trace import chrome_trace
 
         layout = ("d0", "d1", "d1", "d0")
         plan = Plan("g", "c", 2, 0.0, "zbv", tuple(Stage((s, s + 1), (d,), (1, 1)) for s, d in enumerate(layout)))

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import chain, cluster, plan
 from pipeplan.runtime.replay import op_seconds, replay, replayed_durations
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.evaluation.simulator import simulate
 
 
 def two_stage_prediction():

@@ -7,8 +7,8 @@ import pytest
 from conftest import cluster, make_layer
 from pipeplan.models.graph import LayerGraph
 from pipeplan.runtime.report import without_step
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.evaluation.simulator import simulate
 
 
 class TestWithoutStep:

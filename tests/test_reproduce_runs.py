@@ -16,9 +16,9 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.models.zoo import build_model
 from pipeplan.runtime.report import without_step
-from pipeplan.solver.cluster import Link
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.simulator import simulate
+from pipeplan.solver.formats.cluster import Link
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.evaluation.simulator import simulate
 
 RUNS = RunSettings(steps=2, warmup=1, repeats=2, timeout=20.0)
 

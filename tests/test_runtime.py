@@ -26,7 +26,7 @@ from pipeplan.runtime.pieces import piece_seed
 from pipeplan.runtime.routing import cut_messages, grad_order, pieces, replica_split
 from pipeplan.runtime.stage import Stage as RunStage
 from pipeplan.runtime.verify import forward_in_pieces, needs_pieces, plan_pieces, reference_parameters
-from pipeplan.solver.plan import Plan, Stage
+from pipeplan.solver.formats.plan import Plan, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = str(ROOT / "examples" / "two-servers.cluster.json")

@@ -6,7 +6,7 @@ launch: the processes run the cases one after another (this file is also their
 driver, see ``__main__`` below), each by :func:`pipeplan.runtime.worker.train_rank`
 on the plan's programs, as ``pipeplan run`` does after loading its files.  One case
 also runs through ``pipeplan run`` itself, from a plan/2 file.  The named schedules' programs are
-:func:`pipeplan.solver.schedule.group_programs`' (equal to torch's, tested there).
+:func:`pipeplan.solver.schedules.schedule.group_programs`' (equal to torch's, tested there).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from pipeplan.runtime.gradsync import group_members, links
 from pipeplan.runtime.calibrate import run_factors
 from pipeplan.runtime.replay import program_durations
 from pipeplan.runtime.routing import cut_messages, device_ranks, grad_order, rank_of, stage_ranks
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.schedule import Action, format_action, group_programs, num_stages, stage_group
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.schedules.schedule import Action, format_action, group_programs, num_stages, stage_group
 
 CLUSTER = str(Path(__file__).resolve().parents[1] / "examples" / "two-servers.cluster.json")
 """Six devices g0..g5; the plans use four."""

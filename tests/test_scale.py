@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipeplan.experiments.bench_scale import GENERATIONS, scale_cluster, scale_problem
-from pipeplan.solver.ilp import quiet_stdout
-from pipeplan.solver.registry import get_solver, solver_names
+from pipeplan.solver.exact.ilp import quiet_stdout
+from pipeplan.solver.core.registry import get_solver, solver_names
 from conftest import cpu_past
 
 LIMIT = 1.0

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import ROOT
 from pipeplan.models.errors import InputError
-from pipeplan.solver.schedule import (check_ops, format_op, from_csv, gpipe_ops, one_f_one_b_ops, parse_op, to_csv)
+from pipeplan.solver.schedules.schedule import (check_ops, format_op, from_csv, gpipe_ops, one_f_one_b_ops, parse_op, to_csv)
 
 
 def text(ops):

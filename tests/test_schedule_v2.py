@@ -11,7 +11,7 @@ from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 
 from conftest import ROOT
 from pipeplan.models.errors import InputError
-from pipeplan.solver.schedule import (NAMED_V2, SCHEDULES, Action, check_programs, format_action, group_programs,
+from pipeplan.solver.schedules.schedule import (NAMED_V2, SCHEDULES, Action, check_programs, format_action, group_programs,
                                       num_stages, parse_action, programs_from_csv, programs_to_csv, stage_group,
                                       stage_ops)
 

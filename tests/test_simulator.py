@@ -9,7 +9,7 @@ import pytest
 from conftest import chain, cluster, make_layer, plan
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import LayerGraph
-from pipeplan.solver.simulator import check_deadlock_free, simulate
+from pipeplan.solver.evaluation.simulator import check_deadlock_free, simulate
 
 
 def flat(pairs):
@@ -188,7 +188,7 @@ class TestStageCostsCache:
         """Every split of random problems onto rotating device groups, all through one cache."""
         import itertools
 
-        from pipeplan.solver.simulator import stage_costs
+        from pipeplan.solver.evaluation.simulator import stage_costs
         from tests.test_baselines import random_problem
         problem = random_problem(seed, memory=1e12)
         ids = [d.id for d in problem.cluster.devices]

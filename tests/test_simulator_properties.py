@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.schedule import gpipe_ops, one_f_one_b_ops, parse_op
-from pipeplan.solver.simulator import check_deadlock_free, simulate
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.schedules.schedule import gpipe_ops, one_f_one_b_ops, parse_op
+from pipeplan.solver.evaluation.simulator import check_deadlock_free, simulate
 
 costs = st.tuples(st.integers(0, 5), st.integers(0, 5)).map(lambda t: (t[0] / 4, t[1] / 4))
 

@@ -21,11 +21,11 @@ from hypothesis import HealthCheck, assume, given, settings, strategies as st
 from conftest import chain, cluster, make_layer
 from pipeplan.models.errors import DeadlockError, InputError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.batched import BatchSimulator, Candidate, simulate_batch
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.schedule import group_programs
-from pipeplan.solver.simulator import (GroupSimulationResult, SimulationResult, check_deadlock_free, simulate,
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate, simulate_batch
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.schedules.schedule import group_programs
+from pipeplan.solver.evaluation.simulator import (GroupSimulationResult, SimulationResult, check_deadlock_free, simulate,
                                        simulate_programs)
 
 SLOW = 1.0

@@ -4,7 +4,7 @@ The search and the bounds are checked against an independent reference written h
 section 7.3 and 7.4 timed and sized over *breadth-first* programs (each group runs the
 forwards of its stages in stage order, then their backwards in reverse stage order),
 which satisfy every dependency of 7.3 for any placement of stages on groups.  The bounds
-of :mod:`pipeplan.solver.v2_bound` hold for every program order, so they must hold for
+of :mod:`pipeplan.solver.bounds.virtual_bound` hold for every program order, so they must hold for
 these; and the search must find what a brute force over every plan finds.
 """
 
@@ -20,14 +20,14 @@ from hypothesis import strategies as st
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver, schedule_refusal
-from pipeplan.solver.schedule import group_programs
-from pipeplan.solver.termination import WorkBudget
-from pipeplan.solver.v2_bound import candidate_bound, space_bound
-from pipeplan.solver.v2_exact import solve_v2
-from pipeplan.solver.v2_space import Candidate, candidates
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver, schedule_refusal
+from pipeplan.solver.schedules.schedule import group_programs
+from pipeplan.solver.core.termination import WorkBudget
+from pipeplan.solver.bounds.virtual_bound import candidate_bound, space_bound
+from pipeplan.solver.exact.virtual_search import solve_v2
+from pipeplan.solver.space.virtual_space import Candidate, candidates
 
 V2 = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
 SPLIT = ("interleaved-zb", "zbv")
@@ -54,7 +54,7 @@ def breadth_first_programs(schedule: str, placement: list[int], groups: int, m: 
 
 def reference(problem: PlanningProblem, plan, named: bool = True) -> SimpleNamespace:
     """Spec 7.3 (time) and 7.4 (memory) of ``plan`` over the schedule's own programs
-    (:func:`pipeplan.solver.schedule.group_programs`), or over breadth-first ones."""
+    (:func:`pipeplan.solver.schedules.schedule.group_programs`), or over breadth-first ones."""
     graph, cluster = problem.graph, problem.cluster
     keys = []
     for st_ in plan.stages:
@@ -439,7 +439,7 @@ class TestInterleavedForms:
 
     def test_groupings(self):
         from pipeplan.solver.baselines.deepspeed import DeepSpeedUniform
-        from pipeplan.solver.v2_heuristic import equal_groupings
+        from pipeplan.solver.heuristics.virtual_groups import equal_groupings
 
         p = make_problem([1.0] * 60, "looped-bfs", devices=4, layers=4)
         assert [tuple(map(len, g)) for g in equal_groupings(p, 2)] == [(1, 1), (2, 2)]
@@ -448,8 +448,8 @@ class TestInterleavedForms:
 
 class TestDecoder:
     def test_even_vectors_decode_to_the_even_split(self):
-        from pipeplan.solver.v2_nsga import Decoder
-        from pipeplan.solver.v2_space import even_bounds
+        from pipeplan.solver.heuristics.virtual_nsga import Decoder
+        from pipeplan.solver.space.virtual_space import even_bounds
 
         p = make_problem([1.0] * 60, "interleaved-1f1b", devices=2, layers=5)
         decoder = Decoder(p)
@@ -461,7 +461,7 @@ class TestDecoder:
     def test_every_vector_decodes_to_a_valid_candidate(self):
         import numpy as np
 
-        from pipeplan.solver.v2_nsga import Decoder
+        from pipeplan.solver.heuristics.virtual_nsga import Decoder
 
         p = make_problem([1.0] * 60, "zbv", devices=3, layers=6)
         decoder, rng = Decoder(p), np.random.default_rng(0)

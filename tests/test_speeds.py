@@ -5,8 +5,8 @@ from hypothesis import given, strategies as st
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.cluster_spec import build_cluster, parse_server_group
-from pipeplan.solver.speeds import compare_speeds, set_kind_speed
+from pipeplan.solver.formats.cluster_spec import build_cluster, parse_server_group
+from pipeplan.solver.formats.speeds import compare_speeds, set_kind_speed
 
 
 def graph(*costs, names=None):

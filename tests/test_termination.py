@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.termination import (TimeLimit, WorkBudget, clear_interrupt, interrupted, on_interrupt, past,
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.termination import (TimeLimit, WorkBudget, clear_interrupt, interrupted, on_interrupt, past,
                                          phase_watch, request_interrupt, watch)
 from conftest import EXAMPLES, ROOT, process_cpu_seconds
 
@@ -106,7 +106,7 @@ class TestInterrupt:
 
 READY = "ready"
 DRIVER = ("import sys; from pipeplan.cli import build_parser, main; build_parser(); "
-          "from pipeplan.solver.registry import solver_names; solver_names(); import rich.progress; "
+          "from pipeplan.solver.core.registry import solver_names; solver_names(); import rich.progress; "
           f"print({READY!r}, flush=True); sys.exit(main(sys.argv[1:]))")
 """``pipeplan`` with its imports done before it says it is ready (the clock starts at the solve)."""
 
@@ -146,7 +146,7 @@ class TestPlanInterrupted:
         doc = json.loads(out.read_text())
         assert doc["solver"]["stopped_by"] == "interrupt" and doc["solver"]["status"] == "feasible"
         from pipeplan.models.graph import load_graph
-        from pipeplan.solver.cluster import load_cluster
+        from pipeplan.solver.formats.cluster import load_cluster
         Plan.from_dict(doc).validate(load_graph(str(EXAMPLES / "gpt1.graph.json")),
                                      load_cluster(str(EXAMPLES / "two-servers.cluster.json")))
         assert "stopped by interrupt" in stdout

@@ -197,7 +197,7 @@ class TestTcpTransport:
 
 class TestLinks:
     def test_cuts_pair_the_two_stages_and_only_two_member_groups_get_links(self):
-        from pipeplan.solver.plan import Plan, Stage
+        from pipeplan.solver.formats.plan import Plan, Stage
 
         plan = Plan("g", "c", 4, 4.0, "gpipe", (Stage((0, 1), ("d0",), (4,)), Stage((1, 2), ("d1", "d2"), (4,)),
                                                Stage((2, 3), ("d3", "d4", "d5"), (4,))))

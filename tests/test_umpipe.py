@@ -11,10 +11,10 @@ from pipeplan.models.graph import Layer, LayerGraph, load_graph
 from pipeplan.solver.baselines import best_baseline
 from pipeplan.solver.baselines.slicing import AutoPipeSlicing, sliced
 from pipeplan.solver.baselines.umpipe import candidate_splits, judge_splits, stage_estimate
-from pipeplan.solver.cluster import Cluster, Device, Link, load_cluster
-from pipeplan.solver.plan import equal_split
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
+from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
+from pipeplan.solver.formats.plan import equal_split
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
 from test_cpsat_split import instance
 
 NAMES = ["umpipe-local", "umpipe-dp", "autopipe-slicing"]

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.units import parse_figure
+from pipeplan.solver.formats.units import parse_figure
 
 
 class TestParseFigure:

@@ -8,11 +8,11 @@ import pytest
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.result import SolverResult
-from pipeplan.solver.warm_start import keep_better, load_warm_start
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.core.warm_start import keep_better, load_warm_start
 from conftest import EXAMPLES
 
 GRAPH, CLUSTER = EXAMPLES / "gpt1.graph.json", EXAMPLES / "two-servers.cluster.json"
@@ -139,8 +139,8 @@ class TestBudgetOption:
 class TestNsgaWarmStartSeeding:
     def test_the_seeding_runs_inside_the_run_and_its_clock(self, monkeypatch):
         # the seeding solvers must share the run's clock, not run before it starts
-        import pipeplan.solver.nsga as nsga
-        from pipeplan.solver.registry import get_solver
+        import pipeplan.solver.heuristics.nsga as nsga
+        from pipeplan.solver.core.registry import get_solver
 
         events = []
         real_run, real_seeds = nsga.run_nsga, nsga.seed_plans

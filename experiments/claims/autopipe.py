@@ -16,10 +16,10 @@ from pipeplan.experiments.claims.autopipe_megatron import megatron_rows
 from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, one_server, timed
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.baselines.slicing import sliced
-from pipeplan.solver.figures import pyplot
-from pipeplan.solver.plan import Plan, equal_split
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
+from pipeplan.solver.views.figures import pyplot
+from pipeplan.solver.formats.plan import Plan, equal_split
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
 
 PLANNERS = ("autopipe", "dapple", "piper")
 BATCH, MICROBATCHES, STAGES = 32, 8, 4

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeplan.models.graph import LayerGraph, load_graph
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.figures import save_png
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.result import SolverResult
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.views.figures import save_png
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.result import SolverResult
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 """The checkout's example graphs and clusters."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, mapping, mixed
 from pipeplan.solver.baselines import BASELINES, run_baselines
-from pipeplan.solver.figures import pyplot
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
+from pipeplan.solver.views.figures import pyplot
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
 
 TOTAL, BATCH, MICROBATCHES, SLOW = 8, 32, 8, 0.4
 

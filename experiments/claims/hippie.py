@@ -15,9 +15,9 @@ from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, map
 from pipeplan.experiments.claims.runs import FULL_RUNS, Measured, cpu_cluster, measure_plans, profiled, record
 from pipeplan.solver.baselines import best_baseline
 from pipeplan.solver.baselines.common import finalize
-from pipeplan.solver.figures import pyplot
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.problem import PlanningProblem
+from pipeplan.solver.views.figures import pyplot
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.problem import PlanningProblem
 
 MICROBATCHES, PER_DEVICE = 8, 8
 RUN_PROCESSES, RUN_SPEED = 4, 0.25

@@ -37,8 +37,8 @@ from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
 from pipeplan.runtime.report import summarize, without_step
 from pipeplan.runtime.routing import rank_of
 from pipeplan.runtime.worker import add_arguments, check_options
-from pipeplan.solver.cluster import Cluster, Device, Link
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.plan import Plan
 
 LOOPBACK = Link(3.0e9, 6.0e-5)
 """The loopback link of ``examples/cpu-pair.cluster.json`` (bandwidth B/s, latency s)."""

@@ -17,12 +17,12 @@ from pipeplan.experiments.claims.common import EXAMPLES, Row, Section, Settings,
 from pipeplan.experiments.claims.runs import FULL_RUNS, QUICK_RUNS, cpu_cluster, measure_plans, profiled, ratios, record
 from pipeplan.experiments.umpipe import compare
 from pipeplan.solver.baselines import best_baseline
-from pipeplan.solver.cpsat_split import optimize_splits
+from pipeplan.solver.splits.cpsat_split import optimize_splits
 from pipeplan.models.synthetic import synthetic_graph
-from pipeplan.solver.cluster import load_cluster
-from pipeplan.solver.figures import pyplot
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import get_solver
+from pipeplan.solver.formats.cluster import load_cluster
+from pipeplan.solver.views.figures import pyplot
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import get_solver
 
 PAPER = {"gpt1-14": (13.89, 11.09), "vgg16": (17.11, 7.96), "synthetic": (170.0, 100.0)}
 """Gains (%) over (GPipe, PipeDream) from the abstract; ``synthetic``: lower bounds."""

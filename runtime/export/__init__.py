@@ -16,7 +16,7 @@ from pipeplan.runtime.export.rules import Change, Target, check_plan
 from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
 from pipeplan.runtime.export.torch_target import export_torch
 from pipeplan.runtime.export.torchtitan import export_torchtitan
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.plan import Plan
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TORCH, TORCHTITAN, DEEPSPEED, MEGATRON)}
 """``--to`` name -> what the runtime can run."""
@@ -65,7 +65,7 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
     Examples
     --------
     >>> from pipeplan.models.graph import load_graph
-    >>> from pipeplan.solver.plan import load_plan
+    >>> from pipeplan.solver.formats.plan import load_plan
     >>> g = load_graph("examples/chain8.graph.json")
     >>> sorted(export_plan(load_plan("examples/custom.plan.json"), g, "torch", model="gpt-tiny").files)
     ['schedule.csv', 'stages.json', 'train.py']

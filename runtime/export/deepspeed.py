@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 
 from pipeplan.models.graph import LayerGraph
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.plan import Plan
 
 _MODULE = '''"""The plan's pipeline for DeepSpeed, written by ``pipeplan export --to deepspeed``.
 
@@ -59,7 +59,7 @@ def parts(plan: Plan) -> list[int]:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> parts(Plan("g", "c", 2, 4.0, "1f1b", (Stage((0, 3), ("a",), (2,)), Stage((3, 5), ("b",), (2,)))))
     [0, 3, 5]
     """

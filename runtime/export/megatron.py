@@ -26,7 +26,7 @@ import shlex
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import LayerGraph
 from pipeplan.runtime.export.layer_roles import transformer_roles
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.plan import Plan
 
 
 def stage_layout(roles: list[str]) -> str:
@@ -91,7 +91,7 @@ def check_interleaved(plan: Plan, file: str = "-") -> None:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> a, b = ("a",), ("b",)
     >>> p = Plan("g", "c", 6, 4.0, "interleaved-1f1b", tuple(Stage((i, i + 1), d, (2, 2, 2)) for i, d in
     ...          enumerate([a, b, a, b])))

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.plan import Plan, Stage
-from pipeplan.solver.schedule import NAMED_V2, group_programs, stage_group
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.schedules.schedule import NAMED_V2, group_programs, stage_group
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from pipeplan.runtime.export.rules import Target
-from pipeplan.solver.schedule import NAMED_V2
+from pipeplan.solver.schedules.schedule import NAMED_V2
 
 TORCH = Target("torch", "torch.distributed.pipelining", ("gpipe", "1f1b", "custom") + NAMED_V2, "", True)
 """Schedule1F1B, ScheduleGPipe, the four multi-stage classes, or a compute-only CSV; a

@@ -18,8 +18,8 @@ import json
 
 from pipeplan.models.graph import LayerGraph
 from pipeplan.runtime.export import torch_train
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.schedule import programs_to_csv
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.schedules.schedule import programs_to_csv
 
 EXPORT_FORMAT = "pipeplan.torch-export/2"
 
@@ -49,7 +49,7 @@ def torch_schedule(plan: Plan) -> str:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> torch_schedule(Plan("g", "c", 2, 4.0, "zbv", (Stage((0, 1), ("a",), (1, 1)), Stage((1, 2), ("a",), (1, 1)))))
     'ScheduleZBVZeroBubble'
     """
@@ -64,7 +64,7 @@ def schedule_csv(plan: Plan) -> str:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> p = Plan("g", "c", 2, 4.0, "gpipe", (Stage((0, 1), ("a",), (1, 1)), Stage((1, 2), ("b",), (1, 1))))
     >>> schedule_csv(p)
     '0F0,0F1,0B0,0B1\\r\\n1F0,1F1,1B0,1B1\\r\\n'

@@ -29,7 +29,7 @@ from pipeplan.models.graph import LayerGraph
 from pipeplan.runtime.export.layer_roles import block_index, transformer_roles
 from pipeplan.runtime.export.rules import placement
 from pipeplan.runtime.export.torch_target import schedule_csv
-from pipeplan.solver.plan import Plan
+from pipeplan.solver.formats.plan import Plan
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                   "interleaved-zb": "InterleavedZeroBubble", "looped-bfs": "LoopedBFS", "zbv": "ZBVZeroBubble"}
@@ -50,7 +50,7 @@ def csv_schedule_name(plan: Plan, file: str = "-") -> str | None:
 
     Examples
     --------
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> def custom(*devices):
     ...     return Plan("g", "c", 1, 4.0, "custom", tuple(Stage((i, i + 1), d, (1,)) for i, d in enumerate(devices)))
     >>> csv_schedule_name(custom(("a",), ("b",), ("b",), ("a",)))
@@ -75,7 +75,7 @@ def module_fqns(plan: Plan, graph: LayerGraph, file: str = "-") -> list[list[str
     Examples
     --------
     >>> from pipeplan.models.graph import Layer
-    >>> from pipeplan.solver.plan import Stage
+    >>> from pipeplan.solver.formats.plan import Stage
     >>> g = LayerGraph.chain("g", [Layer(n, (0, 1), (0, 1), 1, 1, 1) for n in ("embed", "block.0", "head")])
     >>> p = Plan("g", "c", 2, 4.0, "1f1b", (Stage((0, 2), ("a",), (2,)), Stage((2, 3), ("b",), (2,))))
     >>> module_fqns(p, g)

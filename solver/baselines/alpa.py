@@ -25,11 +25,11 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
-from pipeplan.solver.memory import stage_peak_memory
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
-from pipeplan.solver.schedule import stage_ops
-from pipeplan.solver.termination import past
+from pipeplan.solver.evaluation.memory import stage_peak_memory
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
+from pipeplan.solver.schedules.schedule import stage_ops
+from pipeplan.solver.core.termination import past
 
 T_MAX_GAP = 1e-6
 """Seconds: a ``t_max`` candidate this close to the last one tried is skipped, as in Alpa."""

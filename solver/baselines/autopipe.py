@@ -28,9 +28,9 @@ import numpy as np
 
 from pipeplan.solver.baselines.common import (Baseline, Bounds, Groups, Proposal, StageModel, bounds_from_cuts,
                                      finalize, rank_devices, split_groups)
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
-from pipeplan.solver.termination import past
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import past
 
 
 def balanced_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[int]:

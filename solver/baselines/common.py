@@ -17,11 +17,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from pipeplan.solver.plan import Plan
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.result import SolverResult, TracePoint
-from pipeplan.solver.simulator import SimulationResult, StageCost, run_timeline, stage_costs
-from pipeplan.solver.termination import past
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.result import SolverResult, TracePoint
+from pipeplan.solver.evaluation.simulator import SimulationResult, StageCost, run_timeline, stage_costs
+from pipeplan.solver.core.termination import past
 
 Bounds = tuple[tuple[int, int], ...]
 """Half-open layer ranges of the stages, in order."""
@@ -158,7 +158,7 @@ def fitting_costs(problem: PlanningProblem, bounds: Bounds, groups: Groups, cach
     """The plan of a proposal, recompute on the stages that need it, and its stage costs; or ``None``.
 
     Everything :func:`finalize` does but the timeline, for callers that time many plans
-    at once (:func:`pipeplan.solver.batched.iteration_times`).
+    at once (:func:`pipeplan.solver.evaluation.batched.iteration_times`).
     """
     if len(bounds) > problem.stage_limit or len(bounds) != len(groups):
         return None
@@ -175,7 +175,7 @@ def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: di
     device (it costs a forward pass), and only when the problem allows it.  Returns
     ``None`` when the proposal leaves the search space or still does not fit.
     ``cache``: the stage costs of earlier proposals on this problem
-    (:func:`pipeplan.solver.simulator.stage_costs`).
+    (:func:`pipeplan.solver.evaluation.simulator.stage_costs`).
     """
     fitted = fitting_costs(problem, bounds, groups, cache)
     if fitted is None:

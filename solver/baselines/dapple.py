@@ -24,9 +24,9 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
-from pipeplan.solver.termination import past
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import past
 
 Policy = Callable[[list[list[str]], frozenset[str], int], "list[str] | None"]
 

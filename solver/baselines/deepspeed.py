@@ -23,8 +23,8 @@ import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, bounds_from_cuts, rank_devices, split_groups
 from pipeplan.solver.baselines.interleaved import InterleavedForm
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
 
 
 def partition_uniform(num_items: int, num_parts: int) -> list[int]:

@@ -21,8 +21,8 @@ import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, bounds_from_cuts, rank_devices, split_groups
 from pipeplan.solver.baselines.interleaved import InterleavedForm
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
 
 
 def even_cuts(num_layers: int, num_stages: int) -> list[int]:

@@ -18,8 +18,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, bounds_from_cuts, rank_devices
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
 
 
 def proportional_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[int]:

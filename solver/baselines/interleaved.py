@@ -6,10 +6,10 @@ over ``v*R`` virtual stages, ``peers.md`` §1.2), DeepSpeed (``PipelineModule``'
 (``--num-layers-per-virtual-pipeline-stage``: each of the ``v*R`` model chunks gets
 ``blocks / (v*R)`` blocks, chunk ``c`` on pipeline rank ``c mod R``) all split the layers
 into ``S`` virtual stages by their own rule and place stage ``s`` on rank
-:func:`pipeplan.solver.schedule.stage_group`.  Each baseline proposes its split for
+:func:`pipeplan.solver.schedules.schedule.stage_group`.  Each baseline proposes its split for
 every group count ``R`` and ``v`` the schedule takes, on its own choice of device groups;
 the simulator keeps the fastest plan that fits, with recompute switched on where it
-makes a plan fit (:func:`pipeplan.solver.v2_exact.solve_v2` over the proposals alone).
+makes a plan fit (:func:`pipeplan.solver.exact.virtual_search.solve_v2` over the proposals alone).
 Like every baseline it proves nothing: no bound, ``infeasible`` meaning only that no
 proposal fits.
 """
@@ -20,9 +20,9 @@ from dataclasses import replace
 from typing import Iterator
 
 from pipeplan.solver.baselines.common import Bounds, Groups
-from pipeplan.solver.problem import PLANNED_SCHEDULES, PlanningProblem
-from pipeplan.solver.result import SolverResult
-from pipeplan.solver.v2_exact import solve_v2
+from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.exact.virtual_search import solve_v2
 
 
 class InterleavedForm:

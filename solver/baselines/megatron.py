@@ -36,8 +36,8 @@ from typing import Iterator
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, split_groups
 from pipeplan.solver.baselines.interleaved import InterleavedForm
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
 

@@ -26,9 +26,9 @@ from typing import Iterator
 import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
-from pipeplan.solver.termination import past
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import past
 
 
 class _Vectors:

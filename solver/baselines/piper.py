@@ -45,9 +45,9 @@ from functools import cached_property
 from typing import Iterator
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices, split_groups
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
-from pipeplan.solver.termination import past
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import past
 
 
 @dataclass(frozen=True)

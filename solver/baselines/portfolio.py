@@ -19,8 +19,8 @@ from pipeplan.solver.baselines.greedy_speed import GreedySpeed
 from pipeplan.solver.baselines.megatron import Megatron
 from pipeplan.solver.baselines.pipedream import PipeDream
 from pipeplan.solver.baselines.piper import Piper
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.result import SolverResult
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.result import SolverResult
 
 BASELINES = (EvenSplit, Megatron, DeepSpeedUniform, DeepSpeedParameters, GreedySpeed, AutoPipe, PipeDream, Dapple, Piper,
              Alpa)

@@ -16,9 +16,9 @@ outside :attr:`PlanningProblem.split_counts` are skipped, so with a fixed count
 from __future__ import annotations
 
 from pipeplan.solver.baselines.umpipe import Split, _SplitBaseline
-from pipeplan.solver.plan import Plan, equal_split
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
+from pipeplan.solver.formats.plan import Plan, equal_split
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
 
 
 def sliced(split: Split, k: int) -> Split:

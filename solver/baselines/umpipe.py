@@ -29,12 +29,12 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from pipeplan.solver.baselines.portfolio import fastest, run_baselines
-from pipeplan.solver.batched import BatchSimulator, Candidate
-from pipeplan.solver.plan import Plan, Stage, equal_split
-from pipeplan.solver.problem import PlanningProblem
-from pipeplan.solver.registry import register
-from pipeplan.solver.result import SolverResult, TracePoint
-from pipeplan.solver.termination import past
+from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate
+from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.result import SolverResult, TracePoint
+from pipeplan.solver.core.termination import past
 
 Split = tuple[int, ...]
 """Microbatch sizes of one stage."""

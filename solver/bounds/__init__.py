@@ -1,0 +1,1 @@
+"""Proved lower bounds on the iteration time, and proofs that no plan fits."""

@@ -1,0 +1,382 @@
+"""A lower bound on the best iteration time from device classes alone: :func:`class_bound`.
+
+It needs no table of compositions, so it holds where the exact solvers build no model
+(hundreds or thousands of devices).  It holds for every version-1 plan of an
+equal-split problem (``problem.split`` on every stage; with ``free_sizes`` only the
+work bound is returned): any boundaries, any devices per stage, replicas, recompute
+where allowed, under ``gpipe`` or ``1f1b``.
+
+Proof
+-----
+Notation (spec section 4): stage ``s`` has ``r_s`` devices of smallest speed ``v_s``
+and smallest memory ``m_s``; ``q_k = ceil(n_k / r_s)``; ``TF_k``, ``TB_k`` its op times
+(``TB`` with the recompute ``TF``); ``busy_s = sum_k (TF_k + TB_k)``; ``n_min``,
+``n_0`` the smallest and first microbatch; ``u_s = TF(n_min) + TB(n_min)``.
+
+**Stage type.**  Let ``c`` be a class holding a slowest device of the stage (every
+class is tried).  Then ``v_s = v_c``, ``m_s <= m_c``, and all ``r_s`` devices have
+speed ``>= v_c``, so ``r_s <= N_c``, the devices of speed ``>= v_c``.  Its times
+depend only on ``(lo, hi, r, c, recompute)``.  Among ``r`` with the same ``q``
+vector the smallest one is kept: times and memory are equal, and every other
+quantity below (all-reduce, device use) does not decrease with ``r``; a plan's
+stage is replaced, for the bound, by the stage of the same ``q`` with the smallest
+``r`` (this only lowers each term, and keeps the device constraint satisfied).
+
+**(a) Memory.**  Each device of the stage holds ``sf * P_s`` plus the stash peak of its
+op list (spec 5); the peak grows with the warm-up ``w`` (a longer prefix of forwards
+before the first backward), and ``w >= 1`` unless the stage is the last (``1f1b``),
+so a stage whose peak with ``w = 1`` (``w = 0`` for one ending at layer ``L``; the
+GPipe list otherwise) exceeds ``m_c >= m_s`` fits in no plan.
+
+**(b) All-reduce.**  If the ``r >= 2`` devices share a server, ``bw``/``lat`` are that
+server's, and it holds ``r`` devices of speed ``>= v_c``; otherwise a pair crosses
+servers and ``bw <= `` the network's, ``lat >= `` the network's.  So ``AR_s >=
+2 (r - 1) (lat_lb + P_s / (r bw_ub))`` with ``bw_ub`` the largest, ``lat_lb`` the
+smallest, over the network and those servers (0 when ``P_s = 0``).
+
+**(c) Per stage.**  The stage runs its ops one at a time from time ``>= 0``, so its
+last op ends ``>= busy_s`` and ``T >= busy_s + AR_s``.
+
+**(d) Pivot paths** (terms 2 and 2b of :mod:`pipeplan.solver.bounds.terms`).  Pick any stage
+``p``.  Under 1F1B it has ``w = min(S - 1 - p, M)`` warm-up forwards and ``w <=
+min(L - hi_p, M)`` (each later stage holds a layer); its *critical* ops are
+``F_0``, every ``B_k`` and ``F_{w+1} .. F_{M-1}`` (they follow ``B_0`` in its list),
+``crit_p >= TF_0 + sum_k TB_k + sum_{k > w_max} TF_k`` with ``w_max = 0`` for the last
+stage and ``min(L - hi, M)`` otherwise (fewer forwards for a larger ``w``); under
+GPipe ``crit_p = busy_p``.  Microbatch 0 (whose samples are in microbatch 0 of every
+stage) runs ``F_0`` on each stage before ``p`` and crosses each cut; on ``p`` it runs
+``F_0``, goes to the last stage and back (each later stage runs its ``F_0`` and
+``B_0``, ``>= u_j``); ``p`` runs the rest of its critical ops after ``B_0`` arrives;
+its last op is ``B_{M-1}``, after which either
+
+1. ``B_{M-1}`` goes back through every earlier stage (``>= u_j`` with its ``F_0``) and
+   stage 0 all-reduces: ``T >= sum_{j != p} u_j + crit_p + AR_0``; or
+2. ``p`` all-reduces: ``T >= sum_{j < p} TF_j(n_0) + crit_p + AR_p + sum_{j > p} u_j``.
+
+Transfers take ``>= 0`` and are left out.
+
+**(e) Devices.**  For each class ``k`` the stages whose slowest speed is ``>= v_k`` use
+at most ``N_k`` devices (their devices are all of speed ``>= v_k``).  For weights
+``mu_k >= 0``, ``g(v) = sum_{k: v >= v_k} mu_k``: ``sum_s r_s g(v_s) <= G = sum_k mu_k N_k``
+(speed weights give ``sum_s r_s v_s <= V``; ``mu`` on the slowest class alone,
+``sum_s r_s <= D``).
+
+**Combining.**  Fix ``lambda >= 0`` and a time ``t``.  A *qualifying* stage type on a
+range satisfies (a) and ``busy + AR <= t`` (c); each one costs ``lambda r g(v)`` on top
+of its path terms.  Two shortest paths over layer boundaries, each minimised over every
+sequence of qualifying types covering ``[0, L)`` in order:
+
+- ``f1(t)``, ending 1 with ``p`` the stage of largest ``delta = crit - u``:
+  ``T >= U + delta* + AR_0`` with ``U = sum_j u_j`` and ``delta* = max_s delta_s``.
+  Put each ``delta`` in the bucket ``ceil(delta K / t)`` clipped to ``1 .. K`` (``K`` =
+  :data:`DELTA_STEPS`; monotone in ``delta``).  If ``delta*`` is in bucket ``b``, every
+  stage's bucket is ``<= b``, so ``U + AR_0 >= C(b)``, the cheapest cover by types of
+  bucket ``<= b`` costing ``u`` (plus ``AR`` on the one starting at layer 0) and the
+  Lagrange terms; and ``delta* >= e_b``, the smallest ``delta`` of any type that fits
+  with bucket ``>= b``.  So ``f1 = min_b (e_b + C(b))``;
+- ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0)``, the pivot ``crit +
+  AR``, stages after it ``u``, plus the Lagrange terms;
+
+each minus ``lambda G``, and ``f = max(f1, f2)``, maximised over the multipliers.  If
+the optimal plan's time ``T*`` is below ``t``, every one of its stages qualifies at
+``t`` (``busy + AR <= T* < t``) so the plan (every stage
+replaced as above, any stage the pivot of ending 2) is one such sequence: its path
+sums are ``<= T*`` and its Lagrange term ``<= 0``, so ``T* >= f(t)``.  Hence ``T* >=
+min(t, f(t))`` for every ``t`` (``f(t) = inf`` when no sequence qualifies).  At ``t =
+cap``, the longest stage time of any type that fits, every stage of every plan
+qualifies whatever ``T*``, so ``T* >= f(cap)`` outright.  The bound is the largest of
+these values over the ``t`` tried (a bisection between the work bound and the upper
+end; each value holds on its own, the bisection needs no monotonicity), never below
+:func:`pipeplan.solver.bounds.terms.work_bound`, lowered by :data:`ROUNDING_MARGIN` for the
+float sums.  Multipliers are the speed weights' (``g(v) = v``, ``G = V``) at the
+multiples :data:`MULTIPLIERS` of ``work_bound / V``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeplan.solver.space.arcs import tau_ops
+from pipeplan.solver.bounds.terms import work_bound
+from pipeplan.solver.space.device_classes import device_classes
+from pipeplan.solver.evaluation.memory import stash_points
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.termination import TimeLimit
+
+ROUNDING_MARGIN = 1e-9
+"""Relative amount the bound is lowered by: its sums run in another order than the simulator's."""
+
+BISECTION_STEPS = 10
+"""Geometric halvings of the bracket on ``t`` (a ratio ``hi / lo`` of 1,000 shrinks to 1.007): a fixed count,
+so the bound does not depend on the machine's speed (only an expiring clock cuts it short)."""
+
+MULTIPLIERS = (0.0, 1.5)
+"""``lambda`` tried at each ``t``, as multiples of ``work_bound / V`` (seconds per unit of summed speed); the
+Lagrangian peaks near 1.5 on experiments/bench_scale.py's instances at 256 and 1,024 devices."""
+
+DELTA_STEPS = 32
+"""Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
+
+
+@dataclass(frozen=True)
+class StageTypes:
+    """Every stage type's terms, one row per type (class, replicas, recompute), one column per layer range."""
+
+    lo: np.ndarray
+    """First layer of each range."""
+    hi: np.ndarray
+    """One past the last layer of each range."""
+    stage_time: np.ndarray
+    """``busy + AR`` (term c); ``inf`` where the type does not fit in memory (term a)."""
+    u: np.ndarray
+    """``TF(n_min) + TB(n_min)``."""
+    tf0: np.ndarray
+    """``TF(n_0)``."""
+    crit: np.ndarray
+    """The pivot's critical ops (term d)."""
+    allreduce: np.ndarray
+    """Lower bound on ``AR`` (term b)."""
+    replicas: np.ndarray
+    """``r`` of each type (a column vector)."""
+    speeds: np.ndarray
+    """``v_c`` of each type (a column vector)."""
+    extra: np.ndarray
+    """``crit - u``: what the pivot adds to one microbatch's passes."""
+    fitting_extra: np.ndarray
+    """``extra`` of every type and range that fits in memory, sorted."""
+
+
+def _replica_counts(sizes: tuple[int, ...], most: int) -> list[int]:
+    """The smallest ``r`` for each distinct vector ``ceil(n_k / r)``, ``r <= most``."""
+    counts, last = [], None
+    for r in range(1, min(most, max(sizes)) + 1):
+        q = tuple(-(-n // r) for n in sizes)
+        if q != last:
+            counts.append(r)
+            last = q
+    return counts
+
+
+def _link_bounds(problem: PlanningProblem, speed: float, r: int) -> tuple[float, float]:
+    """``(bw_ub, lat_lb)`` of term b for ``r`` devices of speed ``>= speed``."""
+    cluster = problem.cluster
+    held: dict[str, int] = {}
+    for d in cluster.devices:
+        if d.speed >= speed:
+            held[d.server] = held.get(d.server, 0) + 1
+    links = [cluster.network] + [s for s in cluster.servers if held.get(s.id, 0) >= r]
+    return max(l.bandwidth for l in links), min(l.latency for l in links)
+
+
+def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> StageTypes | None:
+    """The terms (a)-(d) of every stage type on every layer range (see the module docstring).
+
+    ``None`` when ``clock`` expires first (checked once per class and replica count).
+    """
+    graph, sizes = problem.graph, problem.split
+    layers, L, M = graph.layers, len(graph), len(sizes)
+    vals = {"af": [l.fwd[0] for l in layers], "bf": [l.fwd[1] for l in layers], "ab": [l.bwd[0] for l in layers],
+            "bb": [l.bwd[1] for l in layers], "par": [l.params for l in layers], "act": [l.act for l in layers]}
+    lo, hi = (a.astype(np.int64) for a in np.triu_indices(L + 1, 1))
+    # Each range is summed from its own first layer (in triu order), never as a difference of prefix
+    # sums: against much larger earlier layers that difference loses more than ROUNDING_MARGIN.
+    AF, BF, AB, BB, PAR, ACT = (np.concatenate([np.cumsum(np.array(vals[n][x:], dtype=float)) for x in range(L)])
+                                for n in ("af", "bf", "ab", "bb", "par", "act"))
+    INP = np.array([graph.stage_input_bytes(x) for x in range(L)])[lo]
+    last = hi == L
+    speeds_ge = {c.speed: sum(1 for d in problem.cluster.devices if d.speed >= c.speed)
+                 for c in device_classes(problem.cluster)}
+    flags = (False, True) if problem.allow_recompute else (False,)
+    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("stage_time", "u", "tf0", "crit", "allreduce")}
+    replicas, speeds = [], []
+    for c in device_classes(problem.cluster):
+        most = speeds_ge[c.speed] if problem.allow_replication else 1
+        for r in _replica_counts(sizes, most):
+            if clock is not None and clock.expired():
+                return None
+            q = np.array([-(-n // r) for n in sizes], dtype=float)
+            qm, Q = -(-min(sizes) // r), float(q.sum())
+            bw, lat = _link_bounds(problem, c.speed, r)
+            ar = np.where(PAR > 0, 2 * (r - 1) * (lat + PAR / (r * bw)), 0.0) if r > 1 else np.zeros_like(PAR)
+            # w_max of term d: 0 for the last stage, else min(L - hi, M); suffix sums of q past it
+            w = np.where(last, 0, np.minimum(L - hi, M)) if problem.schedule == "1f1b" else np.full_like(hi, M)
+            q_after = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))  # q_after[k] = sum_{j >= k} q_j
+            late_n, late_q = np.maximum(M - 1 - w, 0), q_after[np.minimum(w + 1, M)]
+            v = c.speed
+            for rc in flags:
+                f_all = (M * AF + BF * Q) / v
+                b_all = (M * AB + BB * Q) / v + (f_all if rc else 0.0)
+                f_min = (AF + BF * qm) / v
+                u = f_min + (AB + BB * qm) / v + (f_min if rc else 0.0)
+                tf0 = (AF + BF * q[0]) / v
+                crit = f_all + b_all if problem.schedule == "gpipe" else tf0 + b_all + (late_n * AF + BF * late_q) / v
+                peak = problem.state_factor * PAR + _stash_peak(problem, q, last, INP, ACT, rc)
+                fits = peak <= c.memory * (1 + ROUNDING_MARGIN)
+                rows["stage_time"].append(np.where(fits, f_all + b_all + ar, np.inf))
+                for name, value in (("u", u), ("tf0", tf0), ("crit", crit), ("allreduce", ar)):
+                    rows[name].append(np.broadcast_to(value, lo.shape).astype(float))
+                replicas.append(r)
+                speeds.append(c.speed)
+    stack = {k: np.vstack(v) for k, v in rows.items()}
+    return StageTypes(lo, hi, stack["stage_time"], stack["u"], stack["tf0"], stack["crit"], stack["allreduce"],
+                      np.array(replicas, dtype=float)[:, None], np.array(speeds, dtype=float)[:, None],
+                      stack["crit"] - stack["u"],
+                      np.sort((stack["crit"] - stack["u"])[np.isfinite(stack["stage_time"])]))
+
+
+def _stash_peak(problem: PlanningProblem, q: np.ndarray, last: np.ndarray, inputs: np.ndarray,
+                act: np.ndarray, recompute: bool) -> np.ndarray:
+    """Stash peak per range with the smallest warm-up a stage there can have (term a)."""
+    M = len(q)
+    qs = [int(x) for x in q]
+
+    def peak(w: int) -> np.ndarray:
+        points = stash_points(tau_ops(problem.schedule, M, w), qs)
+        if recompute:
+            return np.max(np.outer(inputs, points[:, 0]) + np.outer(act, points[:, 1]), axis=1)
+        return act * points[:, 0].max()
+
+    if problem.schedule == "gpipe":
+        return peak(0)
+    return np.where(last, peak(0), peak(min(1, M)))
+
+
+def _best(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, L: int) -> np.ndarray:
+    """``(L+1) x (L+1)`` matrix of the cheapest ``allowed`` type's ``cost`` per range (``inf`` if none)."""
+    out = np.full((L + 1, L + 1), np.inf)
+    out[types.lo, types.hi] = np.where(allowed, cost, np.inf).min(axis=0)
+    return out
+
+
+def _cover(cost: np.ndarray) -> np.ndarray:
+    """Cheapest cover of ``[0, L)`` by consecutive ranges, for each ``(L+1) x (L+1)`` matrix of ``cost[g]``."""
+    L = cost.shape[-1] - 1
+    head = np.full((cost.shape[0], L + 1), np.inf)
+    head[:, 0] = 0.0
+    for h in range(1, L + 1):
+        head[:, h] = np.min(head[:, :h] + cost[:, :h, h], axis=1)
+    return head[:, L]
+
+
+def _shortest(before: np.ndarray, pivot: np.ndarray, after: np.ndarray) -> float:
+    """Cheapest cover of ``[0, L)``: stages of ``before`` cost, one ``pivot``, then ``after`` ones."""
+    L = before.shape[0] - 1
+    head, tail = np.full(L + 1, np.inf), np.full(L + 1, np.inf)
+    head[0] = 0.0
+    for h in range(1, L + 1):
+        head[h] = np.min(head[:h] + before[:h, h])
+        tail[h] = min(np.min(head[:h] + pivot[:h, h]), np.min(tail[:h] + after[:h, h]))
+    return float(tail[L])
+
+
+def _largest_pivot(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, t: float, L: int) -> float:
+    """Ending 1 with the pivot the stage of largest ``delta = crit - u``: ``min_i e_i + C(i)`` (module docstring)."""
+    scale = DELTA_STEPS / t
+
+    def bucket_of(delta: np.ndarray) -> np.ndarray:  # monotone in delta: a float product and ceil are
+        return np.clip(np.ceil(delta * scale), 1, DELTA_STEPS).astype(np.int64)
+
+    # per range the cheapest allowed type of each bucket, then of the buckets up to i: C(i)
+    ranges = cost.shape[1]
+    cheapest = np.full((DELTA_STEPS + 1) * ranges, np.inf)
+    columns = np.arange(ranges)
+    for row, b in zip(np.where(allowed, cost, np.inf), bucket_of(types.extra)):
+        flat = b * ranges + columns
+        cheapest[flat] = np.minimum(cheapest[flat], row)
+    cheapest = np.minimum.accumulate(cheapest.reshape(DELTA_STEPS + 1, ranges), axis=0)[1:]
+    matrices = np.full((DELTA_STEPS, (L + 1) * (L + 1)), np.inf)
+    matrices[:, types.lo * (L + 1) + types.hi] = cheapest
+    covers = _cover(matrices.reshape(DELTA_STEPS, L + 1, L + 1))
+    # e_i: the smallest delta of a type that fits, among those of bucket i or later
+    known = types.fitting_extra
+    first = np.searchsorted(bucket_of(known), np.arange(1, DELTA_STEPS + 1), side="left")
+    smallest = np.where(first < len(known), known[np.minimum(first, max(len(known) - 1, 0))], np.inf) \
+        if len(known) else np.full(DELTA_STEPS, np.inf)
+    return float(np.min(smallest + covers))
+
+
+def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int) -> float:
+    """``f(t)`` of the module docstring for one multiplier and weighting: the larger of the two endings."""
+    allowed = types.stage_time <= t
+    extra = lam * types.replicas * weight
+    first = (types.lo == 0)[None, :]
+    u = types.u + extra
+    ending_at_stage0 = _largest_pivot(types, allowed, u + first * types.allreduce, t, L)
+    ending_at_pivot = _shortest(_best(types, allowed, types.tf0 + extra, L),
+                                _best(types, allowed, types.crit + types.allreduce + extra, L),
+                                _best(types, allowed, u, L))
+    return max(ending_at_stage0, ending_at_pivot) - lam * budget
+
+
+def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper: float | None = None) -> float:
+    """A proved lower bound on the iteration time of every plan of ``problem`` (module docstring).
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+        A version-1 problem (``gpipe`` or ``1f1b``).  With free microbatch sizes
+        only :func:`pipeplan.solver.bounds.terms.work_bound` is returned.
+    clock : TimeLimit, optional
+        Checked between evaluations; when it expires the best bound so far is returned.
+    upper : float, optional
+        A time no bound needs to exceed (an incumbent's): the search's upper end.  Without
+        it, the longest stage that fits in memory.
+
+    Returns
+    -------
+    float
+        At least ``work_bound(problem)`` (less the rounding margin); ``inf`` when no
+        sequence of stages that fit in memory covers the layers (no plan fits).
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> g = LayerGraph.chain("g", [Layer(f"l{i}", (0, 1), (0, 2), 0, 0, 0) for i in range(2)], input_bytes=0)
+    >>> two = tuple(Device(f"d{i}", "s0", 1, 1e12) for i in range(2))
+    >>> p = PlanningProblem(g, Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), two), global_batch=2,
+    ...                     microbatches=2, allow_replication=False)
+    >>> 8.7 < class_bound(p) <= 9.0  # the best plan, a layer per device under 1F1B, takes 9 s
+    True
+    """
+    floor = work_bound(problem)
+    if problem.free_sizes or problem.is_v2 or (clock is not None and clock.expired()):
+        return floor
+    types = stage_types(problem, clock)
+    if types is None:
+        return floor
+    L = len(problem.graph)
+    budget = float(sum(d.speed for d in problem.cluster.devices))
+    multipliers = [m * floor / budget for m in MULTIPLIERS]
+
+    def value(t: float) -> float:
+        """Max over the multipliers of ``f(t)`` (each is a valid ``f``, so is their max); ``-inf`` once out of time."""
+        best_f = -math.inf
+        for lam in multipliers:
+            if clock is not None and clock.expired():
+                return -math.inf
+            best_f = max(best_f, _path_value(types, t, types.speeds, lam, budget, L))
+        return best_f
+
+    fitting = types.stage_time[np.isfinite(types.stage_time)]
+    if not fitting.size:
+        return math.inf  # no stage fits in memory (term a): no plan fits
+    # from the longest fitting stage on, every fitting type qualifies and f stays at f(cap)
+    cap = float(fitting.max())
+    if cap <= 0:
+        return floor  # nothing costs time (a zero-cost graph): the terms below divide by t
+    at_cap = value(cap)
+    if at_cap >= cap:
+        return max(floor, at_cap) * (1 - ROUNDING_MARGIN)
+    best, lo, hi = max(floor, at_cap), floor, cap if upper is None else min(cap, upper)
+    for _ in range(BISECTION_STEPS):
+        if clock is not None and clock.expired():
+            break  # every min(t, f(t)) so far holds
+        t = math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi)  # geometric: the bracket may span decades
+        f = value(t)
+        best = max(best, min(t, f))
+        lo, hi = (t, hi) if f >= t else (lo, t)
+    return best * (1 - ROUNDING_MARGIN)

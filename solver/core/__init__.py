@@ -1,0 +1,1 @@
+"""The contract every solver shares: the frozen problem, the result record, stopping rules, the registry."""

@@ -1,0 +1,574 @@
+"""Branch and bound over configurations: the exact solvers' first phase.
+
+The lower-bound model of :mod:`pipeplan.solver.exact.bound_model` is a path of arcs (candidate stages) from
+layer 0 to layer ``L``.  On small and medium instances it is faster to walk those paths
+directly than to solve the MILP or CP-SAT model once per configuration: this module
+grows paths from layer 0, one stage at a time, and prunes a partial path (a *prefix*)
+as soon as a bound valid for every completion of it reaches the incumbent.  A complete
+path whose configuration bound (:func:`pipeplan.solver.bounds.terms.config_lower_bound`) is below the
+incumbent is simulated on its placements, exactly like a configuration the model
+returns, unless its :func:`pipeplan.solver.bounds.terms.optimistic_time` (the simulator with the best
+conceivable links) already reaches the cutoff.  When the walk ends, every configuration
+was simulated or proved no better than the incumbent: the incumbent is optimal.
+
+Bound of a prefix
+-----------------
+Each term is a term of :mod:`pipeplan.solver.bounds.terms`'s docstring evaluated with the prefix's own
+arcs and, for the layers ``[h, L)`` still to cover, the least any completion can add.
+Completions are counted with the devices the prefix leaves (*device-aware completion
+tables*, by dynamic programming over ``(h, label, devices left)``, from the arcs whose
+standalone bound is below the pass's cutoff, so they tighten as it falls): the smallest
+sum of ``u'`` (``pass_cost``) and of the work share, and the smallest possible largest
+``delta`` (``pivot_extra``) and standalone bound of the stages still to come.
+
+- busy path (term 1) of every placed stage, exactly;
+- pivot paths (terms 2, 2b, 2c) whose pivot is placed, with the later passes at least
+  the prefix's own plus the smallest completion sum; term 2 with the largest ``delta``
+  at least the completion's smallest largest ``delta``;
+- work (term 4) with the smallest completion work share;
+- the standalone bound of every arc (valid for every configuration holding it), placed
+  or still to come;
+- **the rest on the devices left**: the layers ``[h, L)`` need ``W_rest = M (a_f + a_b)
+  + B (b_f + b_b)`` of work in total, done by stages whose devices' speeds sum to at
+  most ``V_left``, so some later stage ``j`` is busy ``busy_j >= W_rest / V_left``; it
+  cannot start before the prefix's ``F_0`` arrive (``sum head_f``), nor end before its
+  ``B_{M-1}`` has run back through the prefix (``sum head_fb``).
+
+[Note: delta bands]  Term 2 of a whole configuration is ``sum pass_cost + max delta``.
+Taking the completions' least pass sum and least largest ``delta`` separately is weak:
+few large stages give the least pass sum, many small ones the least largest ``delta``.
+So the pass-sum table is also kept per *band* of the completions' largest ``delta``:
+``banded[h, t, a, k]`` is the least pass sum of the completions whose every ``delta``
+is at most ``edges[k]``.  A completion whose largest ``delta`` lies in
+``(edges[k-1], edges[k]]`` adds at least ``banded[..., k]`` and leaves the largest
+``delta`` above ``edges[k-1]``, so ``min over k of (prefix pass sum + banded[..., k] +
+max(md, edges[k-1]))`` (the last band: every completion) bounds term 2 for every
+completion.  The edges run evenly from the least largest ``delta`` of any whole
+configuration to the cutoff.  On 96 layers x 32 devices a pass to 0.2248 s expanded
+32 thousand prefixes in 6 s with 12 bands, against 251 thousand in 33 s without; the
+bands multiply the table work, so they are used only while the tables are small
+(:data:`BAND_WORK_LIMIT`).
+
+Passes and the anytime bound
+----------------------------
+A walk with a bad incumbent (a baseline's plan) would simulate thousands of poor
+configurations.  So the walk runs in *passes*, each with a target ``tau`` below the
+incumbent: a pass prunes at ``min(tau, incumbent)``.  When a pass ends, every
+configuration was simulated or has a bound of at least ``min(tau, incumbent)``, so that
+is a proved lower bound (in fact the smallest bound of anything the pass pruned, which
+may be higher).  The next target lies a step above it: :data:`STEP` of the bound at
+first, doubled after a fast pass and halved after a slow one; when the step would cover
+half the gap to the incumbent, the target is the incumbent itself.  Configurations just
+above the bound are few, and the best of them are found early.  A pass whose target
+reaches the incumbent proves it optimal.  Children are tried cheapest bound first.  A
+configuration's bound and optimistic time are remembered across passes, and one
+simulated on every placement is not simulated again.  On timeout a pass reports the
+smallest bound of the prefixes it had not finished.
+
+Where it stops helping: on the largest benchmark instances (96 layers x 32 or 64
+devices) the prefixes whose bound lies a few per cent above the proved bound number in
+the hundreds of thousands; the walk then returns its proved bound and the solvers go on
+as before.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from pipeplan.solver.space.arcs import ExactData
+from pipeplan.solver.bounds.terms import config_lower_bound, optimistic_time
+from pipeplan.solver.exact.search import Search, evaluate
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, note
+
+CHECK_EVERY = 64
+"""Prefixes expanded between two looks at the clock."""
+
+STEP = 0.01
+"""A pass's target lies this far (relative) above the bound proved before it, at first."""
+
+MAX_STEP = 0.03
+"""The step doubles after a pass of fewer than :data:`FAST_PASS` prefixes, up to this."""
+
+REBUILD_MARGIN = 0.1
+"""Completion tables are built for a cutoff this much (relative) above the pass's, and reused until it passes it."""
+
+FAST_PASS, SLOW_PASS = 1_500, 6_000
+"""Prefixes: a pass expanding fewer doubles the step, one expanding more halves it (down to
+:data:`STEP`).  Counted, not timed, so the passes (and the bound) are the same on any machine."""
+
+DEFAULT_PREFIXES = 50_000
+"""Prefixes the walk may expand over all its passes, without an explicit budget: 50,000 took
+18 s at 96 layers x 32 devices on the 2-core machine this was measured on (besides the tables,
+counted apart: :data:`DEFAULT_TABLE_CELLS`)."""
+
+DEFAULT_TABLE_CELLS = 1_200_000_000
+"""Table entries the walk may build over all its passes, without an explicit budget: the shift
+table's entries and, at each (re)build, arcs x devices-left vectors x the tables built (four, and
+one per delta band).  At 96 layers x 32 devices a rebuild grows with the cutoff, from 0.06 to 1.7
+billion entries (4 ns each on the machine the prefixes were measured on), and this stops the walk
+before the fourth (1.15 billion built): a default solve there then ends on its budget in about 20 s on
+that machine.  The benchmark instances the walk proves (up to 64 x 16) build at most 0.3 billion."""
+
+DELTA_BANDS = 8
+"""Bands of the completions' largest ``delta`` that the pass-sum table is kept for (see [Note: delta bands])."""
+
+BAND_WORK_LIMIT = 2.5e8
+"""Bands are kept only when arcs x devices-left vectors stays below this (on 64 devices the table
+rebuilds would take most of the time, and one band measured best there)."""
+
+SHIFT_SECONDS_PER_ENTRY = 5.5e-8
+"""Time the walk's shift table takes per entry (stage compositions x devices-left vectors), before
+the walk can check its clock: 14.4 s for 268 million entries (14 devices of distinct speeds)."""
+
+MAX_SHIFT_ENTRIES = 3e8
+"""Largest shift table the walk builds (int64: 2.4 GB); 15 devices of distinct speeds would need 8.6 GB."""
+
+__all__ = ["EnumerationResult", "enumerate_configurations"]
+
+
+class _Stop(Exception):
+    """Raised when the time is up; carries nothing (the frames record their bounds)."""
+
+
+@dataclass(frozen=True)
+class EnumerationResult:
+    """What the walk did."""
+
+    complete: bool
+    """Whether every configuration was simulated or pruned (the incumbent is then optimal)."""
+    bound: float
+    """A lower bound on every configuration not simulated (``inf`` when complete)."""
+    prefixes: int
+    """Prefixes expanded."""
+    leaves: int
+    """Configurations simulated."""
+    passes: int = 1
+    """Passes run (each with a higher target)."""
+    skipped: bool = False
+    """Not started: its tables would not fit in the time left, the table budget or memory (see :data:`MAX_SHIFT_ENTRIES`)."""
+    table_cells: int = 0
+    """Table entries built (counted against the table budget)."""
+
+
+class _Walk:
+    """The precomputed arrays and the depth-first walk."""
+
+    def __init__(self, data: ExactData, search: Search, clock: TimeLimit, budget: WorkBudget | None = None,
+                 cells: WorkBudget | None = None) -> None:
+        self.data, self.search, self.clock = data, search, clock
+        self.budget = budget or WorkBudget(DEFAULT_PREFIXES)
+        self.cells = cells or WorkBudget(DEFAULT_TABLE_CELLS)
+        problem = data.problem
+        self.L = len(problem.graph)
+        self.capped = problem.schedule == "1f1b" and data.max_tau < data.stage_limit - 1
+        caps = np.array([c.count for c in data.classes], dtype=np.int64)
+        self.size = int(np.prod(caps + 1))
+        strides = np.ones(len(caps), dtype=np.int64)
+        for k in range(len(caps) - 2, -1, -1):
+            strides[k] = strides[k + 1] * (caps[k + 1] + 1)
+        self.strides, self.speeds = strides, np.array([c.speed for c in data.classes])
+        # every devices-left vector, in flat order
+        self.avail = np.stack(np.unravel_index(np.arange(self.size), tuple(caps + 1)), axis=1)
+        self.full_index = int(caps @ strides)
+        # devices of each class in each stage option
+        self.option_comps = np.array([o.composition for o in data.options], dtype=np.int64).reshape(
+            len(data.options), len(caps))
+        self._shift_table()
+        self.total_speed = float(caps @ self.speeds)
+        layer_work = [len(problem.split) * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1])
+                      for l in problem.graph.layers]
+        self.rest_work = np.concatenate((np.cumsum(layer_work[::-1])[::-1], [0.0]))
+        self.built_for = -math.inf  # the cutoff they were built for
+        self.bounds: dict[tuple[int, ...], float] = {}  # configuration -> its bound (config_lower_bound)
+        self.floors: dict[tuple[int, ...], float] = {}  # configuration -> its optimistic time
+        self.settled: set[tuple[int, ...]] = set()  # configurations simulated on every placement
+        self.prefixes = self.leaves = self.table_cells = 0
+        self.open_bounds: list[float] = []
+        self.target = math.inf
+
+    def _shift_table(self) -> None:
+        """``shift[r, a]``: the devices left after a stage of composition ``shift_comps[r]`` when ``a`` were left.
+
+        ``self.size`` (the completion tables' inf column) where it does not fit in ``a``.
+        Only the compositions of the stage options get a row (``option_shift_row`` maps an
+        option to its row): with many device classes the devices-left vectors number in
+        the tens of thousands, and a row for each would not fit in memory.
+        """
+        used, self.option_shift_row = np.unique(self.option_comps @ self.strides, return_inverse=True)
+        fits = np.ones((len(used), self.size), dtype=bool)
+        for k in range(self.option_comps.shape[1]):  # one class at a time: no (rows, size, classes) temporary
+            fits &= self.avail[None, :, k] >= self.avail[used, k][:, None]
+        self.shift = np.where(fits, np.arange(self.size)[None, :] - used[:, None], self.size)
+        self.shift_comps = used  # flat index of each row's composition
+
+    def cutoff(self) -> float:
+        """Prune at the incumbent, or at this pass's target when lower."""
+        return min(self.search.cutoff(), self.target)
+
+    # ----------------------------------------------------------- completions
+    def prepare(self, cutoff: float) -> None:
+        """Keep the arcs whose standalone bound is below ``cutoff``; (re)build the tables from them.
+
+        An arc at or above it cannot be in a configuration below the cutoff, and leaving
+        it out of the completion tables makes them tighter.
+        """
+        if cutoff <= self.built_for:  # the tables hold a superset of the arcs needed: still valid
+            return
+        cutoff = min(cutoff * (1 + REBUILD_MARGIN), self.search.cutoff())  # reused while the target rises
+        alone = self.data.table["standalone"]
+        keep = np.flatnonzero(alone < cutoff)
+        left_out = alone[alone >= cutoff]
+        self.left_out_bound = float(left_out.min()) if len(left_out) else math.inf
+        self.built_for = cutoff
+        self.ids = keep  # local arc j is arc ids[j] of the data's table
+        self.tab = tab = {name: col[keep] for name, col in self.data.table.items()}
+        comps = self.option_comps[tab["option"]]
+        self.comp = comps  # devices of each class per arc
+        self.arc_shift_row = self.option_shift_row[tab["option"]]  # its row of the shift table
+        self.comp_index = comps @ self.strides  # the same as a flat offset in the devices-left tables
+        self.arc_speed = comps @ self.speeds  # summed speed of an arc's devices
+        self.groups: dict[tuple[int, int], np.ndarray] = {}
+        order = np.lexsort((tab["tau"], tab["lo"]))
+        keys = np.stack((tab["lo"][order], tab["tau"][order]), axis=1)
+        if len(order):
+            starts = np.flatnonzero(np.r_[True, (keys[1:] != keys[:-1]).any(axis=1)])
+            for a, b in zip(starts, np.r_[starts[1:], len(order)]):
+                self.groups[(int(keys[a, 0]), int(keys[a, 1]))] = order[a:b]
+        self._completion_tables()
+        self._children_cache: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, dict]] = {}
+
+    def next_labels(self, label: int) -> tuple[int, ...]:
+        """Labels the stage after a stage labelled ``label`` may carry.
+
+        GPipe's op lists do not depend on the later stages (every label is 0); under 1F1B
+        label 0 is the last stage, ending at layer ``L``, whose table row is neutral.
+        """
+        if label == 0:
+            return (0,)
+        if self.capped and label == self.data.max_tau:
+            return (label, label - 1)
+        return (label - 1,)
+
+    def _completion_tables(self) -> None:
+        """``best[name][h, t, a]``: the least a path from layer ``h`` starting with label ``t`` can add.
+
+        ``a`` indexes the devices left.  Sums for ``pass_cost`` and ``work``, the smallest
+        largest value for ``pivot_extra``; ``inf`` where no path exists.  Also
+        ``banded[h, t, a, k]``: the least ``pass_cost`` sum of the paths whose every
+        ``pivot_extra`` is at most ``edges[k]`` (see [Note: delta bands]).
+        """
+        tab, L, T = self.tab, self.L, self.data.max_tau + 1
+        fields = {"pass_cost": "sum", "work": "sum", "pivot_extra": "max", "standalone": "max"}
+        self._charge(len(fields))
+        # one more devices-left column, always inf: where an arc does not fit (see _groups_down)
+        self.best = {name: np.full((L + 1, T, self.size + 1), np.inf) for name in fields}
+        for name in fields:  # row L: nothing follows the last stage
+            self.best[name][L, :, :self.size] = 0.0 if fields[name] == "sum" else -np.inf
+        for h, t, ids, source in self._groups_down():
+            cells = self._cells(tab["hi"][ids], t, source)
+            for name, how in fields.items():
+                value = tab[name][ids][:, None]
+                later = self._later(name, cells)  # a new array: updated in place
+                (np.add if how == "sum" else np.maximum)(value, later, out=later)
+                self.best[name][h, t, :self.size] = later.min(axis=0)
+        self.edges = self._band_edges()
+        self.banded = np.full((L + 1, T, self.size + 1, len(self.edges)), np.inf)
+        self.banded[L, :, :self.size] = 0.0
+        if not len(self.edges):
+            return
+        self._charge(len(self.edges))
+        for h, t, ids, source in self._groups_down():
+            within = tab["pivot_extra"][ids][:, None] <= self.edges[None, :]
+            value = np.where(within, tab["pass_cost"][ids][:, None], np.inf)[:, None, :]
+            later = self._later("banded", self._cells(tab["hi"][ids], t, source))
+            np.add(value, later, out=later)
+            self.banded[h, t, :self.size] = later.min(axis=0)
+
+    def _charge(self, tables: int) -> None:
+        """Pay for ``tables`` tables over the kept arcs and every devices-left vector, or stop the walk.
+
+        Counted before they are built, so the walk stops at the same rebuild on any machine.
+        """
+        cells = len(self.ids) * (self.size + 1) * tables
+        if not self.cells.spend(cells):
+            self.built_for = -math.inf  # unfinished
+            raise _Stop
+        self.table_cells += cells
+
+    def _groups_down(self):
+        """``(h, t, ids, source)`` for every group of arcs, from the last layer down.
+
+        ``source[j, a]``: the devices left after arc ``ids[j]`` when ``a`` were left before
+        it, or the tables' extra column (always ``inf``) when it does not fit in ``a``.
+        Stops the walk when the clock has run out.
+        """
+        for h in range(self.L - 1, -1, -1):
+            if self.clock.expired():
+                self.built_for = -math.inf  # unfinished
+                raise _Stop
+            for t in range(self.data.max_tau + 1):
+                ids = self.groups.get((h, t))
+                if ids is None:
+                    continue
+                yield h, t, ids, self.shift[self.arc_shift_row[ids]]
+
+    def _band_edges(self) -> np.ndarray:
+        """``DELTA_BANDS - 1`` edges, evenly from the least largest ``delta`` of any configuration to the cutoff.
+
+        No configuration has all its ``delta`` below the first edge (the ``pivot_extra``
+        table at layer 0 with every device), and one below the cutoff has them all below
+        the cutoff, so bands outside are never needed; the last band (no edge) is the
+        plain ``pass_cost`` table.
+        """
+        low = float(self.best["pivot_extra"][0, :, self.full_index].min())
+        too_big = len(self.ids) * (self.size + 1) > BAND_WORK_LIMIT
+        if DELTA_BANDS < 2 or too_big or not low < self.built_for < math.inf:
+            return np.zeros(0)
+        return np.linspace(low, self.built_for, DELTA_BANDS)[:-1]
+
+    def _cells(self, hi: np.ndarray, label: int, index: np.ndarray) -> list[np.ndarray]:
+        """Flat offsets into the completion tables after arcs ending at ``hi`` labelled ``label``.
+
+        One array (shaped like ``index``, the devices left) per label the next stage may
+        carry; the tables' values there are combined with :meth:`_later`.
+        """
+        rows = hi.reshape((-1,) + (1,) * (index.ndim - 1))
+        width, labels = self.size + 1, self.data.max_tau + 1
+        return [(rows * labels + t) * width + index for t in self.next_labels(label)]
+
+    def _later(self, name: str, cells: list[np.ndarray]) -> np.ndarray:
+        """The least value of table ``name`` (``"banded"``: every band, last axis) over ``cells``."""
+        if name == "banded":
+            flat = self.banded.reshape(-1, self.banded.shape[-1])
+            values = [np.take(flat, c, axis=0) for c in cells]
+        else:
+            flat = self.best[name].reshape(-1)
+            values = [np.take(flat, c) for c in cells]
+        return np.minimum.reduce(values) if len(values) > 1 else values[0]
+
+    # ---------------------------------------------------------------- walking
+    def children(self, h: int, labels: tuple[int, ...]) -> tuple[np.ndarray, dict]:
+        key = (h, labels)
+        if key not in self._children_cache:
+            ids = np.concatenate([self.groups.get((h, t), np.zeros(0, dtype=np.int64)) for t in labels])
+            tab = self.tab
+            cols = {name: tab[name][ids] for name in ("hi", "tau", "busy", "allreduce", "busy_path", "pass_cost",
+                                                      "pivot_ar", "pivot2_ar", "pivot2_extra", "pivot_extra",
+                                                      "work", "head_f", "head_fb", "standalone")}
+            cols["comp"], cols["comp_index"], cols["speed"] = self.comp[ids], self.comp_index[ids], self.arc_speed[ids]
+            self._children_cache[key] = (self.ids[ids], cols)
+        return self._children_cache[key]
+
+    def expand(self, h: int, labels: tuple[int, ...], state: dict, path: list[int]) -> None:
+        self.prefixes += 1
+        if not self.budget.spend() or (self.prefixes % CHECK_EVERY == 0 and self.clock.expired()):
+            raise _Stop
+        ids, c = self.children(h, labels)
+        if not len(ids):
+            return
+        avail = state["avail"]
+        fits = (c["comp"] <= self.avail[avail]).all(axis=1)
+        stages_left = self.data.stage_limit - len(path)
+        final = c["hi"] == self.L
+        if stages_left <= 1:
+            fits &= final
+        if not fits.any():
+            return
+        sel = np.flatnonzero(fits)
+        cutoff = self.cutoff()
+        lb, child_state = self._child_bounds(state, {k: v[sel] for k, v in c.items()}, avail)
+        keep = lb < cutoff
+        if not keep.all():
+            self.pruned(float(lb[~keep].min()))
+        keep = np.flatnonzero(keep)
+        order = keep[np.argsort(lb[keep], kind="stable")]
+        for j in order.tolist():
+            if lb[j] >= self.cutoff():
+                self.pruned(float(lb[j]))
+                break  # sorted: every later child is pruned too
+            arc = int(ids[sel[j]])
+            path.append(arc)
+            self.open_bounds.append(float(lb[j]))
+            if final[sel[j]]:
+                self._leaf(path)
+            else:
+                nxt = {k: v[j] for k, v in child_state.items()}
+                self.expand(int(c["hi"][sel[j]]), self.next_labels(int(c["tau"][sel[j]])), nxt, path)
+            self.open_bounds.pop()
+            path.pop()
+
+    def _child_bounds(self, s: dict, c: dict, avail: int) -> tuple[np.ndarray, dict]:
+        """Bounds of every child prefix (vectorised), and the state each child passes on."""
+        busy = np.maximum.reduce([np.full(len(c["hi"]), s["busy"]), s["hfb"] + c["busy"],
+                                  s["hf"] + c["busy"] + c["allreduce"], c["busy_path"]])
+        sp = s["sp"] + c["pass_cost"]
+        x1 = np.maximum(s["x1"], s["hf"] + c["pivot_ar"] - sp)
+        x2 = np.maximum(s["x2"], s["hf"] + c["pivot2_ar"] - 2 * sp)
+        x3 = np.maximum(s["x3"], c["pivot2_extra"] - sp)
+        md = np.maximum(s["md"], c["pivot_extra"])
+        work = s["work"] + c["work"]
+        hf, hfb = s["hf"] + c["head_f"], s["hfb"] + c["head_fb"]
+        left = avail - c["comp_index"]
+        later = {name: np.empty(len(left)) for name in self.best}  # row L of the tables: nothing follows
+        banded = np.empty((len(left), len(self.edges)))
+        for t in set(c["tau"].tolist()):
+            rows = np.flatnonzero(c["tau"] == t)
+            cells = self._cells(c["hi"][rows], t, left[rows])
+            for name, table in later.items():
+                table[rows] = self._later(name, cells)
+            if len(self.edges):
+                banded[rows] = self._later("banded", cells)
+        later_pass, later_work, later_delta, later_alone = (
+            later[name] for name in ("pass_cost", "work", "pivot_extra", "standalone"))
+        total = sp + later_pass
+        pivot = total + np.maximum(md, later_delta)
+        if len(self.edges):  # [Note: delta bands]: never below the line above (each band adds at least later_pass)
+            floors = np.concatenate((self.edges[:1], self.edges))[None, :]  # band k: largest delta above floors[k]
+            ends = np.concatenate((banded, later_pass[:, None]), axis=1)  # the last band: every completion
+            least = np.maximum(np.maximum(md, later_delta)[:, None], floors)
+            pivot = (sp[:, None] + ends + least).min(axis=1)
+        speed_left = s["speed_left"] - c["speed"]
+        rest = self.rest_work[c["hi"]]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = np.where(rest > 0, rest / np.where(speed_left > 1e-12, speed_left, 0.0), 0.0)
+        lb = np.maximum.reduce([busy, pivot, x1 + total, x2 + 2 * total,
+                                x3 + 2 * total, work + later_work, hf + share, hfb + share,
+                                c["standalone"], later_alone])
+        lb = np.where(np.isnan(lb), np.inf, lb)
+        state = {"busy": busy, "sp": sp, "x1": x1, "x2": x2, "x3": x3, "md": md, "work": work, "hf": hf,
+                 "hfb": hfb, "avail": left, "speed_left": speed_left}
+        return lb, state
+
+    def pruned(self, bound: float) -> None:
+        """Note the bound of something this pass pruned (it is at least the cutoff)."""
+        self.least_pruned = min(self.least_pruned, bound)
+
+    def _leaf(self, path: list[int]) -> None:
+        key = tuple(path)
+        if key in self.settled:
+            return
+        if key not in self.bounds:
+            self.bounds[key] = config_lower_bound(self.data, path)
+        floor = self.bounds[key]
+        if floor < self.cutoff():  # the optimistic simulation is tighter, and dearer
+            if key not in self.floors:
+                self.floors[key] = optimistic_time(self.data, path)
+            floor = self.floors[key]
+        if floor >= self.search.cutoff():  # never better than the incumbent, which only improves
+            self.settled.add(key)
+            return
+        if floor >= self.cutoff():
+            self.pruned(floor)
+            return
+        self.leaves += 1
+        # stopped by the clock: not pooled (the pass ends and reports its open bounds); it stays unsettled
+        if evaluate(self.data, self.search, list(path), self.clock, self.target, floor, pool_on_clock=False):
+            self.settled.add(key)
+        else:
+            self.pruned(floor)
+
+    def run_pass(self, target: float) -> float | None:
+        """One walk pruning at ``min(target, incumbent)``; the bound it proves, or ``None`` on timeout.
+
+        On timeout :attr:`stopped_bound` holds the smallest bound of the unfinished prefixes.
+        """
+        self.target, self.open_bounds, self.least_pruned = target, [], math.inf
+        state = {"busy": 0.0, "sp": 0.0, "x1": -np.inf, "x2": -np.inf, "x3": -np.inf, "md": -np.inf, "work": 0.0,
+                 "hf": 0.0, "hfb": 0.0, "avail": self.full_index, "speed_left": self.total_speed}
+        try:
+            self.prepare(self.cutoff())
+            self.pruned(self.left_out_bound)
+            self.expand(0, tuple(range(self.data.max_tau + 1)), state, [])
+        except _Stop:
+            # unexplored: the subtrees of the children being explored on the stack (later siblings have
+            # larger bounds), and what was pruned; before the first child, nothing new is proved
+            if self.open_bounds:
+                self.stopped_bound = min(min(self.open_bounds), self.cutoff(), self.least_pruned)
+            else:
+                self.stopped_bound = self.search.bound
+            return None
+        # everything not simulated was pruned at a bound of at least least_pruned
+        return min(self.least_pruned, self.search.cutoff())
+
+    def run(self) -> EnumerationResult:
+        passes, step = 0, STEP
+        while True:
+            passes += 1
+            incumbent, proved = self.search.cutoff(), self.search.bound
+            target = proved * (1 + step)
+            if not math.isfinite(incumbent) or proved <= 0 or target - proved >= 0.5 * (incumbent - proved):
+                target = incumbent  # the step would cover half the gap: try to close it
+            started = self.prefixes
+            reached = self.run_pass(target)
+            took = self.prefixes - started
+            step = min(MAX_STEP, 2 * step) if took < FAST_PASS else max(STEP, step / 2) if took > SLOW_PASS else step
+            if reached is None:
+                self.search.raise_bound(self.stopped_bound)
+                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes,
+                                        table_cells=self.table_cells)
+            self.search.raise_bound(reached)
+            if reached >= self.search.cutoff():  # the target reached the incumbent: it is optimal
+                return EnumerationResult(True, math.inf, self.prefixes, self.leaves, passes,
+                                        table_cells=self.table_cells)
+            if self.search.bound < reached or reached <= proved:  # capped by the pool: no pass proves more
+                return EnumerationResult(False, self.search.bound, self.prefixes, self.leaves, passes,
+                                        table_cells=self.table_cells)
+
+
+def enumerate_configurations(data: ExactData, search: Search, clock: TimeLimit,
+                             budget: WorkBudget | None = None, cells: WorkBudget | None = None) -> EnumerationResult:
+    """Simulate every configuration whose bound is below the incumbent, or stop at ``budget`` or ``clock``.
+
+    Parameters
+    ----------
+    data : ExactData
+        The candidate arcs (complete: every arc below the cutoff it was built with).
+    search : Search
+        The incumbent; improved in place as configurations are simulated.
+    clock : TimeLimit
+        The wall-clock cap.
+    budget : WorkBudget, optional
+        Prefixes the walk may expand over all its passes (default :data:`DEFAULT_PREFIXES`):
+        the work that decides the result, with ``cells``.
+    cells : WorkBudget, optional
+        Table entries the walk may build (default :data:`DEFAULT_TABLE_CELLS`): the shift
+        table once, then the completion tables at every (re)build, each paid before it is built.
+
+    Returns
+    -------
+    EnumerationResult
+        ``complete`` means the incumbent is optimal (to :data:`pipeplan.solver.exact.search.OPT_TOL`),
+        or that no configuration exists if there is none; otherwise ``bound`` bounds
+        every configuration left unexplored (also raised in ``search``).
+    """
+    if not len(data):
+        return EnumerationResult(True, math.inf, 0, 0)
+    entries = shift_entries(data)
+    cells = cells or WorkBudget(DEFAULT_TABLE_CELLS)
+    if entries > MAX_SHIFT_ENTRIES or not cells.spend(entries):  # memory, or the table budget (noted)
+        return EnumerationResult(False, search.bound, 0, 0, 0, skipped=True)
+    if entries * SHIFT_SECONDS_PER_ENTRY > clock.remaining():  # the cap binds before the walk starts
+        note("time")
+        return EnumerationResult(False, search.bound, 0, 0, 0, skipped=True)
+    result = _Walk(data, search, clock, budget, cells).run()
+    return replace(result, table_cells=result.table_cells + entries)
+
+
+def shift_entries(data: ExactData) -> int:
+    """Entries of the walk's shift table: distinct stage compositions x devices-left vectors.
+
+    Examples
+    --------
+    Two classes of 2 and 3 devices: 3 x 4 devices-left vectors, 11 non-empty compositions.
+
+    >>> from types import SimpleNamespace as NS
+    >>> data = NS(classes=[NS(count=2), NS(count=3)], options=[NS(composition=(a, b)) for a in range(3)
+    ...                                                            for b in range(4) if a + b])
+    >>> shift_entries(data)
+    132
+    """
+    vectors = math.prod(c.count + 1 for c in data.classes)
+    return len({o.composition for o in data.options}) * vectors

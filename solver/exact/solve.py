@@ -1,0 +1,219 @@
+"""The exact solvers' search (``ilp`` and ``cpsat``): :func:`solve_exact`.
+
+Both solvers first walk the configurations directly (:mod:`pipeplan.solver.exact.enumeration`, a
+branch and bound with the bounds of :mod:`pipeplan.solver.bounds.terms`, which proves small and
+medium instances optimal without any model).  If that does not finish, they minimise a
+*provable lower bound* ``LB(config) <= T(plan)`` over type-level configurations, simulate
+the best configuration, keep the best simulated incumbent, exclude that configuration with
+a no-good cut and solve again, until the model's optimum reaches the incumbent (a proof
+of optimality) or the model's work budget is spent.  A configuration is simulated on its placements only
+while its :func:`pipeplan.solver.bounds.terms.optimistic_time` (the simulator with the best
+conceivable links) is below the incumbent.
+
+The pieces: device classes (:mod:`pipeplan.solver.space.device_classes`) and what a stage can run
+on (:mod:`pipeplan.solver.space.stage_options`); the candidate stages (:mod:`pipeplan.solver.space.arcs`)
+and their table (:mod:`pipeplan.solver.exact.data`); the bounds
+(:mod:`pipeplan.solver.bounds.terms`) and the model made of them (:mod:`pipeplan.solver.exact.bound_model`);
+placements (:mod:`pipeplan.solver.space.placements`); the search state
+(:mod:`pipeplan.solver.exact.search`); and the plans of other solvers
+(:mod:`pipeplan.solver.exact.incumbents`).  This module runs the loop: :func:`solve_exact`.
+
+Work, not time
+--------------
+Every phase stops on counted work (:class:`ExactWork`, and the model's own budget), so a
+solve gives the same plan and record on any machine; the time limit is only a cap over
+all of them, and when it cuts a phase the open watch notes it (``stopped_by: time``).
+
+Exactness of the loop
+---------------------
+An arc is dropped when its standalone bound already reaches the incumbent, and a recomputing
+arc when the same arc without recompute fits (recompute only lengthens ops, and the
+simulator is monotone in durations).  The model also carries the cutoff ``T <=
+incumbent * (1 - OPT_TOL)``.  A configuration is cut after all its placements were
+simulated; if placements were capped, its lower bound goes to a pool whose minimum
+caps the reported bound.  Hence ``min(model bound, incumbent, pool)`` is always a
+valid lower bound, and an infeasible model proves the incumbent optimal to within
+``OPT_TOL`` (the solvers' numerical tolerance).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from pipeplan.solver.space.arcs import ExactData
+from pipeplan.solver.exact.bound_model import LowerBoundModel
+from pipeplan.solver.bounds.class_bound import class_bound
+from pipeplan.solver.exact.enumeration import enumerate_configurations
+from pipeplan.solver.exact.data import build_data
+from pipeplan.solver.exact.work import ExactWork, current_work
+from pipeplan.solver.heuristics.group_search import group_search
+from pipeplan.solver.exact.incumbents import improve_with_ga, offer_fast_plans, warm_start_plans
+from pipeplan.solver.bounds.infeasibility import tightest_constraint
+from pipeplan.solver.space.placements import plan_config
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.exact.search import Search, evaluate
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, note
+
+MODEL_TOL = 1e-7
+"""Relative amount a model solver's optimum is lowered by before it counts as a bound: a MILP
+solver's objective honours its constraints only to its feasibility tolerance (CBC's came out
+1.5e-8 above the true minimum), which must not put a bound above the optimum."""
+
+MAX_MODEL_ARCS = 150_000
+"""Above this many candidate arcs the model is not built (building alone would exceed typical limits)."""
+
+BUILD_SECONDS_PER_ARC = 4e-5
+"""About what building the model takes per arc on the 2-core machine this is measured on (CP-SAT:
+106,730 arcs in 4.2 s on 32 layers x 16 devices).  The build cannot be interrupted, and a limit of
+0.5 s had turned into a 5 s solve: when the build would outlast the time left by more than
+:data:`BUILD_OVERRUN_SECONDS`, no model is built."""
+
+BUILD_OVERRUN_SECONDS = 0.5
+"""Overrun of the time left that a model build may cause (so small models, built in milliseconds,
+are built as before whatever the machine's speed)."""
+
+CLASS_BOUND_SHARE = 0.2
+"""Most of the time limit :func:`pipeplan.solver.bounds.class_bound.class_bound` may take (it runs a fixed number of
+steps, about 2 s at 256 to 4,096 devices; the share only cuts it short under short limits)."""
+
+CBC_RESERVE = 0.3
+"""Share of the time limit a model solver without a work budget (CBC) leaves to the slow baselines
+and NSGA-II: its cut loop runs on the clock alone (so its record says ``time`` unless proved)."""
+
+
+def _infeasible_message(data: ExactData) -> str:
+    return f"no plan fits in memory: {tightest_constraint(data.problem)}"
+
+
+def _result(name, search: Search, data: ExactData, clock: TimeLimit, seed, status, iterations, cuts,
+            details) -> SolverResult:
+    details = dict(details, iterations=iterations, cuts=cuts, arcs=len(data), classes=len(data.classes),
+                   options=len(data.options), last_model_status=status)
+    if search.best_plan is None:
+        if data.complete and (status == "infeasible" or not len(data)):
+            search.raise_bound(math.inf)
+            return SolverResult(name, "infeasible", None, None, None, clock.elapsed(), seed, tuple(search.trace),
+                                _infeasible_message(data), details)
+        return SolverResult(name, "timeout-no-solution", None, None, search.bound or None, clock.elapsed(), seed,
+                            tuple(search.trace), "time limit reached before a fitting plan was found", details)
+    proved = search.proved()  # up to OPT_TOL: the bound stays the proved one (see OPT_TOL)
+    search.record()
+    message = "" if proved else "time limit reached; the gap is not closed"
+    return SolverResult(name, "optimal" if proved else "feasible", search.best_plan, search.best_time,
+                        search.bound, clock.elapsed(), seed, tuple(search.trace), message, details)
+
+
+def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[ExactData], LowerBoundModel], *,
+                time_limit: float, seed: int, details: dict | None = None, enumerate_first: bool = True,
+                build_seconds_per_arc: float = BUILD_SECONDS_PER_ARC, work: ExactWork | None = None) -> SolverResult:
+    """Run the configuration walk, then the cut loop described in the module docstring; report the result.
+
+    Every phase runs its counted ``work`` (:class:`ExactWork`; the model's own budget is held by
+    ``make_model``'s model); ``time_limit`` is only the cap over all of them.  With
+    ``enumerate_first`` (the default) :func:`pipeplan.solver.exact.enumeration.enumerate_configurations`
+    first walks the configurations directly; when it finishes, the incumbent is proved optimal
+    without the model.  Otherwise the model's cut loop goes on from the improved incumbent,
+    unless the model is too large (:data:`MAX_MODEL_ARCS`), or its build, which no clock can
+    interrupt (``build_seconds_per_arc``), would outlast the cap.
+    """
+    work = work or current_work()
+    details = dict(details or {})
+    clock = TimeLimit(time_limit).start()
+    search = Search(problem, clock)
+    # first: at scale the plans' phases spend the whole clock; its steps are counted, the share caps short limits
+    bound_clock = TimeLimit(CLASS_BOUND_SHARE * time_limit).start()
+    search.raise_bound(class_bound(problem, bound_clock))
+    if bound_clock.expired():
+        note("time")  # the cap cut the bound's counted steps: the bound depends on the machine
+    # group-search next, with what is left of the limit and its own counted budget: uncut by the
+    # clock, its plans are those the ``group-search`` solver returns, so the exact solvers are never worse
+    heuristic = group_search(problem, clock.remaining(), evaluations=work.patterns)
+    details["group_search_stopped_by_time_limit"] = heuristic.stopped_by_time
+    for judged in heuristic.plans:
+        search.offer(judged.plan)
+    offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
+    # The slow DP baselines too: an exact solver must never return a plan worse than a
+    # baseline would, even when the model does not reach a solution.  They run after the
+    # model when it is built (a proof makes them moot).
+    slow_done = False
+
+    def run_slow() -> None:
+        nonlocal slow_done
+        if not slow_done:
+            slow_done = True
+            for slow_plan in warm_start_plans(problem, seed, clock, slow=True):
+                search.offer(slow_plan)
+
+    data = build_data(problem, search.cutoff(), clock)
+    too_big = len(data) > MAX_MODEL_ARCS  # no model; the configuration walk may still run
+    if not data.complete or (too_big and not enumerate_first):
+        run_slow()  # the model may not run: their plans first, and a tighter cutoff
+        if data.complete and not clock.expired():
+            data = build_data(problem, search.cutoff(), clock)
+            too_big = len(data) > MAX_MODEL_ARCS
+    if not data.complete or clock.expired() or (too_big and not enumerate_first):
+        run_slow()
+        # out of time, or a model too large to build: only the model-free bound holds
+        search.raise_bound(data.static_bound)
+        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
+        return _result(name, search, data, clock, seed, "unknown", 0, 0, details)
+    search.raise_bound(data.static_bound if len(data) else search.best_time)
+    L = len(problem.graph)
+    if not (data.table["lo"] == 0).any() or not (data.table["hi"] == L).any():
+        # no candidate stage can start or end the pipeline below the cutoff
+        search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
+        if not search.proved():
+            run_slow()
+        return _result(name, search, data, clock, seed, "infeasible", 0, 0, details)
+    if enumerate_first:
+        walk = enumerate_configurations(data, search, clock, WorkBudget(work.prefixes), WorkBudget(work.table_cells))
+        details.update(enumeration="complete" if walk.complete else "skipped" if walk.skipped else "stopped",
+                       enumeration_prefixes=walk.prefixes,
+                       enumeration_leaves=walk.leaves, enumeration_passes=walk.passes,
+                       enumeration_table_cells=walk.table_cells)
+        if walk.complete:  # every configuration below the cutoff was simulated
+            search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
+        else:
+            search.raise_bound(walk.bound)
+        if search.proved() or (walk.complete and search.best_plan is None):
+            status = "not needed" if search.best_plan is not None else "infeasible"
+            return _result(name, search, data, clock, seed, status, 0, 0, details)
+    build = max(build_seconds_per_arc * len(data) - BUILD_OVERRUN_SECONDS, 0.0)  # time the build needs
+    if too_big or clock.remaining() <= build:
+        # no model: too big to build, or the build would outlast the cap; the walk's bound stands
+        if not too_big:
+            note("time")
+        run_slow()
+        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
+        return _result(name, search, data, clock, seed, "model not built", 0, 0, details)
+    model = make_model(data)
+    # a model without a work budget (CBC) runs on the clock: leave the slow baselines and NSGA-II a share
+    reserve = CBC_RESERVE * time_limit if getattr(model, "budget", None) is None else 0.0
+    iterations = cuts = 0
+    hint = plan_config(data, search.best_plan) if search.best_plan is not None else None
+    if hint is not None and hasattr(model, "hint"):
+        model.hint(hint)
+    status = "unknown"
+    while not search.proved():
+        if clock.remaining() <= reserve:
+            note("time")
+            break
+        iterations += 1
+        status, arc_ids, model_bound = model.solve(search.cutoff(), clock.remaining() - reserve)
+        if status == "infeasible":
+            # no configuration left below the cutoff: the incumbent is optimal
+            search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
+            break
+        if model_bound is not None:
+            search.raise_bound(model_bound * (1 - MODEL_TOL))
+        if arc_ids is None:
+            break
+        evaluate(data, search, arc_ids, clock)
+        model.exclude(arc_ids)  # valid whatever the model's status: the configuration was simulated
+        cuts += 1
+    if not search.proved():
+        run_slow()
+        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
+    return _result(name, search, data, clock, seed, status, iterations, cuts, details)

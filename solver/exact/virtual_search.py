@@ -1,0 +1,157 @@
+"""Planning for a version-2 schedule: a best-first search over candidates, proved by the bounds.
+
+Used by ``ilp`` and ``cpsat`` for ``interleaved-1f1b``, ``interleaved-zb``,
+``looped-bfs`` and ``zbv`` (their MILP and CP-SAT models describe one stage per device)
+and, on a restricted space, by ``group-search``.
+
+Method.  Every candidate of :mod:`pipeplan.solver.space.virtual_space` without recompute (``v``,
+device groups, stage boundaries) gets its lower bound
+:func:`pipeplan.solver.bounds.virtual_bound.candidate_bound`; candidates whose state alone overflows
+a device are dropped (:func:`pipeplan.solver.bounds.virtual_bound.state_overflows`).  They are then
+simulated in order of increasing bound (ties in enumeration order) from a heap, keeping
+the fastest plan that fits.  A candidate that does not fit puts its recompute variants
+(:func:`pipeplan.solver.space.virtual_space.recompute_variants`) on the heap with their own bounds.
+
+Exactness.  When the next candidate's bound reaches the incumbent, every candidate left
+has a bound at least that, so none is faster: the incumbent is optimal over the whole
+space.  A recompute variant's bound is at least its plain candidate's (every duration
+only grows), so it is never needed before its plain candidate was simulated; and when
+the plain candidate fits its variants cannot be faster: recompute only lengthens
+actions, and with the programs and link orders fixed the timeline is a max-plus system,
+monotone in the durations.  When every candidate is simulated and none fits, no plan fits: the
+result is ``infeasible``, a proof.  Stopped earlier (budget, clock), the reported bound is
+the smallest of the incumbent and the bounds not yet passed, or, when the space was
+too large to list, :func:`pipeplan.solver.bounds.virtual_bound.space_bound`.
+
+The work is counted in simulations (:class:`pipeplan.solver.core.termination.WorkBudget`):
+same inputs and budget, same plan on any machine.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from typing import Callable
+
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.result import SolverResult, TracePoint
+from pipeplan.solver.evaluation.simulator import SimulationResult
+from pipeplan.solver.core.termination import WorkBudget, past
+from pipeplan.solver.bounds.virtual_bound import Bounder, space_bound
+from pipeplan.solver.space.virtual_space import (Candidate, boundary_choices, candidates, empty_space, flags_exhaustive,
+                                      group_choices, recompute_variants, to_plan)
+
+MAX_CANDIDATES = 40_000
+"""Most candidates listed and bounded; a larger space is not proved (its bound is the cluster-wide one)."""
+
+DEFAULT_SIMULATIONS = 20_000
+"""Simulations one version-2 solve may run by default (its work budget)."""
+
+BOUND_TOL = 1e-9
+"""Relative margin a bound must clear the incumbent by to prune: the bound and the simulator
+add the same durations in different orders, so their roundings differ by about 1e-15."""
+
+
+def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: float
+          ) -> tuple[list[tuple[float, tuple[int, int], Candidate]], bool]:
+    """``(bound, order, candidate)`` for each candidate without recompute that may fit, as a heap; and whether
+    all were listed."""
+    pool = []
+    for index, candidate in enumerate(candidates(problem, boundaries, groupings, flags=False)):
+        if index >= MAX_CANDIDATES or (index % 32 == 0 and past(deadline)):
+            heapq.heapify(pool)
+            return pool, False
+        if not bounder.overflows(candidate):
+            pool.append((bounder.bound(candidate), (index, 0), candidate))
+    heapq.heapify(pool)
+    return pool, True
+
+
+def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: int,
+             budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
+             proves: bool = True, evaluate: Callable[[Plan], SimulationResult] | None = None,
+             incumbent: tuple[Plan, float] | None = None) -> SolverResult:
+    """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+        A problem whose schedule is a named version-2 one, with ``M`` equal microbatches.
+    name : str
+        The solver's name, for the record.
+    time_limit : float
+        Wall-clock cap in seconds (``stopped_by: time`` when it cuts the search).
+    seed : int
+        Recorded; the search itself is deterministic.
+    budget : WorkBudget, optional
+        Simulations (default :data:`DEFAULT_SIMULATIONS`).
+    boundaries : callable
+        ``boundaries(layers, stages)``: the stage ranges to try (all by default).
+    groupings : callable
+        ``groupings(problem, groups)``: the device groups to try (all by default).
+    proves : bool
+        Whether a finished search proves optimality (``False`` for a restricted space).
+    evaluate : callable, optional
+        The judge of a plan (default the problem's simulator).
+    incumbent : (Plan, float), optional
+        A fitting plan of the space and its simulated time to start from.
+
+    Returns
+    -------
+    SolverResult
+        ``optimal`` only when proved; the bound is valid over the whole space.
+    """
+    started = time.perf_counter()
+    deadline = started + time_limit
+    budget = budget or WorkBudget(DEFAULT_SIMULATIONS)
+    evaluate = evaluate or problem.evaluate
+    bounder = Bounder(problem)
+    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline)
+    listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
+    best, best_time = incumbent if incumbent is not None else (None, math.inf)
+    trace = [TracePoint(0.0, best_time, None)] if incumbent is not None else []
+    simulated, next_bound, finished, listed_count = 0, None, True, len(pool)
+    while pool:
+        bound, order, candidate = pool[0]
+        if bound * (1 - BOUND_TOL) >= best_time:
+            next_bound = bound
+            break
+        if past(deadline) or not budget.spend():
+            next_bound, finished = bound, False
+            break
+        heapq.heappop(pool)
+        simulated += 1
+        result = evaluate(to_plan(problem, candidate))
+        if not result.fits:
+            if not any(candidate.recompute):
+                # its recompute variants: never faster, so only worth a look when it does not fit
+                for j, variant in enumerate(recompute_variants(problem, candidate), 1):
+                    heapq.heappush(pool, (bounder.bound(variant), (order[0], j), variant))
+            continue
+        if result.iteration_time < best_time:
+            best, best_time = to_plan(problem, candidate), result.iteration_time
+            trace.append(TracePoint(time.perf_counter() - started, best_time, None))
+    wall = time.perf_counter() - started
+    details = {"method": "best-first search over v, device groups, boundaries and recompute, pruned by "
+                         "the version-2 bounds", "candidates": listed_count, "listed_all": listed,
+               "simulations": simulated, "budget_unit": "simulations", "finished": finished}
+    proved = proves and listed and finished
+    if best is None:
+        if proved:
+            return SolverResult(name, "infeasible", None, None, None, wall, seed, tuple(trace),
+                                empty_space(problem) or f"no plan of {problem.schedule} fits in memory on this cluster",
+                                details)
+        bound = next_bound if listed and next_bound is not None else space_bound(problem)
+        return SolverResult(name, "timeout-no-solution", None, None, bound, wall, seed, tuple(trace),
+                            "stopped before a fitting plan was found", details)
+    if proved:
+        trace.append(TracePoint(wall, best_time, best_time))
+        return SolverResult(name, "optimal", best, best_time, best_time, wall, seed, tuple(trace), "", details)
+    bound = min(best_time, next_bound) if listed and next_bound is not None and proves else \
+        min(best_time, space_bound(problem))
+    trace.append(TracePoint(wall, best_time, bound))
+    why = "the search space was too large to list (or its recompute flags)" if not listed else \
+        "the search stopped before the bounds met the incumbent" if proves else "a restricted search proves nothing"
+    return SolverResult(name, "feasible", best, best_time, bound, wall, seed, tuple(trace), why, details)

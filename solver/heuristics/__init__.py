@@ -1,0 +1,1 @@
+"""Searches without proofs: group-search and NSGA-II."""

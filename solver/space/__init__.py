@@ -1,0 +1,1 @@
+"""What a stage or a device group can run on: device classes, stage options, arcs, placements."""

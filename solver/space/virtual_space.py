@@ -1,0 +1,234 @@
+"""The search space of a version-2 schedule (spec section 7): device groups, virtual stages, boundaries.
+
+A *candidate* fixes everything a plan/2 needs besides the split (every stage uses the
+problem's equal split, as torch's chunks do): the schedule, ``v`` (stages per group
+for the looped and interleaved schedules, 2 for ``zbv``), the ``R`` device groups in
+group order, the ``S`` contiguous layer ranges and each stage's recompute flag.
+Stage ``s`` runs on group :func:`pipeplan.solver.schedules.schedule.stage_group`.
+
+Devices with the same speed, memory and server are interchangeable (timing, memory,
+links and all-reduces depend only on those), so a group is enumerated as a number of
+devices per such class, and the concrete devices are taken in id order from what the
+earlier groups left.  Hence enumerating class counts enumerates every plan up to a
+renaming of interchangeable devices, which changes no simulated number.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.schedules.programs import check_counts
+from pipeplan.solver.schedules.schedule import num_stages, stage_group
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the version-2 search space."""
+
+    virtual: int
+    """``v``: stages per group (2 for ``zbv``)."""
+    groups: tuple[tuple[str, ...], ...]
+    """The device ids of each group, in group order (group 0 holds stage 0)."""
+    bounds: tuple[tuple[int, int], ...]
+    """Half-open layer range of each stage, in stage order."""
+    recompute: tuple[bool, ...]
+    """Whether each stage recomputes its activations."""
+
+
+def schedule_accepts(schedule: str, groups: int, microbatches: int) -> str:
+    """Why ``schedule`` cannot run ``microbatches`` on ``groups`` groups (torch's refusal), or ``""`` when it can.
+
+    Examples
+    --------
+    >>> "rounds = max(1, m // R) = 3" in schedule_accepts("interleaved-1f1b", 2, 7)
+    True
+    >>> schedule_accepts("looped-bfs", 2, 7)
+    ''
+    """
+    try:
+        check_counts(schedule, groups, microbatches, 2 if schedule == "zbv" else 1)
+    except ValueError as exc:
+        return str(exc)
+    return ""
+
+
+def virtual_choices(problem: PlanningProblem, groups: int) -> list[int]:
+    """The ``v`` to try with ``groups`` groups: the problem's own, or with ``auto`` every ``v`` whose stages fit the layers.
+
+    ``zbv`` has ``v = 2``; a problem with ``virtual_stages`` set tries that one alone.
+    """
+    layers = len(problem.graph)
+    if problem.schedule == "zbv":
+        return [2] if 2 * groups <= layers else []
+    if problem.virtual_stages is not None:
+        return [problem.virtual_stages] if problem.virtual_stages * groups <= layers else []
+    return [v for v in range(1, layers // groups + 1)]
+
+
+def device_kinds(problem: PlanningProblem) -> list[tuple[str, ...]]:
+    """Interchangeable devices (same speed, memory and server), each list in id order, in cluster order."""
+    kinds: dict[tuple[float, float, str], list[str]] = {}
+    for d in problem.cluster.devices:
+        kinds.setdefault((d.speed, d.memory, d.server), []).append(d.id)
+    return [tuple(ids) for ids in kinds.values()]
+
+
+def group_choices(problem: PlanningProblem, groups: int) -> Iterator[tuple[tuple[str, ...], ...]]:
+    """Every ordered choice of ``groups`` disjoint non-empty device groups, up to interchangeable devices.
+
+    One device per group without ``allow_replication``.  Not every device need be used.
+    """
+    kinds = device_kinds(problem)
+    most = 1 if not problem.allow_replication else len(problem.cluster.devices)
+
+    def counts(left: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+        for c in itertools.product(*(range(n + 1) for n in left)):
+            if 1 <= sum(c) <= most:
+                yield c
+
+    def rec(left: tuple[int, ...], k: int) -> Iterator[tuple[tuple[int, ...], ...]]:
+        if k == 0:
+            yield ()
+            return
+        for c in counts(left):
+            rest = tuple(n - x for n, x in zip(left, c))
+            for tail in rec(rest, k - 1):
+                yield (c, *tail)
+
+    total = tuple(len(ids) for ids in kinds)
+    for choice in rec(total, groups):
+        used = [0] * len(kinds)
+        out = []
+        for c in choice:
+            devices: list[str] = []
+            for i, n in enumerate(c):
+                devices += kinds[i][used[i]:used[i] + n]
+                used[i] += n
+            out.append(tuple(devices))
+        yield tuple(out)
+
+
+def boundary_choices(layers: int, stages: int) -> Iterator[tuple[tuple[int, int], ...]]:
+    """Every split of ``layers`` layers into ``stages`` non-empty contiguous ranges.
+
+    Examples
+    --------
+    >>> list(boundary_choices(3, 2))
+    [((0, 1), (1, 3)), ((0, 2), (2, 3))]
+    """
+    for cuts in itertools.combinations(range(1, layers), stages - 1):
+        edges = (0, *cuts, layers)
+        yield tuple(zip(edges[:-1], edges[1:]))
+
+
+MAX_FLAG_STAGES = 10
+"""Most stages whose recompute flags are enumerated in every combination; above it, none or all."""
+
+
+def recompute_choices(problem: PlanningProblem, stages: int) -> Iterator[tuple[bool, ...]]:
+    """Recompute flags: none first, then (when allowed) every other combination, or all of them above
+    :data:`MAX_FLAG_STAGES` stages (see :func:`flags_exhaustive`)."""
+    if not problem.allow_recompute:
+        yield (False,) * stages
+        return
+    if stages > MAX_FLAG_STAGES:
+        yield from ((False,) * stages, (True,) * stages)
+        return
+    yield from itertools.product((False, True), repeat=stages)
+
+
+def flags_exhaustive(problem: PlanningProblem) -> bool:
+    """Whether :func:`recompute_choices` gives every combination for every stage count of the problem."""
+    most = max((num_stages(problem.schedule, r, v) for r in group_counts(problem)
+                for v in virtual_choices(problem, r)), default=0)
+    return not problem.allow_recompute or most <= MAX_FLAG_STAGES
+
+
+def group_counts(problem: PlanningProblem) -> range:
+    """``R`` values to try: 1 up to the devices, the layers (``S >= R``) and ``max_stages``."""
+    devices, layers = len(problem.cluster.devices), len(problem.graph)
+    per_group = 2 if problem.schedule == "zbv" else 1
+    top = min(devices, layers // per_group)
+    if problem.max_stages is not None:
+        top = min(top, problem.max_stages // per_group)
+    return range(1, top + 1)
+
+
+def to_plan(problem: PlanningProblem, candidate: Candidate) -> Plan:
+    """The plan/2 of ``candidate`` under the problem's schedule (each stage on its group's devices, the equal split)."""
+    devices = stage_devices(problem.schedule, candidate.groups, len(candidate.bounds))
+    return problem.make_plan(candidate.bounds, devices, candidate.recompute)
+
+
+def stage_groups(schedule: str, candidate: Candidate) -> tuple[int, ...]:
+    """The group of each of ``candidate``'s stages under ``schedule``."""
+    return tuple(stage_group(schedule, s, len(candidate.groups)) for s in range(len(candidate.bounds)))
+
+
+def recompute_variants(problem: PlanningProblem, candidate: Candidate) -> Iterator[Candidate]:
+    """``candidate`` with every other recompute choice of :func:`recompute_choices` (none of them all-off)."""
+    for flags in recompute_choices(problem, len(candidate.bounds)):
+        if any(flags):
+            yield Candidate(candidate.virtual, candidate.groups, candidate.bounds, flags)
+
+
+def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=group_choices,
+               flags: bool = True) -> Iterator[Candidate]:
+    """Every candidate of the problem's schedule, in a fixed order (without ``flags``: only those without recompute).
+
+    ``boundaries(layers, stages)`` gives the layer ranges to try and
+    ``groupings(problem, groups)`` the device groups (all of them by default; a
+    heuristic passes a few).  Group counts the schedule refuses for the problem's ``m``
+    (:func:`schedule_accepts`) are left out.
+    """
+    schedule = problem.schedule
+    for groups in group_counts(problem):
+        if schedule_accepts(schedule, groups, problem.microbatches):
+            continue
+        for v in virtual_choices(problem, groups):
+            stages = num_stages(schedule, groups, v)
+            if problem.max_stages is not None and stages > problem.max_stages:
+                continue
+            for devs in groupings(problem, groups):
+                for bounds in boundaries(len(problem.graph), stages):
+                    choices = recompute_choices(problem, stages) if flags else ((False,) * stages,)
+                    for chosen in choices:
+                        yield Candidate(v, devs, tuple(bounds), chosen)
+
+
+def space_size(problem: PlanningProblem, cap: int) -> int:
+    """How many candidates :func:`candidates` yields, counting at most ``cap + 1`` of them."""
+    return sum(1 for _ in itertools.islice(candidates(problem), cap + 1))
+
+
+def even_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
+    """``stages`` ranges of ``layers // stages`` or one more layers, the larger ones first (torchtitan's even split).
+
+    Examples
+    --------
+    >>> even_bounds(5, 2)
+    ((0, 3), (3, 5))
+    """
+    size, extra = divmod(layers, stages)
+    edges = [0]
+    for s in range(stages):
+        edges.append(edges[-1] + size + (1 if s < extra else 0))
+    return tuple(zip(edges[:-1], edges[1:]))
+
+
+def stage_devices(schedule: str, groups: Sequence[Sequence[str]], stages: int) -> list[tuple[str, ...]]:
+    """Each stage's devices when stage ``s`` runs on group :func:`pipeplan.solver.schedules.schedule.stage_group`."""
+    return [tuple(groups[stage_group(schedule, s, len(groups))]) for s in range(stages)]
+
+
+def empty_space(problem: PlanningProblem) -> str:
+    """Why the problem's space holds no plan at all (an options problem, not a memory verdict), or ``""``."""
+    if any(True for _ in candidates(problem, flags=False)):
+        return ""
+    v = "" if problem.virtual_stages is None else f" with {problem.virtual_stages} stages per group"
+    return (f"no {problem.schedule} plan{v} exists for these options: every group count needs more stages than "
+            f"the {len(problem.graph)} layers, or torch refuses M = {problem.microbatches} for it; use fewer "
+            f"--virtual-stages or another --microbatches")

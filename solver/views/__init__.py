@@ -1,0 +1,1 @@
+"""Pictures and traces of a simulated plan: Gantt charts, Perfetto traces, figure writing."""
