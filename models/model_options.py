@@ -1,7 +1,8 @@
 """The options that name a model: `profile`, `run` and `calibrate` share them.
 
 A model spec is a zoo name, ``path/to/file.py:factory``, ``package.module:factory``
-or ``hf:NAME`` (see :mod:`pipeplan.models.spec`).
+or ``hf:NAME`` (see :mod:`pipeplan.models.spec`).  The options are added without importing
+torch (every command's ``--help`` stays fast); the model is built, with torch, on use.
 """
 
 from __future__ import annotations
@@ -9,13 +10,16 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass, replace
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pipeplan.models.errors import InputError
-from pipeplan.models.imported import TRACES, ImportedModel, trace_model
-from pipeplan.models.spec import is_zoo_spec, parse_input_spec, parse_model_args, resolve_user_model
+
+if TYPE_CHECKING:
+    from pipeplan.models.imported import ImportedModel
+
+TRACE_CHOICES = ("eager", "export", "both")
+"""``--trace`` choices: :data:`pipeplan.models.imported.TRACES` (that module imports torch, which building the
+parser must not; a test holds the two equal)."""
 
 SPEC_HELP = ("a zoo model, path/to/file.py:factory, package.module:factory or hf:NAME[:HEAD] (a transformers "
              "model from its configuration, random weights, no download; HEAD causal, seq2seq, masked or base, "
@@ -40,13 +44,13 @@ def add_model_options(p: argparse.ArgumentParser, trace: bool = True) -> None:
                         "top-level children) or qualified submodule names (a ModuleList's name means each of its "
                         "items)")
     if trace:
-        p.add_argument("--trace", default="eager", choices=TRACES,
+        p.add_argument("--trace", default="eager", choices=TRACE_CHOICES,
                        help="how the dataflow is found: eager (hooks and tagged tensors, any Python), export "
                             "(torch.export), or both (eager, cross-checked with export; a disagreement is a warning)")
     p.add_argument("--debug", action="store_true", help="on an error in the model's own code, show its traceback")
 
 
-def imported_from_args(args: argparse.Namespace, device: str = "cpu") -> ImportedModel:
+def imported_from_args(args: argparse.Namespace, device: str = "cpu") -> "ImportedModel":
     """The imported model the options name (a spec that is not a zoo name), on ``device``."""
     return request_from_args(args).trace(trace=args.trace, device=device)
 
@@ -78,6 +82,8 @@ class ModelRequest:
 
     @property
     def is_zoo(self) -> bool:
+        from pipeplan.models.spec import is_zoo_spec
+
         return is_zoo_spec(self.spec)
 
     @property
@@ -127,8 +133,13 @@ class ModelRequest:
                 out += [flag, value]
         return out
 
-    def trace(self, seed: int = 0, trace: str = "eager", device: str = "cpu") -> ImportedModel:
+    def trace(self, seed: int = 0, trace: str = "eager", device: str = "cpu") -> "ImportedModel":
         """The imported model (not for a zoo name), built and traced under ``torch.device(device)``."""
+        import torch
+
+        from pipeplan.models.imported import trace_model
+        from pipeplan.models.spec import parse_input_spec, parse_model_args, resolve_user_model
+
         inputs = parse_input_spec(self.input_shape, self.input_dtype, self.input_high)
         with torch.device(device):
             user = resolve_user_model(self.spec, parse_model_args(list(self.model_args)), inputs, seed)

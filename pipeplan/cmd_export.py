@@ -22,17 +22,21 @@ from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.runtime.export import TARGETS, export_plan
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.formats.plan import load_plan
 from pipeplan.solver.evaluation.simulator import simulate
+
+
+EXPORT_TARGETS = ("deepspeed", "megatron", "torch", "torchtitan")
+"""``--to`` choices: the names of :data:`pipeplan.runtime.export.TARGETS` (that package imports torch, which
+building the parser must not; a test holds the two equal)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="write the files another runtime trains a plan with",
                        description=__doc__.split("\n\n")[0])
     p.add_argument("plan", metavar="PLAN", help="plan to export")
-    p.add_argument("--to", required=True, choices=sorted(TARGETS), help="target runtime")
+    p.add_argument("--to", required=True, choices=EXPORT_TARGETS, help="target runtime")
     p.add_argument("--graph", required=True, metavar="GRAPH", help="the plan's layer graph")
     p.add_argument("--model", metavar="SPEC", help="model train.py builds by default (torch; default: the model "
                                                    "the graph was profiled from)")
@@ -52,6 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeplan.runtime.export import export_plan  # torch: imported where an export runs, not for --help
+
     out = Path(args.output)
     if out.exists() and not out.is_dir():
         raise InputError(args.output, "output", "is a file; name a folder (it is created if missing)")

@@ -14,20 +14,23 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pipeplan.models.model_options import SPEC_HELP, add_model_options, imported_from_args, zoo_only_options
 from pipeplan.models.errors import InputError, one_line
-from pipeplan.models.imported import describe
-from pipeplan.models.spec import is_zoo_spec
 from pipeplan.models.jsonio import atomic_write_text, check_integer, dumps
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.models.profile_step import OPTIMIZERS
 from pipeplan.models.zoo import build_model, model_names
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:  # torch is imported where a model is built or profiled, not while the parser is built
+    import torch
+
+DTYPES = ("float32", "bfloat16")
+"""``--dtype`` choices: names of torch dtypes."""
+
+OPTIMIZER_NAMES = ("adam", "sgd")
+"""``--optimizer`` choices, as :data:`pipeplan.models.profile_step.OPTIMIZERS` names them (that module imports
+torch; a test holds the two equal)."""
 
 
 def register(subparsers: Any) -> None:
@@ -55,7 +58,7 @@ def register(subparsers: Any) -> None:
     profile.add_argument("--overhead", metavar="S", help="seconds per unit call (--analytic; default 2e-5)")
     profile.add_argument("--bandwidth", metavar="B",
                          help="memory bytes/s bounding the optimizer step (--analytic; default 2e12)")
-    profile.add_argument("--optimizer", default="adam", metavar="|".join(OPTIMIZERS),
+    profile.add_argument("--optimizer", default="adam", metavar="|".join(OPTIMIZER_NAMES),
                          help="optimizer whose step each layer's step field times or estimates (default adam)")
     profile.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default float32)")
     profile.add_argument("--seq-len", metavar="N", help="tokens per sample of sequence models")
@@ -92,6 +95,10 @@ def run_models(args: argparse.Namespace) -> int:
 
 def run_profile(args: argparse.Namespace) -> int:
     """Profile ``args.model`` and write the graph to ``args.output`` (or, with ``--dry-run``, describe it)."""
+    from pipeplan.models.imported import describe
+    from pipeplan.models.profile_step import OPTIMIZERS
+    from pipeplan.models.spec import is_zoo_spec
+
     zoo = is_zoo_spec(args.model)
     if zoo and args.model not in model_names():
         raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}, "
@@ -275,6 +282,8 @@ def _number(text: str, flag: str) -> float:
 
 def _torch_device(text: str) -> str:
     """``cpu`` or an available CUDA device, checked before anything is built."""
+    import torch
+
     if text == "cpu":
         return text
     if text != "cuda" and not (text.startswith("cuda:") and text[5:].isdigit()):
@@ -291,6 +300,8 @@ def _torch_device(text: str) -> str:
 
 
 def _dtype(text: str) -> torch.dtype:
+    import torch
+
     if text not in DTYPES:
         raise InputError("-", "--dtype", f"unknown dtype {text!r}; valid: {', '.join(DTYPES)}")
-    return DTYPES[text]
+    return getattr(torch, text)

@@ -9,6 +9,7 @@ from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.views.gantt import write_gantt
+from pipeplan.solver.bounds.infeasibility import format_bytes
 from pipeplan.solver.formats.plan import Plan, load_plan
 from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, simulate
 from pipeplan.solver.views.trace import check_traceable, chrome_trace
@@ -64,10 +65,6 @@ def json_summary(plan: Plan, result: "SimulationResult | GroupSimulationResult")
     return summary
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:.2f} GB"
-
-
 def _split(sizes: tuple[int, ...]) -> str:
     if len(set(sizes)) == 1:
         return f"{len(sizes)} x {sizes[0]}"
@@ -90,7 +87,7 @@ def print_table(plan: Plan, result: SimulationResult, cluster) -> None:
         table.add_row(str(s), f"{lo}..{hi - 1}", ",".join(st.devices), _split(st.microbatches),
                       "yes" if st.recompute else "no", f"{busy * 1e3:.3f}",
                       f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
-                      f"{cost.allreduce * 1e3:.3f}", _gb(cost.peak_memory), _gb(cost.capacity),
+                      f"{cost.allreduce * 1e3:.3f}", format_bytes(cost.peak_memory, 2), format_bytes(cost.capacity, 2),
                       "yes" if cost.peak_memory <= cost.capacity else "NO")
     _print_with_totals(table, result)
 
@@ -110,8 +107,8 @@ def print_group_table(plan: Plan, result: GroupSimulationResult) -> None:
         bubble = T - busy - group.allreduce - group.step
         table.add_row(str(gi), ",".join(map(str, group.stages)), ",".join(group.devices), str(len(group.program)),
                       f"{busy * 1e3:.3f}", f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
-                      f"{group.allreduce * 1e3:.3f}", f"{group.step * 1e3:.3f}", _gb(group.peak_memory),
-                      _gb(group.capacity), "yes" if group.peak_memory <= group.capacity else "NO")
+                      f"{group.allreduce * 1e3:.3f}", f"{group.step * 1e3:.3f}", format_bytes(group.peak_memory, 2),
+                      format_bytes(group.capacity, 2), "yes" if group.peak_memory <= group.capacity else "NO")
     _print_with_totals(table, result)
 
 

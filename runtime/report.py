@@ -12,6 +12,7 @@ from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
 from pipeplan.runtime.replay import rank_stages, replay
 from pipeplan.runtime.verify import ABSOLUTE, TOLERANCE
+from pipeplan.solver.bounds.infeasibility import format_bytes
 from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, group_costs
 
 
@@ -159,8 +160,8 @@ def _print_text(summary: dict[str, Any]) -> None:
               "run without --verify to measure")
     print(f"{'rank':>4}  {'device':<8}{'peak memory':>14}  {'predicted':>12}  {'idle (ms)':>10}")
     for i, device in enumerate(summary["devices"]):
-        print(f"{i:>4}  {device:<8}{summary['peak_memory'][i] / 1e6:>11.2f} MB  "
-              f"{summary['predicted_peak_memory'][i] / 1e6:>9.2f} MB  {summary['idle'][i] * 1e3:>10.3f}")
+        print(f"{i:>4}  {device:<8}{format_bytes(summary['peak_memory'][i], 2):>14}  "
+              f"{format_bytes(summary['predicted_peak_memory'][i], 2):>12}  {summary['idle'][i] * 1e3:>10.3f}")
     print(f"peak memory: {summary['peak_memory_kind']}")
     if "max_param_diff" in summary:
         verdict = "ok" if summary["verified"] else "FAILED"
