@@ -9,6 +9,7 @@ from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.views.gantt import write_gantt
+from pipeplan.solver.bounds.infeasibility import format_bytes
 from pipeplan.solver.formats.plan import Plan, load_plan
 from pipeplan.solver.evaluation.simulator import Simulation, simulate
 from pipeplan.solver.views.trace import check_traceable, chrome_trace
@@ -62,10 +63,6 @@ def json_summary(plan: Plan, result: Simulation) -> dict:
     return summary
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:.2f} GB"
-
-
 def _split(sizes: tuple[int, ...]) -> str:
     if len(set(sizes)) == 1:
         return f"{len(sizes)} x {sizes[0]}"
@@ -97,8 +94,8 @@ def print_table(plan: Plan, result: Simulation) -> None:
                       _joined([_split(st.microbatches) for st in held]),
                       _joined(["yes" if st.recompute else "no" for st in held]), f"{busy * 1e3:.3f}",
                       f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
-                      f"{group.allreduce * 1e3:.3f}", f"{group.step * 1e3:.3f}", _gb(group.peak_memory),
-                      _gb(group.capacity), "yes" if group.peak_memory <= group.capacity else "NO")
+                      f"{group.allreduce * 1e3:.3f}", f"{group.step * 1e3:.3f}", format_bytes(group.peak_memory, 2),
+                      format_bytes(group.capacity, 2), "yes" if group.peak_memory <= group.capacity else "NO")
     from rich.console import Console
 
     console = Console(width=160)

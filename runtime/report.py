@@ -11,7 +11,8 @@ from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
 from pipeplan.runtime.replay import rank_stages, replay
-from pipeplan.runtime.verify import TOLERANCE
+from pipeplan.runtime.verify import ABSOLUTE, TOLERANCE
+from pipeplan.solver.bounds.infeasibility import format_bytes
 from pipeplan.solver.evaluation.simulator import Simulation
 
 
@@ -58,6 +59,8 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         diff = result["max_param_diff"]  # None: some parameter held NaN or inf
         summary.update(max_param_diff=diff, max_param_diff_at=result["max_param_diff_at"],
                        verified=diff is not None and diff <= TOLERANCE)
+        if result.get("verify_notes"):
+            summary["verify_notes"] = result["verify_notes"]
     return summary
 
 
@@ -126,9 +129,10 @@ def present(args, inputs: RunInputs, result: dict) -> int:
     else:
         _print_text(summary)
     if summary.get("verified") is False:
+        notes = "".join(f"; {note}" for note in summary.get("verify_notes", ()))
         print(one_line(f"error: {inputs.plan_file}: verify: max relative parameter difference "
                        f"{_difference(summary['max_param_diff'])} at {summary['max_param_diff_at']} exceeds "
-                       f"{TOLERANCE:g}"), file=sys.stderr)
+                       f"{TOLERANCE:g} (or {ABSOLUTE:g} absolute near zero){notes}"), file=sys.stderr)
         return 1
     return 0
 
@@ -145,13 +149,15 @@ def _print_text(summary: dict[str, Any]) -> None:
               "run without --verify to measure")
     print(f"{'rank':>4}  {'device':<8}{'peak memory':>14}  {'predicted':>12}  {'idle (ms)':>10}")
     for i, device in enumerate(summary["devices"]):
-        print(f"{i:>4}  {device:<8}{summary['peak_memory'][i] / 1e6:>11.2f} MB  "
-              f"{summary['predicted_peak_memory'][i] / 1e6:>9.2f} MB  {summary['idle'][i] * 1e3:>10.3f}")
+        print(f"{i:>4}  {device:<8}{format_bytes(summary['peak_memory'][i], 2):>14}  "
+              f"{format_bytes(summary['predicted_peak_memory'][i], 2):>12}  {summary['idle'][i] * 1e3:>10.3f}")
     print(f"peak memory: {summary['peak_memory_kind']}")
     if "max_param_diff" in summary:
         verdict = "ok" if summary["verified"] else "FAILED"
         print(f"verify: max relative parameter difference {_difference(summary['max_param_diff'])} "
               f"({summary['dtype']}, at {summary['max_param_diff_at']}): {verdict}")
+        for note in summary.get("verify_notes", ()):
+            print(f"note: {note}")
 
 
 def _difference(diff: float | None) -> str:
