@@ -37,7 +37,7 @@ from typing import Any, Iterable, Protocol, Sequence
 
 from pipeplan.solver.schedules.programs import (FORWARD, FULL_BACKWARD, INPUT_BACKWARD, NAMED_V2, WEIGHT_BACKWARD,
                                                 Action, check_counts, format_action)
-from pipeplan.solver.schedules.schedule import group_programs, stage_group, stage_ops
+from pipeplan.solver.schedules.schedule import group_programs, stage_actions, stage_group
 
 __all__ = ["StageCosts", "Boundary", "GroupCosts", "ScheduleInstance", "schedule_instance", "Timeline",
            "ProgramDeadlock", "evaluate", "custom_plan", "program_strings", "fixed_programs",
@@ -574,8 +574,7 @@ def fixed_programs(instance: ScheduleInstance) -> dict[str, Programs]:
     found: dict[str, Programs] = {}
     if placement == tuple(range(count)):
         for name in ("gpipe", "1f1b"):
-            found[name] = tuple(tuple(Action(s, kind, k) for kind, k in stage_ops(name, st.count, s, count))
-                                for s, st in enumerate(instance.stages))
+            found[name] = tuple(stage_actions(name, st.count, s, count) for s, st in enumerate(instance.stages))
     if not instance.equal_splits:
         return found
     m = instance.stages[0].count
