@@ -4,6 +4,7 @@ The Python API, for a model in hand rather than on the command line::
 
     graph = pipeplan.profile_model(model, example)            # a LayerGraph
     plan, result = pipeplan.plan(graph, "cluster.json", batch=32, microbatches=8)
+    made = pipeplan.synthesize(plan, graph, "cluster.json")   # programs built for its partition
 
 Both import their machinery on first use, so ``import pipeplan`` stays light.
 
@@ -26,8 +27,9 @@ if TYPE_CHECKING:
     from pipeplan.solver.formats.cluster import Cluster
     from pipeplan.solver.formats.plan import Plan
     from pipeplan.solver.core.result import SolverResult
+    from pipeplan.solver.core.schedule_synthesis import SynthesizedPlan
 
-__all__ = ["profile_model", "plan", "load_plan"]
+__all__ = ["profile_model", "plan", "synthesize", "load_plan"]
 
 
 def profile_model(module: "nn.Module", example: Callable[[int], Any], units: str = "auto", *,
@@ -138,6 +140,73 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
     problem = PlanningProblem(graph, cluster, global_batch=batch, microbatches=microbatches, **options)
     result = get_solver(solver).solve(problem, time_limit=time_limit, seed=seed)
     return result.plan, result
+
+
+def synthesize(plan: "Plan | str", graph: "LayerGraph | str", cluster: "Cluster | str", *, exact: bool = False,
+               work: float = 30.0, time_limit: float | None = None, workers: int = 1, seed: int = 0,
+               memory_fraction: float = 1.0, split_backward: bool = True) -> "SynthesizedPlan":
+    """Each device group's program built for ``plan``'s own partition (``pipeplan synthesize``).
+
+    The plan's stages, groups, splits and recompute are kept; its schedule becomes
+    ``custom``, with programs from the partition's own action times, links, all-reduce,
+    step and memory caps: the list scheduler's, or with ``exact`` the CP-SAT order
+    model's (started from them), and never slower than the plan's own programs.
+
+    Parameters
+    ----------
+    plan : Plan or str
+        A plan (any schedule) or the path of a plan file.
+    graph : LayerGraph or str
+        Its layer graph or the path of one.
+    cluster : Cluster or str
+        Its cluster or the path of one.
+    exact : bool
+        Run the CP-SAT order model too (proof of the best order, or a bound).
+    work : float
+        CP-SAT deterministic seconds (``exact`` only): same work and seed, same plan.
+    time_limit : float, optional
+        Wall-clock cap in seconds for CP-SAT (``exact`` only).
+    workers, seed : int
+        CP-SAT's workers and random seed.
+    memory_fraction : float
+        Each group's memory cap as a share of its device memory, in ``(0, 1]``.
+    split_backward : bool
+        Let backwards run as ``I`` then ``W`` (else whole ``B`` s).
+
+    Returns
+    -------
+    pipeplan.solver.core.schedule_synthesis.SynthesizedPlan
+        ``plan`` (the custom plan, its record in ``extra["synthesis"]``: algorithm,
+        status, ``optimal`` only when proved over the orders of this partition, lower
+        bound, gap, wall time, seed), ``before`` and ``after`` (the simulator's results of
+        both plans), ``record``, ``fits`` and ``reason``.
+
+    Raises
+    ------
+    pipeplan.models.errors.InputError
+        If a file is unreadable or breaks a rule of its format, or the plan does not
+        match the graph and cluster.
+
+    Examples
+    --------
+    >>> made = synthesize("examples/hetero.plan.json", "examples/chain8.graph.json",
+    ...                   "examples/two-servers.cluster.json")
+    >>> made.plan.schedule, made.after.iteration_time < made.before.iteration_time
+    ('custom', True)
+    """
+    from pipeplan.models.graph import load_graph
+    from pipeplan.solver.core.schedule_synthesis import synthesize_plan
+    from pipeplan.solver.formats.cluster import load_cluster
+    from pipeplan.solver.formats.plan import load_plan as load
+
+    graph = load_graph(graph) if isinstance(graph, str) else graph
+    cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
+    if isinstance(plan, str):
+        plan = load(plan, graph, cluster)
+    else:
+        plan.validate(graph, cluster)
+    return synthesize_plan(plan, graph, cluster, exact=exact, work=work, time_limit=time_limit, workers=workers,
+                           seed=seed, memory_fraction=memory_fraction, split_backward=split_backward)
 
 
 def load_plan(path: str) -> "Plan":

@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "pipeplan.cmd_validate",
     "pipeplan.cmd_simulate",
     "pipeplan.cmd_plan",
+    "pipeplan.cmd_synthesize",
     "pipeplan.cmd_models",
     "pipeplan.cmd_run",
     "pipeplan.cmd_calibrate",
@@ -54,6 +55,8 @@ EXAMPLES = {
             "--batch 64 --microbatches 8 --solver cpsat --time-limit 20 -o plan.json",
     "compare": "pipeplan compare examples/chain8.graph.json examples/two-servers.cluster.json "
                "--batch 64 --microbatches 8 --time-limit 10 --plot compare.png",
+    "synthesize": "pipeplan synthesize examples/chain8.graph.json examples/two-servers.cluster.json "
+                  "examples/hetero.plan.json --exact -o synthesized.plan.json",
     "pareto": "pipeplan pareto examples/chain8.graph.json examples/two-servers.cluster.json "
               "--batch 64 --microbatches 8 --time-limit 10 -o front.json --plot front.png",
     "models": "pipeplan models --json",

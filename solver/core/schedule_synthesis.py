@@ -1,0 +1,208 @@
+"""Programs built for a plan's own partition (``pipeplan synthesize``, :func:`pipeplan.synthesize`).
+
+A plan fixes a partition (stages, device groups, splits, recompute) and a schedule.
+:func:`synthesize_plan` keeps the partition and replaces the schedule by ``custom``
+programs built from the partition's own action times, links, all-reduce, step and
+memory caps (spec section 7): by the list scheduler
+(:func:`~pipeplan.solver.schedules.synthesis.synthesize`), or, with ``exact``, by the
+CP-SAT order model (:func:`~pipeplan.solver.schedules.order_model.solve_order`) started
+from the list scheduler's programs.  The plan's own programs are a candidate too, so
+the result is never slower than the plan given when those fit the caps.
+
+Both times are the simulator's (``simulate`` of the plan given and of the plan
+written), and the written plan carries what ran in its ``"synthesis"`` field
+(:data:`RECORD_FIELDS`): the algorithm, its status (``optimal`` only when proved, and
+then only over the orders of this partition's actions), a lower bound, the gap, the
+wall time, the seed and the work limits.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from pipeplan.models.graph import LayerGraph
+from pipeplan.solver.evaluation.simulator import Simulation, simulate
+from pipeplan.solver.formats.cluster import Cluster
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.schedules.order_model import FLOAT_MARGIN, OrderLimits, OrderProblem, solve_order
+from pipeplan.solver.schedules.programs import FULL_BACKWARD, Action
+from pipeplan.solver.schedules.synthesis import (ProgramDeadlock, ScheduleInstance, custom_plan, evaluate,
+                                                 schedule_instance, split_backwards, synthesize)
+
+__all__ = ["SynthesizedPlan", "synthesize_plan", "order_lower_bound", "DEFAULT_WORK", "RECORD_FIELDS"]
+
+DEFAULT_WORK = 30.0
+"""CP-SAT deterministic seconds the exact order model may use by default.  The proofs of
+``experiments/bench_synthesis.py`` on 4 groups x 8 microbatches (docs/benchmarks.md) end
+well within it; larger partitions stop at it with a bound."""
+
+RECORD_FIELDS = ("algorithm", "status", "iteration_time", "lower_bound", "gap", "wall_time", "seed", "workers",
+                 "budget", "work", "stopped_by", "space", "source", "memory_fraction", "before")
+"""The fields of the ``"synthesis"`` record a synthesized plan carries."""
+
+
+@dataclass(frozen=True)
+class SynthesizedPlan:
+    """What :func:`synthesize_plan` built."""
+
+    plan: Plan
+    """The ``custom`` plan on the same partition, its record in ``extra["synthesis"]``."""
+    before: Simulation
+    """The simulator's result for the plan given."""
+    after: Simulation
+    """The simulator's result for :attr:`plan`."""
+    record: dict[str, Any]
+    """What ran and what it proved (:data:`RECORD_FIELDS`), as written into the plan."""
+    fits: bool
+    """Whether every group's peak memory is within its cap (the device memory times the memory fraction)."""
+    reason: str | None = None
+    """Why no program fits the caps, when none does."""
+
+
+def order_lower_bound(instance: ScheduleInstance, split_backward: bool = True) -> float:
+    """A lower bound on the iteration time of every program of the partition.
+
+    Each group runs its actions one at a time and then its all-reduce and step, so no
+    order ends before ``max_g (sum of g's action times + AR_g + STEP_g)``, lowered by
+    :data:`~pipeplan.solver.schedules.order_model.FLOAT_MARGIN` for the simulator's
+    floating-point sums (which add in program order).
+
+    Examples
+    --------
+    See ``tests/test_cmd_synthesize.py``.
+    """
+    busy = [0.0] * len(instance.groups)
+    for st in instance.stages:
+        back = (math.fsum(st.input_grad) + math.fsum(st.weight_grad)) if split_backward else math.fsum(st.backward)
+        busy[st.group] += math.fsum(st.forward) + back
+    return max(b + g.allreduce + g.step for b, g in zip(busy, instance.groups)) * (1 - FLOAT_MARGIN)
+
+
+def synthesize_plan(plan: Plan, graph: LayerGraph, cluster: Cluster, *, exact: bool = False,
+                    work: float = DEFAULT_WORK, time_limit: float | None = None, workers: int = 1, seed: int = 0,
+                    memory_fraction: float = 1.0, split_backward: bool = True) -> SynthesizedPlan:
+    """The best programs found for ``plan``'s partition, as a ``custom`` plan with its record.
+
+    Parameters
+    ----------
+    plan : Plan
+        A validated plan of ``graph`` on ``cluster`` (any schedule): its stages, groups,
+        splits and recompute flags are kept, its schedule and programs replaced.
+    graph : LayerGraph
+    cluster : Cluster
+    exact : bool
+        Run the CP-SAT order model from the list scheduler's programs (else the list
+        scheduler only).
+    work : float
+        CP-SAT deterministic seconds (only with ``exact``): what decides the result.
+    time_limit : float, optional
+        Wall-clock seconds CP-SAT may take at most (only with ``exact``); a result it cuts
+        short says so in ``stopped_by`` and may differ on another machine.
+    workers : int
+        CP-SAT workers (interleaved search: the result depends on the seed and work only).
+    seed : int
+        CP-SAT's random seed.
+    memory_fraction : float
+        Each group's memory cap as a share of its smallest device's memory, in ``(0, 1]``.
+    split_backward : bool
+        Let each backward run as ``I`` and a later ``W`` (else whole ``B`` s only).
+
+    Returns
+    -------
+    SynthesizedPlan
+        The plan, both simulations and the record.  Its ``status`` is ``optimal`` when
+        the time is proved shortest over every order of the partition's actions (CP-SAT's
+        proof, or the list scheduler's time meeting :func:`order_lower_bound`), else
+        ``feasible``; when no program found fits the caps, ``infeasible`` if that is
+        proved (by CP-SAT, or by the memory-minimal program when the stages split alike),
+        else ``unknown``, and :attr:`SynthesizedPlan.reason` says why.
+
+    Raises
+    ------
+    ValueError
+        For a ``memory_fraction`` outside ``(0, 1]``, ``workers < 1``, or a non-positive ``work``
+        or ``time_limit``.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import load_plan
+    >>> from pipeplan.models.graph import load_graph
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> graph, cluster = load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json")
+    >>> made = synthesize_plan(load_plan("examples/hetero.plan.json", graph, cluster), graph, cluster)
+    >>> made.plan.schedule, made.after.iteration_time <= made.before.iteration_time
+    ('custom', True)
+    """
+    if not work > 0 or not math.isfinite(work):
+        raise ValueError(f"work must be positive finite deterministic seconds, got {work}")
+    if time_limit is not None and (not time_limit > 0 or not math.isfinite(time_limit)):
+        raise ValueError(f"time_limit must be positive finite seconds, got {time_limit}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    clock = time.perf_counter()
+    before = simulate(plan, graph, cluster, validate=False)
+    instance = schedule_instance(plan, graph, cluster, memory_fraction=memory_fraction)
+    syn = synthesize(instance, split_backward=split_backward)
+    programs, timeline, source = syn.programs, syn.timeline, syn.source
+    own = _own_programs(plan, split_backward)
+    if own is not None:
+        try:
+            mine = evaluate(instance, own)
+        except ProgramDeadlock:  # a validated plan has none; kept safe for hand-made plans
+            mine = None
+        if mine is not None and mine.fits and (not timeline.fits or mine.iteration_time < timeline.iteration_time):
+            programs, timeline, source = own, mine, f"the plan's own programs ({plan.schedule})"
+    bound = order_lower_bound(instance, split_backward)
+    record: dict[str, Any] = {"algorithm": "list-scheduler", "seed": seed, "workers": None, "budget": None,
+                              "work": None, "stopped_by": "done",
+                              "space": "F, I, W; any order" if split_backward else "F, B; any order"}
+    proved = ""  # "optimal" or "infeasible" when a proof says so
+    if exact:
+        result = solve_order(OrderProblem(instance, split_backward=split_backward),
+                             OrderLimits(work=work, wall_clock=time_limit, workers=workers, seed=seed),
+                             hint=programs if timeline.fits else None)
+        record.update(algorithm="cpsat-order", workers=workers, budget=work, work=result.work,
+                      stopped_by=result.stopped_by, space=result.space)
+        if result.programs is not None and result.timeline is not None and result.timeline.fits and (
+                not timeline.fits or result.timeline.iteration_time < timeline.iteration_time):
+            programs, timeline, source = result.programs, result.timeline, "cpsat-order"
+        if result.lower_bound is not None:
+            bound = max(bound, result.lower_bound)
+        if result.status in ("optimal", "infeasible"):
+            proved = result.status
+    if not timeline.fits:
+        # with the stages split alike, the memory-minimal program not fitting is a proof (see synthesize)
+        proved = "infeasible" if proved == "infeasible" or instance.equal_splits else ""
+        status = proved or "unknown"
+    elif proved == "optimal" or timeline.iteration_time <= bound * (1 + 4 * FLOAT_MARGIN):  # equal but for rounding
+        status = "optimal"
+    else:
+        status = "feasible"
+    time_ = timeline.iteration_time
+    record.update(status=status, iteration_time=time_ if timeline.fits else None,
+                  lower_bound=min(bound, time_) if timeline.fits else bound,
+                  gap=(max(0.0, time_ - bound) / time_) if timeline.fits and time_ > 0 else None,
+                  source=source, memory_fraction=memory_fraction,
+                  before={"schedule": plan.schedule, "iteration_time": before.iteration_time,
+                          **({"solver": {k: plan.extra["solver"].get(k) for k in ("name", "status")}}
+                             if isinstance(plan.extra.get("solver"), dict) else {})})
+    extra = {k: v for k, v in plan.extra.items() if k not in ("solver", "synthesis")}  # the record is no solver's
+    made = custom_plan(replace(plan, extra=extra), programs)
+    after = simulate(made, graph, cluster, validate=False)
+    record["wall_time"] = time.perf_counter() - clock
+    made = made.with_extra(synthesis={k: record[k] for k in RECORD_FIELDS})
+    reason = None if timeline.fits else (syn.reason or "no program found fits every group's memory cap")
+    return SynthesizedPlan(made, before, after, made.extra["synthesis"], timeline.fits, reason)
+
+
+def _own_programs(plan: Plan, split_backward: bool) -> tuple[tuple[Action, ...], ...] | None:
+    """The plan's own programs in the space searched (``B`` split when backwards split), or None outside it."""
+    own = tuple(tuple(program) for program in plan.actions())
+    if split_backward:
+        return split_backwards(own)
+    if any(a.kind not in ("F", FULL_BACKWARD) for p in own for a in p):
+        return None
+    return own
