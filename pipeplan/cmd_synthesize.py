@@ -123,7 +123,7 @@ def _summary_text(summary: dict) -> str:
     change = after["iteration_time"] / before["iteration_time"] - 1 if before["iteration_time"] > 0 else 0.0
     fit = "" if before["fits"] else " (does not fit in memory)"
     bound = "-" if rec["lower_bound"] is None else f"{rec['lower_bound'] * 1e3:.4f} ms"
-    gap = "-" if rec["gap"] is None else f"{100 * rec['gap']:.2f} %"
+    gap = "-" if rec["gap"] is None else f"{100 * rec['gap']:.2g} %"
     algorithm = rec["algorithm"] + (f", {rec['work']:.2f} of {rec['budget']:g} det. s, stopped by {rec['stopped_by']}"
                                     if rec["algorithm"] == "cpsat-order" else "")
     return (f"before: {before['schedule']} {before['iteration_time'] * 1e3:.4f} ms{fit}\n"
