@@ -28,7 +28,7 @@ from pipeplan.solver.evaluation.simulator import Simulation, simulate
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.schedules.order_model import FLOAT_MARGIN, OrderLimits, OrderProblem, solve_order
-from pipeplan.solver.schedules.programs import FULL_BACKWARD, Action
+from pipeplan.solver.schedules.programs import FORWARD, FULL_BACKWARD, Action
 from pipeplan.solver.schedules.synthesis import (ProgramDeadlock, ScheduleInstance, custom_plan, evaluate,
                                                  schedule_instance, split_backwards, synthesize)
 
@@ -203,6 +203,6 @@ def _own_programs(plan: Plan, split_backward: bool) -> tuple[tuple[Action, ...],
     own = tuple(tuple(program) for program in plan.actions())
     if split_backward:
         return split_backwards(own)
-    if any(a.kind not in ("F", FULL_BACKWARD) for p in own for a in p):
+    if any(a.kind not in (FORWARD, FULL_BACKWARD) for p in own for a in p):
         return None
     return own
