@@ -263,6 +263,10 @@ class TestWorkedExample:
         stage0 = {op.label: (op.start, op.end) for op in result.ops if op.stage == 0}
         assert stage0["0F0"] == pytest.approx((0.0, 0.0019)) and stage0["0B1"] == pytest.approx((0.014, 0.0177))
 
+    def test_the_table_shows_replicas_and_zero(self, run_cli):
+        status, out, _ = run_cli("simulate", *(str(EXAMPLES / f"tp.{k}.json") for k in ("graph", "cluster", "plan")))
+        assert status == 0 and "(g0,g1) zero 1" in out and "g2,g3 zero 2" in out and "18.2000 ms" in out
+
     def test_the_page_shows_the_example_files(self):
         text = (ROOT / "docs" / "model.md").read_text()
         section = text[text.index("### 8.5"):]
