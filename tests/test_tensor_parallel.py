@@ -426,7 +426,7 @@ class TestRefusals:
         with pytest.raises(InputError) as info:
             plan.refuse_tensor_parallel("p.json", "the torch export")
         assert info.value.where == "stages" and info.value.what.startswith(
-            "stage 0 has tensor_parallel 2, but the torch export plans and runs tensor parallelism 1 and ZeRO 0 only")
+            "stage 0 has tensor_parallel 2, but the torch export takes only tensor_parallel 1 and zero 0")
         zero_only = Plan.from_dict(_plan_with(lambda d: d["stages"][0].pop("tensor_parallel")))
         assert zero_only.tensor_parallel_uses() == ["stage 0 has zero 1", "stage 1 has zero 2"]
         load_plan(str(EXAMPLES / "hetero.plan.json")).refuse_tensor_parallel("p.json", "x")  # nothing to refuse

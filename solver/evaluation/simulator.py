@@ -36,7 +36,7 @@ from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from pipeplan.models.errors import DeadlockError, InputError
-from pipeplan.solver.evaluation.memory import StageMemory, StashWalk, gather, group_peak_memory
+from pipeplan.solver.evaluation.memory import StageMemory, StashWalk, gather, group_peak_memory, training_state
 from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, INPUT, WEIGHT, Action, format_action, stage_actions
 
 if TYPE_CHECKING:
@@ -628,7 +628,7 @@ def _sharded_group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", p
     def collective(calls: int, nbytes: float) -> float:  # calls ring all-reduces moving nbytes in all (8.3)
         return 2 * (t - 1) * (calls * lat_t + nbytes / (t * bw_t)) if t > 1 and nbytes > 0 else 0.0
 
-    w, g, o = plan.state_split
+    split_state = plan.state_split
     durations: list[float] = []
     recompute: list[float] = []
     samples: list[int] = []
@@ -656,7 +656,7 @@ def _sharded_group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", p
         zero = plan.stage_zero(s)
         params += tp.params
         step += tp.step / (r if zero else 1)
-        state += tp.params * (plan.state_factor if zero == 0 else w + g + o / r if zero == 1 else w + (g + o) / r)
+        state += training_state(tp.params, plan.state_factor, split_state, zero, r)
     peak = state + layout.walk.peak(memory)
     return GroupCost(tuple(devices), held, program, layout.durations(durations), layout.durations(recompute),
                      layout.samples(samples), _allreduce(cluster, devices, params, r), step / speed, peak,

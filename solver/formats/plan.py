@@ -175,8 +175,8 @@ class Plan:
         """
         found = self.tensor_parallel_uses()
         if found:
-            raise InputError(file, "stages", f"{found[0]}, but {what} plans and runs tensor parallelism 1 and ZeRO "
-                                             f"0 only (docs/model.md section 8); use a plan without them")
+            raise InputError(file, "stages", f"{found[0]}, but {what} takes only tensor_parallel 1 and zero 0 "
+                                             f"(docs/model.md section 8); give a plan without them")
 
     @property
     def num_stages(self) -> int:
