@@ -365,7 +365,8 @@ def _three_devices(data: dict) -> None:
 class TestRefusals:
     @pytest.mark.parametrize("change, where, what", [
         (lambda d: d["stages"][0].update(tensor_parallel=0), "stages[0].tensor_parallel", "at least 1"),
-        (lambda d: d["stages"][0].update(tensor_parallel=3), "stages[0].tensor_parallel", "at most 2"),
+        (lambda d: d["stages"][0].update(tensor_parallel=3), "stages[0].devices",
+         "stage 0 lists 2 devices, not a multiple of its tensor_parallel 3"),
         (_three_devices, "stages[0].devices", "3 devices, not a multiple of its tensor_parallel 2"),
         (lambda d: d.update(zero=3), "zero", "at most 2"),
         (lambda d: d["stages"][1].update(zero="1"), "stages[1].zero", "integer"),

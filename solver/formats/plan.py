@@ -658,7 +658,7 @@ def _read_stage(item: Any, file: str, where: str, custom: bool, version3: bool =
     degree, zero = 1, None
     if version3:
         if r.has("tensor_parallel"):
-            degree = r.integer("tensor_parallel", minimum=1, maximum=len(devices))
+            degree = r.integer("tensor_parallel", minimum=1, maximum=MAX_SAMPLES)
         if r.has("zero"):
             zero = r.integer("zero", minimum=0, maximum=2)
     return Stage((lo, hi), tuple(devices), split, r.boolean("recompute"), ops,
