@@ -302,6 +302,23 @@ class TestNeutralFields:
             assert again.summary() == base.summary(), name
             assert [(o.start, o.end) for o in again.ops] == [(o.start, o.end) for o in base.ops]
 
+    @settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(instances())
+    def test_random_plans_at_degree_1_and_zero_0(self, instance):
+        graph_d, cluster_d, plan_d = instance
+        cluster = Cluster.from_dict(cluster_d)
+        for st_ in plan_d["stages"]:
+            st_.update(tensor_parallel=1, zero=0)
+        plan_d["zero"] = 0
+        plain_plan = json.loads(json.dumps(plan_d))
+        plain_plan["format"] = "pipeplan.plan/2"
+        plain_graph = json.loads(json.dumps(graph_d))
+        plain_graph["format"] = "pipeplan.graph/2"
+        neutral = simulate(Plan.from_dict(plan_d), LayerGraph.from_dict(graph_d), cluster)
+        base = simulate(Plan.from_dict(plain_plan), LayerGraph.from_dict(plain_graph), cluster)
+        assert neutral.summary() == base.summary()
+        assert [(o.start, o.end) for o in neutral.ops] == [(o.start, o.end) for o in base.ops]
+
     def test_zero_on_one_replica_shards_nothing(self):
         graph, cluster = load_graph(str(EXAMPLES / "tp.graph.json")), load_cluster(str(EXAMPLES / "tp.cluster.json"))
         data = json.loads((EXAMPLES / "tp.plan.json").read_text())

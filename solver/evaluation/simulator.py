@@ -501,9 +501,9 @@ def plan_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: dic
         cache.clear()
     group_list = []
     for g, held in enumerate(wiring.held):
-        key = (wiring, g, plan.state_factor, plan.state, tuple(plan.stage_zero(s) for s in held),
-               tuple((stages[s].layers, stages[s].devices, stages[s].recompute, stages[s].tensor_parallel)
-                     for s in held))
+        key = (wiring, g, plan.state_factor, plan.state, plan.zero,
+               tuple((stages[s].layers, stages[s].devices, stages[s].recompute, stages[s].tensor_parallel,
+                      stages[s].zero) for s in held))
         found = cache.get(key)
         if found is None:
             found = cache[key] = _group_cost(plan, graph, cluster, wiring.programs[g], layouts[g])
