@@ -157,8 +157,9 @@ class Plan:
     def tensor_parallel_uses(self) -> list[str]:
         """In words, what of version 3 the plan uses (empty for a plan any earlier reader understands).
 
-        Consumers that do not model tensor parallelism or ZeRO yet refuse a plan for which
-        this is not empty (:meth:`refuse_tensor_parallel`).
+        Consumers that do not run tensor parallelism or ZeRO (the exports, the runtime, the
+        solvers' warm start) refuse a plan for which this is not empty
+        (:meth:`refuse_tensor_parallel`).
         """
         found = [f"stage {s} has tensor_parallel {st.tensor_parallel}" for s, st in enumerate(self.stages)
                  if st.tensor_parallel != 1]
