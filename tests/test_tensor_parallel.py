@@ -269,6 +269,9 @@ class TestWorkedExample:
 
     def test_the_page_shows_the_example_files(self):
         text = (ROOT / "docs" / "model.md").read_text()
+        for heading in ("## 8. Version 3", "### 8.1 Graph", "### 8.2 Plan", "### 8.3 Timing", "### 8.4 Memory",
+                        "### 8.5 A worked example"):
+            assert f"\n{heading}" in text, heading
         section = text[text.index("### 8.5"):]
         shown = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", section, re.S)[:3]]
         assert shown == [json.loads((EXAMPLES / f"tp.{k}.json").read_text()) for k in ("graph", "cluster", "plan")]
