@@ -1,10 +1,12 @@
-"""The layer graph: a model as a DAG of layers with per-layer costs (``pipeplan.graph/1`` and ``/2``).
+"""The layer graph: a model as a DAG of layers with per-layer costs (``pipeplan.graph/1``, ``/2`` and ``/3``).
 
 Version 2 (spec section 7.1) adds three optional layer fields: ``bwd_w`` (the
 weight-gradient part of ``bwd``), ``act_w`` (saved bytes the weight gradient still
 needs) and ``step`` (optimizer-step seconds).  A graph is written as ``/1`` when no
 layer carries them, and a ``/1`` file is read without them even if it has fields of
-those names (they are kept as unknown fields).
+those names (they are kept as unknown fields).  Version 3 (docs/model.md section 8)
+adds ``tp_share`` and ``tp_comm``: what tensor parallelism divides of a layer and what
+it all-reduces; an earlier version's file is read without them.
 
 Layers are kept in the file's topological order; plans refer to them by index and a
 stage is a contiguous index range.  The DAG itself is a :class:`networkx.DiGraph`
@@ -25,9 +27,11 @@ from pipeplan.models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_js
 
 GRAPH_FORMAT = "pipeplan.graph/1"
 GRAPH_FORMAT_V2 = "pipeplan.graph/2"
+GRAPH_FORMAT_V3 = "pipeplan.graph/3"
 
 _LAYER_FIELDS = frozenset({"name", "fwd", "bwd", "params", "act", "out", "tied_to"})
 _LAYER_FIELDS_V2 = _LAYER_FIELDS | {"bwd_w", "act_w", "step"}
+_LAYER_FIELDS_V3 = _LAYER_FIELDS_V2 | {"tp_share", "tp_comm"}
 _GRAPH_FIELDS = frozenset({"format", "name", "input_bytes", "layers", "edges"})
 
 
@@ -55,6 +59,10 @@ class Layer:
     """Bytes per sample the weight gradient still needs after the input gradient (version 2); ``None``: ``act``."""
     step: float | None = None
     """Optimizer-step seconds for this layer's parameters on the reference device (version 2); ``None``: 0."""
+    tp_share: tuple[float, float, float] | None = None
+    """Shares ``(time, params, act)`` that tensor parallelism divides by ``t`` (version 3); ``None``: nothing."""
+    tp_comm: tuple[float, float] | None = None
+    """Bytes per sample all-reduced among a replica's ``t`` devices in the forward and backward (version 3)."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     """Fields of the file this version does not know; written back unchanged."""
 
@@ -92,6 +100,29 @@ class Layer:
         """Whether the layer carries a version-2 field."""
         return self.bwd_w is not None or self.act_w is not None or self.step is not None
 
+    @property
+    def uses_v3(self) -> bool:
+        """Whether the layer carries a version-3 field (``tp_share``, ``tp_comm``)."""
+        return self.tp_share is not None or self.tp_comm is not None
+
+    def tp_factors(self, t: int) -> tuple[float, float, float]:
+        """``(tau, pi, alpha)``: ``h(x) = (1 - x) + x / t`` of each share (docs/model.md 8.1); all 1 when ``t == 1``.
+
+        Examples
+        --------
+        >>> Layer("a", (0, 1), (0, 2), 4, 8, 16, tp_share=(0.8, 1.0, 0.5)).tp_factors(2)
+        (0.6, 0.5, 0.75)
+        """
+        if t == 1:
+            return 1.0, 1.0, 1.0
+        shares = self.tp_share or (0.0, 0.0, 0.0)
+        return tuple((1.0 - x) + x / t for x in shares)  # type: ignore[return-value]
+
+    @property
+    def tp_bytes(self) -> tuple[float, float]:
+        """``(c_f, c_b)``: bytes per sample all-reduced in the forward and backward (0 when absent)."""
+        return self.tp_comm if self.tp_comm is not None else (0.0, 0.0)
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = dict(self.extra)
         data.update(name=self.name, fwd=list(self.fwd), bwd=list(self.bwd),
@@ -104,6 +135,10 @@ class Layer:
             data["act_w"] = self.act_w
         if self.step is not None:
             data["step"] = self.step
+        if self.tp_share is not None:
+            data["tp_share"] = list(self.tp_share)
+        if self.tp_comm is not None:
+            data["tp_comm"] = list(self.tp_comm)
         return data
 
 
@@ -174,11 +209,12 @@ class LayerGraph:
     def from_dict(cls, data: Any, file: str = "-") -> "LayerGraph":
         """Read a ``pipeplan.graph/1`` object; see :func:`load_graph`."""
         top = Reader(data, file, "")
-        version2 = top.format(GRAPH_FORMAT, GRAPH_FORMAT_V2) == GRAPH_FORMAT_V2
+        version = top.format(GRAPH_FORMAT, GRAPH_FORMAT_V2, GRAPH_FORMAT_V3)
+        version2, version3 = version != GRAPH_FORMAT, version == GRAPH_FORMAT_V3
         name = top.string("name")
         input_bytes = top.number("input_bytes")
         raw_layers = top.array("layers", nonempty=True)
-        layers = [_read_layer(item, file, f"layers[{i}]", version2)
+        layers = [_read_layer(item, file, f"layers[{i}]", version2, version3)
                   for i, item in enumerate(raw_layers)]
         edges = None
         if top.has("edges"):
@@ -187,7 +223,7 @@ class LayerGraph:
         return cls(name, layers, edges, input_bytes, top.extras(_GRAPH_FIELDS), file)
 
     def to_dict(self) -> dict[str, Any]:
-        """The ``pipeplan.graph/1`` object, or ``/2`` when a layer has a version-2 field (unknown fields kept)."""
+        """The graph's object in the lowest version whose fields it uses (:attr:`format`; unknown fields kept)."""
         data: dict[str, Any] = dict(self.extra)
         data.update({"format": self.format, "name": self.name, "input_bytes": self.input_bytes,
                      "layers": [layer.to_dict() for layer in self.layers]})
@@ -198,7 +234,10 @@ class LayerGraph:
     # ----------------------------------------------------------------- queries
     @property
     def format(self) -> str:
-        """``pipeplan.graph/2`` when any layer carries ``bwd_w``, ``act_w`` or ``step``, else ``/1``."""
+        """``pipeplan.graph/3`` when a layer carries ``tp_share`` or ``tp_comm``; else ``/2`` when one carries
+        ``bwd_w``, ``act_w`` or ``step``; else ``/1``."""
+        if any(layer.uses_v3 for layer in self.layers):
+            return GRAPH_FORMAT_V3
         return GRAPH_FORMAT_V2 if any(layer.uses_v2 for layer in self.layers) else GRAPH_FORMAT
 
     def __len__(self) -> int:
@@ -275,9 +314,66 @@ class LayerGraph:
         """Summed optimizer-step seconds (reference device) over layers ``lo <= i < hi``."""
         return float(sum(layer.step_time for layer in self.layers[lo:hi]))
 
+    def tensor_parallel_sums(self, lo: int, hi: int, t: int) -> "TensorParallelSums":
+        """What one device of a degree-``t`` replica holds and runs of layers ``lo <= i < hi`` (docs/model.md 8.3, 8.4).
+
+        Every coefficient and size is scaled by its layer's factor (:meth:`Layer.tp_factors`)
+        before it is summed; the collectives are counted and their bytes summed.
+        """
+        sums = [0.0] * 10
+        fwd_bytes = bwd_bytes = 0.0
+        fwd_calls = bwd_calls = 0
+        for layer in self.layers[lo:hi]:
+            tau, pi, alpha = layer.tp_factors(t)
+            a_w, b_w = layer.weight_bwd
+            for i, (x, f) in enumerate(((layer.fwd[0], tau), (layer.fwd[1], tau), (layer.bwd[0], tau),
+                                        (layer.bwd[1], tau), (a_w, tau), (b_w, tau), (layer.params, pi),
+                                        (layer.act, alpha), (layer.act_weight, alpha), (layer.step_time, pi))):
+                sums[i] += x * f
+            c_f, c_b = layer.tp_bytes
+            fwd_bytes += c_f
+            bwd_bytes += c_b
+            fwd_calls += c_f > 0
+            bwd_calls += c_b > 0
+        return TensorParallelSums(*sums, fwd_bytes, fwd_calls, bwd_bytes, bwd_calls)
+
     def unique_params(self) -> float:
         """Parameter bytes counting tied weights once."""
         return float(sum(layer.params for layer in self.layers if layer.tied_to is None))
+
+
+@dataclass(frozen=True)
+class TensorParallelSums:
+    """Per-device sums over a layer range of a degree-``t`` stage (:meth:`LayerGraph.tensor_parallel_sums`)."""
+
+    af: float
+    """Sum of ``fwd[0] * tau``."""
+    bf: float
+    """Sum of ``fwd[1] * tau``."""
+    ab: float
+    """Sum of ``bwd[0] * tau``."""
+    bb: float
+    """Sum of ``bwd[1] * tau``."""
+    aw: float
+    """Sum of ``bwd_w[0] * tau`` (``bwd / 2`` where absent)."""
+    bw: float
+    """Sum of ``bwd_w[1] * tau``."""
+    params: float
+    """``P'``: sum of ``params * pi``."""
+    act: float
+    """``A``: sum of ``act * alpha``."""
+    act_w: float
+    """``Aw``: sum of ``act_w * alpha``."""
+    step: float
+    """Sum of ``step * pi``."""
+    fwd_bytes: float
+    """Sum of ``c_f``: bytes per sample all-reduced in the forward."""
+    fwd_calls: int
+    """Layers with ``c_f > 0`` (each pays one collective's latency)."""
+    bwd_bytes: float
+    """Sum of ``c_b``."""
+    bwd_calls: int
+    """Layers with ``c_b > 0``."""
 
 
 def _check_edge(u: int, v: int, n: int, file: str, where: str) -> None:
@@ -287,7 +383,7 @@ def _check_edge(u: int, v: int, n: int, file: str, where: str) -> None:
         raise InputError(file, where, f"edge [{u}, {v}] must go forward (u < v): layers are listed in topological order")
 
 
-def _read_layer(item: Any, file: str, where: str, version2: bool = False) -> Layer:
+def _read_layer(item: Any, file: str, where: str, version2: bool = False, version3: bool = False) -> Layer:
     r = Reader(item, file, where)
     tied = None
     if r.has("tied_to") and r.raw("tied_to") is not None:
@@ -297,6 +393,10 @@ def _read_layer(item: Any, file: str, where: str, version2: bool = False) -> Lay
     bwd_w = act_w = step = None
     if version2:
         bwd_w, act_w, step = _read_v2_fields(r, bwd, act)
+    tp_share = tp_comm = None
+    if version3:
+        tp_share, tp_comm = _read_v3_fields(r)
+    known = _LAYER_FIELDS_V3 if version3 else _LAYER_FIELDS_V2 if version2 else _LAYER_FIELDS
     return Layer(
         name=r.string("name"),
         fwd=number_list(r.raw("fwd"), file, r.path("fwd"), 2),  # type: ignore[arg-type]
@@ -308,8 +408,24 @@ def _read_layer(item: Any, file: str, where: str, version2: bool = False) -> Lay
         bwd_w=bwd_w,
         act_w=act_w,
         step=step,
-        extra=r.extras(_LAYER_FIELDS_V2 if version2 else _LAYER_FIELDS),
+        tp_share=tp_share,  # type: ignore[arg-type]
+        tp_comm=tp_comm,  # type: ignore[arg-type]
+        extra=r.extras(known),
     )
+
+
+def _read_v3_fields(r: Reader) -> tuple[tuple[float, ...] | None, tuple[float, ...] | None]:
+    """``tp_share`` (three shares in [0, 1]) and ``tp_comm`` (two byte counts >= 0) of a version-3 layer."""
+    share = None
+    if r.has("tp_share"):
+        share = number_list(r.raw("tp_share"), r.file, r.path("tp_share"), 3)
+        for i, (x, what) in enumerate(zip(share, ("time", "params", "act"))):
+            if x > 1:
+                raise InputError(r.file, f"{r.path('tp_share')}[{i}]",
+                                 f"the share of the layer's {what} that tensor parallelism divides is {x!r}; a share "
+                                 f"is between 0 and 1 (tp_share = [time, params, act])")
+    comm = number_list(r.raw("tp_comm"), r.file, r.path("tp_comm"), 2) if r.has("tp_comm") else None
+    return share, comm
 
 
 def _read_v2_fields(r: Reader, bwd: tuple[float, ...], act: float

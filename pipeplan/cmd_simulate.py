@@ -75,6 +75,15 @@ def _joined(values: list[str]) -> str:
     return values[0] if len(set(values)) == 1 else ",".join(values)
 
 
+def _devices(plan: Plan, stages: tuple[int, ...]) -> str:
+    """A group's devices; with tensor parallelism its replicas in parentheses, and any ZeRO level (``"(g0,g1) zero 1"``)."""
+    first = plan.stages[stages[0]]
+    text = (" ".join("(" + ",".join(r) + ")" for r in first.replica_devices) if first.tensor_parallel > 1
+            else ",".join(first.devices))
+    levels = sorted({plan.stage_zero(s) for s in stages})
+    return text + (f" zero {'/'.join(map(str, levels))}" if levels != [0] else "")
+
+
 def print_table(plan: Plan, result: Simulation) -> None:
     """One row per device group: its stages, layers, devices, split, busy time, bubble, all-reduce, step, memory."""
     from rich.table import Table
@@ -90,7 +99,7 @@ def print_table(plan: Plan, result: Simulation) -> None:
         held = [plan.stages[s] for s in group.stages]
         bubble = T - busy - group.allreduce - group.step
         table.add_row(str(gi), ",".join(map(str, group.stages)),
-                      ",".join(f"{st.layers[0]}..{st.layers[1] - 1}" for st in held), ",".join(group.devices),
+                      ",".join(f"{st.layers[0]}..{st.layers[1] - 1}" for st in held), _devices(plan, group.stages),
                       _joined([_split(st.microbatches) for st in held]),
                       _joined(["yes" if st.recompute else "no" for st in held]), f"{busy * 1e3:.3f}",
                       f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",

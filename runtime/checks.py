@@ -65,6 +65,7 @@ def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: 
     graph = load_graph(graph_file)
     cluster = load_cluster(cluster_file)
     plan = load_plan(plan_file, graph, cluster)
+    plan.refuse_tensor_parallel(plan_file, "pipeplan run")
     request = model_name if isinstance(model_name, ModelRequest) else ModelRequest(model_name)
     model_name = request.spec
     if request.is_zoo and model_name not in model_names():

@@ -59,6 +59,16 @@ class TestCheckPlan:
         assert "stage 0" in line and "tensor_split" in line and "silently" in line
 
     @pytest.mark.parametrize("target", ALL)
+    def test_tensor_parallel_and_zero_refused_by_every_target(self, target):
+        from dataclasses import replace
+
+        p = two_stage(devices1=("d1", "d2"))
+        tp = replace(p, stages=(p.stages[0], replace(p.stages[1], tensor_parallel=2)))
+        assert refusal(tp, target).startswith(f"error: p.json: stages: stage 1 has tensor_parallel 2, but the {target} "
+                                              f"export takes only tensor_parallel 1 and zero 0")
+        assert "stage 0 has zero 1" in refusal(replace(p, zero=1), target)
+
+    @pytest.mark.parametrize("target", ALL)
     def test_different_counts_refused(self, target):
         line = refusal(two_stage(split1=(2, 2, 2, 2)), target)
         assert "stage 1 splits the batch into 4 microbatches but stage 0 into 2" in line

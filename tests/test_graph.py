@@ -215,5 +215,5 @@ class TestGraphVersion2:
             LayerGraph.from_dict(data)
 
     def test_unknown_version(self):
-        with pytest.raises(InputError, match="unknown format version 'pipeplan.graph/3'"):
-            LayerGraph.from_dict(self._data("pipeplan.graph/3"))
+        with pytest.raises(InputError, match="unknown format version 'pipeplan.graph/4'"):
+            LayerGraph.from_dict(self._data("pipeplan.graph/4"))

@@ -415,6 +415,15 @@ def test_plan_with_unknown_device_is_refused(graphs, tmp_path, refused):
     assert status == 2 and "unknown device 'gpu9'" in err
 
 
+def test_tensor_parallel_plan_is_refused(graphs, tmp_path, refused):
+    plan = json.loads(Path(write_plan(tmp_path, [(0, 3, ["g0", "g1"], [2]), (3, 6, ["g2"], [2])], 2)).read_text())
+    plan["format"], plan["stages"][0]["tensor_parallel"] = "pipeplan.plan/3", 2
+    path = tmp_path / "tp.plan.json"
+    path.write_text(json.dumps(plan))
+    status, err = refused(graphs["gpt-tiny"], CLUSTER, str(path), "--model", "gpt-tiny")
+    assert status == 2 and "stage 0 has tensor_parallel 2, but pipeplan run takes only" in err
+
+
 def test_bad_spin_is_refused_before_any_process(graphs, tmp_path, refused):
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
     status, err = refused(graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--spin", "-1")

@@ -48,6 +48,11 @@ class TestLoadWarmStart:
         with pytest.raises(InputError, match="batch of 8 samples.*--batch 16"):
             load_warm_start(path, p)
 
+    def test_zero_is_refused(self, tmp_path):
+        p = problem()
+        with pytest.raises(InputError, match="stage 0 has zero 1, but a solver's warm start takes only"):
+            load_warm_start(write(tmp_path, one_stage_plan(p), format="pipeplan.plan/3", zero=1), p)
+
     def test_another_split_is_outside_the_space(self, tmp_path):
         p = problem()
         with pytest.raises(InputError, match="outside this problem's search space.*4 equal microbatches"):

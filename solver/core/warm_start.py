@@ -44,6 +44,7 @@ def load_warm_start(path: str, problem: PlanningProblem) -> Plan:
     >>> plan = load_warm_start("best.plan.json", problem)  # doctest: +SKIP
     """
     plan = load_plan(path, problem.graph, problem.cluster)
+    plan.refuse_tensor_parallel(path, "a solver's warm start")
     if plan.global_batch != problem.global_batch:
         raise InputError(path, "global_batch", f"the plan is for a batch of {plan.global_batch} samples, the problem "
                                                f"has --batch {problem.global_batch}; plan again or give its batch")

@@ -74,7 +74,18 @@ class Candidate:
 
     @classmethod
     def from_plan(cls, plan: "Plan") -> "Candidate":
-        """The candidate of a plan (its schedule and state factor are not kept)."""
+        """The candidate of a plan (its schedule and state factor are not kept).
+
+        Raises
+        ------
+        ValueError
+            For a plan with tensor parallelism, ZeRO or a state split (version 3): a
+            candidate cannot express them (:func:`simulate_batch` times such plans with
+            the scalar simulator instead).
+        """
+        if plan.uses_v3:
+            raise ValueError("a candidate holds no tensor-parallel degree, ZeRO level or state split; "
+                             "simulate this plan with simulate()")
         programs = tuple(tuple(p) for p in plan.actions()) if plan.schedule == "custom" else None
         return cls(tuple(st.layers for st in plan.stages), tuple(st.devices for st in plan.stages),
                    tuple(st.recompute for st in plan.stages), tuple(st.microbatches for st in plan.stages), programs)
@@ -782,6 +793,9 @@ def relative_overuse(peak, capacity):
 def simulate_batch(plans: Sequence["Plan"], graph: "LayerGraph", cluster: "Cluster") -> BatchResult:
     """Evaluate many plans at once; plans of one schedule and state factor batch together.
 
+    A plan with tensor parallelism, ZeRO or a state split (version 3) is timed by the
+    scalar simulator (its ``batched`` entry is ``False``).
+
     Parameters
     ----------
     plans : sequence of Plan
@@ -799,6 +813,15 @@ def simulate_batch(plans: Sequence["Plan"], graph: "LayerGraph", cluster: "Clust
                       np.full(n_plans, np.inf), np.zeros(n_plans, dtype=bool))
     by_kind: dict[tuple[str, float], list[int]] = {}
     for i, p in enumerate(plans):
+        if p.uses_v3:  # tensor parallelism, ZeRO, a state split: candidates cannot hold them, so scalar
+            try:
+                result = simulate(p, graph, cluster, validate=False)
+            except DeadlockError:
+                continue  # as BatchSimulator reports one: infinite time, does not fit
+            out.iteration_time[i], out.peak_memory[i] = result.iteration_time, max(result.peak_memory)
+            out.fits[i] = result.fits
+            out.overuse[i] = max(relative_overuse(pk, c) for pk, c in zip(result.peak_memory, result.memory_capacity))
+            continue
         by_kind.setdefault((p.schedule, p.state_factor), []).append(i)
     for (schedule, factor), members in by_kind.items():
         sim = BatchSimulator(graph, cluster, schedule, factor)

@@ -175,6 +175,28 @@ def group_peak_memory(state_factor: float, params: float, program: Sequence[tupl
     return state_factor * params + walk.peak(stages)
 
 
+def training_state(params: float, state_factor: float, split: tuple[float, float, float], zero: int,
+                   replicas: int) -> float:
+    """Bytes of training state on each device of a stage (docs/model.md 8.4).
+
+    ``params`` is what one device holds (``P'``, after tensor parallelism's split) and
+    ``split`` the weights, gradients and optimizer state per byte of it.  ZeRO 0 keeps
+    all of it, ``state_factor * P'`` (sections 5 and 7.4); ZeRO 1 shards the optimizer
+    state across the ``replicas``; ZeRO 2 the gradients too.
+
+    Examples
+    --------
+    >>> [training_state(100.0, 4.0, (1.0, 1.0, 2.0), zero, 4) for zero in (0, 1, 2)]
+    [400.0, 250.0, 175.0]
+    """
+    w, g, o = split
+    if zero == 0:
+        return state_factor * params
+    if zero == 1:
+        return (w + g + o / replicas) * params
+    return (w + (g + o) / replicas) * params
+
+
 def range_peak_memory(graph: LayerGraph, state_factor: float, lo: int, hi: int, program: Sequence[Action],
                       per_replica: Sequence[int], recompute: bool) -> float:
     """The peak of a stage of layers ``[lo, hi)`` that has its group to itself, summed exactly as the simulator sums it.

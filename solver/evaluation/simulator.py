@@ -1,4 +1,4 @@
-"""The exact simulator: what a plan costs (spec sections 4, 5 and 7).
+"""The exact simulator: what a plan costs (spec sections 4, 5 and 7; docs/model.md section 8).
 
 Every plan is a set of device groups, each running its *program* of actions one at a
 time (a version-1 plan is the case of one stage per group, its program the stage's op
@@ -36,7 +36,7 @@ from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from pipeplan.models.errors import DeadlockError, InputError
-from pipeplan.solver.evaluation.memory import StageMemory, StashWalk, gather, group_peak_memory
+from pipeplan.solver.evaluation.memory import StageMemory, StashWalk, gather, group_peak_memory, training_state
 from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, INPUT, WEIGHT, Action, format_action, stage_actions
 
 if TYPE_CHECKING:
@@ -501,8 +501,9 @@ def plan_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: dic
         cache.clear()
     group_list = []
     for g, held in enumerate(wiring.held):
-        key = (wiring, g, plan.state_factor,
-               tuple((stages[s].layers, stages[s].devices, stages[s].recompute) for s in held))
+        key = (wiring, g, plan.state_factor, plan.state, plan.zero,
+               tuple((stages[s].layers, stages[s].devices, stages[s].recompute, stages[s].tensor_parallel,
+                      stages[s].zero) for s in held))
         found = cache.get(key)
         if found is None:
             found = cache[key] = _group_cost(plan, graph, cluster, wiring.programs[g], layouts[g])
@@ -510,7 +511,8 @@ def plan_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: dic
     link_list, last = [], len(stages) - 1
     for s, st in enumerate(stages):
         key = (st.layers, st.devices, st.microbatches, stages[s - 1].devices if s else None,
-               stages[s + 1].devices if s < last else None)
+               stages[s + 1].devices if s < last else None,
+               tuple(stages[i].tensor_parallel for i in range(max(0, s - 1), min(last, s + 1) + 1)))
         found = cache.get(key)
         if found is None:
             found = cache[key] = _stage_links(plan, graph, cluster, s)
@@ -525,7 +527,7 @@ def _ceil_div(n: int, r: int) -> int:
 def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "Cluster") -> tuple[float, ...]:
     """Seconds each of ``sender``'s microbatches takes across the cut to ``receiver``."""
     lat = cluster.lat(sender.devices, receiver.devices)
-    rate = min(len(sender.devices), len(receiver.devices)) * cluster.bw(sender.devices, receiver.devices)
+    rate = min(sender.replicas, receiver.replicas) * cluster.bw(sender.devices, receiver.devices)
     return tuple(lat + n * cut_bytes / rate for n in sender.microbatches)
 
 
@@ -553,6 +555,8 @@ def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: 
                 layout: GroupLayout) -> GroupCost:
     """A group's cost: each action's duration (spec 7.3), the all-reduce, the step and the memory peak (7.4)."""
     stages, held = plan.stages, layout.held
+    if stages[held[0]].tensor_parallel > 1 or any(plan.stage_zero(s) for s in held):
+        return _sharded_group_cost(plan, graph, cluster, program, layout)
     devices = stages[held[0]].devices
     r = len(devices)
     found = [cluster.device_index[d] for d in devices]
@@ -589,12 +593,74 @@ def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: 
                      min(d.memory for d in found))
 
 
-def _allreduce(cluster: "Cluster", devices: tuple[str, ...], params: float) -> float:
-    """``AR = 2*(r-1) * (lat(D) + P / (r * bw(D)))`` of a ring over ``devices``; 0 for one device."""
-    r = len(devices)
+def _allreduce(cluster: "Cluster", devices: tuple[str, ...], params: float, replicas: int | None = None) -> float:
+    """``AR = 2*(r-1) * (lat(D) + P / (r * bw(D)))`` of a ring over ``r`` replicas (default: every device); 0 for one.
+
+    With tensor parallelism each device holds ``P`` (its share) and synchronises with its
+    rank in the other replicas: ``t`` such rings side by side (docs/model.md 8.3).  Under
+    ZeRO 1 or 2 the reduce-scatter and the all-gather together cost the same.
+    """
+    r = len(devices) if replicas is None else replicas
     if r < 2:
         return 0.0
     return 2 * (r - 1) * (cluster.lat(devices) + params / (r * cluster.bw(devices)))
+
+
+def _sharded_group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: tuple[Action, ...],
+                        layout: GroupLayout) -> GroupCost:
+    """A group's cost under tensor parallelism or ZeRO (docs/model.md 8.3 and 8.4).
+
+    Each layer's time, parameters and activations are scaled by its factors before they
+    are summed; each action adds its layers' collectives (not overlapped); the state is
+    split into weights, gradients and optimizer state, sharded by the ZeRO level.
+    """
+    stages, held = plan.stages, layout.held
+    first = stages[held[0]]
+    devices, t = first.devices, first.tensor_parallel
+    r = len(devices) // t
+    found = [cluster.device_index[d] for d in devices]
+    speed = min(d.speed for d in found)
+    if t > 1:
+        replicas = first.replica_devices
+        lat_t = max(cluster.lat(rep) for rep in replicas)
+        bw_t = min(cluster.bw(rep) for rep in replicas)
+
+    def collective(calls: int, nbytes: float) -> float:  # calls ring all-reduces moving nbytes in all (8.3)
+        return 2 * (t - 1) * (calls * lat_t + nbytes / (t * bw_t)) if t > 1 and nbytes > 0 else 0.0
+
+    split_state = plan.state_split
+    durations: list[float] = []
+    recompute: list[float] = []
+    samples: list[int] = []
+    memory = {}
+    params = step = state = 0.0
+    for s, split in zip(held, layout.split):
+        st = stages[s]
+        lo, hi = st.layers
+        tp = graph.tensor_parallel_sums(lo, hi, t)
+        q = tuple(-(-n // r) for n in st.microbatches)
+        zeros = (0.0,) * len(q)
+        fwd = tuple((tp.af + tp.bf * n) / speed + collective(tp.fwd_calls, n * tp.fwd_bytes) for n in q)
+        rec = fwd if st.recompute else zeros
+        back = tuple(collective(tp.bwd_calls, n * tp.bwd_bytes) for n in q)
+        bwd = tuple((tp.ab + tp.bb * n) / speed + c + x for n, c, x in zip(q, back, rec))
+        if split:
+            inp = tuple(((tp.ab - tp.aw) + (tp.bb - tp.bw) * n) / speed + c + x for n, c, x in zip(q, back, rec))
+            wgt = tuple((tp.aw + tp.bw * n) / speed for n in q)
+        else:
+            inp = wgt = zeros
+        durations += fwd + bwd + inp + wgt
+        recompute += zeros + rec + rec + zeros
+        samples += q
+        memory[s] = StageMemory.of(q, tp.act, graph.stage_input_bytes(lo), tp.act_w if split else 0.0, st.recompute)
+        zero = plan.stage_zero(s)
+        params += tp.params
+        step += tp.step / (r if zero else 1)
+        state += training_state(tp.params, plan.state_factor, split_state, zero, r)
+    peak = state + layout.walk.peak(memory)
+    return GroupCost(tuple(devices), held, program, layout.durations(durations), layout.durations(recompute),
+                     layout.samples(samples), _allreduce(cluster, devices, params, r), step / speed, peak,
+                     min(d.memory for d in found))
 
 
 # ------------------------------------------------------------------------- the result

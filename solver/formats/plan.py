@@ -1,11 +1,17 @@
 """The plan: stages, their devices, microbatch splits, recompute and schedule
-(``pipeplan.plan/1`` and ``/2``).
+(``pipeplan.plan/1``, ``/2`` and ``/3``).
 
 Version 2 (spec 7.2) lets several stages share one device group and names the
 schedules that do so; a plan is written as ``/1`` whenever it uses none of that, so
 version-1 readers keep reading what they always read (:attr:`Plan.format`).  Every
 plan, of either version, is a set of device groups running programs of actions
 (:meth:`Plan.actions`): the one thing the simulator and the runtime read.
+
+Version 3 (docs/model.md section 8) adds a tensor-parallel degree per stage
+(``tensor_parallel``: its devices are then replicas of ``t`` devices each, each replica
+inside one server), a ZeRO level per plan or stage (``zero``) and the split of the
+training state into weights, gradients and optimizer state (``state``).  A plan is
+written as ``/3`` only when it uses one of them.
 """
 
 from __future__ import annotations
@@ -25,10 +31,18 @@ if TYPE_CHECKING:
 
 PLAN_FORMAT = "pipeplan.plan/1"
 PLAN_FORMAT_V2 = "pipeplan.plan/2"
+PLAN_FORMAT_V3 = "pipeplan.plan/3"
 
 _STAGE_FIELDS = frozenset({"layers", "devices", "microbatches", "recompute", "ops"})
 _PLAN_FIELDS = frozenset({"format", "graph", "cluster", "global_batch", "state_factor", "schedule", "stages"})
 _PLAN_FIELDS_V2 = _PLAN_FIELDS | {"programs"}
+_PLAN_FIELDS_V3 = _PLAN_FIELDS_V2 | {"zero", "state"}
+_STAGE_FIELDS_V3 = _STAGE_FIELDS | {"tensor_parallel", "zero"}
+
+ZERO_LEVELS = (0, 1, 2)
+"""ZeRO levels: 0 nothing sharded, 1 optimizer state, 2 optimizer state and gradients (docs/model.md 8.2)."""
+STATE_PARTS = ("weights", "gradients", "optimizer")
+"""The parts of the training state, in the order of :attr:`Plan.state`."""
 
 MAX_SAMPLES = MAX_EXACT_INT
 """Largest global batch (and layer index): sample counts beyond it are not exact in floating point."""
@@ -50,11 +64,32 @@ class Stage:
     """The op list (``"F0"``, ``"B0"``, ...) of a ``custom`` schedule, else ``None``."""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
     """Unknown fields, preserved on save."""
+    tensor_parallel: int = 1
+    """``t``: devices per replica (version 3); ``devices`` lists ``r * t`` of them, replica by replica."""
+    zero: int | None = None
+    """This stage's ZeRO level (version 3), overriding the plan's; ``None``: the plan's."""
 
     @property
     def replicas(self) -> int:
-        """``r_s``: the number of devices."""
-        return len(self.devices)
+        """``r_s``: the number of replicas, ``len(devices) / t`` (the number of devices when ``t = 1``)."""
+        return len(self.devices) // self.tensor_parallel
+
+    @property
+    def replica_devices(self) -> tuple[tuple[str, ...], ...]:
+        """The devices of each replica: ``devices[j*t : (j+1)*t]`` for replica ``j``.
+
+        Examples
+        --------
+        >>> Stage((0, 1), ("a", "b", "c", "d"), (4,), tensor_parallel=2).replica_devices
+        (('a', 'b'), ('c', 'd'))
+        """
+        t = self.tensor_parallel
+        return tuple(self.devices[j:j + t] for j in range(0, len(self.devices), t))
+
+    @property
+    def uses_v3(self) -> bool:
+        """Whether the stage carries a version-3 field."""
+        return self.tensor_parallel != 1 or self.zero is not None
 
     def to_dict(self) -> dict[str, Any]:
         data = dict(self.extra)
@@ -62,6 +97,10 @@ class Stage:
                     microbatches=list(self.microbatches), recompute=self.recompute)
         if self.ops is not None:
             data["ops"] = list(self.ops)
+        if self.tensor_parallel != 1:
+            data["tensor_parallel"] = self.tensor_parallel
+        if self.zero is not None:
+            data["zero"] = self.zero
         return data
 
 
@@ -94,6 +133,51 @@ class Plan:
     """Unknown top-level fields (a solver record, for one), preserved on save."""
     custom_programs: tuple[tuple[str, ...], ...] | None = None
     """A ``custom`` version-2 plan's ``programs``: one action list (``"0F3"``) per group, else ``None``."""
+    zero: int = 0
+    """The ZeRO level of every stage that gives none (version 3): 0, 1 or 2."""
+    state: tuple[float, float, float] | None = None
+    """Bytes of ``(weights, gradients, optimizer state)`` per byte of parameters (version 3); ``None``: the default
+    split of :attr:`state_split`."""
+
+    def stage_zero(self, s: int) -> int:
+        """The ZeRO level of stage ``s``: its own, else the plan's."""
+        own = self.stages[s].zero
+        return self.zero if own is None else own
+
+    @property
+    def state_split(self) -> tuple[float, float, float]:
+        """``(w, g, o)``: :attr:`state`, or ``(1, 1, state_factor - 2)`` when the plan gives none."""
+        return self.state if self.state is not None else (1.0, 1.0, self.state_factor - 2.0)
+
+    @property
+    def uses_v3(self) -> bool:
+        """Whether the plan uses a version-3 field (a degree above 1, a ZeRO level, a state split)."""
+        return self.zero != 0 or self.state is not None or any(st.uses_v3 for st in self.stages)
+
+    def tensor_parallel_uses(self) -> list[str]:
+        """In words, what of version 3 the plan uses (empty for a plan any earlier reader understands).
+
+        Consumers that do not run tensor parallelism or ZeRO (the exports, the runtime, the
+        solvers' warm start) refuse a plan for which this is not empty
+        (:meth:`refuse_tensor_parallel`).
+        """
+        found = [f"stage {s} has tensor_parallel {st.tensor_parallel}" for s, st in enumerate(self.stages)
+                 if st.tensor_parallel != 1]
+        found += [f"stage {s} has zero {self.stage_zero(s)}" for s in range(len(self.stages)) if self.stage_zero(s)]
+        return found
+
+    def refuse_tensor_parallel(self, file: str, what: str) -> None:
+        """Raise :class:`InputError` if the plan uses tensor parallelism or ZeRO, which ``what`` does not support.
+
+        Raises
+        ------
+        InputError
+            Naming the first stage that uses them.
+        """
+        found = self.tensor_parallel_uses()
+        if found:
+            raise InputError(file, "stages", f"{found[0]}, but {what} takes only tensor_parallel 1 and zero 0 "
+                                             f"(docs/model.md section 8); give a plan without them")
 
     @property
     def num_stages(self) -> int:
@@ -157,7 +241,10 @@ class Plan:
 
     @property
     def format(self) -> str:
-        """The file format the plan is written in: ``pipeplan.plan/2`` when it uses anything of version 2, else ``/1``."""
+        """The file format the plan is written in: ``/3`` when it uses anything of version 3, else ``/2`` when it
+        uses anything of version 2, else ``pipeplan.plan/1``."""
+        if self.uses_v3:
+            return PLAN_FORMAT_V3
         return PLAN_FORMAT_V2 if self._format_2_uses() else PLAN_FORMAT
 
     @property
@@ -241,6 +328,8 @@ class Plan:
         self._check_header(file)
         self._check_ranges(file, None if graph is None else len(graph))
         self._check_devices(file, cluster)
+        self._check_tensor_parallel(file, cluster)
+        self._check_state(file)
         for s, st in enumerate(self.stages):
             self._check_split(st, s, file)
         if self.custom_programs is not None and self.schedule != "custom":
@@ -377,6 +466,53 @@ class Plan:
                                      f"device group) or disjoint")
                 owner.setdefault(dev, s)
 
+    def _check_tensor_parallel(self, file: str, cluster: "Cluster | None") -> None:
+        """Each degree divides its stage's device count, each replica sits in one server, a group's stages agree."""
+        first: dict[frozenset[str], int] = {}
+        for s, st in enumerate(self.stages):
+            t = st.tensor_parallel
+            if t < 1:
+                raise InputError(file, f"stages[{s}].tensor_parallel", f"must be an integer >= 1, got {t}")
+            if len(st.devices) % t:
+                raise InputError(file, f"stages[{s}].devices",
+                                 f"stage {s} lists {len(st.devices)} devices, not a multiple of its tensor_parallel "
+                                 f"{t}: its devices are replicas of {t} devices each; list r * {t} devices")
+            if cluster is not None and t > 1:
+                for j, replica in enumerate(st.replica_devices):
+                    servers = sorted({cluster.device_index[d].server for d in replica})
+                    if len(servers) > 1:
+                        raise InputError(file, f"stages[{s}].devices",
+                                         f"replica {j} of stage {s} ({', '.join(replica)}, devices {j * t} to "
+                                         f"{j * t + t - 1} of its list) spans servers {', '.join(servers)}; the {t} "
+                                         f"devices of a tensor-parallel replica must sit in one server")
+            owner = first.setdefault(frozenset(st.devices), s)
+            other = self.stages[owner]
+            if owner != s and (other.tensor_parallel != t or
+                               set(map(frozenset, other.replica_devices)) != set(map(frozenset, st.replica_devices))):
+                raise InputError(file, f"stages[{s}].tensor_parallel",
+                                 f"stage {s} shares its device group with stage {owner} but splits it differently "
+                                 f"(tensor_parallel {t} with replicas {_replicas(st)}, against {other.tensor_parallel}"
+                                 f" with {_replicas(other)}); stages of one group have the same replicas")
+            own = st.zero
+            if own is not None and own not in ZERO_LEVELS:
+                raise InputError(file, f"stages[{s}].zero", f"must be 0, 1 or 2, got {own}")
+        if self.zero not in ZERO_LEVELS:
+            raise InputError(file, "zero", f"must be 0, 1 or 2, got {self.zero}")
+
+    def _check_state(self, file: str) -> None:
+        """``state``'s parts sum to ``state_factor``; the default split needs ``state_factor >= 2`` under ZeRO."""
+        if self.state is not None:
+            total = sum(self.state)
+            if abs(total - self.state_factor) > 1e-9 * max(abs(self.state_factor), 1.0):
+                parts = " + ".join(f"{x:g}" for x in self.state)
+                raise InputError(file, "state", f"weights + gradients + optimizer = {parts} = {total:g}, but "
+                                                f"state_factor is {self.state_factor:g}; state_factor is the whole "
+                                                f"state of a replica, so the parts must sum to it")
+        elif self.state_factor < 2 and any(self.stage_zero(s) for s in range(len(self.stages))):
+            raise InputError(file, "state", f"a ZeRO level needs the state split into weights, gradients and "
+                                            f"optimizer; without \"state\" it is 1 + 1 + (state_factor - 2), and "
+                                            f"state_factor is {self.state_factor:g} < 2: give \"state\"")
+
     def _check_split(self, st: Stage, s: int, file: str) -> None:
         where = f"stages[{s}].microbatches"
         if not st.microbatches:
@@ -399,7 +535,8 @@ class Plan:
         by :meth:`validate` with them.
         """
         top = Reader(data, file, "")
-        version2 = top.format(PLAN_FORMAT, PLAN_FORMAT_V2) == PLAN_FORMAT_V2
+        version = top.format(PLAN_FORMAT, PLAN_FORMAT_V2, PLAN_FORMAT_V3)
+        version2, version3 = version != PLAN_FORMAT, version == PLAN_FORMAT_V3
         schedule = top.string("schedule")
         if schedule not in SCHEDULES:
             raise top.fail("schedule", f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
@@ -407,11 +544,13 @@ class Plan:
             raise top.fail("schedule", f"{schedule} is a version-2 schedule; a {PLAN_FORMAT} plan runs gpipe, "
                                        f"1f1b or custom (write \"format\": \"{PLAN_FORMAT_V2}\")")
         programs = _read_programs(top, file) if version2 and top.has("programs") else None
-        stages = tuple(_read_stage(item, file, f"stages[{i}]", schedule == "custom" and programs is None)
+        stages = tuple(_read_stage(item, file, f"stages[{i}]", schedule == "custom" and programs is None, version3)
                        for i, item in enumerate(top.array("stages", nonempty=True)))
         batch = top.integer("global_batch", minimum=1, maximum=MAX_SAMPLES)
+        known = _PLAN_FIELDS_V3 if version3 else _PLAN_FIELDS_V2 if version2 else _PLAN_FIELDS
+        zero, state = _read_v3_fields(top) if version3 else (0, None)
         plan = cls(top.string("graph"), top.string("cluster"), batch, top.number("state_factor"), schedule, stages,
-                   top.extras(_PLAN_FIELDS_V2 if version2 else _PLAN_FIELDS), programs)
+                   top.extras(known), programs, zero, state)
         if not version2:
             _check_v1(plan, file)
         plan.validate(file=file)
@@ -425,6 +564,10 @@ class Plan:
                      "schedule": self.schedule, "stages": [st.to_dict() for st in self.stages]})
         if self.custom_programs is not None:
             data["programs"] = [list(p) for p in self.custom_programs]
+        if self.zero != 0:
+            data["zero"] = self.zero
+        if self.state is not None:
+            data["state"] = dict(zip(STATE_PARTS, self.state))
         return data
 
 
@@ -443,6 +586,23 @@ def _check_v1(plan: Plan, file: str) -> None:
             if isinstance(op, str) and op[:1] in ("I", "W"):
                 raise InputError(file, f"stages[{s}].ops[{i}]", f"op {op} splits the backward, which needs "
                                                                f"\"format\": \"{PLAN_FORMAT_V2}\"")
+
+
+def _read_v3_fields(top: Reader) -> tuple[int, tuple[float, float, float] | None]:
+    """A ``/3`` plan's ``zero`` (default 0) and ``state`` (default ``None``)."""
+    zero = top.integer("zero", minimum=0, maximum=2) if top.has("zero") else 0
+    state = None
+    if top.has("state"):
+        parts = Reader(top.raw("state"), top.file, "state")
+        unknown = sorted(set(parts.obj) - set(STATE_PARTS))
+        if unknown:
+            raise parts.fail(unknown[0], f"unknown part of the training state; the parts are {', '.join(STATE_PARTS)}")
+        state = tuple(parts.number(name) for name in STATE_PARTS)
+    return zero, state  # type: ignore[return-value]
+
+
+def _replicas(st: Stage) -> str:
+    return " ".join("[" + ", ".join(r) + "]" for r in st.replica_devices)
 
 
 def _read_programs(top: Reader, file: str) -> tuple[tuple[str, ...], ...]:
@@ -473,7 +633,7 @@ def _missing_ops(file: str, s: int) -> list[str]:
     raise InputError(file, f"stages[{s}].ops", "a custom schedule needs an op list on every stage")
 
 
-def _read_stage(item: Any, file: str, where: str, custom: bool) -> Stage:
+def _read_stage(item: Any, file: str, where: str, custom: bool, version3: bool = False) -> Stage:
     r = Reader(item, file, where)
     bounds = r.array("layers")
     if len(bounds) != 2:
@@ -496,11 +656,18 @@ def _read_stage(item: Any, file: str, where: str, custom: bool) -> Stage:
         ops = tuple(ops_raw)
     elif custom:
         raise r.fail("ops", "a custom schedule needs an op list on every stage")
-    return Stage((lo, hi), tuple(devices), split, r.boolean("recompute"), ops, r.extras(_STAGE_FIELDS))
+    degree, zero = 1, None
+    if version3:
+        if r.has("tensor_parallel"):
+            degree = r.integer("tensor_parallel", minimum=1, maximum=MAX_SAMPLES)
+        if r.has("zero"):
+            zero = r.integer("zero", minimum=0, maximum=2)
+    return Stage((lo, hi), tuple(devices), split, r.boolean("recompute"), ops,
+                 r.extras(_STAGE_FIELDS_V3 if version3 else _STAGE_FIELDS), degree, zero)
 
 
 def load_plan(path: str, graph: "LayerGraph | None" = None, cluster: "Cluster | None" = None) -> Plan:
-    """Load a ``pipeplan.plan/1`` or ``/2`` file and validate it (against a graph and cluster if given).
+    """Load a ``pipeplan.plan/1``, ``/2`` or ``/3`` file and validate it (against a graph and cluster if given).
 
     Raises
     ------
