@@ -31,8 +31,12 @@ $(STAMP): pyproject.toml Makefile
 demo: $(STAMP)
 	bash examples/demo.sh $(VENV)/bin/pipeplan
 
+# `make test`: the suite on TEST_WORKERS processes (pytest-xdist), each test file whole on one of
+# them, so that a file's module-scoped fixtures (its shared multi-process runs) are built once.
+TEST_WORKERS ?= 2
+
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 fuzz: $(STAMP)
 	PIPEPLAN_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz_cli.py -q -p no:cacheprovider --hypothesis-show-statistics

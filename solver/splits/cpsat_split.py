@@ -469,7 +469,9 @@ class CpSatSplit:
                                      details={"stopped_by_time_limit": based.time_cut})
         source, base = bases[0]
         warm = _warm_split(problem, base.plan, start + time_limit)  # the split baselines' best: hint and fallback
-        left = max(0.5, time_limit - (time.perf_counter() - start))
+        left = time_limit - (time.perf_counter() - start)
+        if left <= 0:  # the limit went on the base plans: no split model is built past it
+            return self._unsearched(problem, source, base, warm, time.perf_counter() - start, seed)
         with watch() as searched:
             search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers,
                                      budget=WorkBudget(budget or self.default_budget))
@@ -482,3 +484,14 @@ class CpSatSplit:
             else "split search not proved optimal within its budget")
         return SolverResult(self.name, "feasible", search.plan, search.iteration_time, None, wall, seed, trace,
                             message, details)
+
+    def _unsearched(self, problem: PlanningProblem, source: str, base: SolverResult, warm: Plan, wall: float,
+                    seed: int) -> SolverResult:
+        """The warm split's plan when the time limit ended before the split search could start."""
+        timed = problem.evaluate(warm)
+        plan, took = (warm, timed.iteration_time) if timed.fits else (base.plan, base.iteration_time)
+        details = {"base_solver": source, "base_iteration_time": base.iteration_time, "split_status": "not run",
+                   "split_lower_bound": None, "stopped_by_time_limit": True}
+        trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, took, None))
+        return SolverResult(self.name, "feasible", plan, took, None, wall, seed, trace,
+                            "split search not run: the time limit was spent on the base plans", details)
