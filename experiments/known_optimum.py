@@ -1,0 +1,395 @@
+"""Instances of 256 to 4,096 devices whose optimum is known, and how far plans and bounds are from it.
+
+The family (:func:`known_problem`) is symmetric enough that an exhaustive search over
+class-level descriptions of plans (:func:`class_optimum`) is complete: every layer is
+the same block, every link (inside each server and between servers) is the same, no
+tensor crosses a cut (``out = 0``, ``input_bytes = 0``), the batch splits into equal
+microbatches, and the device classes are ordered alike by speed and memory (a faster
+class never has less memory).  Two classes, 8 devices per server: four servers hold
+fast devices, the rest slow ones (a few new servers in a large older cluster).
+
+Completeness (why the search finds the optimum over *every* plan)
+------------------------------------------------------------------
+Describe a plan's stage by ``(l, c, r, f)``: its layer count, the class ``c`` of a slowest
+device, its replica count and recompute flag.
+
+1. *Its time and memory depend only on the description and the stage's position.*  Op
+   times are ``l (a + b q_k) / v_c`` (identical layers, spec 4); every pair of devices
+   talks at the same ``bw``/``lat``, so ``AR = 2 (r-1) (lat + l P / (r bw))`` and every
+   transfer takes ``lat`` (no bytes cross a cut); the stage's smallest memory is class
+   ``c``'s (a faster device has no less), and its peak depends on ``l``, ``q`` and its
+   op list (spec 5).  So the plan's iteration time is :func:`pipeline_time` of its
+   descriptions, and it fits exactly when each description fits at its position.
+2. *The smallest ``r`` of a ``q``-class is no worse.*  All ``r`` with the same
+   ``q_k = ceil(n_k / r)`` give the same op times and memory, transfers do not depend on
+   ``r``, and ``AR`` grows with ``r``: replacing ``r`` by the smallest ``r_lo`` of its class
+   keeps every duration or lowers it, and the timeline is monotone in its durations
+   (a max-plus system with fixed op and link orders).  It also uses fewer devices.
+3. *A description sequence is realisable exactly when it respects the nested device
+   counts* ``sum_{s: v_{c_s} >= v} r_s <= #{devices of speed >= v}`` for each speed
+   ``v``: necessary since a stage of class ``c`` uses devices of speed ``>= v_c``;
+   sufficient by giving the stages of the fastest class devices first, then the next
+   class the devices left of speed ``>= `` its own.  A stage given only faster devices
+   than its class runs no slower and fits no worse (a description with a faster ``c``
+   is also searched).
+
+So ``min over plans = min over description sequences that respect the device counts
+of pipeline_time``.  :func:`class_optimum` searches those sequences from the last
+stage backwards (the position, hence the 1F1B warm-up, of each placed stage is known)
+and prunes a partial sequence only when a path term of
+:mod:`pipeplan.solver.bounds.class_paths` (proved there) of its placed stages, with the
+unplaced layers at their cheapest, reaches the incumbent; at each full sequence it runs
+:func:`pipeline_time`, which tests check against the simulator.  It is independent of
+every bound it is used to judge (it shares only the path proofs and the timing).
+
+Usage::
+
+    python -m pipeplan.experiments.known_optimum [--devices 256,1024,4096] [--time-limit 60]
+        [--solvers group-search,ilp,cpsat] [--out known.json]
+
+prints, per size, the optimum, each solver's plan and its distance to the optimum, and
+each bound (the class bound, the class-level position model, the solvers' own) and its
+distance below the optimum.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.models.jsonio import atomic_write_text
+from pipeplan.solver.bounds.class_paths import pipeline_time
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.evaluation.memory import stash_peak
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.space.arcs import tau_ops
+from pipeplan.solver.space.class_stages import q_classes
+from pipeplan.solver.space.device_classes import device_classes
+
+PER_SERVER = 8
+"""Devices per server."""
+
+FAST, SLOW = (1.0, 80e9), (0.3, 32e9)
+"""``(speed, memory bytes)`` of the two classes."""
+
+LINK = (2.5e10, 2e-5)
+"""``(bandwidth, latency)`` of every link, inside servers and between them."""
+
+BLOCK = Layer("block", (2e-5, 1.5e-4), (4e-5, 3.0e-4), params=2.0e8, act=2.0e8, out=0.0)
+"""Every layer of the family: a transformer block's times; its activations make memory depend on the warm-up."""
+
+DEVICES = (256, 1024, 4096)
+
+
+def known_cluster(devices: int, fast_servers: int = 4) -> Cluster:
+    """``devices / 8`` servers; the first ``fast_servers`` of them fast, the rest slow; one link everywhere."""
+    servers = devices // PER_SERVER
+    if servers * PER_SERVER != devices or servers <= fast_servers:
+        raise ValueError(f"{devices} devices: need a multiple of {PER_SERVER} above {PER_SERVER * fast_servers}")
+    fast = fast_servers
+    bw, lat = LINK
+    links, devs = [], []
+    for s in range(servers):
+        speed, memory = FAST if s < fast else SLOW
+        links.append(Link(bw, lat, f"s{s}"))
+        devs.extend(Device(f"s{s}g{k}", f"s{s}", speed, memory) for k in range(PER_SERVER))
+    return Cluster(f"known-{devices}", tuple(links), Link(bw, lat), tuple(devs))
+
+
+def microbatch_size(devices: int) -> int:
+    """Samples per microbatch: 16 at 256 devices, doubling with every fourfold of devices (32 at 1,024,
+    64 at 4,096), so a stage can use more replicas on a larger cluster."""
+    return max(1, int(round(16 * math.sqrt(devices / 256))))
+
+
+def known_problem(devices: int, layers: int = 8, microbatches: int = 8, schedule: str = "1f1b",
+                  samples: int | None = None, fast_servers: int = 4,
+                  allow_recompute: bool = True) -> PlanningProblem:
+    """The family's instance on ``devices`` devices (see the module docstring): ``layers`` identical blocks,
+    ``microbatches`` equal microbatches of ``samples`` samples (default :func:`microbatch_size`), the first
+    ``fast_servers`` servers fast."""
+    batch = microbatches * (samples if samples is not None else microbatch_size(devices))
+    graph = LayerGraph.chain(f"blocks{layers}", [Layer(f"block.{i}", BLOCK.fwd, BLOCK.bwd, BLOCK.params, BLOCK.act,
+                                                       BLOCK.out) for i in range(layers)], input_bytes=0.0)
+    return PlanningProblem(graph, known_cluster(devices, fast_servers), global_batch=batch, microbatches=microbatches,
+                           schedule=schedule, allow_recompute=allow_recompute)
+
+
+def check_symmetric(problem: PlanningProblem) -> None:
+    """Raise ``ValueError`` unless ``problem`` has every symmetry the completeness proof uses."""
+    layers = problem.graph.layers
+    first = layers[0]
+    if any((l.fwd, l.bwd, l.params, l.act) != (first.fwd, first.bwd, first.params, first.act) for l in layers):
+        raise ValueError("the layers differ")
+    if any(problem.graph.cut_bytes(c) for c in range(len(layers) - 1)) or problem.graph.input_bytes:
+        raise ValueError("bytes cross a cut")
+    links = {(s.bandwidth, s.latency) for s in problem.cluster.servers} | {
+        (problem.cluster.network.bandwidth, problem.cluster.network.latency)}
+    if len(links) != 1:
+        raise ValueError("the links differ")
+    if len(set(problem.split)) != 1:
+        raise ValueError("the microbatches differ in size")
+    classes = device_classes(problem.cluster)
+    if any(a.memory < b.memory for a, b in zip(classes, classes[1:])):
+        raise ValueError("a faster class has less memory")
+    if problem.is_v2 or problem.free_sizes:
+        raise ValueError("version-1 equal-split problems only")
+
+
+# ------------------------------------------------------------------------------------------------ search
+@dataclass(frozen=True)
+class Kind:
+    """A stage description up to its layer count: slowest class, replicas (smallest of its q-class), recompute."""
+
+    cls: int
+    replicas: int
+    recompute: bool
+
+
+@dataclass
+class KnownOptimum:
+    """The result of :func:`class_optimum`."""
+
+    time: float
+    """The optimum iteration time (``inf`` when no plan fits)."""
+    plan: Plan | None
+    """A plan that runs in :attr:`time`."""
+    stages: list[tuple[int, Kind]]
+    """Its descriptions in pipeline order: ``(layers, kind)``."""
+    nodes: int
+    """Partial sequences the search visited."""
+    leaves: int
+    """Full sequences it timed."""
+    seconds: float
+    complete: bool
+    """Whether the search finished (``time`` is then the optimum)."""
+    lower: float = 0.0
+    """A proved lower bound (``time`` when complete)."""
+    trace: list = field(default_factory=list)
+
+
+def class_optimum(problem: PlanningProblem, upper: float = math.inf, node_limit: int = 50_000_000,
+                  tolerance: float = 1e-12) -> KnownOptimum:
+    """The optimum of a symmetric problem by an exhaustive class-level search (module docstring).
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+        Passes :func:`check_symmetric`.
+    upper : float
+        A known plan's time: the search only looks for faster ones (and reports ``upper``
+        with no plan when none is; give ``inf`` to find the plan).
+    node_limit : int
+        Counted work: partial sequences visited before the search stops (then
+        ``complete`` is false and ``lower`` the smallest bound left unexplored).
+    tolerance : float
+        Relative: a partial sequence whose bound is within this of the incumbent is pruned.
+    """
+    check_symmetric(problem)
+    start = time.perf_counter()
+    L, M = len(problem.graph), len(problem.split)
+    n = problem.split[0]
+    block = problem.graph.layers[0]
+    cluster = problem.cluster
+    classes = device_classes(cluster)
+    bw, lat = cluster.network.bandwidth, cluster.network.latency
+    speeds = [c.speed for c in classes]
+    nested = [sum(c.count for c in classes if c.speed >= v) for v in speeds]
+    one_f_one_b = problem.schedule == "1f1b"
+    flags = (False, True) if problem.allow_recompute else (False,)
+    kinds: list[Kind] = []
+    for c, cls in enumerate(classes):
+        most = nested[c] if problem.allow_replication else 1
+        for r_lo, _, _ in q_classes(problem.split, most):
+            for f in flags:
+                kinds.append(Kind(c, r_lo, f))
+    # terms[l][i]: l layers of kind i: (fwd, bwd, AR, largest fitting warm-up)
+    terms: list[list[tuple[float, float, float, int]]] = [[] for _ in range(L + 1)]
+    warmups = range(M + 1) if one_f_one_b else range(1)
+    for l in range(1, L + 1):
+        for kd in kinds:
+            v = speeds[kd.cls]
+            q = -(-n // kd.replicas)
+            f = l * (block.fwd[0] + block.fwd[1] * q) / v
+            b = l * (block.bwd[0] + block.bwd[1] * q) / v + (f if kd.recompute else 0.0)
+            r = kd.replicas
+            ar = 2 * (r - 1) * (lat + l * block.params / (r * bw)) if r > 1 and block.params > 0 else 0.0
+            state = problem.state_factor * l * block.params
+            fits = -1
+            for w in warmups:
+                ops = tau_ops(problem.schedule, M, w)
+                stash = l * block.act if not kd.recompute else 0.0  # no input bytes: recompute keeps nothing
+                peak = state + stash_peak(ops, [q] * M, stash, l * block.act if kd.recompute else 0.0)
+                if peak <= classes[kd.cls].memory:
+                    fits = w
+                else:
+                    break
+            if not one_f_one_b and fits == 0:
+                fits = M  # gpipe: the op list does not depend on the position
+            terms[l].append((f, b, ar, fits))
+    limit = problem.stage_limit
+
+    best = [upper, None]
+    counters = [0, 0]
+    stopped = [False]
+    frontier_low = [math.inf]
+    # the suffix, last stage first: (layers, kind index)
+    suffix: list[tuple[int, int]] = []
+    used = [0] * len(classes)
+
+    by_f = sorted(range(len(kinds)), key=lambda i: terms[1][i][0])
+    by_u = sorted(range(len(kinds)), key=lambda i: terms[1][i][0] + terms[1][i][1])
+
+    def cheapest_layer() -> tuple[float, float]:
+        """``(TF, TF + TB)`` of one layer on the cheapest kind the devices left still allow (for the prefix)."""
+        f_best = next((terms[1][i][0] for i in by_f if fits_devices(kinds[i])), math.inf)
+        u_best = next((terms[1][i][0] + terms[1][i][1] for i in by_u if fits_devices(kinds[i])), math.inf)
+        return f_best, u_best
+
+    def bound(h: int) -> float:
+        """Largest path term of the placed stages with the h unplaced layers at their cheapest."""
+        S_known = len(suffix)
+        if not S_known:
+            return 0.0
+        per_layer_f, per_layer_u = cheapest_layer() if h else (0.0, 0.0)
+        if h and not math.isfinite(per_layer_u):
+            return math.inf  # no device left for the layers still to place
+        # pipeline order: placed stages are the last S_known, suffix[0] is the last stage
+        order = list(reversed(suffix))
+        fw = [terms[l][i][0] for l, i in order]
+        bk = [terms[l][i][1] for l, i in order]
+        ar = [terms[l][i][2] for l, i in order]
+        t = [lat] * S_known
+        t[-1] = 0.0
+        passes = [fw[j] + bk[j] + 2 * t[j] for j in range(S_known)]
+        head_pre = (h * per_layer_f + lat) if h else 0.0
+        pass_pre = (h * per_layer_u + 2 * lat) if h else 0.0
+        best_term = 0.0
+        for p in range(S_known):
+            k = S_known - 1 - p  # later stages
+            busy = M * (fw[p] + bk[p])
+            heads = head_pre + sum(fw[j] + t[j] for j in range(p))
+            best_term = max(best_term, heads + busy + ar[p])
+            after = sum(passes[p + 1:])
+            w = min(k, M) if one_f_one_b else M
+            crit = busy - min(w, M - 1) * fw[p] if one_f_one_b else busy
+            cores = [crit + 2 * t[p] + after]
+            if one_f_one_b and w <= M - 2:
+                cores.append(busy - w * (fw[p] + bk[p]) + 4 * t[p] + 2 * after)
+            lead0 = pass_pre + sum(passes[:p])
+            for c in cores:
+                best_term = max(best_term, lead0 + c)
+                for e in range(p + 1):
+                    lead = head_pre + sum(fw[j] + t[j] for j in range(e)) + ar[e] + sum(passes[e:p])
+                    best_term = max(best_term, lead + c)
+        return best_term
+
+    def leaf() -> float:
+        order = list(reversed(suffix))
+        S = len(order)
+        fw = [[terms[l][i][0]] * M for l, i in order]
+        bk = [[terms[l][i][1]] * M for l, i in order]
+        return pipeline_time(problem.schedule, fw, bk, [[lat] * M for _ in range(S - 1)],
+                             [terms[l][i][2] for l, i in order])
+
+    plain = {i: kinds.index(Kind(kd.cls, kd.replicas, False)) for i, kd in enumerate(kinds) if kd.recompute}
+
+    def plain_fits(l: int, i: int, position: int) -> bool:
+        fits = terms[l][plain[i]][3]
+        return fits >= min(position, M) if one_f_one_b else fits >= 0
+
+    def fits_devices(kd: Kind) -> bool:
+        for c in range(len(classes)):
+            if speeds[kd.cls] >= speeds[c] and sum(
+                    used[x] for x in range(len(classes)) if speeds[x] >= speeds[c]) + kd.replicas > nested[c]:
+                return False
+        return True
+
+    def search(h: int, value: float) -> None:
+        if stopped[0] or counters[0] >= node_limit:
+            stopped[0] = True
+            frontier_low[0] = min(frontier_low[0], value)  # this subtree is left unexplored
+            return
+        counters[0] += 1
+        if h == 0:
+            counters[1] += 1
+            value = leaf()
+            if value < best[0]:
+                best[0] = value
+                best[1] = list(suffix)
+            return
+        position = len(suffix)
+        if position >= limit:
+            return
+        children = []
+        for l in range(1, h + 1):
+            if h - l and position + 1 >= limit:
+                continue
+            for i, kd in enumerate(kinds):
+                f, b, ar, fits = terms[l][i]
+                if fits < min(position, M) if one_f_one_b else fits < 0:
+                    continue
+                if kd.recompute and plain_fits(l, i, position):
+                    continue  # the same stage without recompute fits: it is no slower (module docstring, 2)
+                if M * (f + b) + ar >= best[0] * (1 - tolerance):
+                    continue
+                if not fits_devices(kd):
+                    continue
+                suffix.append((l, i))
+                used[kd.cls] += kd.replicas
+                value = bound(h - l)
+                used[kd.cls] -= kd.replicas
+                suffix.pop()
+                if value < best[0] * (1 - tolerance):
+                    children.append((value, l, i))
+        children.sort()
+        for value, l, i in children:
+            if value >= best[0] * (1 - tolerance):
+                break
+            kd = kinds[i]
+            suffix.append((l, i))
+            used[kd.cls] += kd.replicas
+            search(h - l, value)
+            used[kd.cls] -= kd.replicas
+            suffix.pop()
+
+    search(L, 0.0)
+    seconds = time.perf_counter() - start
+    complete = not stopped[0]
+    opt = best[0]
+    stages = [(l, kinds[i]) for l, i in reversed(best[1])] if best[1] else []
+    plan = realize(problem, stages) if stages else None
+    lower = opt if complete else min(opt, frontier_low[0])
+    return KnownOptimum(opt, plan, stages, counters[0], counters[1], seconds, complete, lower)
+
+
+def realize(problem: PlanningProblem, stages: list[tuple[int, Kind]]) -> Plan:
+    """A plan with these descriptions: each class's stages take devices of that class first, then faster ones."""
+    classes = device_classes(problem.cluster)
+    free = {c: [d for _, ids in cls.ids_by_server for d in ids] for c, cls in enumerate(classes)}
+    order = sorted(range(len(stages)), key=lambda s: -classes[stages[s][1].cls].speed)
+    groups: dict[int, list[str]] = {}
+    for s in order:
+        kd = stages[s][1]
+        take = []
+        for c in sorted(free, key=lambda x: classes[x].speed):
+            if classes[c].speed < classes[kd.cls].speed:
+                continue
+            while free[c] and len(take) < kd.replicas:
+                take.append(free[c].pop(0))
+        if len(take) < kd.replicas:
+            raise ValueError("the descriptions need more devices than the cluster has")
+        groups[s] = take
+    bounds, lo = [], 0
+    for l, _ in stages:
+        bounds.append((lo, lo + l))
+        lo += l
+    return problem.make_plan(bounds, [groups[s] for s in range(len(stages))], [kd.recompute for _, kd in stages])
