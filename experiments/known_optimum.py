@@ -393,3 +393,103 @@ def realize(problem: PlanningProblem, stages: list[tuple[int, Kind]]) -> Plan:
         bounds.append((lo, lo + l))
         lo += l
     return problem.make_plan(bounds, [groups[s] for s in range(len(stages))], [kd.recompute for _, kd in stages])
+
+
+# ------------------------------------------------------------------------------------------------ report
+SOLVERS = ("group-search", "ilp", "cpsat")
+
+
+def run_child(devices: int, solver: str, time_limit: float) -> dict:
+    """One solver on the family's instance in this process (the child's side)."""
+    from pipeplan.solver.core.registry import get_solver, solver_names
+    from pipeplan.solver.exact.ilp import quiet_stdout
+    solver_names()
+    problem = known_problem(devices)
+    start = time.perf_counter()
+    with quiet_stdout():
+        result = get_solver(solver).solve(problem, time_limit=time_limit, seed=0)
+    return {"solver": solver, "status": result.status, "iteration_time": result.iteration_time,
+            "lower_bound": result.lower_bound, "wall_time": time.perf_counter() - start,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
+
+
+def run_solver(devices: int, solver: str, time_limit: float) -> dict:
+    """:func:`run_child` in a fresh interpreter (its peak memory is its own)."""
+    cmd = [sys.executable, "-m", "pipeplan.experiments.known_optimum", "--child", solver,
+           "--devices", str(devices), "--time-limit", str(time_limit)]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * time_limit + 60)
+    except subprocess.TimeoutExpired:
+        return {"solver": solver, "status": "killed", "iteration_time": None, "lower_bound": None}
+    if done.returncode:
+        return {"solver": solver, "status": "error", "iteration_time": None, "lower_bound": None,
+                "message": done.stderr.strip().splitlines()[-1] if done.stderr.strip() else ""}
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def measure(devices: int, solvers: list[str], time_limit: float) -> dict:
+    """The optimum of one size, and every plan's and bound's distance to it."""
+    from pipeplan.solver.bounds.class_bound import class_bound
+    from pipeplan.solver.exact.class_model import solve_class_model
+    problem = known_problem(devices)
+    found = class_optimum(problem)
+    opt = found.time
+    row = {"devices": devices, "layers": len(problem.graph), "global_batch": problem.global_batch,
+           "microbatches": problem.microbatches, "optimum": opt, "complete": found.complete,
+           "search_nodes": found.nodes, "search_seconds": found.seconds,
+           "optimal_stages": [[l, kd.cls, kd.replicas, kd.recompute] for l, kd in found.stages]}
+    start = time.perf_counter()
+    row["class_bound"] = class_bound(problem)
+    row["class_bound_seconds"] = time.perf_counter() - start
+    model = solve_class_model(problem, time_limit)
+    row["model"] = {"bound": model.bound, "plan": model.iteration_time if math.isfinite(model.iteration_time)
+                    else None, "status": model.status, "nodes": model.nodes, "seconds": model.seconds,
+                    "size": list(model.model_size)}
+    row["solvers"] = {name: run_solver(devices, name, time_limit) for name in solvers}
+    return row
+
+
+def _pct(value: float | None, opt: float) -> str:
+    return "-" if value is None else f"{100 * (value - opt) / opt:+.1f} %"
+
+
+def markdown(rows: list[dict]) -> str:
+    """Plans above the optimum (+) and bounds below it (-), per size."""
+    names = list(rows[0]["solvers"]) if rows else []
+    head = ["devices", "optimum (search)", "class bound", "model bound (plan)"] + [f"`{n}` plan (bound)" for n in names]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in rows:
+        opt = r["optimum"]
+        cells = [str(r["devices"]), f"{1e3 * opt:.2f} ms ({r['search_seconds']:.1f} s)",
+                 _pct(r["class_bound"], opt),
+                 f"{_pct(r['model']['bound'], opt)} ({_pct(r['model']['plan'], opt)})"]
+        for n in names:
+            s = r["solvers"][n]
+            cells.append(f"{_pct(s.get('iteration_time'), opt)} ({_pct(s.get('lower_bound'), opt)})")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--devices", default=",".join(map(str, DEVICES)))
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver and for the model")
+    parser.add_argument("--solvers", default=",".join(SOLVERS))
+    parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(run_child(int(args.devices), args.child, args.time_limit)))
+        return 0
+    rows = []
+    for devices in (int(d) for d in args.devices.split(",")):
+        rows.append(measure(devices, [s for s in args.solvers.split(",") if s], args.time_limit))
+        print(f"  {devices} devices done", file=sys.stderr, flush=True)
+        if args.out:
+            atomic_write_text(args.out, json.dumps(rows, indent=1))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

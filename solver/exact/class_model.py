@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.evaluation.memory import stash_points
 from pipeplan.solver.space.arcs import tau_ops
 from pipeplan.solver.space.class_stages import SINGLE, SPREAD, ServerKind, StageType, server_kinds, stage_types
@@ -645,3 +646,107 @@ def _read_configuration(pm: PositionModel, values: np.ndarray):
     stages.reverse()
     pool = {j: int(round(values[v])) for j, v in pm.n.items() if values[v] > 0.5}
     return stages, pool, bounds[K]
+
+
+# ---------------------------------------------------------------------------------------------------- plans
+@dataclass
+class ClassModelResult:
+    """What :func:`solve_class_model` proves and plans."""
+
+    bound: float
+    """A proved lower bound on every plan's iteration time (at least ``upper`` when nothing beats it)."""
+    plan: Plan | None
+    """The best plan built from the model's configuration, or ``None``."""
+    iteration_time: float
+    """The simulator's time for :attr:`plan` (``inf`` without one)."""
+    status: str
+    """HiGHS's model status."""
+    nodes: int
+    """Branch-and-bound nodes HiGHS explored."""
+    model_size: tuple[int, int, int]
+    """``(variables, rows, nonzeros)``."""
+    seconds: float
+    """Wall time, building included."""
+    simulations: int
+    """Plans simulated while refining the model's configuration."""
+
+
+def configuration_plan(pm: PositionModel, solution: PositionSolution) -> Plan | None:
+    """A plan from the model's configuration: the pool's stages (fastest types first) over ``[0, pool_end)``
+    with boundaries balancing ``busy + AR``, then the positions' stages, each given devices by
+    :func:`pipeplan.solver.space.class_placement.place`."""
+    from pipeplan.solver.space.class_placement import place, split_layers
+    if solution.configuration is None:
+        return None
+    pool_types = [pm.types[j] for j in sorted(solution.pool, key=lambda j: (-pm.classes[pm.types[j].cls].speed,
+                                                                            -pm.types[j].r_lo))
+                  for _ in range(solution.pool[j])]
+    stages: list[tuple[int, int, StageType]] = []
+    if solution.pool_end > 0:
+        split = split_layers(pm.problem, pm.classes, pm.kinds, pool_types, 0, solution.pool_end)
+        if split is None:
+            return None
+        stages.extend((lo, hi, t) for (lo, hi), t in zip(split, pool_types))
+    stages.extend((lo, hi, pm.types[j]) for lo, hi, j in solution.configuration)
+    return place(pm.problem, pm.classes, pm.kinds, stages)
+
+
+def refine_boundaries(problem: PlanningProblem, plan: Plan, budget: int) -> tuple[Plan, float, int]:
+    """Move single boundaries by one layer while the simulator says it helps; at most ``budget`` simulations.
+
+    Returns the plan, its time (``inf`` if it does not fit) and the simulations used.
+    """
+    def timed(candidate) -> float:
+        sim = problem.evaluate(candidate)
+        return sim.iteration_time if sim.fits else math.inf
+
+    best, best_t, used = plan, timed(plan), 1
+    improved = True
+    while improved and used < budget:
+        improved = False
+        bounds = [st.layers for st in best.stages]
+        for b in range(len(bounds) - 1):
+            for step in (-1, 1):
+                cut = bounds[b][1] + step
+                if not bounds[b][0] < cut < bounds[b + 1][1] or used >= budget:
+                    continue
+                moved = list(bounds)
+                moved[b] = (bounds[b][0], cut)
+                moved[b + 1] = (cut, bounds[b + 1][1])
+                candidate = problem.make_plan(moved, [st.devices for st in best.stages],
+                                              [st.recompute for st in best.stages])
+                t = timed(candidate)
+                used += 1
+                if t < best_t:
+                    best, best_t, improved = candidate, t, True
+                    bounds = moved
+    return best, best_t, used
+
+
+def solve_class_model(problem: PlanningProblem, time_limit: float, upper: float = math.inf,
+                      positions: int | None = None, node_limit: int | None = None, seed: int = 0,
+                      refine_budget: int = 200) -> ClassModelResult:
+    """Build and solve the position model, and turn its configuration into a refined plan.
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+        A version-1 equal-split problem (``gpipe`` or ``1f1b``).
+    time_limit : float
+        Seconds for HiGHS (a cap: HiGHS's node count is the counted work when ``node_limit`` is set).
+    upper : float
+        An incumbent's time: the model describes only faster plans, and the bound returned is
+        ``upper`` when none exists.
+    """
+    start = time.perf_counter()
+    pm = build_position_model(problem, upper, positions)
+    left = max(0.0, time_limit - (time.perf_counter() - start))
+    solution = solve_position_model(pm, left, node_limit, seed)
+    plan, t, used = None, math.inf, 0
+    candidate = configuration_plan(pm, solution)
+    if candidate is not None:
+        plan, t, used = refine_boundaries(problem, candidate, refine_budget)
+        if not math.isfinite(t):
+            plan = None
+    return ClassModelResult(solution.bound, plan, t, solution.status, solution.nodes, pm.size,
+                            time.perf_counter() - start, used)
