@@ -42,10 +42,14 @@ unplaced layers at their cheapest, reaches the incumbent; at each full sequence 
 :func:`pipeline_time`, which tests check against the simulator.  It is independent of
 every bound it is used to judge (it shares only the path proofs and the timing).
 
+A variant with four generations (``--generations 4``: ``bench_scale``'s speeds and
+memories, four fast servers, the rest in thirds) keeps every symmetry but the number of
+classes.
+
 Usage::
 
-    python -m pipeplan.experiments.known_optimum [--devices 256,1024,4096] [--time-limit 60]
-        [--solvers group-search,ilp,cpsat] [--out known.json]
+    python -m pipeplan.experiments.known_optimum [--devices 256,1024,4096] [--generations 2,4]
+        [--time-limit 60] [--solvers group-search,ilp,cpsat] [--out known.json]
 
 prints, per size, the optimum, each solver's plan and its distance to the optimum, and
 each bound (the class bound, the class-level position model, the solvers' own) and its
@@ -80,6 +84,9 @@ PER_SERVER = 8
 FAST, SLOW = (1.0, 80e9), (0.3, 32e9)
 """``(speed, memory bytes)`` of the two classes."""
 
+GENERATIONS = ((1.0, 80e9), (0.6, 40e9), (0.3, 32e9), (0.12, 16e9))
+"""``(speed, memory bytes)`` of the four-generation variant (``bench_scale``'s generations)."""
+
 LINK = (2.5e10, 2e-5)
 """``(bandwidth, latency)`` of every link, inside servers and between them."""
 
@@ -89,16 +96,22 @@ BLOCK = Layer("block", (2e-5, 1.5e-4), (4e-5, 3.0e-4), params=2.0e8, act=2.0e8, 
 DEVICES = (256, 1024, 4096)
 
 
-def known_cluster(devices: int, fast_servers: int = 4) -> Cluster:
-    """``devices / 8`` servers; the first ``fast_servers`` of them fast, the rest slow; one link everywhere."""
+def known_cluster(devices: int, fast_servers: int = 4, generations: int = 2) -> Cluster:
+    """``devices / 8`` servers, one link everywhere.  Two generations: the first ``fast_servers`` servers
+    fast, the rest slow.  Four: the first ``fast_servers`` of :data:`GENERATIONS`' first, the rest in equal
+    thirds of the other three (the slowest take what does not divide)."""
     servers = devices // PER_SERVER
-    if servers * PER_SERVER != devices or servers <= fast_servers:
+    if servers * PER_SERVER != devices or servers <= fast_servers + (generations - 2):
         raise ValueError(f"{devices} devices: need a multiple of {PER_SERVER} above {PER_SERVER * fast_servers}")
-    fast = fast_servers
+    if generations not in (2, 4):
+        raise ValueError(f"generations must be 2 or 4, got {generations}")
+    table = (FAST, SLOW) if generations == 2 else GENERATIONS
+    share = max(1, (servers - fast_servers) // (generations - 1))
     bw, lat = LINK
     links, devs = [], []
     for s in range(servers):
-        speed, memory = FAST if s < fast else SLOW
+        gen = 0 if s < fast_servers else min(generations - 1, 1 + (s - fast_servers) // share)
+        speed, memory = table[gen]
         links.append(Link(bw, lat, f"s{s}"))
         devs.extend(Device(f"s{s}g{k}", f"s{s}", speed, memory) for k in range(PER_SERVER))
     return Cluster(f"known-{devices}", tuple(links), Link(bw, lat), tuple(devs))
@@ -111,7 +124,7 @@ def microbatch_size(devices: int) -> int:
 
 
 def known_problem(devices: int, layers: int = 8, microbatches: int = 8, schedule: str = "1f1b",
-                  samples: int | None = None, fast_servers: int = 4,
+                  samples: int | None = None, fast_servers: int = 4, generations: int = 2,
                   allow_recompute: bool = True) -> PlanningProblem:
     """The family's instance on ``devices`` devices (see the module docstring): ``layers`` identical blocks,
     ``microbatches`` equal microbatches of ``samples`` samples (default :func:`microbatch_size`), the first
@@ -119,7 +132,8 @@ def known_problem(devices: int, layers: int = 8, microbatches: int = 8, schedule
     batch = microbatches * (samples if samples is not None else microbatch_size(devices))
     graph = LayerGraph.chain(f"blocks{layers}", [Layer(f"block.{i}", BLOCK.fwd, BLOCK.bwd, BLOCK.params, BLOCK.act,
                                                        BLOCK.out) for i in range(layers)], input_bytes=0.0)
-    return PlanningProblem(graph, known_cluster(devices, fast_servers), global_batch=batch, microbatches=microbatches,
+    return PlanningProblem(graph, known_cluster(devices, fast_servers, generations), global_batch=batch,
+                           microbatches=microbatches,
                            schedule=schedule, allow_recompute=allow_recompute)
 
 
@@ -399,12 +413,12 @@ def realize(problem: PlanningProblem, stages: list[tuple[int, Kind]]) -> Plan:
 SOLVERS = ("group-search", "ilp", "cpsat")
 
 
-def run_child(devices: int, solver: str, time_limit: float) -> dict:
+def run_child(devices: int, generations: int, solver: str, time_limit: float) -> dict:
     """One solver on the family's instance in this process (the child's side)."""
     from pipeplan.solver.core.registry import get_solver, solver_names
     from pipeplan.solver.exact.ilp import quiet_stdout
     solver_names()
-    problem = known_problem(devices)
+    problem = known_problem(devices, generations=generations)
     start = time.perf_counter()
     with quiet_stdout():
         result = get_solver(solver).solve(problem, time_limit=time_limit, seed=0)
@@ -413,10 +427,10 @@ def run_child(devices: int, solver: str, time_limit: float) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 
-def run_solver(devices: int, solver: str, time_limit: float) -> dict:
+def run_solver(devices: int, generations: int, solver: str, time_limit: float) -> dict:
     """:func:`run_child` in a fresh interpreter (its peak memory is its own)."""
     cmd = [sys.executable, "-m", "pipeplan.experiments.known_optimum", "--child", solver,
-           "--devices", str(devices), "--time-limit", str(time_limit)]
+           "--devices", str(devices), "--generations", str(generations), "--time-limit", str(time_limit)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * time_limit + 60)
     except subprocess.TimeoutExpired:
@@ -427,14 +441,15 @@ def run_solver(devices: int, solver: str, time_limit: float) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(devices: int, solvers: list[str], time_limit: float) -> dict:
+def measure(devices: int, generations: int, solvers: list[str], time_limit: float) -> dict:
     """The optimum of one size, and every plan's and bound's distance to it."""
     from pipeplan.solver.bounds.class_bound import class_bound
     from pipeplan.solver.exact.class_model import solve_class_model
-    problem = known_problem(devices)
+    problem = known_problem(devices, generations=generations)
     found = class_optimum(problem)
     opt = found.time
-    row = {"devices": devices, "layers": len(problem.graph), "global_batch": problem.global_batch,
+    row = {"devices": devices, "generations": generations, "layers": len(problem.graph),
+           "global_batch": problem.global_batch,
            "microbatches": problem.microbatches, "optimum": opt, "complete": found.complete,
            "search_nodes": found.nodes, "search_seconds": found.seconds,
            "optimal_stages": [[l, kd.cls, kd.replicas, kd.recompute] for l, kd in found.stages]}
@@ -445,7 +460,7 @@ def measure(devices: int, solvers: list[str], time_limit: float) -> dict:
     row["model"] = {"bound": model.bound, "plan": model.iteration_time if math.isfinite(model.iteration_time)
                     else None, "status": model.status, "nodes": model.nodes, "seconds": model.seconds,
                     "size": list(model.model_size)}
-    row["solvers"] = {name: run_solver(devices, name, time_limit) for name in solvers}
+    row["solvers"] = {name: run_solver(devices, generations, name, time_limit) for name in solvers}
     return row
 
 
@@ -456,11 +471,11 @@ def _pct(value: float | None, opt: float) -> str:
 def markdown(rows: list[dict]) -> str:
     """Plans above the optimum (+) and bounds below it (-), per size."""
     names = list(rows[0]["solvers"]) if rows else []
-    head = ["devices", "optimum (search)", "class bound", "model bound (plan)"] + [f"`{n}` plan (bound)" for n in names]
+    head = ["devices, generations", "optimum (search)", "class bound", "model bound (plan)"] + [f"`{n}` plan (bound)" for n in names]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         opt = r["optimum"]
-        cells = [str(r["devices"]), f"{1e3 * opt:.2f} ms ({r['search_seconds']:.1f} s)",
+        cells = [f"{r['devices']}, {r.get('generations', 2)}", f"{1e3 * opt:.2f} ms ({r['search_seconds']:.1f} s)",
                  _pct(r["class_bound"], opt),
                  f"{_pct(r['model']['bound'], opt)} ({_pct(r['model']['plan'], opt)})"]
         for n in names:
@@ -473,20 +488,22 @@ def markdown(rows: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default=",".join(map(str, DEVICES)))
+    parser.add_argument("--generations", default="2,4", help="device generations of the variants (2, 4 or both)")
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver and for the model")
     parser.add_argument("--solvers", default=",".join(SOLVERS))
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(run_child(int(args.devices), args.child, args.time_limit)))
+        print(json.dumps(run_child(int(args.devices), int(args.generations), args.child, args.time_limit)))
         return 0
     rows = []
-    for devices in (int(d) for d in args.devices.split(",")):
-        rows.append(measure(devices, [s for s in args.solvers.split(",") if s], args.time_limit))
-        print(f"  {devices} devices done", file=sys.stderr, flush=True)
-        if args.out:
-            atomic_write_text(args.out, json.dumps(rows, indent=1))
+    for generations in (int(g) for g in args.generations.split(",")):
+        for devices in (int(d) for d in args.devices.split(",")):
+            rows.append(measure(devices, generations, [s for s in args.solvers.split(",") if s], args.time_limit))
+            print(f"  {devices} devices, {generations} generations done", file=sys.stderr, flush=True)
+            if args.out:
+                atomic_write_text(args.out, json.dumps(rows, indent=1))
     print(markdown(rows))
     return 0
 

@@ -65,6 +65,11 @@ class TestClassOptimum:
 class TestSymmetry:
     def test_the_family_is_symmetric(self):
         check_symmetric(known_problem(1024))
+        check_symmetric(known_problem(1024, generations=4))
+
+    def test_four_generations_in_their_shares(self):
+        speeds = sorted((d.speed for d in known_problem(256, generations=4).cluster.devices), reverse=True)
+        assert speeds.count(1.0) == 32 and speeds.count(0.6) == speeds.count(0.3) == 72 and speeds.count(0.12) == 80
 
     def test_differing_layers_are_refused(self):
         problem = known_problem(256)
@@ -76,8 +81,9 @@ class TestSymmetry:
             check_symmetric(odd)
 
 
-def test_bounds_stay_below_the_optimum_at_4096_devices():
-    problem = known_problem(4096)
+@pytest.mark.parametrize("generations", [2, 4])
+def test_bounds_stay_below_the_optimum_at_4096_devices(generations):
+    problem = known_problem(4096, generations=generations)
     found = class_optimum(problem)
     assert found.complete
     sim = problem.evaluate(found.plan)

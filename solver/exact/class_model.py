@@ -498,18 +498,19 @@ def build_position_model(problem: PlanningProblem, upper: float = math.inf,
 
 
 def crude_upper(problem: PlanningProblem) -> float:
-    """An iteration time no plan of interest exceeds: every layer on the slowest device, at full batch,
-    twice over (forward, backward and a recompute), plus every transfer and all-reduce at the worst link."""
+    """A time no plan exceeds: every op of every stage one after another on the slowest device (at most
+    ``B`` microbatches a stage, each recomputed), every transfer on the slowest link, every all-reduce of all
+    the parameters (the ceiling of :func:`pipeplan.solver.core.problem.overflow_cause`), plus one second."""
     graph, cluster = problem.graph, problem.cluster
-    slow = min(d.speed for d in cluster.devices)
-    M, B = len(problem.split), problem.global_batch
-    work = sum(2 * M * (l.fwd[0] + l.bwd[0]) + 2 * B * (l.fwd[1] + l.bwd[1]) for l in graph.layers) / slow
+    B, D = problem.global_batch, len(cluster.devices)
+    speed = min(d.speed for d in cluster.devices)
     links = (*cluster.servers, cluster.network)
-    bw, lat = min(l.bandwidth for l in links), max(l.latency for l in links)
+    bandwidth, latency = min(l.bandwidth for l in links), max(l.latency for l in links)
+    work = 2.0 * sum(B * (l.fwd[0] + l.bwd[0]) + B * (l.fwd[1] + l.bwd[1]) for l in graph.layers)
     cut = graph.input_bytes + sum(l.out for l in graph.layers)
     params = sum(l.params for l in graph.layers)
-    D = len(cluster.devices)
-    return work + 2 * len(graph) * M * (lat + B * cut / bw) + 2 * D * (lat + params / bw) + 1.0
+    return (D * work / speed + 2.0 * B * D * (latency + B * cut / bandwidth)
+            + 2.0 * D * (latency + params / bandwidth) + 1.0)
 
 
 def t_speed(classes: tuple[DeviceClass, ...], t: StageType) -> float:
@@ -576,9 +577,9 @@ def solve_position_model(pm: PositionModel, time_limit: float, node_limit: int |
                          seed: int = 0, threads: int = 1) -> PositionSolution:
     """Solve with HiGHS; the bound is HiGHS's dual bound (``mip_dual_bound``) lowered by :data:`ROUNDING_MARGIN`.
 
-    HiGHS's model status, not a label, decides: ``kOptimal`` gives the objective as
-    the bound, ``kInfeasible`` proves nothing beats ``upper``, and any stop (time, node
-    limit) gives the dual bound reached.
+    HiGHS's model status, not a label, decides: ``kInfeasible`` proves that nothing beats
+    ``upper``; otherwise (optimal within HiGHS's gap, or stopped by time or nodes) the
+    dual bound reached is the bound.
     """
     import highspy
     from scipy.sparse import csc_matrix
@@ -622,9 +623,8 @@ def solve_position_model(pm: PositionModel, time_limit: float, node_limit: int |
         objective = float(values[pm.T])
     if status == highspy.HighsModelStatus.kInfeasible:
         bound = upper
-    elif status == highspy.HighsModelStatus.kOptimal and objective is not None:
-        bound = min(upper, max(objective, float(info.mip_dual_bound)))
     else:
+        # the dual bound, never the objective: HiGHS calls a solve within its relative gap (1e-4) optimal
         dual = float(info.mip_dual_bound)
         bound = min(upper, dual) if math.isfinite(dual) else 0.0
     bound = max(0.0, bound * (1 - ROUNDING_MARGIN))
