@@ -12,6 +12,10 @@ the same child, so its memory counts too).  The gap is ``(best plan - bound) / b
 plan`` with the best plan the fastest of the model's, the file's and group-search's,
 and the bound the larger of the class bound and the model's.
 
+``--paths`` reports instead, per size, group-search's plan and the largest path term of
+:mod:`pipeplan.solver.bounds.class_paths` over that plan's own durations: how much of the
+gap a relaxation that knew the configuration would close.
+
 Usage::
 
     python -m pipeplan.experiments.bench_class_model [--devices 64,256,1024,4096] [--time-limit 60]
@@ -67,6 +71,25 @@ def run_child(devices: int, time_limit: float, upper: float) -> dict:
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 
+def path_tightness(devices: int, time_limit: float) -> dict:
+    """How close the path terms come to a good plan's time: group-search's plan, simulated and bounded by
+    :func:`pipeplan.solver.bounds.class_paths.path_bound` over its own durations (``--paths``)."""
+    from pipeplan.solver.bounds.class_paths import path_bound
+    from pipeplan.solver.core.registry import get_solver
+    from pipeplan.solver.evaluation.simulator import stage_costs
+    problem = problem_of(devices)
+    plan = get_solver("group-search").solve(problem, time_limit=time_limit, seed=0).plan
+    costs = stage_costs(plan, problem.graph, problem.cluster)
+    speed = problem.cluster.device_index
+    bound = path_bound(problem.schedule, [c.fwd for c in costs], [c.bwd for c in costs],
+                       [c.send_fwd for c in costs[:-1]], [c.allreduce for c in costs],
+                       [len(st.devices) * min(speed[d].speed for d in st.devices) for st in plan.stages],
+                       sum(d.speed for d in problem.cluster.devices))
+    time_ = problem.evaluate(plan).iteration_time
+    return {"devices": devices, "stages": len(plan.stages), "plan": time_, "path_bound": bound,
+            "ratio": bound / time_}
+
+
 def best_known(files: list[str]) -> dict[int, float]:
     """The best plan time per device count in ``bench_scale`` JSON files."""
     best: dict[int, float] = {}
@@ -83,11 +106,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--best", default="", help="comma-separated bench_scale JSON files with the best plans known")
     parser.add_argument("--out")
+    parser.add_argument("--paths", action="store_true",
+                        help="only report how close the path terms come to group-search's plan, per size")
     parser.add_argument("--child", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--upper", type=float, default=math.inf, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(run_child(args.child, args.time_limit, args.upper)))
+        return 0
+    if args.paths:
+        for devices in (int(d) for d in args.devices.split(",")):
+            print(json.dumps(path_tightness(devices, args.time_limit)), flush=True)
         return 0
     best = {d: t for d, t in best_known([f for f in args.best.split(",") if f]).items() if d != 64}
     rows = []
