@@ -24,11 +24,8 @@ from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_from_args
 from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
-from pipeplan.runtime.calibrate import calibrated_cluster, device_factors, run_factors
-from pipeplan.runtime.checks import load_inputs
 from pipeplan.runtime.launch import WorkerError
-from pipeplan.runtime.measure import align, measured_steps, median_step
-from pipeplan.runtime.worker import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
+from pipeplan.runtime.options import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.evaluation.simulator import simulate
 
@@ -66,6 +63,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Probe, calibrate, write; 0, or 1 if a probe run failed (``InputError`` on bad input)."""
+    # the runtime imports torch: imported here, not while the parser is built (every --help)
+    from pipeplan.runtime.calibrate import calibrated_cluster, device_factors, run_factors
+    from pipeplan.runtime.checks import load_inputs
+    from pipeplan.runtime.measure import align, measured_steps, median_step
+
     check_options(args)
     if args.runs < 1:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")

@@ -13,6 +13,7 @@ import io
 import json
 import math
 import sys
+import textwrap
 from typing import Any
 
 from pipeplan.models.errors import InputError
@@ -22,7 +23,6 @@ from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.views.figures import pyplot, save_png
 from pipeplan.solver.views.gantt import write_gantt
 from pipeplan.solver.bounds.infeasibility import UNPROVED, memory_verdict
-from pipeplan.solver.heuristics.nsga import MAX_POPULATION
 from pipeplan.solver.formats.plan import MAX_SAMPLES
 from pipeplan.solver.core.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
 from pipeplan.solver.core.registry import get_solver, solver_names
@@ -136,6 +136,8 @@ def check_options(args: argparse.Namespace) -> None:
     ...
     models.errors.InputError: -: --time-limit: must be positive finite seconds, got nan
     """
+    from pipeplan.solver.heuristics.nsga import MAX_POPULATION  # pymoo: imported to run, not while the parser is built
+
     limit, seed, factor = (getattr(args, key, None) for key in ("time_limit", "seed", "state_factor"))
     if limit is not None and not 0 < limit < float("inf"):
         raise InputError("-", "--time-limit", f"must be positive finite seconds, got {limit}")
@@ -433,16 +435,47 @@ def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(path, buffer.getvalue())
 
 
+TITLE_CHARS_PER_INCH = 12
+"""Characters of a 10-point title per inch of figure width (wider titles are wrapped, not clipped)."""
+
+
 def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     plt = pyplot()
     solved = [r for r in rows if r["iteration_time"] is not None]
-    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(solved) + 2), 4))
-    ax.bar([r["solver"] for r in solved], [r["iteration_time"] * 1e3 for r in solved], color="tab:blue")
+    width = min(max(4.5, 0.7 * len(solved) + 2), 14)
+    fig, ax = plt.subplots(figsize=(width, 4.5))
+    # one bar per row: a solver's rows under several schedules each get their own (labels name both)
+    several = len({r.get("schedule") for r in solved}) > 1
+    labels = [f"{r['solver']} ({r['schedule']})" if several else r["solver"] for r in solved]
+    ax.bar(range(len(solved)), [r["iteration_time"] * 1e3 for r in solved], color="tab:blue")
+    ax.set_xticks(range(len(solved)), labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_ylabel("iteration time (ms)")
-    ax.set_title(title)
-    ax.tick_params(axis="x", rotation=45)
+    ax.set_title("\n".join(textwrap.wrap(title, int(TITLE_CHARS_PER_INCH * width))), fontsize=10)
     fig.tight_layout()
     save_png(fig, path)
+
+
+def compare_title(problems: list[PlanningProblem]) -> str:
+    """The graph, cluster, batch, microbatch choice and schedules of a comparison.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import load_graph
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> p = PlanningProblem(load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json"),
+    ...                     global_batch=64, microbatches=8, auto_microbatches=True, max_microbatches=16)
+    >>> compare_title([p])
+    'chain8 on two-servers: batch 64, microbatches auto (up to 16), 1f1b'
+    """
+    first = problems[0]
+    if first.auto_microbatches:
+        split = f"microbatches auto (up to {max(first.split_counts)})"
+    else:
+        split = f"{first.microbatches} microbatches"
+    if first.per_stage:
+        split += ", per stage"
+    return (f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, {split}, "
+            f"{', '.join(p.schedule for p in problems)}")
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -466,9 +499,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if all(r.plan is None for _, r in pairs):
         return no_plan(problems[0], [r for _, r in pairs])
     rows = schedule_rows(pairs)
-    first = problems[0]
-    what = first.schedule if len(problems) == 1 else ", ".join(p.schedule for p in problems)
-    title = f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, M={first.microbatches}, {what}"
+    title = compare_title(problems)
     if args.json:
         print(json.dumps(rows))
     else:

@@ -15,17 +15,19 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeplan.models.errors import one_line
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.models.model_options import request_from_args
 from pipeplan.loading import warn_names
-from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
 from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
-from pipeplan.runtime.report import present
+from pipeplan.runtime.options import add_arguments, check_options
 from pipeplan.runtime.routing import rank_of
-from pipeplan.runtime.worker import add_arguments, check_options
+
+if TYPE_CHECKING:  # checks and report import torch: imported where a run starts, not while the parser is built
+    from pipeplan.runtime.checks import RunInputs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipeplan.runtime.checks import check_emulation, load_inputs
+    from pipeplan.runtime.report import present
+
     check_options(args)
     # Everything that can be refused is refused here, before any process starts.
     check_outputs(args, args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})

@@ -33,14 +33,17 @@ import torch.distributed as dist
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
-from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_from_args
+from pipeplan.models.model_options import request_from_args
 from pipeplan.runtime.checks import RunInputs, check_emulation, check_world, load_inputs
 from pipeplan.runtime.comm import Channels
 from pipeplan.runtime.emulate import make_emulator
 from pipeplan.runtime.executor import Executor, RankStage
 from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups
 from pipeplan.runtime.heartbeat import Heartbeat
+from pipeplan.runtime.launch import STARTUP_TIMEOUT
 from pipeplan.runtime.memory import rss_peak_bytes
+from pipeplan.runtime.options import (DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MAX_SEED,  # noqa: F401
+                                      add_arguments, add_launch_options, check_options, check_spin)
 from pipeplan.runtime.routing import pieces, rank_of
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
@@ -50,58 +53,6 @@ from pipeplan.runtime.verify import max_difference, reference_parameters
 FAULT_ENV = "PIPEPLAN_FAULT"
 """Test hook: ``RANK:STEP:KIND`` makes that rank fail at that step: ``kill`` (SIGKILL), ``hang``
 (working), ``wait-forever`` (inside a wait), ``freeze`` (SIGSTOP inside a wait) or ``raise``."""
-
-
-DEFAULT_WARMUP = 2
-"""Steps left out of the measured median unless ``--warmup`` says otherwise."""
-
-DEFAULT_TIMEOUT = 50.0
-"""``--timeout``: the launcher's check and the kill add well under a second, so a hang ends the run within 60 s."""
-
-DEFAULT_LR = 0.05
-"""SGD learning rate of the runs (the step the timings leave out)."""
-
-MAX_SEED = 2 ** 63 - 1
-"""Largest ``--seed`` (torch generators take a signed 64-bit seed)."""
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The run's arguments, shared by ``pipeplan run`` and this entry point."""
-    p.add_argument("graph", metavar="GRAPH", help="layer graph profiled from the model")
-    p.add_argument("cluster", metavar="CLUSTER", help="cluster file the plan was made for")
-    p.add_argument("plan", metavar="PLAN", help="plan to run")
-    p.add_argument("--model", required=True, metavar="SPEC",
-                   help=f"the model whose units are the graph's layers: {SPEC_HELP}")
-    add_model_options(p, trace=False)
-    p.add_argument("--steps", type=int, default=6, metavar="N", help="training steps (default 6)")
-    p.add_argument("--warmup", type=int, default=None, metavar="N",
-                   help=f"first steps left out of the measured median (0 to steps-1; default {DEFAULT_WARMUP}, "
-                        "or steps-1 when fewer steps)")
-    p.add_argument("--verify", action="store_true",
-                   help="train in float64 and compare every parameter with one-process training (fails above 1e-6)")
-    p.add_argument("--emulate", action="store_true",
-                   help="stretch compute to each device's speed and delay transfers to the cluster's links")
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--trace", metavar="OUT.json", help="write the measured Chrome trace")
-    p.add_argument("--gantt", metavar="OUT.png", help="write the measured Gantt chart")
-    p.add_argument("--side-by-side", action="store_true", help="draw the simulated Gantt chart above the measured one")
-    p.add_argument("--lr", type=float, default=DEFAULT_LR, help=f"SGD learning rate (default {DEFAULT_LR:g})")
-    add_launch_options(p)
-    p.add_argument("--result", metavar="FILE", help=argparse.SUPPRESS)  # set by the local launcher
-
-
-def add_launch_options(p: argparse.ArgumentParser) -> None:
-    """How the workers run and talk: ``--seed``, ``--transport``, ``--spin``, ``--timeout`` (run and calibrate)."""
-    p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
-    p.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
-                   help="point-to-point messages: tcp (sockets moved by each rank's own thread, CPU only), "
-                        "dist (torch.distributed: gloo or NCCL); auto (default): tcp on CPU, dist on GPUs")
-    p.add_argument("--spin", default="auto", metavar="S",
-                   help="tcp transport: seconds a waiting rank polls before it sleeps (default auto: 0.005 when "
-                        "every local rank has a core of its own, else 0)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
-                   help=f"seconds without progress before a worker counts as hung (default {DEFAULT_TIMEOUT:g}: "
-                        "a hung or dead worker ends the run within 60 s)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,8 +94,10 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
         if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+    # The rendezvous waits for the slowest rank to start (seconds on a busy machine): the set-up
+    # allowance of the launcher, not --timeout, which is for training (see runtime.launch).
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=args.timeout))
+                            timeout=timedelta(seconds=max(args.timeout, STARTUP_TIMEOUT)))
     tcp = _uses_tcp(args.transport, device)
     control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
     members = group_members(plan, inputs.model)
@@ -159,6 +112,9 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
     transport = _transport(args, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
     executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
+    beat.wait(True)
+    dist.barrier(group=control)  # training starts together: its waits (--timeout) never wait on a set-up
+    beat.wait(False)
     _pin_main_thread(device)
     records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
     status = _finish(args, inputs, executor, records, rank, world, control, beat)
@@ -191,44 +147,6 @@ def _transport(args, rank: int, plan, members: dict, control, beat: Heartbeat) -
                         timeout=2 * args.timeout, spin=_spin_seconds(args.spin), alive=beat.alive)
 
 
-def check_options(args: argparse.Namespace) -> None:
-    """Refuse bad run options (``InputError``) and settle ``--warmup``, before any process starts.
-
-    Examples
-    --------
-    >>> ns = argparse.Namespace(steps=1, warmup=None, timeout=50.0, seed=0, spin="auto", lr=0.05)
-    >>> check_options(ns); ns.warmup
-    0
-    """
-    if args.steps < 1:
-        raise InputError("-", "--steps", f"must be at least 1, got {args.steps}")
-    if args.warmup is None:
-        args.warmup = min(DEFAULT_WARMUP, args.steps - 1)
-    elif not 0 <= args.warmup <= args.steps - 1:
-        raise InputError("-", "--warmup", f"must be 0 to steps-1 = {args.steps - 1} (at least one step is "
-                                          f"measured), got {args.warmup}")
-    if not 0 < args.timeout < float("inf"):
-        raise InputError("-", "--timeout", f"must be positive seconds, got {args.timeout!r}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise InputError("-", "--seed", f"must be 0 to 2**63-1, got {args.seed}")
-    if not 0 <= args.lr < float("inf"):  # SGD refuses a negative rate; NaN or inf would train to NaN
-        raise InputError("-", "--lr", f"must be a finite learning rate >= 0, got {args.lr!r}")
-    check_spin(args.spin)
-
-
-def check_spin(spin: str) -> float | None:
-    """``--spin`` as seconds (``None`` for ``auto``); ``InputError`` unless ``auto`` or a number >= 0."""
-    if spin == "auto":
-        return None
-    try:
-        seconds = float(spin)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
-        raise InputError("-", "--spin", f"must be 'auto' or seconds >= 0, got {spin!r}")
-    return seconds
-
-
 def _spin_seconds(spin: str) -> float:
     """``--spin``: seconds a waiting rank polls before it sleeps.
 
@@ -259,7 +177,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     model = inputs.model  # every rank builds it with the same seed: the same weights everywhere
     shapes = unit_shapes(model)
     # every group's program, and each stage's actions in its group's order (what message routing needs)
-    programs, op_lists = plan.actions(inputs.plan_file), plan.op_lists()
+    programs, stage_actions = plan.actions(inputs.plan_file), plan.stage_actions()
     mailbox: dict = {}  # the hand-overs between this rank's own stages
     emulator = None
     last = len(plan.stages) - 1
@@ -269,7 +187,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         emulator = make_emulator(plan, inputs.cluster, group, rank_of(plan)[rank][1], param_bytes)
     prefix = len(mine) > 1
-    on_rank = {s: RankStage(stage, Channels(rank, s, plan, op_lists, layouts, transport, device, emulator, mailbox),
+    on_rank = {s: RankStage(stage, Channels(rank, s, plan, stage_actions, layouts, transport, device, emulator, mailbox),
                             {p.microbatch: p for p in pieces(plan, s) if p.rank == rank},
                             f"{s}:" if prefix else "")
                for s, (stage, layouts) in stages.items()}
@@ -394,10 +312,13 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
               "transport": "tcp" if _uses_tcp(args.transport, executor.memory.device) else "dist",
               "ranks": [item[0] for item in gathered]}
     if args.verify:
+        notes: list[str] = []
         reference = reference_parameters(inputs.request, steps=args.steps, global_batch=plan.global_batch,
                                          lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
                                          plan=plan, device=executor.memory.device,
-                                         beat=lambda step: beat(-2, step))
+                                         beat=lambda step: beat(-2, step), notes=notes)
+        if notes:
+            result["verify_notes"] = notes
         diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
         # JSON has no inf: a non-finite difference (NaN or inf in some parameter) is reported as null
         result.update(max_param_diff=diff if math.isfinite(diff) else None, max_param_diff_at=where)

@@ -228,7 +228,7 @@ class TestRanks:
 class TestLocalHandOver:
     def test_messages_between_stages_of_one_group(self):
         plan = _shared_plan()
-        ops = plan.op_lists()  # each stage's actions in its group's order
+        ops = plan.stage_actions()  # each stage's actions in its group's order
         msgs = cut_messages(plan, 1, ops)
         # stage 1 pieces: rank 1 [0,2) [3,6), rank 2 [2,3) [6,8); stage 2: rank 1 [0,2) [4,6), rank 2 [2,4) [6,8)
         assert [(m.src, m.dst, m.start, m.stop) for m in msgs] == \

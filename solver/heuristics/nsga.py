@@ -46,7 +46,7 @@ from pipeplan.solver.formats.plan import Plan, Stage, equal_split
 from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.core.registry import register
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.core.termination import TimeLimit, note
+from pipeplan.solver.core.termination import TimeLimit, note, watch
 from pipeplan.solver.heuristics.virtual_nsga import solve_v2_nsga
 from pipeplan.solver.core.warm_start import keep_better
 
@@ -392,6 +392,15 @@ class NsgaRun:
     """Whether the time limit (not the generation count) ended the run."""
     seeds: tuple[str, ...]
     """Names of the seeding solvers."""
+    seeding_cut_by_time: bool = False
+    """Whether the clock cut the seeding short: a seeding solver's cap fired, or the seeding's share of
+    the time limit ran out before every seeding solver ran (the seeds may differ on another machine)."""
+
+    @property
+    def time_cut(self) -> tuple[str, ...]:
+        """What the clock cut short: ``"seeding"``, ``"generations"``, both, or nothing (same run anywhere)."""
+        return tuple(phase for phase, cut in (("seeding", self.seeding_cut_by_time), ("generations", self.stopped_by_time))
+                     if cut)
 
 
 def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> list[tuple[str, Plan]]:
@@ -496,8 +505,11 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
     NsgaRun
     """
     clock = TimeLimit(time_limit).start()
+    seeding_cut = False
     if seeds is None:
-        seeds = seed_plans(problem, seed=seed, time_limit=SEEDING_SHARE * time_limit)
+        with watch() as seeding:  # nested: what it sees still reaches the caller's watches
+            seeds = seed_plans(problem, seed=seed, time_limit=SEEDING_SHARE * time_limit)
+        seeding_cut = seeding.time_cut
     seeds = [*first_seeds, *seeds]
     codec = Codec(problem)
     pymoo_problem = PlanProblem(codec)
@@ -519,7 +531,15 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
     front = _front(problem, codec, pymoo_problem.archive)
     # pymoo's n_gen is the number of the generation it would run next
     return NsgaRun(front, max(int(algorithm.n_gen or 1) - 1, 0), len(pymoo_problem.archive), stopped,
-                   tuple(name for name, _ in seeds))
+                   tuple(name for name, _ in seeds), seeding_cut)
+
+
+def time_cut_message(run: NsgaRun) -> str:
+    """What the clock cut short in ``run``, in words (empty when nothing: the same run on any machine)."""
+    said = {"seeding": f"the seeding's cap ({SEEDING_SHARE:.0%} of the time limit) cut a seeding solver short, so "
+                       "another machine may seed differently",
+            "generations": f"the time limit ended the search after {run.generations} generations"}
+    return "; ".join(said[phase] for phase in run.time_cut)
 
 
 def _front(problem: PlanningProblem, codec: Codec, archive: dict) -> tuple[FrontPoint, ...]:
@@ -578,7 +598,8 @@ class Nsga:
                        time_limit=time_limit, first_seeds=warm)
         wall = time.perf_counter() - start
         details = {"generations": run.generations, "evaluations": run.evaluations, "front_size": len(run.front),
-                   "stopped_by_time_limit": run.stopped_by_time, "seeds": list(run.seeds)}
+                   "stopped_by_time_limit": bool(run.time_cut), "time_cut": list(run.time_cut),
+                   "seeds": list(run.seeds)}
         if not run.front:
             why = ("time limit reached before any evaluated plan fitted" if run.stopped_by_time
                    else "no evaluated plan fits in memory")
@@ -586,5 +607,4 @@ class Nsga:
         best = run.front[0]
         return SolverResult(self.name, "feasible", best.plan, best.iteration_time, None, wall, seed,
                             (TracePoint(wall, best.iteration_time, None),),
-                            "time limit reached before the last generation" if run.stopped_by_time else "",
-                            details)
+                            time_cut_message(run), details)

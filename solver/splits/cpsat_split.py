@@ -3,10 +3,18 @@
 Decomposition.  The joint model (stages, devices *and* splits) is too large beyond toy
 sizes, so the search is split in two: (1) the partition, device mapping and recompute
 flags are fixed, taken from the fastest equal-split plan of the baselines
-(:func:`pipeplan.solver.baselines.best_baseline`) or, when registered and successful, of
+(:data:`pipeplan.solver.baselines.BASELINES`) or, when registered and successful, of
 ``group-search`` and the exact solvers (``cpsat``, ``ilp``); (2) for that fixed pipeline a CP-SAT scheduling
 model chooses the number of microbatches (within :attr:`PlanningProblem.split_counts`)
 and their sizes, one split shared by all stages or, with ``per_stage``, one per stage.
+
+Stopping.  Each phase ends on counted work: the baselines run their whole searches,
+``group-search`` and the exact solvers their default budgets, the split baselines' warm
+split its candidates, the split search its CP-SAT deterministic seconds
+(:data:`DEFAULT_BUDGET`, or ``--budget``) on one worker with the given seed.  The time
+limit caps them all together and is never divided into shares, so the same problem and
+seed give the same plan on an idle and a loaded machine unless the cap fires, which the
+record then says (``stopped_by: time``).
 
 The model (one per call of :func:`optimize_splits`):
 
@@ -43,7 +51,8 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from pipeplan.solver.baselines import best_baseline
+from pipeplan.solver.baselines import BASELINES
+from pipeplan.solver.baselines import fastest as fastest_baseline
 from pipeplan.solver.baselines.slicing import AutoPipeSlicing
 from pipeplan.solver.baselines.umpipe import UmpipeDP, judge_splits
 from pipeplan.solver.exact.cpsat_run import solve_counted
@@ -53,9 +62,9 @@ from pipeplan.solver.formats.plan import Plan, Stage, equal_split
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.registry import get_solver, register, solver_names
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.schedules.schedule import FORWARD, stage_ops
-from pipeplan.solver.evaluation.simulator import SimulationResult, stage_costs, simulate
-from pipeplan.solver.core.termination import WorkBudget
+from pipeplan.solver.schedules.schedule import FORWARD, stage_actions
+from pipeplan.solver.evaluation.simulator import Simulation, plan_costs, simulate
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, watch
 
 __all__ = ["SplitSearch", "optimize_splits", "base_plans", "CpSatSplit"]
 
@@ -63,6 +72,14 @@ TICKS = 2 ** 30
 """Ticks per base-plan iteration time: the integer time resolution."""
 OPTIMAL_TOLERANCE = 1e-6
 """Largest relative gap (rounding of the tick scale) still reported as ``optimal``."""
+
+DEFAULT_BUDGET = 2.0
+"""CP-SAT deterministic seconds of ``cpsat-split``'s split search (``--budget``).  Small enough that the
+whole solve ends on counted work inside the default 60 s limit with both cores of a 2-core machine
+busy: on gpt1-14 / two-servers, batch 64, ``--microbatches auto``, seed 5, the solve took 27 s of CPU
+with 2 deterministic seconds (20 s with 1), while the 4.5 that prove that split optimal take 50 s of
+the search alone (measured 2026-12-01: ``CpSatSplit().solve(problem, time_limit=600, budget=B)``, CPU
+seconds by ``time.process_time``)."""
 
 
 @dataclass(frozen=True)
@@ -161,7 +178,7 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
 class _SplitModel:
     """Builds the CP-SAT model of :func:`optimize_splits` and reads a split back."""
 
-    def __init__(self, problem: PlanningProblem, base: Plan, base_result: SimulationResult) -> None:
+    def __init__(self, problem: PlanningProblem, base: Plan, base_result: Simulation) -> None:
         self.problem, self.base = problem, base
         self.model = cp_model.CpModel()
         self.stages = len(base.stages)
@@ -172,7 +189,7 @@ class _SplitModel:
         self.horizon = TICKS + 1  # the base split's floored schedule ends by then
         self.rounding = 0.0  # ticks: an upper bound on what flooring removes from any path
         plan = base.with_extra()
-        self.costs = stage_costs(plan, problem.graph, problem.cluster)
+        self.costs = plan_costs(plan, problem.graph, problem.cluster).groups  # one stage per group
 
     # ------------------------------------------------------------------ variables
     def build(self) -> None:
@@ -270,10 +287,10 @@ class _SplitModel:
                     self.op[s, kind, k] = (start, end)
                     intervals.append(iv)
             m.add_no_overlap(intervals)
-            ops = stage_ops(self.problem.schedule, K, s, S)
+            ops = stage_actions(self.problem.schedule, K, s, S)
             for prev, nxt in zip(ops, ops[1:]):
-                m.add(self.op[(s, *nxt)][0] >= self.op[(s, *prev)][1])
-            self.chain_end[s] = self.op[(s, *ops[-1])][1]
+                m.add(self.op[tuple(nxt)][0] >= self.op[tuple(prev)][1])
+            self.chain_end[s] = self.op[tuple(ops[-1])][1]
 
     def _transfers(self) -> None:
         """Transfer intervals on one no-overlap machine per link direction, FIFO by slot."""
@@ -336,7 +353,7 @@ class _SplitModel:
             sps, wps = math.floor(per_sample / unit), math.floor(working / unit)
             cap = math.ceil(room / unit)
             held = []
-            for kind, k in stage_ops(self.problem.schedule, K, s, S):
+            for _, kind, k in stage_actions(self.problem.schedule, K, s, S):
                 if kind == FORWARD:
                     held.append(self.q[s, k])
                     m.add(sps * sum(held) <= cap)
@@ -366,26 +383,38 @@ class _SplitModel:
 
 
 # --------------------------------------------------------------------------- the solver
-def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> list[tuple[str, SolverResult]]:
+def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int,
+               use_exact: bool = True) -> list[tuple[str, SolverResult]]:
     """Fitting equal-split plans to start from: the best baseline, ``group-search`` and exact solvers if registered.
 
-    ``group-search`` and the exact solvers (``cpsat``, ``ilp``) are tried when the
-    registry has them; one that fails or finds nothing is skipped.  Sorted fastest first.
+    Every search runs on its own counted work (the baselines their whole search, the
+    others their default budgets), each with what is left of ``time_limit`` as its cap,
+    never a share of it: the plans found depend on the problem and the seed, unless the
+    cap fires, which the open watches note.  ``group-search`` and the exact solvers
+    (``cpsat``, ``ilp``; not with ``use_exact=False``) are tried when the registry has
+    them; one that fails or finds nothing is skipped.  Sorted fastest first.
     """
+    clock = TimeLimit(time_limit).start()
     found: list[tuple[str, SolverResult]] = []
-    share = time_limit / 4
-    baseline = best_baseline(problem, seed=seed, time_limit=share)
+    baselines = []
+    for cls in BASELINES:
+        if clock.expired():
+            break
+        baselines.append(cls().solve(problem, time_limit=clock.remaining(), seed=seed))
+    baseline = fastest_baseline(baselines)
     if baseline is not None:
         found.append((baseline.name, baseline))
-    if "group-search" in solver_names():  # the large clusters' plans, in about a second
-        grouped = get_solver("group-search").solve(problem.equal_split_problem(), time_limit=share, seed=seed)
+    if use_exact and "group-search" in solver_names() and not clock.expired():  # the large clusters' plans
+        grouped = get_solver("group-search").solve(problem.equal_split_problem(), time_limit=clock.remaining(),
+                                                   seed=seed)
         if grouped.plan is not None:
             found.append((grouped.name, grouped))
-    for name in ("cpsat", "ilp"):
-        if name not in solver_names():
+    for name in ("cpsat", "ilp") if use_exact else ():
+        if name not in solver_names() or clock.expired():
             continue
         try:  # every count worth trying with auto: see solver.equal_splits
-            result = fastest(solve_equal_splits(get_solver(name), problem, time_limit=share, seed=seed).values())
+            result = fastest(solve_equal_splits(get_solver(name), problem, time_limit=clock.remaining(),
+                                                seed=seed).values())
         except Exception:  # an exact solver under construction must not break this one
             continue
         if result.plan is not None and result.iteration_time is not None:
@@ -394,9 +423,8 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int) -> lis
     return sorted(found, key=lambda item: item[1].iteration_time)
 
 
-def _warm_split(problem: PlanningProblem, base: Plan) -> Plan:
-    """``base`` with the best split the ``umpipe-dp`` and ``autopipe-slicing`` candidates give."""
-    deadline = time.perf_counter() + 5.0
+def _warm_split(problem: PlanningProblem, base: Plan, deadline: float) -> Plan:
+    """``base`` with the best split the ``umpipe-dp`` and ``autopipe-slicing`` candidates give (``deadline``: a cap)."""
     options = UmpipeDP().options(problem, base, deadline) + AutoPipeSlicing().options(problem, base, deadline)
     return judge_splits(problem, base, options)[0]
 
@@ -420,33 +448,37 @@ class CpSatSplit:
         """Try registered exact solvers for the starting pipeline."""
 
     budget_unit = "CP-SAT deterministic seconds"
-    default_budget = 60.0
+    default_budget = DEFAULT_BUDGET
 
     def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
               budget: float | None = None) -> SolverResult:
-        """Plan ``problem``; see the class and module docstrings (``budget``: of the split search)."""
+        """Plan ``problem``; see the class and module docstrings (``budget``: of the split search).
+
+        Every phase (the base plans, the warm split, the split search) ends on counted work;
+        ``time_limit`` caps them all together, and only when it fires (``stopped_by: time``)
+        may the plan differ between an idle and a loaded machine.
+        """
         start = time.perf_counter()
-        base_share = (0.4 if self.use_exact else 0.2) * time_limit  # for finding the plan to start from
-        if self.use_exact:
-            bases = base_plans(problem, time_limit=base_share, seed=seed)
-        else:
-            found = best_baseline(problem, seed=seed, time_limit=base_share)
-            bases = [] if found is None else [(found.name, found)]
+        with watch() as based:
+            bases = base_plans(problem, time_limit=time_limit, seed=seed, use_exact=self.use_exact)
         if not bases:
             wall = time.perf_counter() - start
-            cut = wall >= base_share  # the search for a base ran out of time
-            why = ("time limit reached before a base plan was found" if cut
+            why = ("time limit reached before a base plan was found" if based.time_cut
                    else "no baseline plan fits to start the split search from")
-            return heuristic_no_plan(problem, self.name, why, wall, seed, details={"stopped_by_time_limit": cut})
+            return heuristic_no_plan(problem, self.name, why, wall, seed,
+                                     details={"stopped_by_time_limit": based.time_cut})
         source, base = bases[0]
-        warm = _warm_split(problem, base.plan)  # the split baselines' best: hint and fallback
+        warm = _warm_split(problem, base.plan, start + time_limit)  # the split baselines' best: hint and fallback
         left = max(0.5, time_limit - (time.perf_counter() - start))
-        search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers,
-                                 budget=WorkBudget(budget or self.default_budget))
+        with watch() as searched:
+            search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers,
+                                     budget=WorkBudget(budget or self.default_budget))
         wall = time.perf_counter() - start
         details = {"base_solver": source, "base_iteration_time": base.iteration_time,
                    "split_status": search.status, "split_lower_bound": search.lower_bound, **search.details}
         trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, search.iteration_time, None))
+        message = "" if search.status == "optimal" else (
+            "split search not proved optimal: the time limit cut it" if searched.time_cut
+            else "split search not proved optimal within its budget")
         return SolverResult(self.name, "feasible", search.plan, search.iteration_time, None, wall, seed, trace,
-                            "" if search.status == "optimal" else "split search not proved optimal in time",
-                            details)
+                            message, details)
