@@ -74,15 +74,13 @@ def run_child(devices: int, time_limit: float, upper: float) -> dict:
 def path_tightness(devices: int, time_limit: float) -> dict:
     """How close the path terms come to a good plan's time: group-search's plan, simulated and bounded by
     :func:`pipeplan.solver.bounds.class_paths.path_bound` over its own durations (``--paths``)."""
-    from pipeplan.solver.bounds.class_paths import path_bound
+    from pipeplan.solver.bounds.class_paths import path_bound, stage_durations
     from pipeplan.solver.core.registry import get_solver
-    from pipeplan.solver.evaluation.simulator import stage_costs
+    from pipeplan.solver.evaluation.simulator import plan_costs
     problem = problem_of(devices)
     plan = get_solver("group-search").solve(problem, time_limit=time_limit, seed=0).plan
-    costs = stage_costs(plan, problem.graph, problem.cluster)
     speed = problem.cluster.device_index
-    bound = path_bound(problem.schedule, [c.fwd for c in costs], [c.bwd for c in costs],
-                       [c.send_fwd for c in costs[:-1]], [c.allreduce for c in costs],
+    bound = path_bound(problem.schedule, *stage_durations(plan_costs(plan, problem.graph, problem.cluster)),
                        [len(st.devices) * min(speed[d].speed for d in st.devices) for st in plan.stages],
                        sum(d.speed for d in problem.cluster.devices))
     time_ = problem.evaluate(plan).iteration_time

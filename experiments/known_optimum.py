@@ -71,7 +71,7 @@ from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.solver.bounds.class_paths import pipeline_time
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.evaluation.memory import stash_peak
+from pipeplan.solver.evaluation.memory import StageMemory, program_stash_peak
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.space.arcs import tau_ops
@@ -241,7 +241,8 @@ def class_optimum(problem: PlanningProblem, upper: float = math.inf, node_limit:
             for w in warmups:
                 ops = tau_ops(problem.schedule, M, w)
                 stash = l * block.act if not kd.recompute else 0.0  # no input bytes: recompute keeps nothing
-                peak = state + stash_peak(ops, [q] * M, stash, l * block.act if kd.recompute else 0.0)
+                memory = StageMemory((q,) * M, stash, l * block.act if kd.recompute else 0.0, 0.0)
+                peak = state + program_stash_peak(ops, {0: memory})
                 if peak <= classes[kd.cls].memory:
                     fits = w
                 else:

@@ -10,9 +10,9 @@ import pytest
 
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.bounds.class_bound import class_bound
-from pipeplan.solver.bounds.class_paths import path_bound, pipeline_time
+from pipeplan.solver.bounds.class_paths import path_bound, pipeline_time, stage_durations
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.evaluation.simulator import stage_costs
+from pipeplan.solver.evaluation.simulator import plan_costs
 from pipeplan.solver.exact.class_model import (build_position_model, configuration_plan, refine_boundaries,
                                                solve_class_model, solve_position_model)
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
@@ -41,9 +41,7 @@ def _random_plan(seed: int):
 
 
 def _durations(problem, plan):
-    costs = stage_costs(plan, problem.graph, problem.cluster)
-    return ([c.fwd for c in costs], [c.bwd for c in costs], [c.send_fwd for c in costs[:-1]],
-            [c.allreduce for c in costs])
+    return stage_durations(plan_costs(plan, problem.graph, problem.cluster))
 
 
 class TestPipelineTime:

@@ -94,8 +94,72 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from pipeplan.solver.space.arcs import tau_ops
+from pipeplan.solver.evaluation.simulator import PlanCosts
 from pipeplan.solver.schedules.schedule import FORWARD
+from pipeplan.solver.space.arcs import tau_ops
+
+__all__ = ["path_bound", "pipeline_time", "stage_durations"]
+
+
+def stage_durations(costs: PlanCosts) -> tuple[list[list[float]], list[list[float]], list[list[float]], list[float]]:
+    """``(fwd, bwd, send, allreduce)`` of a version-1 plan's costs, in the form :func:`pipeline_time` takes.
+
+    Parameters
+    ----------
+    costs : PlanCosts
+        :func:`pipeplan.solver.evaluation.simulator.plan_costs` of a plan whose every
+        group holds one stage (``gpipe``, ``1f1b``, or a ``custom`` plan of that shape).
+
+    Returns
+    -------
+    fwd, bwd : list of list of float
+        ``TF_{s,k}`` and ``TB_{s,k}`` (recompute included) by stage and microbatch.
+    send : list of list of float
+        ``t_{s,k}``: the forward transfer over cut ``s`` (one list per cut).
+    allreduce : list of float
+        ``AR_s``.
+
+    Raises
+    ------
+    ValueError
+        If a group holds more than one stage or splits its backward.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.core.problem import PlanningProblem
+    >>> from pipeplan.solver.evaluation.simulator import plan_costs
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> graph = LayerGraph.chain("g", [Layer(f"l{i}", (1.0, 0.0), (2.0, 0.0), 0.0, 0.0, 0.0) for i in range(2)],
+    ...                         input_bytes=0.0)
+    >>> link = Link(1e9, 0.0)
+    >>> cluster = Cluster("c", (Link(1e9, 0.0, "s"),), link, (Device("d0", "s", 1.0, 1e9), Device("d1", "s", 1.0, 1e9)))
+    >>> problem = PlanningProblem(graph, cluster, global_batch=2, microbatches=2, schedule="1f1b")
+    >>> plan = problem.make_plan([(0, 1), (1, 2)], [["d0"], ["d1"]], [False, False])
+    >>> fwd, bwd, send, ar = stage_durations(plan_costs(plan, graph, cluster))
+    >>> fwd, bwd, ar
+    ([[1.0, 1.0], [1.0, 1.0]], [[2.0, 2.0], [2.0, 2.0]], [0.0, 0.0])
+    >>> pipeline_time("1f1b", fwd, bwd, send, ar)
+    9.0
+    """
+    fwd: list[list[float]] = []
+    bwd: list[list[float]] = []
+    for g, group in enumerate(costs.groups):
+        if len(group.stages) != 1:
+            raise ValueError(f"group {g} holds stages {list(group.stages)}; stage_durations takes one stage per group")
+        m = len(costs.links[group.stages[0]].sizes)
+        f, b = [0.0] * m, [0.0] * m
+        for (_, kind, k), seconds in zip(group.program, group.durations):
+            if kind == FORWARD:
+                f[k] = seconds
+            elif kind == "B":
+                b[k] = seconds
+            else:
+                raise ValueError(f"group {g} runs a split backward ({kind}{k}); stage_durations takes F and B only")
+        fwd.append(f)
+        bwd.append(b)
+    send = [list(link.send_fwd) for link in costs.links[:-1]]
+    return fwd, bwd, send, [group.allreduce for group in costs.groups]
 
 
 def pipeline_time(schedule: str, fwd: Sequence[Sequence[float]], bwd: Sequence[Sequence[float]],
@@ -135,7 +199,7 @@ def pipeline_time(schedule: str, fwd: Sequence[Sequence[float]], bwd: Sequence[S
         progressed = False
         for s in range(S):
             while pos[s] < len(ops[s]):
-                kind, k = ops[s][pos[s]]
+                _, kind, k = ops[s][pos[s]]
                 if kind == FORWARD:
                     ready = 0.0 if s == 0 else f_arrive[s][k]
                 else:
@@ -172,11 +236,9 @@ def path_bound(schedule: str, fwd: Sequence[Sequence[float]], bwd: Sequence[Sequ
     term is at most :func:`pipeline_time` of the same pipeline.
     """
     S, M = len(fwd), len(fwd[0])
-    k_min = min(range(M), key=lambda k: fwd[0][k] + bwd[0][k]) if M else 0
     cut = [list(send[j]) if j < S - 1 else [0.0] * M for j in range(S)]
     t_min = [min(c) for c in cut]
     passes = [min(f + b for f, b in zip(fwd[j], bwd[j])) + 2 * t_min[j] for j in range(S)]
-    del k_min
     heads = [fwd[j][0] + cut[j][0] for j in range(S)]
     tails = [bwd[j][-1] + cut[j][-1] for j in range(S)]
     busy = [sum(fwd[j]) + sum(bwd[j]) for j in range(S)]
