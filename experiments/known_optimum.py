@@ -49,18 +49,21 @@ classes.
 Usage::
 
     python -m pipeplan.experiments.known_optimum [--devices 256,1024,4096] [--generations 2,4]
-        [--time-limit 60] [--solvers group-search,ilp,cpsat] [--out known.json]
+        [--time-limit 60] [--model-time-limit 60] [--solvers group-search] [--out known.json]
 
-prints, per size, the optimum, each solver's plan and its distance to the optimum, and
-each bound (the class bound, the class-level position model, the solvers' own) and its
-distance below the optimum.
+prints, per size, the optimum, each solver's plan and its distance above the optimum,
+each bound (the class bound, the class-level position model's, the path terms of the
+optimal plan: :func:`paths_on`) and its distance below it, and the gap the plan and the
+class bound prove together.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import resource
 import subprocess
 import sys
@@ -69,8 +72,9 @@ from dataclasses import dataclass, field
 
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.models.jsonio import atomic_write_text
-from pipeplan.solver.bounds.class_paths import pipeline_time
+from pipeplan.solver.bounds.class_paths import path_bound, pipeline_time, stage_durations
 from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.evaluation.simulator import plan_costs
 from pipeplan.solver.evaluation.memory import StageMemory, program_stash_peak
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan
@@ -411,20 +415,38 @@ def realize(problem: PlanningProblem, stages: list[tuple[int, Kind]]) -> Plan:
 
 
 # ------------------------------------------------------------------------------------------------ report
-SOLVERS = ("group-search", "ilp", "cpsat")
+SOLVERS = ("group-search",)
+"""Solvers run by default.  ``ilp`` and ``cpsat`` build no model above 64 devices: they return
+group-search's plan and the class bound, so their rows add nothing to its and the class bound's."""
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send fd 1 to fd 2 (HiGHS prints its banner from C++), so that the child's last stdout line is its JSON."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def run_child(devices: int, generations: int, solver: str, time_limit: float) -> dict:
     """One solver on the family's instance in this process (the child's side)."""
     from pipeplan.solver.core.registry import get_solver, solver_names
-    from pipeplan.solver.exact.ilp import quiet_stdout
     solver_names()
     problem = known_problem(devices, generations=generations)
     start = time.perf_counter()
-    with quiet_stdout():
+    with _stdout_to_stderr():
         result = get_solver(solver).solve(problem, time_limit=time_limit, seed=0)
+    plan = result.plan
     return {"solver": solver, "status": result.status, "iteration_time": result.iteration_time,
             "lower_bound": result.lower_bound, "wall_time": time.perf_counter() - start,
+            "stages": None if plan is None else [[st.layers[1] - st.layers[0], len(st.devices), st.recompute]
+                                                 for st in plan.stages],
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 
@@ -442,7 +464,24 @@ def run_solver(devices: int, generations: int, solver: str, time_limit: float) -
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(devices: int, generations: int, solvers: list[str], time_limit: float) -> dict:
+def paths_on(problem: PlanningProblem, plan: Plan) -> float:
+    """:func:`pipeplan.solver.bounds.class_paths.path_bound` of ``plan``'s own durations, work term included.
+
+    Each term is at most the plan's time.  For the optimal plan it is also the most the class-level
+    position model can prove (:mod:`pipeplan.solver.exact.class_model`): the model's optimum is at most
+    its value at the optimal plan's configuration, whose rows are these terms with every duration
+    replaced by a lower bound.  So a model bound far below it is a weak relaxation or a short solve,
+    and this value far below the optimum means that path terms alone cannot close the gap.
+    """
+    speed = problem.cluster.device_index
+    durations = stage_durations(plan_costs(plan, problem.graph, problem.cluster))
+    return path_bound(problem.schedule, *durations,
+                      [len(st.devices) * min(speed[d].speed for d in st.devices) for st in plan.stages],
+                      sum(d.speed for d in problem.cluster.devices))
+
+
+def measure(devices: int, generations: int, solvers: list[str], time_limit: float,
+            model_time_limit: float) -> dict:
     """The optimum of one size, and every plan's and bound's distance to it."""
     from pipeplan.solver.bounds.class_bound import class_bound
     from pipeplan.solver.exact.class_model import solve_class_model
@@ -457,10 +496,13 @@ def measure(devices: int, generations: int, solvers: list[str], time_limit: floa
     start = time.perf_counter()
     row["class_bound"] = class_bound(problem)
     row["class_bound_seconds"] = time.perf_counter() - start
-    model = solve_class_model(problem, time_limit)
-    row["model"] = {"bound": model.bound, "plan": model.iteration_time if math.isfinite(model.iteration_time)
-                    else None, "status": model.status, "nodes": model.nodes, "seconds": model.seconds,
-                    "size": list(model.model_size)}
+    row["paths_on_optimum"] = paths_on(problem, found.plan) if found.plan is not None else None
+    if model_time_limit > 0:
+        with _stdout_to_stderr():
+            model = solve_class_model(problem, model_time_limit)
+        row["model"] = {"bound": model.bound, "plan": model.iteration_time if math.isfinite(model.iteration_time)
+                        else None, "status": model.status, "nodes": model.nodes, "seconds": model.seconds,
+                        "size": list(model.model_size), "time_limit": model_time_limit}
     row["solvers"] = {name: run_solver(devices, generations, name, time_limit) for name in solvers}
     return row
 
@@ -469,19 +511,27 @@ def _pct(value: float | None, opt: float) -> str:
     return "-" if value is None else f"{100 * (value - opt) / opt:+.1f} %"
 
 
+def _gap(plan: float | None, bound: float | None) -> str:
+    return "-" if plan is None or bound is None else f"{100 * (plan - bound) / plan:.1f} %"
+
+
 def markdown(rows: list[dict]) -> str:
-    """Plans above the optimum (+) and bounds below it (-), per size."""
+    """Plans above the optimum (+) and bounds below it (-), per size; then the gap they would prove together."""
     names = list(rows[0]["solvers"]) if rows else []
-    head = ["devices, generations", "optimum (search)", "class bound", "model bound (plan)"] + [f"`{n}` plan (bound)" for n in names]
+    head = (["devices, generations", "optimum (search time)"] + [f"`{n}` plan" for n in names]
+            + ["class bound", "position model bound (its plan)", "path terms of the optimal plan"]
+            + [f"gap `{n}` plan / class bound" for n in names])
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         opt = r["optimum"]
-        cells = [f"{r['devices']}, {r.get('generations', 2)}", f"{1e3 * opt:.2f} ms ({r['search_seconds']:.1f} s)",
-                 _pct(r["class_bound"], opt),
-                 f"{_pct(r['model']['bound'], opt)} ({_pct(r['model']['plan'], opt)})"]
-        for n in names:
-            s = r["solvers"][n]
-            cells.append(f"{_pct(s.get('iteration_time'), opt)} ({_pct(s.get('lower_bound'), opt)})")
+        plans = [r["solvers"][n].get("iteration_time") for n in names]
+        model = r.get("model")
+        cells = ([f"{r['devices']}, {r.get('generations', 2)}", f"{1e3 * opt:.2f} ms ({r['search_seconds']:.1f} s)"]
+                 + [_pct(t, opt) for t in plans]
+                 + [_pct(r["class_bound"], opt),
+                    f"{_pct(model['bound'], opt)} ({_pct(model['plan'], opt)})" if model else "-",
+                    _pct(r.get("paths_on_optimum"), opt)]
+                 + [_gap(t, r["class_bound"]) for t in plans])
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -490,7 +540,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", default=",".join(map(str, DEVICES)))
     parser.add_argument("--generations", default="2,4", help="device generations of the variants (2, 4 or both)")
-    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver and for the model")
+    parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per solver")
+    parser.add_argument("--model-time-limit", type=float, default=60.0,
+                        help="seconds for the class-level position model (0: leave it out)")
     parser.add_argument("--solvers", default=",".join(SOLVERS))
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -501,7 +553,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for generations in (int(g) for g in args.generations.split(",")):
         for devices in (int(d) for d in args.devices.split(",")):
-            rows.append(measure(devices, generations, [s for s in args.solvers.split(",") if s], args.time_limit))
+            rows.append(measure(devices, generations, [s for s in args.solvers.split(",") if s], args.time_limit,
+                                args.model_time_limit))
             print(f"  {devices} devices, {generations} generations done", file=sys.stderr, flush=True)
             if args.out:
                 atomic_write_text(args.out, json.dumps(rows, indent=1))
