@@ -8,10 +8,11 @@ import random
 
 import pytest
 
-from pipeplan.experiments.known_optimum import check_symmetric, class_optimum, known_problem
+from pipeplan.experiments.known_optimum import check_symmetric, class_optimum, known_problem, paths_on
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.bounds.class_bound import class_bound
 from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.exact.class_model import build_position_model, solve_position_model
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from tests.test_exact import REL, brute_force
 
@@ -89,3 +90,42 @@ def test_bounds_stay_below_the_optimum_at_4096_devices(generations):
     sim = problem.evaluate(found.plan)
     assert sim.iteration_time == pytest.approx(found.time, rel=1e-12)
     assert class_bound(problem) <= found.time * (1 + REL)
+
+
+SMALL_MEMBERS = [(40, 2, 4, 4, 2), (48, 4, 3, 2, 2), (64, 2, 6, 4, 4)]
+"""``(devices, generations, layers, microbatches, fast servers)`` of the family's small members: a complete search and
+group-search take under a second on each (group-search's plan is 6.8 % above the optimum on the last)."""
+
+
+@pytest.fixture(scope="module")
+def small_members():
+    """Each small member with its optimum and group-search's plan (shared by the tests below)."""
+    from pipeplan.solver.core.registry import get_solver
+    members = []
+    for devices, generations, layers, microbatches, fast in SMALL_MEMBERS:
+        problem = known_problem(devices, layers=layers, microbatches=microbatches, samples=4,
+                                fast_servers=fast, generations=generations)
+        found = class_optimum(problem)
+        assert found.complete
+        result = get_solver("group-search").solve(problem, time_limit=60.0, seed=0)
+        members.append((problem, found, result))
+    return members
+
+
+class TestSmallMembers:
+    def test_group_search_is_never_below_the_optimum(self, small_members):
+        for problem, found, result in small_members:
+            assert result.plan is not None
+            assert problem.evaluate(result.plan).iteration_time >= found.time * (1 - REL)
+
+    def test_path_terms_never_exceed_the_optimum(self, small_members):
+        # the optimal plan's own path terms: the most the position model's rows can prove (paths_on)
+        for problem, found, result in small_members:
+            assert paths_on(problem, found.plan) <= found.time * (1 + REL)
+            assert paths_on(problem, result.plan) <= problem.evaluate(result.plan).iteration_time * (1 + REL)
+
+    def test_bounds_never_exceed_the_optimum(self, small_members):
+        for problem, found, _ in small_members:
+            assert class_bound(problem) <= found.time * (1 + REL)
+            solution = solve_position_model(build_position_model(problem, positions=1), 60.0)
+            assert solution.bound <= found.time * (1 + REL)
