@@ -50,6 +50,7 @@ Usage::
 
     python -m pipeplan.experiments.known_optimum [--devices 256,1024,4096] [--generations 2,4]
         [--time-limit 60] [--model-time-limit 60] [--solvers group-search] [--out known.json]
+        [--layers 8] [--microbatches 8] [--samples N] [--fast-servers 4]
 
 prints, per size, the optimum, each solver's plan and its distance above the optimum,
 each bound (the class bound, the class-level position model's, the path terms of the
@@ -434,11 +435,11 @@ def _stdout_to_stderr():
         os.close(saved)
 
 
-def run_child(devices: int, generations: int, solver: str, time_limit: float) -> dict:
-    """One solver on the family's instance in this process (the child's side)."""
+def run_child(devices: int, generations: int, solver: str, time_limit: float, **shape) -> dict:
+    """One solver on the family's instance (:func:`known_problem` with ``shape``) in this process (the child's side)."""
     from pipeplan.solver.core.registry import get_solver, solver_names
     solver_names()
-    problem = known_problem(devices, generations=generations)
+    problem = known_problem(devices, generations=generations, **shape)
     start = time.perf_counter()
     with _stdout_to_stderr():
         result = get_solver(solver).solve(problem, time_limit=time_limit, seed=0)
@@ -450,10 +451,11 @@ def run_child(devices: int, generations: int, solver: str, time_limit: float) ->
             "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}
 
 
-def run_solver(devices: int, generations: int, solver: str, time_limit: float) -> dict:
+def run_solver(devices: int, generations: int, solver: str, time_limit: float, **shape) -> dict:
     """:func:`run_child` in a fresh interpreter (its peak memory is its own)."""
     cmd = [sys.executable, "-m", "pipeplan.experiments.known_optimum", "--child", solver,
            "--devices", str(devices), "--generations", str(generations), "--time-limit", str(time_limit)]
+    cmd += [f"--{key.replace('_', '-')}={value}" for key, value in shape.items() if value is not None]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=3 * time_limit + 60)
     except subprocess.TimeoutExpired:
@@ -481,15 +483,15 @@ def paths_on(problem: PlanningProblem, plan: Plan) -> float:
 
 
 def measure(devices: int, generations: int, solvers: list[str], time_limit: float,
-            model_time_limit: float) -> dict:
-    """The optimum of one size, and every plan's and bound's distance to it."""
+            model_time_limit: float, **shape) -> dict:
+    """The optimum of one size (:func:`known_problem` with ``shape``), and every plan's and bound's distance to it."""
     from pipeplan.solver.bounds.class_bound import class_bound
     from pipeplan.solver.exact.class_model import solve_class_model
-    problem = known_problem(devices, generations=generations)
+    problem = known_problem(devices, generations=generations, **shape)
     found = class_optimum(problem)
     opt = found.time
     row = {"devices": devices, "generations": generations, "layers": len(problem.graph),
-           "global_batch": problem.global_batch,
+           "fast_servers": shape.get("fast_servers", 4), "global_batch": problem.global_batch,
            "microbatches": problem.microbatches, "optimum": opt, "complete": found.complete,
            "search_nodes": found.nodes, "search_seconds": found.seconds,
            "optimal_stages": [[l, kd.cls, kd.replicas, kd.recompute] for l, kd in found.stages]}
@@ -503,7 +505,7 @@ def measure(devices: int, generations: int, solvers: list[str], time_limit: floa
         row["model"] = {"bound": model.bound, "plan": model.iteration_time if math.isfinite(model.iteration_time)
                         else None, "status": model.status, "nodes": model.nodes, "seconds": model.seconds,
                         "size": list(model.model_size), "time_limit": model_time_limit}
-    row["solvers"] = {name: run_solver(devices, generations, name, time_limit) for name in solvers}
+    row["solvers"] = {name: run_solver(devices, generations, name, time_limit, **shape) for name in solvers}
     return row
 
 
@@ -545,16 +547,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="seconds for the class-level position model (0: leave it out)")
     parser.add_argument("--solvers", default=",".join(SOLVERS))
     parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--layers", type=int, default=8, help="blocks in the chain")
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--samples", type=int, help="samples per microbatch (default: 16 at 256 devices, "
+                                                    "doubling with every fourfold of devices)")
+    parser.add_argument("--fast-servers", type=int, default=4, help="servers of the fastest generation")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    shape = {"layers": args.layers, "microbatches": args.microbatches, "samples": args.samples,
+             "fast_servers": args.fast_servers}
     if args.child:
-        print(json.dumps(run_child(int(args.devices), int(args.generations), args.child, args.time_limit)))
+        print(json.dumps(run_child(int(args.devices), int(args.generations), args.child, args.time_limit, **shape)))
         return 0
     rows = []
     for generations in (int(g) for g in args.generations.split(",")):
         for devices in (int(d) for d in args.devices.split(",")):
             rows.append(measure(devices, generations, [s for s in args.solvers.split(",") if s], args.time_limit,
-                                args.model_time_limit))
+                                args.model_time_limit, **shape))
             print(f"  {devices} devices, {generations} generations done", file=sys.stderr, flush=True)
             if args.out:
                 atomic_write_text(args.out, json.dumps(rows, indent=1))
