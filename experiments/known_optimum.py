@@ -133,7 +133,21 @@ def known_problem(devices: int, layers: int = 8, microbatches: int = 8, schedule
                   allow_recompute: bool = True) -> PlanningProblem:
     """The family's instance on ``devices`` devices (see the module docstring): ``layers`` identical blocks,
     ``microbatches`` equal microbatches of ``samples`` samples (default :func:`microbatch_size`), the first
-    ``fast_servers`` servers fast."""
+    ``fast_servers`` servers fast.
+
+    Raises
+    ------
+    ValueError
+        Unless ``devices`` is a multiple of 8 with more servers than ``fast_servers`` plus the
+        other generations need (:func:`known_cluster`).
+
+    Examples
+    --------
+    >>> problem = known_problem(256)
+    >>> len(problem.graph), problem.global_batch, problem.microbatches, len(problem.cluster.devices)
+    (8, 128, 8, 256)
+    >>> check_symmetric(problem)
+    """
     batch = microbatches * (samples if samples is not None else microbatch_size(devices))
     graph = LayerGraph.chain(f"blocks{layers}", [Layer(f"block.{i}", BLOCK.fwd, BLOCK.bwd, BLOCK.params, BLOCK.act,
                                                        BLOCK.out) for i in range(layers)], input_bytes=0.0)
@@ -143,7 +157,11 @@ def known_problem(devices: int, layers: int = 8, microbatches: int = 8, schedule
 
 
 def check_symmetric(problem: PlanningProblem) -> None:
-    """Raise ``ValueError`` unless ``problem`` has every symmetry the completeness proof uses."""
+    """Raise ``ValueError`` unless ``problem`` has every symmetry the completeness proof uses.
+
+    Identical layers, no bytes across a cut, one link everywhere, equal microbatches, no
+    faster class with less memory, a version-1 problem with equal sizes.
+    """
     layers = problem.graph.layers
     first = layers[0]
     if any((l.fwd, l.bwd, l.params, l.act) != (first.fwd, first.bwd, first.params, first.act) for l in layers):
@@ -211,6 +229,19 @@ def class_optimum(problem: PlanningProblem, upper: float = math.inf, node_limit:
         ``complete`` is false and ``lower`` the smallest bound left unexplored).
     tolerance : float
         Relative: a partial sequence whose bound is within this of the incumbent is pruned.
+
+    Returns
+    -------
+    KnownOptimum
+        With ``complete`` true, ``time`` is the optimum over every plan and ``plan`` one
+        that runs in it (``None`` when none beats ``upper``); otherwise ``time`` is the best
+        found and ``lower`` a proved bound.
+
+    Examples
+    --------
+    >>> found = class_optimum(known_problem(40, layers=4, microbatches=4, samples=4, fast_servers=2))
+    >>> found.complete, round(1e3 * found.time, 2), [(l, kd.replicas) for l, kd in found.stages]
+    (True, 13.22, [(1, 1), (1, 1), (1, 1), (1, 1)])
     """
     check_symmetric(problem)
     start = time.perf_counter()

@@ -232,8 +232,45 @@ def path_bound(schedule: str, fwd: Sequence[Sequence[float]], bwd: Sequence[Sequ
                device_speed: Sequence[float] | None = None, total_speed: float | None = None) -> float:
     """The largest path term (B1, B2, P, PJ and, given speeds, W) of the module docstring for one pipeline.
 
-    ``device_speed[s]`` is ``r_s v_s``; ``total_speed`` the cluster's summed speed.  Every
-    term is at most :func:`pipeline_time` of the same pipeline.
+    Every term is at most :func:`pipeline_time` of the same pipeline, so the result is a
+    lower bound on that pipeline's iteration time.  It is a bound on one pipeline, not on
+    every plan: the class-level model (:mod:`pipeplan.solver.exact.class_model`) takes the
+    same terms over every configuration.
+
+    Parameters
+    ----------
+    schedule : {"1f1b", "gpipe"}
+    fwd, bwd : sequence of sequence of float
+        ``TF_{s,k}`` and ``TB_{s,k}`` (recompute included) by stage and microbatch.
+    send : sequence of sequence of float
+        ``t_{s,k}``, one list per cut (``S - 1`` of them).
+    allreduce : sequence of float
+        ``AR_s``.
+    device_speed : sequence of float, optional
+        ``r_s v_s``: replicas times the slowest speed of each stage (for the work term W).
+    total_speed : float, optional
+        The cluster's summed speed (W is left out without it).
+
+    Returns
+    -------
+    float
+        The largest term, in seconds.
+
+    See Also
+    --------
+    pipeline_time : the exact timing these terms bound.
+    stage_durations : these arguments from a plan's costs.
+
+    Examples
+    --------
+    Identical stages and no transfers: 1F1B takes ``(M + S - 1)(f + b)``, which the pivot
+    term of the first stage reaches.
+
+    >>> fwd, bwd = [[1.0] * 4 for _ in range(3)], [[2.0] * 4 for _ in range(3)]
+    >>> path_bound("1f1b", fwd, bwd, [[0.0] * 4] * 2, [0.0] * 3)
+    18.0
+    >>> pipeline_time("1f1b", fwd, bwd, [[0.0] * 4] * 2, [0.0] * 3)
+    18.0
     """
     S, M = len(fwd), len(fwd[0])
     cut = [list(send[j]) if j < S - 1 else [0.0] * M for j in range(S)]

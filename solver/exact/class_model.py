@@ -557,7 +557,7 @@ class PositionSolution:
     """What one HiGHS run on the position model gave."""
 
     status: str
-    """HiGHS's model status, by name (``kOptimal``, ``kTimeLimit``, ``kInfeasible``, ...)."""
+    """HiGHS's model status as HiGHS names it (``"Optimal"``, ``"Time limit reached"``, ``"Infeasible"``, ...)."""
     bound: float
     """A proved lower bound on every plan faster than the model's ``upper`` (``upper`` itself when none is)."""
     objective: float | None
@@ -570,7 +570,9 @@ class PositionSolution:
     pool_end: int
     """``b_K``: the pool holds layers ``[0, pool_end)``."""
     seconds: float
+    """Wall time of the solve."""
     nodes: int
+    """Branch-and-bound nodes HiGHS explored."""
 
 
 def solve_position_model(pm: PositionModel, time_limit: float, node_limit: int | None = None,
@@ -580,6 +582,25 @@ def solve_position_model(pm: PositionModel, time_limit: float, node_limit: int |
     HiGHS's model status, not a label, decides: ``kInfeasible`` proves that nothing beats
     ``upper``; otherwise (optimal within HiGHS's gap, or stopped by time or nodes) the
     dual bound reached is the bound.
+
+    Parameters
+    ----------
+    pm : PositionModel
+        From :func:`build_position_model`.
+    time_limit : float
+        Seconds: a cap.  With ``node_limit`` the counted work is HiGHS's node count, and
+        the result depends on the clock only when the cap is hit.
+    node_limit : int, optional
+        Branch-and-bound nodes (HiGHS's ``mip_max_nodes``).
+    seed : int
+        HiGHS's ``random_seed``.
+    threads : int
+        HiGHS's threads (1: the same run on an idle or a busy machine).
+
+    Returns
+    -------
+    PositionSolution
+        Its ``bound`` never exceeds the iteration time of a plan faster than ``upper``.
     """
     import highspy
     from scipy.sparse import csc_matrix
@@ -674,7 +695,15 @@ class ClassModelResult:
 def configuration_plan(pm: PositionModel, solution: PositionSolution) -> Plan | None:
     """A plan from the model's configuration: the pool's stages (fastest types first) over ``[0, pool_end)``
     with boundaries balancing ``busy + AR``, then the positions' stages, each given devices by
-    :func:`pipeplan.solver.space.class_placement.place`."""
+    :func:`pipeplan.solver.space.class_placement.place`.
+
+    Returns
+    -------
+    Plan or None
+        ``None`` without a configuration, when the pool has fewer layers than stages, or
+        when the devices cannot be packed.  The plan is not simulated here: the model's
+        objective is a lower bound for its configuration, not its time.
+    """
     from pipeplan.solver.space.class_placement import place, split_layers
     if solution.configuration is None:
         return None
@@ -694,7 +723,17 @@ def configuration_plan(pm: PositionModel, solution: PositionSolution) -> Plan | 
 def refine_boundaries(problem: PlanningProblem, plan: Plan, budget: int) -> tuple[Plan, float, int]:
     """Move single boundaries by one layer while the simulator says it helps; at most ``budget`` simulations.
 
-    Returns the plan, its time (``inf`` if it does not fit) and the simulations used.
+    Devices and recompute flags stay; the first move that lowers the simulated time is
+    kept and the sweep starts again, until a sweep finds none or the budget is spent.
+
+    Returns
+    -------
+    plan : Plan
+        ``plan`` or a faster one.
+    time : float
+        Its simulated iteration time (``inf`` if it does not fit).
+    simulations : int
+        Plans simulated, ``plan`` itself included.
     """
     def timed(candidate) -> float:
         sim = problem.evaluate(candidate)
@@ -737,6 +776,32 @@ def solve_class_model(problem: PlanningProblem, time_limit: float, upper: float 
     upper : float
         An incumbent's time: the model describes only faster plans, and the bound returned is
         ``upper`` when none exists.
+    positions : int, optional
+        Explicit positions of the model (:func:`build_position_model`).
+    node_limit : int, optional
+        HiGHS's node limit (the counted work).
+    seed : int
+        HiGHS's random seed.
+    refine_budget : int
+        Simulations :func:`refine_boundaries` may spend on the model's plan.
+
+    Returns
+    -------
+    ClassModelResult
+        The bound (never above any plan's time) and, when the configuration packs and
+        fits, a plan simulated by the project's simulator.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-3, 1e-4), (2e-3, 2e-4), 1e6, 1e6, 0.0) for i in range(2)])
+    >>> cluster = Cluster("c", (Link(1e11, 1e-6, "a"), Link(1e11, 1e-6, "b")), Link(1e10, 1e-5),
+    ...                   tuple(Device(f"{s}{k}", s, 1.0, 8e10) for s in "ab" for k in range(4)))
+    >>> problem = PlanningProblem(graph, cluster, global_batch=8, microbatches=2)
+    >>> result = solve_class_model(problem, time_limit=60.0)
+    >>> result.status, result.bound <= result.iteration_time
+    ('Optimal', True)
     """
     start = time.perf_counter()
     pm = build_position_model(problem, upper, positions)

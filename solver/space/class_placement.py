@@ -24,8 +24,43 @@ def place(problem: PlanningProblem, classes: tuple[DeviceClass, ...], kinds: tup
           stages: Sequence[tuple[int, int, StageType]]) -> Plan | None:
     """A plan with these ``(lo, hi, type)`` stages (pipeline order), ``r_lo`` replicas each, or ``None``.
 
-    ``None`` when the devices do not suffice (the class-level rows are necessary, not
-    sufficient, for a packing).
+    Stages held by one server take a server of their kind, largest first (first fit
+    decreasing); single-device and spread stages, fastest class first, take devices of
+    their own class, then of faster classes, from the servers with the most free devices
+    of that class first (a spread stage then spans few servers).
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+    classes : tuple of DeviceClass
+        :func:`pipeplan.solver.space.device_classes.device_classes` of the problem's cluster.
+    kinds : tuple of ServerKind
+        :func:`pipeplan.solver.space.class_stages.server_kinds` of the same cluster and classes.
+    stages : sequence of (int, int, StageType)
+        Layer range ``[lo, hi)`` and type of each stage, covering the layers in order.
+
+    Returns
+    -------
+    Plan or None
+        ``None`` when the devices do not suffice: the model's device rows are necessary,
+        not sufficient, for a packing.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-3, 1e-4), (2e-3, 2e-4), 1e6, 1e6, 0.0) for i in range(2)])
+    >>> cluster = Cluster("c", (Link(1e11, 1e-6, "a"), Link(1e11, 1e-6, "b")), Link(1e10, 1e-5),
+    ...                   tuple(Device(f"{s}{k}", s, 1.0, 8e10) for s in "ab" for k in range(4)))
+    >>> problem = PlanningProblem(graph, cluster, global_batch=8, microbatches=2, allow_recompute=False)
+    >>> from pipeplan.solver.space.class_stages import server_kinds, stage_types
+    >>> from pipeplan.solver.space.device_classes import device_classes
+    >>> classes = device_classes(cluster)
+    >>> kinds = server_kinds(cluster, classes)
+    >>> one_server = next(t for t in stage_types(problem, classes, kinds) if t.link == 0 and t.r_lo == 4)
+    >>> plan = place(problem, classes, kinds, [(0, 1, one_server), (1, 2, one_server)])
+    >>> [sorted({d[0] for d in st.devices}) for st in plan.stages]
+    [['a'], ['b']]
     """
     index = {(c.speed, c.memory): i for i, c in enumerate(classes)}
     free: dict[str, dict[int, list[str]]] = {}
@@ -95,7 +130,17 @@ def place(problem: PlanningProblem, classes: tuple[DeviceClass, ...], kinds: tup
 def split_layers(problem: PlanningProblem, classes: tuple[DeviceClass, ...], kinds: tuple[ServerKind, ...],
                  types: Sequence[StageType], lo: int, hi: int) -> list[tuple[int, int]] | None:
     """Boundaries for stages of ``types`` (in order) over layers ``[lo, hi)`` that minimise the largest
-    ``busy + AR`` (a DP over the layers; ``None`` when there are fewer layers than stages)."""
+    ``busy + AR`` of a stage.
+
+    A DP over the layers, ``O(len(types) (hi - lo)^2)``; each stage has ``r_lo`` replicas of
+    its type, its class's speed, and the all-reduce of its type's link.
+
+    Returns
+    -------
+    list of (int, int) or None
+        One ``(lo, hi)`` per type, in order; ``None`` when there are fewer layers than
+        stages (``[]`` for no types over no layers).
+    """
     count = len(types)
     if count == 0:
         return [] if lo == hi else None

@@ -129,11 +129,27 @@ def stage_types(problem: PlanningProblem, classes: tuple[DeviceClass, ...],
                 kinds: tuple[ServerKind, ...]) -> tuple[StageType, ...]:
     """Every stage type of ``problem``: classes x ``q``-classes x links x recompute flags.
 
+    Their number grows with the device classes, the server kinds and the distinct
+    ``ceil(n_k / r)`` (about ``2 sqrt(n)`` of them), not with the devices.
+
     A server-kind link is offered when one server of the kind holds ``r_lo`` devices at
     least as fast as the class, unless the network is at least as good as the server's
     link and a spread type exists: a stage on one such server then maps to the spread
     type, whose all-reduce and send bounds are no larger and whose only device rows are
     the cluster-wide ones.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Device
+    >>> graph = LayerGraph.chain("g", [Layer(f"l{i}", (1e-3, 1e-4), (2e-3, 2e-4), 1e6, 1e6, 0.0) for i in range(2)])
+    >>> cluster = Cluster("c", (Link(1e11, 1e-6, "a"), Link(1e11, 1e-6, "b")), Link(1e10, 1e-5),
+    ...                   tuple(Device(f"{s}{k}", s, 1.0, 8e10) for s in "ab" for k in range(4)))
+    >>> problem = PlanningProblem(graph, cluster, global_batch=8, microbatches=2, allow_recompute=False)
+    >>> classes = device_classes(cluster)
+    >>> types = stage_types(problem, classes, server_kinds(cluster, classes))
+    >>> [(t.r_lo, t.r_hi, t.q, t.link) for t in types]
+    [(1, 1, (4, 4), -2), (2, 3, (2, 2), 0), (2, 3, (2, 2), -1), (4, 4, (1, 1), 0), (4, 8, (1, 1), -1)]
     """
     sizes = problem.split
     flags = (False, True) if problem.allow_recompute else (False,)
