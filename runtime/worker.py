@@ -33,8 +33,10 @@ import torch.distributed as dist
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
-from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_from_args
+from pipeplan.models.model_options import SPEC_HELP, add_model_options
 from pipeplan.runtime.checks import RunInputs, check_emulation, check_world, load_inputs
+from pipeplan.runtime.config import (DEFAULT_LR, DEFAULT_STEPS, DEFAULT_TIMEOUT, DEFAULT_WARMUP, TRANSPORTS, RunConfig,
+                                     spin_seconds)
 from pipeplan.runtime.comm import Channels
 from pipeplan.runtime.emulate import make_emulator
 from pipeplan.runtime.executor import Executor, RankStage
@@ -51,18 +53,8 @@ FAULT_ENV = "PIPEPLAN_FAULT"
 """Test hook: ``RANK:STEP:KIND`` makes that rank fail at that step: ``kill`` (SIGKILL), ``hang``
 (working), ``wait-forever`` (inside a wait), ``freeze`` (SIGSTOP inside a wait) or ``raise``."""
 
-
-DEFAULT_WARMUP = 2
-"""Steps left out of the measured median unless ``--warmup`` says otherwise."""
-
-DEFAULT_TIMEOUT = 50.0
-"""``--timeout``: the launcher's check and the kill add well under a second, so a hang ends the run within 60 s."""
-
-DEFAULT_LR = 0.05
-"""SGD learning rate of the runs (the step the timings leave out)."""
-
-MAX_SEED = 2 ** 63 - 1
-"""Largest ``--seed`` (torch generators take a signed 64-bit seed)."""
+__all__ = ["DEFAULT_LR", "DEFAULT_TIMEOUT", "DEFAULT_WARMUP", "add_arguments", "add_launch_options", "main", "run_rank",
+           "train_rank"]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,7 +65,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, metavar="SPEC",
                    help=f"the model whose units are the graph's layers: {SPEC_HELP}")
     add_model_options(p, trace=False)
-    p.add_argument("--steps", type=int, default=6, metavar="N", help="training steps (default 6)")
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS, metavar="N",
+                   help=f"training steps (default {DEFAULT_STEPS})")
     p.add_argument("--warmup", type=int, default=None, metavar="N",
                    help=f"first steps left out of the measured median (0 to steps-1; default {DEFAULT_WARMUP}, "
                         "or steps-1 when fewer steps)")
@@ -93,7 +86,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def add_launch_options(p: argparse.ArgumentParser) -> None:
     """How the workers run and talk: ``--seed``, ``--transport``, ``--spin``, ``--timeout`` (run and calibrate)."""
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
-    p.add_argument("--transport", choices=("auto", "tcp", "dist"), default="auto",
+    p.add_argument("--transport", choices=TRANSPORTS, default="auto",
                    help="point-to-point messages: tcp (sockets moved by each rank's own thread, CPU only), "
                         "dist (torch.distributed: gloo or NCCL); auto (default): tcp on CPU, dist on GPUs")
     p.add_argument("--spin", default="auto", metavar="S",
@@ -111,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        return run_rank(args, rank, int(os.environ.get("WORLD_SIZE", "1")))
+        return run_rank(RunConfig.from_args(args), rank, int(os.environ.get("WORLD_SIZE", "1")))
     except InputError as exc:
         print(exc.line(), file=sys.stderr)
         return 2
@@ -123,18 +116,19 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(1)
 
 
-def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
+def run_rank(config: RunConfig, rank: int, world: int) -> int:
+    """Load and check the run's inputs, then train this rank (:func:`train_rank`); the exit status."""
     torch.set_num_threads(1)  # one busy core per rank
     beat = Heartbeat(rank, world)
     beat(-1, 0)
-    check_options(args)  # refuse bad options before any connection is made
-    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
-    if args.emulate:  # pipeplan run checked already; under torchrun this is the first check
-        check_emulation(inputs.prediction, args.timeout, inputs.plan_file)
-    return train_rank(args, inputs, rank, world, beat)
+    config = config.checked()  # refuse bad options before any connection is made
+    inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, config.verify, config.seed)
+    if config.emulate:  # pipeplan run checked already; under torchrun this is the first check
+        check_emulation(inputs.prediction, config.timeout, inputs.plan_file)
+    return train_rank(config, inputs, rank, world, beat)
 
 
-def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: int, beat: Heartbeat) -> int:
+def train_rank(config: RunConfig, inputs: RunInputs, rank: int, world: int, beat: Heartbeat) -> int:
     """Connect, train this rank's group by its program, gather and report; the exit status."""
     plan = inputs.plan
     check_world(plan, world, inputs.plan_file)
@@ -144,8 +138,8 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=args.timeout))
-    tcp = _uses_tcp(args.transport, device)
+                            timeout=timedelta(seconds=config.timeout))
+    tcp = _uses_tcp(config.transport, device)
     control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
     members = group_members(plan, inputs.model)
     # [Note: idle gloo groups]  Every gloo group runs an I/O thread that wakes 100 times a
@@ -156,12 +150,12 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
     groups = make_groups({key: ranks for key, ranks in members.items()
                           if not tcp or (not isinstance(key[0], int) and len(ranks) > 2)})
     starter = None if tcp else dist.new_group(backend="gloo")  # see _start_together
-    transport = _transport(args, rank, plan, members, control, beat) if tcp else \
+    transport = _transport(config, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
-    executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
+    executor, need_data = _build(config, inputs, rank, device, beat, members, groups, transport)
     _pin_main_thread(device)
-    records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
-    status = _finish(args, inputs, executor, records, rank, world, control, beat)
+    records = _train(config, inputs, executor, need_data, rank, device, transport, beat)
+    status = _finish(config, inputs, executor, records, rank, world, control, beat)
     if isinstance(transport, TcpTransport):
         transport.close()
     dist.destroy_process_group()
@@ -175,7 +169,7 @@ def _uses_tcp(transport: str, device: torch.device) -> bool:
     return transport == "tcp" or (transport == "auto" and device.type == "cpu")
 
 
-def _transport(args, rank: int, plan, members: dict, control, beat: Heartbeat) -> TcpTransport:
+def _transport(config: RunConfig, rank: int, plan, members: dict, control, beat: Heartbeat) -> TcpTransport:
     """The tcp transport of this rank; see :mod:`pipeplan.runtime.transport`."""
     world = dist.get_world_size()
     start = [(START, a, b) for a in range(world) for b in range(a + 1, world)]
@@ -188,45 +182,7 @@ def _transport(args, rank: int, plan, members: dict, control, beat: Heartbeat) -
     # Twice --timeout: a rank waiting on a hung peer must not fail before the launcher,
     # which presumes a rank hung after --timeout without progress, has named that peer.
     return TcpTransport(rank, links(members, plan) + start, gather, host=reachable_host(),
-                        timeout=2 * args.timeout, spin=_spin_seconds(args.spin), alive=beat.alive)
-
-
-def check_options(args: argparse.Namespace) -> None:
-    """Refuse bad run options (``InputError``) and settle ``--warmup``, before any process starts.
-
-    Examples
-    --------
-    >>> ns = argparse.Namespace(steps=1, warmup=None, timeout=50.0, seed=0, spin="auto", lr=0.05)
-    >>> check_options(ns); ns.warmup
-    0
-    """
-    if args.steps < 1:
-        raise InputError("-", "--steps", f"must be at least 1, got {args.steps}")
-    if args.warmup is None:
-        args.warmup = min(DEFAULT_WARMUP, args.steps - 1)
-    elif not 0 <= args.warmup <= args.steps - 1:
-        raise InputError("-", "--warmup", f"must be 0 to steps-1 = {args.steps - 1} (at least one step is "
-                                          f"measured), got {args.warmup}")
-    if not 0 < args.timeout < float("inf"):
-        raise InputError("-", "--timeout", f"must be positive seconds, got {args.timeout!r}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise InputError("-", "--seed", f"must be 0 to 2**63-1, got {args.seed}")
-    if not 0 <= args.lr < float("inf"):  # SGD refuses a negative rate; NaN or inf would train to NaN
-        raise InputError("-", "--lr", f"must be a finite learning rate >= 0, got {args.lr!r}")
-    check_spin(args.spin)
-
-
-def check_spin(spin: str) -> float | None:
-    """``--spin`` as seconds (``None`` for ``auto``); ``InputError`` unless ``auto`` or a number >= 0."""
-    if spin == "auto":
-        return None
-    try:
-        seconds = float(spin)
-    except ValueError:
-        seconds = -1.0
-    if not seconds >= 0 or seconds == float("inf"):
-        raise InputError("-", "--spin", f"must be 'auto' or seconds >= 0, got {spin!r}")
-    return seconds
+                        timeout=2 * config.timeout, spin=_spin_seconds(config.spin), alive=beat.alive)
 
 
 def _spin_seconds(spin: str) -> float:
@@ -238,7 +194,7 @@ def _spin_seconds(spin: str) -> float:
     than one that follows a busy wait (``experiments/idle_penalty.py``), and a
     polling rank sees its data without a wake-up.
     """
-    seconds = check_spin(spin)
+    seconds = spin_seconds(spin)
     if seconds is not None:
         return seconds
     local = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
@@ -250,7 +206,7 @@ START = ("start",)
 """The key of the start-of-iteration tokens (every pair of ranks)."""
 
 
-def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, members: dict, groups: dict,
+def _build(config: RunConfig, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, members: dict, groups: dict,
            transport: Transport) -> tuple[Executor, bool]:
     """This rank's executor over its group's stages, and whether it needs the batch (model input or targets)."""
     plan = inputs.plan
@@ -265,7 +221,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     last = len(plan.stages) - 1
     stages = {s: _stage(inputs, s, shapes, device) for s in mine}
     params = list({id(p): p for stage, _ in stages.values() for p in stage.parameters()}.values())
-    if args.emulate:
+    if config.emulate:
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         emulator = make_emulator(plan, inputs.cluster, group, rank_of(plan)[rank][1], param_bytes)
     prefix = len(mine) > 1
@@ -275,7 +231,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
                for s, (stage, layouts) in stages.items()}
     sync = GradSync.for_group(group, params, model, plan, members, groups, transport)
     program = [a for a in programs[group] if a.stage in on_rank]
-    executor = Executor(on_rank, program, plan.global_batch, sync, args.lr, emulator, beat, seed=args.seed)
+    executor = Executor(on_rank, program, plan.global_batch, sync, config.lr, emulator, beat, seed=config.seed)
     need_data = any(s in (0, last) or any(-1 in u.inputs for u in model.units[slice(*plan.stages[s].layers)])
                     for s in mine)
     return executor, need_data
@@ -339,7 +295,7 @@ def _start_together(transport: Transport, rank: int, world: int) -> None:
         work.wait()
 
 
-def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
+def _train(config: RunConfig, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
            transport: Transport, beat: Heartbeat) -> list[dict]:
     model, batch = executor.model, inputs.plan.global_batch
     world = dist.get_world_size()
@@ -351,15 +307,15 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
     gc.freeze()
     gc.disable()
     try:
-        for step in range(args.steps):
+        for step in range(config.steps):
             if fault is not None and fault[0] == step:
                 _inject(fault[1], beat, step)
             if need_data:
-                x, y = step_batch(model, batch, args.seed, step)
+                x, y = step_batch(model, batch, config.seed, step)
                 x, y = x.to(device), y.to(device)
             else:
                 x = y = torch.empty(0)
-            executor.memory.enabled = step < max(args.warmup, 1)  # see runtime.memory
+            executor.memory.enabled = step < max(config.warmup, 1)  # see runtime.memory
             events, end = executor.train_step(step, x, y, start=lambda: _start_together(transport, rank, world))
             records.append({"t0": executor.started, "end": end,
                             "events": [[e.kind, e.label, e.start, e.end] for e in events],
@@ -370,7 +326,7 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
     return records
 
 
-def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], rank: int, world: int,
+def _finish(config: RunConfig, inputs: RunInputs, executor: Executor, records: list[dict], rank: int, world: int,
             control, beat: Heartbeat) -> int:
     """Gather everything on rank 0, verify, and write or print the report; the exit status."""
     plan = inputs.plan
@@ -382,31 +338,31 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
             "peak_memory": executor.memory.peak_bytes, "peak_memory_kind": executor.memory.kind,
             "rss_peak": rss_peak_bytes()}
     params = {name: p.detach().cpu() for name, p in executor.named_parameters().items()} \
-        if args.verify else {}
+        if config.verify else {}
     gathered: list = [None] * world if rank == 0 else None  # type: ignore[assignment]
-    beat(args.steps, 0, waiting=True)
+    beat(config.steps, 0, waiting=True)
     dist.gather_object((mine, params), gathered, dst=0, group=control)
-    beat(args.steps, 0)
+    beat(config.steps, 0)
     if rank != 0:
         return 0
     result = {"model": inputs.model_name, "dtype": str(inputs.dtype).removeprefix("torch."),
-              "steps": args.steps, "warmup": args.warmup, "emulate": args.emulate,
-              "transport": "tcp" if _uses_tcp(args.transport, executor.memory.device) else "dist",
+              "steps": config.steps, "warmup": config.warmup, "emulate": config.emulate,
+              "transport": "tcp" if _uses_tcp(config.transport, executor.memory.device) else "dist",
               "ranks": [item[0] for item in gathered]}
-    if args.verify:
-        reference = reference_parameters(inputs.request, steps=args.steps, global_batch=plan.global_batch,
-                                         lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
+    if config.verify:
+        reference = reference_parameters(inputs.request, steps=config.steps, global_batch=plan.global_batch,
+                                         lr=config.lr, seed=config.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
                                          plan=plan, device=executor.memory.device,
                                          beat=lambda step: beat(-2, step))
         diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
         # JSON has no inf: a non-finite difference (NaN or inf in some parameter) is reported as null
         result.update(max_param_diff=diff if math.isfinite(diff) else None, max_param_diff_at=where)
-    if args.result:
-        atomic_write_text(args.result, dumps(result))
+    if config.result:
+        atomic_write_text(config.result, dumps(result))
         return 0
     from pipeplan.runtime.report import present  # under torchrun: report from here
 
-    return present(args, inputs, result)
+    return present(config, inputs, result)
 
 
 def _fault(rank: int) -> tuple[int, str] | None:

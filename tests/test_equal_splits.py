@@ -12,8 +12,9 @@ from pipeplan.models.graph import load_graph
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.splits.equal_splits import MIN_PROBE_SECONDS, fastest, solve_equal_splits
 from pipeplan.solver.core.problem import PlanningProblem, probe_counts, probe_order
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.core.termination import TimeLimit
 
 
 class TestProbeCounts:
@@ -91,7 +92,7 @@ class _Recorder:
         self.calls: list[tuple[int, float]] = []
         self.pause, self.fail, self.busy = pause or {}, fail, busy
 
-    def solve(self, problem, *, time_limit, seed):
+    def solve(self, problem, *, time_limit, seed, within=None):
         self.calls.append((problem.microbatches, time_limit))
         if problem.microbatches in self.fail:
             raise RuntimeError("a solver under construction")
@@ -116,7 +117,7 @@ class TestSolveEqualSplits:
 
     def test_no_probe_gets_less_than_the_minimum(self):
         class SlowFirst(_Recorder):  # 0.2 s for the first count, every probe uses all it gets
-            def solve(self, problem, *, time_limit, seed):
+            def solve(self, problem, *, time_limit, seed, within=None):
                 self.busy = problem.microbatches != 4
                 return super().solve(problem, time_limit=time_limit, seed=seed)
 
@@ -128,7 +129,7 @@ class TestSolveEqualSplits:
 
     def test_probes_that_take_their_time_stay_within_the_limit(self):
         class FirstQuick(_Recorder):  # the first count is proved at once, every probe uses all it gets
-            def solve(self, problem, *, time_limit, seed):
+            def solve(self, problem, *, time_limit, seed, within=None):
                 self.busy = problem.microbatches != 4
                 return super().solve(problem, time_limit=time_limit, seed=seed)
 
@@ -138,11 +139,16 @@ class TestSolveEqualSplits:
         assert time.perf_counter() - began < 1.2 + 0.1
         assert [m for m, _ in quick.calls] == [4, 2, 1]  # 1.2/3 < 0.5: 0.5 s, then 0.7/2 < 0.5: 0.5 s, then 0.2 left
 
-    def test_a_failing_probe_is_skipped_a_failing_first_count_raises(self):
-        stub = _Recorder(fail=(2,))
-        assert list(solve_equal_splits(stub, example_problem(max_microbatches=4), time_limit=8.0, seed=0)) == [4, 1, 3]
+    @pytest.mark.parametrize("count", [4, 2])
+    def test_a_failing_solve_is_not_hidden(self, count):
         with pytest.raises(RuntimeError):
-            solve_equal_splits(_Recorder(fail=(4,)), example_problem(max_microbatches=4), time_limit=8.0, seed=0)
+            solve_equal_splits(_Recorder(fail=(count,)), example_problem(max_microbatches=4), time_limit=8.0, seed=0)
+
+    def test_a_probe_cut_for_time_is_noted_in_the_caller_s_record(self):
+        caller = TimeLimit(60.0)
+        solve_equal_splits(_Recorder(busy=True), example_problem(max_microbatches=4), time_limit=0.6, seed=0,
+                           within=caller)
+        assert caller.stops.stopped_by() == "time"
 
     def test_fastest_plan_first_among_equals(self):
         plan = object()
@@ -172,10 +178,10 @@ class TestSplitSolversStartFromTheBestEqualSplit:
 
     @pytest.mark.parametrize("name", ["cpsat", "cpsat-split"])
     def test_no_worse_than_every_equal_split(self, name, best_equal, monkeypatch):
-        import pipeplan.solver.exact.cpsat
+        import pipeplan.solver.splits.joint_split
 
         # the decomposition, not the joint search, on any machine (it hands over here anyway)
-        monkeypatch.setattr(pipeplan.solver.exact.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.splits.joint_split, "solve_joint", lambda *a, **k: None)
         problem = example_problem()
         # limits far above what the proofs take, even on a loaded machine (cpsat-split gives an
         # exact solver a tenth of its limit for a base plan: 6 s here), so that no share cuts them
@@ -186,9 +192,9 @@ class TestSplitSolversStartFromTheBestEqualSplit:
         assert result.lower_bound is None  # the decomposition proves nothing over every pipeline
 
     def test_decomposition_says_what_it_tried(self, monkeypatch):
-        import pipeplan.solver.exact.cpsat
+        import pipeplan.solver.splits.joint_split
 
-        monkeypatch.setattr(pipeplan.solver.exact.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.splits.joint_split, "solve_joint", lambda *a, **k: None)
         # 4 s for the equal splits: every count is proved in a fraction of its fixed 1 s share, even loaded
         result = get_solver("cpsat").solve(example_problem(max_microbatches=4), time_limit=8, seed=0)
         assert list(result.details["equal_splits"]) == [4, 2, 1, 3]

@@ -8,7 +8,7 @@ import pytest
 
 from pipeplan.experiments.bench_scale import GENERATIONS, scale_cluster, scale_problem
 from pipeplan.solver.exact.ilp import quiet_stdout
-from pipeplan.solver.core.registry import get_solver, solver_names
+from pipeplan.solver.solvers import get_solver, solver_names
 
 LIMIT = 1.0
 """The short limit of the test (seconds)."""

@@ -189,7 +189,7 @@ class TestStageCostsCache:
         import itertools
 
         from pipeplan.solver.evaluation.simulator import stage_costs
-        from tests.test_baselines import random_problem
+        from helpers import random_problem
         problem = random_problem(seed, memory=1e12)
         ids = [d.id for d in problem.cluster.devices]
         L, cache = len(problem.graph), {}

@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.schedules.check import check_programs, programs_from_csv, programs_to_csv
+from pipeplan.solver.schedules.needs import NEEDS
 from pipeplan.solver.schedules.programs import (GENERATORS, KINDS, NAMED_V2, ZBV_STAGES_PER_GROUP, Action, check_counts,
                                       format_action, parse_action)
 
@@ -33,8 +34,8 @@ __all__ = ["Action", "KINDS", "NAMED_V2", "SCHEDULES", "check_programs", "format
 SCHEDULES = ("gpipe", "1f1b", "custom") + NAMED_V2
 """Schedule names a plan may use (the last four only in a ``pipeplan.plan/2`` plan)."""
 
-ONE_STAGE_PER_GROUP = ("gpipe", "1f1b")
-"""Named schedules under which every group holds exactly one stage."""
+ONE_STAGE_PER_GROUP = tuple(name for name, needs in NEEDS.items() if not needs.several_stages)
+"""Named schedules under which every group holds exactly one stage (``gpipe``, ``1f1b``)."""
 
 FORWARD, BACKWARD = "F", "B"
 

@@ -12,21 +12,20 @@ the machine is, and how many counts fit in the time left does.)
 
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
+from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import Solver
 from pipeplan.solver.core.result import SolverResult
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.termination import TimeLimit
 
 MIN_PROBE_SECONDS = 0.5
 """Least time a count after the first is given (a model build alone can take seconds); with less
 left, the remaining counts are skipped."""
 
 
-def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: float,
-                       seed: int) -> dict[int, SolverResult]:
+def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: float, seed: int,
+                       within: TimeLimit | None = None) -> dict[int, SolverResult]:
     """``solver`` on the equal-split problems of ``problem``: its own count first, with all of ``time_limit``.
 
     The problem's own count (``K`` as the CLI sets it) gets the whole limit, as the
@@ -36,8 +35,7 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
     with the same fixed share of ``time_limit`` (at least :data:`MIN_PROBE_SECONDS`),
     while that share is still left.  The share is fixed, not a part of what is left, so
     each count's solve does not depend on how fast the earlier ones ran; a count skipped
-    for want of time is noted in the open watches (``stopped_by: time``).  A count
-    after the first whose solve raises is skipped.
+    for want of time is noted in ``within``'s record (``stopped_by: time``).
 
     Parameters
     ----------
@@ -49,24 +47,22 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
         Seconds for all the counts together.
     seed : int
         Passed to every solve.
+    within : TimeLimit, optional
+        The clock of the solve this is part of: its record notes what cut a count short.
 
     Returns
     -------
     dict of int to SolverResult
-        Microbatch count -> result for each count solved (one whose solve raised is
-        left out), the problem's own count first.
+        Microbatch count -> result for each count solved, the problem's own count first.
     """
-    deadline = time.perf_counter() + time_limit
+    clock = within.within(time_limit) if within is not None else TimeLimit(time_limit)
     first, *others = problem.equal_split_problems()
-    results = {first.microbatches: solver.solve(first, time_limit=time_limit, seed=seed)}
+    results = {first.microbatches: solver.solve(first, time_limit=time_limit, seed=seed, within=clock)}
     share = max(time_limit / (len(others) + 1), MIN_PROBE_SECONDS)
     for sub in others:
-        if past(deadline - share):
+        if clock.expired(margin=share):
             break
-        try:
-            results[sub.microbatches] = solver.solve(sub, time_limit=share, seed=seed)
-        except Exception:  # noqa: BLE001 - a probe must not lose the counts already solved
-            continue
+        results[sub.microbatches] = solver.solve(sub, time_limit=share, seed=seed, within=clock)
     return results
 
 
