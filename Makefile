@@ -11,13 +11,21 @@ STAMP := $(VENV)/.installed
 # about 1,100 a minute on a 2-core machine, so the default is some 10 to 15 minutes.
 FUZZ_EXAMPLES ?= 15000
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, below 2.14: on this kind of machine that resolves to the CPU wheel on
 	# disk instead of a multi-GB CUDA build; elsewhere pip takes what PyPI serves.
 	$(PY) -m pip install --quiet "torch>=2.4,<2.14"
-	$(PY) -m pip install --quiet -e ".[test]"
+	# From here on that torch is pinned: no requirement of the runtimes may replace it.
+	$(PY) -c 'import torch; print(f"torch=={torch.__version__}")' > $(VENV)/torch-pin.txt
+	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt "setuptools>=77"
+	# The test set and the runtimes the export tests run (pyproject.toml's `runtimes`).
+	# No build isolation: DeepSpeed's sdist imports torch while it builds, and an isolated
+	# build environment would download a torch of its own.
+	$(PY) -m pip install --quiet --no-build-isolation -c $(VENV)/torch-pin.txt -e ".[test,runtimes]"
+	# torchtitan's previous release (0.2), beside the current one, for the tests of its export
+	$(PY) -m pip install --quiet --no-deps --upgrade --target $(VENV)/torchtitan-0.2 "torchtitan==0.2.2"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -12,8 +12,9 @@ whatever Python the model runs, value-dependent ``if`` included.  A tensor made 
 nothing tagged (``torch.arange`` positions) carries no edge.
 
 [Note: glue]  Glue code must be cheap and parameter-free, since it belongs to no
-unit and so to no stage: an operation of glue that reads a Parameter (a head
-written as ``h @ self.embed.weight.T``) is refused, and so is glue doing more than
+unit and so to no stage: an operation of glue that computes with a Parameter (a head
+written as ``h @ self.embed.weight.T``) is refused (reading its ``dtype``, ``device``
+or ``shape`` computes nothing and is allowed), and so is glue doing more than
 :data:`MAX_GLUE_SHARE` of the forward FLOPs (counted with ``FlopCounterMode``).
 """
 
@@ -93,7 +94,10 @@ class _Tagger(TorchFunctionMode):
                              if isinstance(t, torch.Tensor) and id(t) in self.unit_args)
         if self.in_unit == 0:
             leaves = pytree.tree_leaves((args, kwargs))
-            for leaf in leaves:
+            # Reading a Parameter's dtype, device or shape computes no tensor and is no
+            # computation on it (transformers' ViT asks its projection for the dtype).
+            computes = any(isinstance(t, torch.Tensor) for t in pytree.tree_leaves(out))
+            for leaf in leaves if computes else ():
                 if isinstance(leaf, nn.Parameter) and id(leaf) in self.param_names:
                     name = self.param_names[id(leaf)]
                     if name not in self.glue_params:
@@ -106,6 +110,15 @@ class _Tagger(TorchFunctionMode):
 
 class _CalledTwice(Exception):
     pass
+
+
+class UnitRunsTwice(InputError):
+    """A unit ran more than once in one forward pass (:attr:`unit` is its index among the names)."""
+
+    def __init__(self, spec: str, names: list[str], index: int) -> None:
+        super().__init__(spec, "--units", f"unit {names[index]!r} runs more than once per forward pass; a unit "
+                                          "must run once (choose its parent, or units inside it)")
+        self.unit = index
 
 
 def record(model: nn.Module, names: list[str], call: Call, spec: str = "-") -> Recording:
@@ -132,8 +145,7 @@ def record(model: nn.Module, names: list[str], call: Call, spec: str = "-") -> R
         with FlopCounterMode(display=False) as counter, tagger:
             output = model(*args, **kwargs)
     except _CalledTwice as exc:
-        raise InputError(spec, "--units", f"unit {names[int(str(exc))]!r} runs more than once per forward pass; "
-                                          "a unit must run once (choose its parent, or units inside it)") from None
+        raise UnitRunsTwice(spec, names, int(str(exc))) from None
     except InputError:
         raise
     except Exception as exc:

@@ -18,7 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import nn
 
-from pipeplan.models.dataflow import MAX_GLUE_SHARE, Recording, record
+from pipeplan.models.dataflow import MAX_GLUE_SHARE, Recording, UnitRunsTwice, record
 from pipeplan.models.errors import InputError
 from pipeplan.models.spec import Call, UserModel
 from pipeplan.models.units import select_units
@@ -64,10 +64,17 @@ class ImportedModel:
     """Forward FLOPs at the larger recorded size: ``"total"``, ``"glue"`` and per unit."""
     warnings: list[str] = field(default_factory=list)
     """What the user should know (units dropped, traces disagreeing)."""
+    request: Any = None
+    """The :class:`~pipeplan.models.model_options.ModelRequest` that built it, when named on the command line."""
 
     @property
     def name(self) -> str:
         return self.user.name
+
+    @property
+    def device(self) -> str:
+        """The device type the model's parameters are on (``meta``: built without weights)."""
+        return next((p.device.type for p in self.user.module.parameters()), "cpu")
 
     def edges(self) -> list[tuple[int, int]]:
         """``(u, v)``: unit ``v`` reads unit ``u``'s output."""
@@ -76,7 +83,8 @@ class ImportedModel:
     def unit_calls(self, n: int, seed: int = 0) -> tuple[list[Call], list[Any], Any]:
         """Each unit's ``(args, kwargs)`` and output for a batch of ``n`` samples, and the model output."""
         names = [u.name for u in self.units]
-        call = self.user.example(n, seed)
+        with torch.device(self.device):  # a meta model gets meta inputs, as when it was traced
+            call = self.user.example(n, seed)
         with torch.no_grad():
             rec = record(self.user.module, names, call, self.user.spec)
             output = _model_output(self.user, call)
@@ -120,13 +128,13 @@ def trace_model(user: UserModel, units: str = "auto", trace: str = "eager") -> I
         raise InputError("-", "--trace", f"unknown trace {trace!r}; valid: {', '.join(TRACES)}")
     module, spec = user.module, user.spec
     names = select_units(module, units, spec)
-    recordings = []
-    for n in RECORD_SIZES:
-        call = user.example(n)
-        with torch.no_grad():
-            recordings.append(record(module, names, call, spec))
-    small, large = recordings
     warnings: list[str] = []
+    try:
+        small, large = _record_units(user, names, auto=units == "auto", warnings=warnings)
+    except InputError as exc:
+        if exc.where != "forward" or not user.forward_hint:
+            raise
+        raise InputError(exc.file, exc.where, f"{exc.what}; {user.forward_hint}") from exc
     names, small, large = _drop_unrun(names, small, large, explicit=units != "auto", spec=spec, warnings=warnings)
     _check_parameters(module, names, large, spec)
     _check_glue(large, spec)
@@ -136,6 +144,27 @@ def trace_model(user: UserModel, units: str = "auto", trace: str = "eager") -> I
 
         compare_edges(imported, trace, warnings)
     return imported
+
+
+def _record_units(user: UserModel, names: list[str], *, auto: bool,
+                  warnings: list[str]) -> tuple[Recording, Recording]:
+    """The recordings at both sizes; automatic units without parameters that run twice are left to the glue."""
+    modules = dict(user.module.named_modules())
+    while True:
+        try:
+            recordings = []
+            for n in RECORD_SIZES:
+                call = user.example(n)
+                with torch.no_grad():
+                    recordings.append(record(user.module, names, call, user.spec))
+            return recordings[0], recordings[1]
+        except UnitRunsTwice as exc:
+            name = names[exc.unit]
+            if not auto or any(True for _ in modules[name].parameters()):
+                raise
+            warnings.append(f"left out of the units: {name} (runs more than once per forward pass and holds no "
+                            "parameters, so it runs as glue code)")
+            names.remove(name)
 
 
 def _drop_unrun(names: list[str], small: Recording, large: Recording, *, explicit: bool, spec: str,
@@ -229,6 +258,8 @@ def describe(model: ImportedModel) -> str:
     lines = [f"{model.name}: {len(model.units)} units, {model.unique_param_bytes():,} parameter bytes, "
              f"glue {model.flops['glue'] / model.flops['total']:.2%} of forward FLOPs" if model.flops["total"] else
              f"{model.name}: {len(model.units)} units, {model.unique_param_bytes():,} parameter bytes"]
+    if model.user.built:
+        lines.append(f"  builds {model.user.built}")
     for i, unit in enumerate(model.units):
         reads = [model.units[u].name for u in unit.inputs] + [f"input:{r}" for r in unit.reads_input]
         notes = []

@@ -98,7 +98,7 @@ def read_input(path: str | os.PathLike) -> bytes:
     finally:
         os.close(fd)
     if len(data) > MAX_INPUT_BYTES:  # it grew after the stat
-        raise InputError(name, "file", f"is larger than the input limit of {MAX_INPUT_BYTES} bytes (1 GiB)")
+        raise InputError(name, "file", f"is larger than the input limit of {MAX_INPUT_BYTES} bytes")
     return data
 
 
@@ -106,7 +106,7 @@ def _check_input_stat(name: str, info: os.stat_result) -> None:
     _refuse_special(name, info.st_mode)
     if info.st_size > MAX_INPUT_BYTES:
         raise InputError(name, "file", f"is {info.st_size} bytes, above the input limit of {MAX_INPUT_BYTES} "
-                                       f"bytes (1 GiB): no pipeplan file is that large; check the path")
+                                       f"bytes: no pipeplan file is that large; check the path")
 
 
 def check_values(value: Any, file: str) -> None:

@@ -46,7 +46,7 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.fit import LinearFit, clamp_part
 from pipeplan.models.graph import LayerGraph
 from pipeplan.models.profile_measured import (UnitProfile, leaf_args, out_bytes, param_bytes, per_sample,
-                                              saved_bytes, to_graph, unit_args)
+                                              saved_bytes, to_graph, unit_args, unit_errors)
 from pipeplan.models.profile_split import grad_inputs, split_backward
 from pipeplan.models.profile_step import OPTIMIZERS, estimated_step, trainable
 from pipeplan.models.zoo import ZooModel, build_model
@@ -124,10 +124,11 @@ def count_unit(module: torch.nn.Module, args: Sequence[torch.Tensor]) -> tuple[U
         with FlopCounterMode(display=False) as counter:
             output.backward(torch.empty_like(output))
         bwd = float(counter.get_total_flops())
-        split = split_backward(module, leaf_args(args), lambda: FlopCounterMode(display=False))
     except RuntimeError:  # an op without a meta backward: the usual 2x rule, half of it for weights
         return UnitFlops(fwd, 2.0 * fwd, False, fwd), nbytes, nbytes, out_bytes(output)
-    return UnitFlops(fwd, bwd, True, min(split.weight_flops, bwd)), nbytes, split.act_w, out_bytes(output)
+    split = split_backward(module, leaf_args(args), lambda: FlopCounterMode(display=False))
+    weight = split.weight_flops if split.split else bwd / 2  # a whole backward's FLOPs are not split
+    return UnitFlops(fwd, bwd, True, min(weight, bwd)), nbytes, split.act_w, out_bytes(output)
 
 
 def _affine(sizes: Sequence[int], values: Sequence[float], device: DeviceModel, overhead: float = 1.0) -> LinearFit:
@@ -157,17 +158,26 @@ def analyse_model(model: ZooModel, device: DeviceModel, optimizer: str = "adam"
 
 def analyse_units(modules: Sequence[torch.nn.Module],
                   work: Callable[[int], list[tuple[torch.nn.Module, Sequence[torch.Tensor]]]],
-                  sizes: Sequence[int], device: DeviceModel, optimizer: str = "adam"
+                  sizes: Sequence[int], device: DeviceModel, optimizer: str = "adam", *,
+                  names: Sequence[str] | None = None, user_spec: str | None = None
                   ) -> tuple[list[UnitProfile], list[dict[str, Any]]]:
-    """Per-unit profiles from FLOP counts: ``work(n)`` gives each unit's ``(module, args)`` at ``n`` samples."""
+    """Per-unit profiles from FLOP counts: ``work(n)`` gives each unit's ``(module, args)`` at ``n`` samples.
+
+    With ``user_spec`` (a user's model), an exception of its code becomes an
+    :class:`InputError` naming the unit (``names``; see :func:`pipeplan.models.profile_measured.unit_errors`).
+    """
     if optimizer not in OPTIMIZERS:
         raise InputError("-", "optimizer", f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     counts: list[list[tuple[UnitFlops, int, int, int]]] = [[] for _ in modules]
     shares = [0.0] * len(modules)
+    labels = list(names) if names is not None else [str(i) for i in range(len(modules))]
     for n in sizes:
-        for i, (module, args) in enumerate(work(n)):
-            counts[i].append(count_unit(module, args))
-            shares[i] = weight_overhead_share(module, args)
+        with unit_errors(user_spec, "the units' arguments", n):
+            units_work = work(n)
+        for i, (module, args) in enumerate(units_work):
+            with unit_errors(user_spec, f"unit {labels[i]}", n):
+                counts[i].append(count_unit(module, args))
+                shares[i] = weight_overhead_share(module, args)
     profiles, flops = [], []
     for module, per_n, share in zip(modules, counts, shares):
         fwd = [c[0].fwd for c in per_n]

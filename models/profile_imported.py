@@ -150,8 +150,13 @@ def imported_graph(model: ImportedModel, profiles: Sequence[UnitProfile], source
 
 
 def _source(model: ImportedModel, method: str) -> dict[str, Any]:
-    return {"method": method, "model": model.user.spec, "units": [u.name for u in model.units],
-            "flops": model.flops, "torch": torch.__version__}
+    source = {"method": method, "model": model.user.spec, "units": [u.name for u in model.units],
+              "flops": model.flops, "torch": torch.__version__}
+    if model.user.built:
+        source["class"] = model.user.built.split(" ")[0]
+    if model.request is not None:  # how to build it again: `pipeplan export` writes it for train.py
+        source["request"] = model.request.to_dict()
+    return source
 
 
 def profile_imported(model: ImportedModel, config: MeasureConfig | None = None, *,
@@ -173,7 +178,8 @@ def profile_imported(model: ImportedModel, config: MeasureConfig | None = None, 
     """
     config = config or MeasureConfig()
     profiles = measure_units([u.name for u in model.units], [u.module for u in model.units],
-                             lambda n: unit_work(model, n, config.seed), config, progress=progress)
+                             lambda n: unit_work(model, n, config.seed), config, progress=progress,
+                             user_spec=model.user.spec)
     source = _source(model, "measured")
     source.update(version=PROFILE_VERSION, measure={**asdict(config), "batch_sizes": list(config.batch_sizes)},
                   machine=machine())
@@ -191,10 +197,10 @@ def analyse_imported(model: ImportedModel, device: Any = None, optimizer: str = 
     device = device or DeviceModel()
     profiles, flops = analyse_units([u.module for u in model.units],
                                     lambda n: [(w[0], w[1]) for w in unit_work(model, n, 0)], SIZES, device,
-                                    optimizer)
+                                    optimizer, names=[u.name for u in model.units], user_spec=model.user.spec)
     source = _source(model, "analytic")
     source.update(device=asdict(device), optimizer=optimizer)
-    source["counted_on"] = next((p.device.type for p in model.user.module.parameters()), "cpu")
+    source["counted_on"] = model.device
     graph = imported_graph(model, profiles, source)
     for layer, counted in zip(graph.layers, flops):
         layer.extra["flops"] = counted

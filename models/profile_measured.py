@@ -281,7 +281,7 @@ def measure_model(model: ZooModel, config: MeasureConfig, *, progress: bool = Fa
 
 def measure_units(names: Sequence[str], modules: Sequence[nn.Module], work: Callable[[int], list[UnitWork]],
                   config: MeasureConfig, *, progress: bool = False,
-                  sync: Callable[[], None] | None = None) -> list[UnitProfile]:
+                  sync: Callable[[], None] | None = None, user_spec: str | None = None) -> list[UnitProfile]:
     """Time units on this machine: rounds of every (batch size, unit), the median kept, fitted.
 
     Parameters
@@ -294,6 +294,9 @@ def measure_units(names: Sequence[str], modules: Sequence[nn.Module], work: Call
         Batch sizes, warm-up, repeats, rounds, threads.
     sync : callable, optional
         Called around every timed forward and backward (``torch.cuda.synchronize`` on a GPU).
+    user_spec : str, optional
+        The spec of a user's model: an exception its code raises while a unit is
+        measured becomes an :class:`InputError` naming the unit (:func:`unit_errors`).
 
     Returns
     -------
@@ -313,19 +316,24 @@ def measure_units(names: Sequence[str], modules: Sequence[nn.Module], work: Call
     with torch_threads(config.threads), _progress(progress, total) as advance:
         for round_ in range(config.rounds):
             for k, n in enumerate(sizes):
-                for i, (module, args, timed) in enumerate(work(n)):
-                    if round_ == 0:
-                        split = split_backward(module, leaf_args(args))
-                        acts[i].append((float(split.act), float(split.act_w)))
-                        outs[i] = split.out / n
-                    f, b = time_unit_samples(timed, args, config.warmup, config.repeats, sync=sync)
-                    inp = time_input_samples(timed, args, config.warmup, config.repeats, sync=sync)
+                with unit_errors(user_spec, "the units' arguments", n):
+                    units_work = work(n)
+                for i, (module, args, timed) in enumerate(units_work):
+                    with unit_errors(user_spec, f"unit {names[i]}", n):
+                        if round_ == 0:
+                            split = split_backward(module, leaf_args(args))
+                            acts[i].append((float(split.act), float(split.act_w)))
+                            outs[i] = split.out / n
+                        f, b = time_unit_samples(timed, args, config.warmup, config.repeats, sync=sync)
+                        inp = time_input_samples(timed, args, config.warmup, config.repeats, sync=sync)
                     for kept, new in zip(samples[i][k], (f, b, inp)):
                         kept.extend(new)
                     advance(f"{names[i]} n={n}" + (f" (round {round_ + 1})" if config.rounds > 1 else ""))
         steps = []
         for name, module in zip(names, modules):
-            steps.append(median_step(module, config.optimizer, config.warmup, config.repeats * config.rounds, sync))
+            with unit_errors(user_spec, f"unit {name}", 0):
+                steps.append(median_step(module, config.optimizer, config.warmup, config.repeats * config.rounds,
+                                         sync))
             advance(f"{name} {config.optimizer} step")
     return [_unit_profile(sizes, samples[i], acts[i], outs[i], steps[i], module) for i, module in enumerate(modules)]
 
@@ -341,6 +349,30 @@ def _unit_profile(sizes: Sequence[int], samples: Sequence[tuple[list[float], lis
     act_w = min(per_sample(sizes, [w for _, w in acts]), act)
     return UnitProfile(fit_linear(sizes, fwd_t), bwd, param_bytes(module), act, out,
                        {"fwd": fwd_t, "bwd": bwd_t, "bwd_i": input_t}, bwd_w, act_w, step)
+
+
+@contextmanager
+def unit_errors(spec: str | None, where: str, n: int) -> Iterator[None]:
+    """Report an exception of a user's model code while profiling ``where`` as one :class:`InputError`.
+
+    ``spec`` ``None`` (a zoo model): exceptions pass unchanged, a failure there is
+    pipeplan's.  The message names the unit and the batch size, and the fixes a user
+    can apply; ``--debug`` shows the chained traceback.
+    """
+    if spec is None:
+        yield
+        return
+    try:
+        yield
+    except InputError:
+        raise
+    except Exception as exc:  # the user's code: any exception is bad input
+        lines = str(exc).strip().splitlines()
+        message = f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+        size = f" on {n} samples" if n else ""
+        raise InputError(spec, where, f"profiling it{size} raised {message}; add --debug for the traceback, "
+                                      "make this module part of a larger unit (--units with its parent), or "
+                                      "estimate with --analytic") from exc
 
 
 @contextmanager

@@ -14,6 +14,18 @@ those of the module's parameters and buffers left out, as for ``act``.
 :func:`input_backward` is the input-gradient-only backward that the measuring profiler
 times (``torch.autograd.grad`` with respect to the unit's inputs: autograd then skips
 every weight-gradient kernel).
+
+[Note: when torch's split fails]  torch's ``stage_backward_input`` ends by detaching
+the stage output in place, which autograd refuses for a view (an ``nn.Flatten``, a
+``Linear`` with a bias on a 3-D input); the output is then cloned first (a clone
+saves nothing and counts no FLOPs, so the measurement is the same).  Its weight half
+runs one ``torch.autograd.grad`` per group of parameters, and groups that share
+intermediate nodes (BART's and T5's attention) would free each other's graph: the
+weight half keeps the graph.  Any other failure of the split falls back to the whole
+backward, with ``act_w = act`` (every saved tensor counted as still needed by the
+weight gradient: the bound that cannot under-count memory) and no FLOP split
+(``SplitBackward.split`` is false; the analytic profiler then gives half of the
+backward to each half, as for a backward it cannot count).
 """
 
 from __future__ import annotations
@@ -119,6 +131,8 @@ class SplitBackward:
     """FLOPs of the input-gradient half (0 unless counted)."""
     weight_flops: float
     """FLOPs of the weight-gradient half (0 unless counted)."""
+    split: bool = True
+    """Whether torch's split ran; ``False``: the whole backward ran instead (see [Note: when torch's split fails])."""
 
 
 def split_backward(module: nn.Module, args: Sequence[torch.Tensor],
@@ -156,17 +170,44 @@ def split_backward(module: nn.Module, args: Sequence[torch.Tensor],
     params = [p for p in module.parameters() if p.requires_grad]
     has_inputs = bool(grad_inputs(args))
     flops: list[float] = []
-    with _counting(count, flops):
-        groups = stage_backward_input([output], None, list(args), iter(params))[1] if has_inputs else []
-    log.forget_reads()
-    with _counting(count, flops):
-        if has_inputs:
-            stage_backward_weight(iter(params), groups)
-        else:  # torch's first stage: an empty I, the whole backward at W
-            output.backward(torch.ones_like(output))
+    try:
+        with _counting(count, flops):
+            groups = _input_half(output, args, params) if has_inputs else []
+        log.forget_reads()
+        with _counting(count, flops):
+            if has_inputs:
+                stage_backward_weight(iter(params), groups, retain_graph=True)
+            else:  # torch's first stage: an empty I, the whole backward at W
+                output.backward(torch.ones_like(output))
+    except RuntimeError:  # see [Note: when torch's split fails]
+        module.zero_grad(set_to_none=True)
+        return _whole_backward(module, args, count, _nbytes(output))
     module.zero_grad(set_to_none=True)
     input_flops, weight_flops = flops or (0.0, 0.0)
     return SplitBackward(act, min(log.read_bytes(), act), _nbytes(output), input_flops, weight_flops)
+
+
+def _input_half(output: torch.Tensor, args: Sequence[torch.Tensor], params: list[nn.Parameter]) -> Any:
+    """torch's ``stage_backward_input``; its parameter groups for the weight half."""
+    if output._is_view():  # torch detaches the output in place, which a view refuses
+        output = output.clone()
+    return stage_backward_input([output], None, list(args), iter(params))[1]
+
+
+def _whole_backward(module: nn.Module, args: Sequence[torch.Tensor], count: Callable[[], Any] | None,
+                    out: int) -> SplitBackward:
+    """The fallback of [Note: when torch's split fails]: a fresh forward and the whole backward."""
+    leaves = [a.detach().requires_grad_(a.requires_grad) for a in args]
+    log = SavedTensorLog(module)
+    with log.hooks():
+        output = module(*leaves)
+    act = log.saved_bytes()
+    flops: list[float] = []
+    with _counting(count, flops):
+        output.backward(torch.ones_like(output))
+    module.zero_grad(set_to_none=True)
+    total = flops[0] if flops else 0.0
+    return SplitBackward(act, act, out, total / 2, total / 2, split=False)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

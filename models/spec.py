@@ -6,9 +6,12 @@ A spec is one of
 - ``path/to/file.py:factory``: the file is loaded (running its code, like any import)
   and ``factory(**model_args)`` is called;
 - ``package.module:factory``: the module is imported from ``sys.path``, likewise;
-- ``hf:NAME`` (``hf:gpt2``, ``hf:llama``): a Hugging Face ``transformers`` model built
-  from its configuration with random weights, ``use_cache=False``, nothing downloaded;
-  ``model_args`` override configuration fields (``n_layer=4``).
+- ``hf:NAME`` or ``hf:NAME:HEAD`` (``hf:gpt2``, ``hf:bart:seq2seq``): a Hugging Face
+  ``transformers`` model built from its configuration with random weights,
+  ``use_cache=False``, nothing downloaded; ``model_args`` override configuration
+  fields (``n_layer=4``).  ``HEAD`` picks the class (:data:`HF_HEADS`); without it,
+  the causal language model where the type has one, else the sequence-to-sequence
+  model, else the bare model (:func:`hf_heads` lists a type's heads).
 
 A factory returns an ``nn.Module``, ``(module, example)`` or ``(module, example,
 loss)``.  ``example(n)`` returns the arguments of a batch of ``n`` samples: a tensor,
@@ -88,6 +91,10 @@ class UserModel:
     """The factory's ``example(n)`` (or one made from the :class:`InputSpec`)."""
     loss_fn: Callable[[Any, int], torch.Tensor] | None = None
     """The factory's ``loss(output, n)``, or ``None`` for the synthetic objective."""
+    built: str | None = None
+    """What an ``hf:`` spec built: the class and the other heads it offers (``None`` for a factory)."""
+    forward_hint: str | None = None
+    """A fix to add to the message when the forward fails on the example (``None``: none known)."""
 
     def example(self, n: int, seed: int = 0) -> Call:
         """``(args, kwargs)`` of a batch of ``n`` samples, the same for the same seed.
@@ -217,12 +224,16 @@ def resolve_user_model(spec: str, model_args: dict[str, Any] | None = None,
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         name, result = _build(spec, model_args)
-    return _user_model(name, spec, result, inputs)
+    user = _user_model(name, spec, result, inputs)
+    if spec.startswith("hf:"):
+        user.built, user.forward_hint = _hf_notes(spec, result)
+    return user
 
 
 def _build(spec: str, model_args: dict[str, Any]) -> tuple[str, Any]:
     if spec.startswith("hf:"):
-        return spec[3:], build_hf(spec[3:], model_args, spec)
+        name, _, head = spec[3:].partition(":")
+        return spec[3:].replace(":", "-"), build_hf(name, model_args, spec, head or None)
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
         raise InputError("-", "model", f"{spec!r} is not a model spec: use a zoo name, path/to/file.py:factory, "
@@ -302,12 +313,27 @@ def _load_file(path: Path, spec: str) -> Any:
     return module
 
 
-def build_hf(name: str, overrides: dict[str, Any], spec: str) -> nn.Module:
+HF_HEADS = {"causal": "AutoModelForCausalLM", "seq2seq": "AutoModelForSeq2SeqLM", "masked": "AutoModelForMaskedLM",
+            "base": "AutoModel"}
+"""``hf:NAME:HEAD`` -> the ``transformers`` auto class that builds it (a causal LM, an encoder-decoder
+with its LM head, a masked LM, the bare model)."""
+
+
+def hf_heads(config: Any) -> list[str]:
+    """The heads of :data:`HF_HEADS` that ``transformers`` has for ``config``'s model type, in that order."""
+    import transformers
+
+    return [head for head, auto in HF_HEADS.items() if type(config) in getattr(transformers, auto)._model_mapping]
+
+
+def build_hf(name: str, overrides: dict[str, Any], spec: str, head: str | None = None) -> nn.Module:
     """A ``transformers`` model of type ``name`` from its default configuration, random weights.
 
-    Causal language models get their head (``AutoModelForCausalLM``), other types the
-    bare model (``AutoModel``).  ``use_cache`` is off (cache objects cannot cross a
-    pipeline cut) and attention is the eager implementation (exact in float64).
+    ``head`` names the class (:data:`HF_HEADS`); ``None``: the causal language model
+    (``AutoModelForCausalLM``) where the type has one, else the sequence-to-sequence
+    model, else the bare model (``AutoModel``).  ``use_cache`` is off (cache objects
+    cannot cross a pipeline cut) and attention is the eager implementation (exact in
+    float64).
     """
     try:
         import transformers
@@ -320,6 +346,11 @@ def build_hf(name: str, overrides: dict[str, Any], spec: str) -> nn.Module:
         raise InputError(spec, "model", f"transformers has no model type {name!r}"
                                         + (f"; closest: {', '.join(close)}" if close else ""))
     defaults = transformers.AutoConfig.for_model(name)
+    heads = hf_heads(defaults)
+    if head is not None and head not in heads:
+        raise InputError(spec, "model", f"{name} has no head {head!r} in transformers; it has "
+                                        f"{', '.join(f'hf:{name}:{h}' for h in heads)}")
+    head = head or next((h for h in ("causal", "seq2seq") if h in heads), "base")
     unknown = sorted(k for k in overrides if not hasattr(defaults, k))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(defaults.to_dict()), n=3)
@@ -332,12 +363,22 @@ def build_hf(name: str, overrides: dict[str, Any], spec: str) -> nn.Module:
     config.use_cache = False
     config._attn_implementation = "eager"
     try:
-        try:
-            return transformers.AutoModelForCausalLM.from_config(config)
-        except ValueError:  # not a causal LM type
-            return transformers.AutoModel.from_config(config)
+        return getattr(transformers, HF_HEADS[head]).from_config(config)
     except Exception as exc:
         raise InputError(spec, "factory", f"building {name} from its configuration raised {_describe(exc)}") from exc
+
+
+def _hf_notes(spec: str, model: nn.Module) -> tuple[str, str | None]:
+    """``UserModel.built`` and ``forward_hint`` of an ``hf:`` model."""
+    name = spec[3:].partition(":")[0]
+    heads = hf_heads(model.config)
+    built = f"{type(model).__name__} (heads: {', '.join(f'hf:{name}:{h}' for h in heads)})"
+    hint = None
+    if getattr(model.config, "is_encoder_decoder", False):
+        hint = (f"an hf: model gets one input, input_ids; when {type(model).__name__} needs decoder_input_ids too, "
+                "write a factory whose example(n) returns ((input_ids,), {'decoder_input_ids': ...}) (it "
+                "profiles and plans; pipeplan run and export feed one input tensor)")
+    return built, hint
 
 
 def _describe(exc: BaseException) -> str:

@@ -44,8 +44,9 @@ def profile_model(module: "nn.Module", example: Callable[[int], Any], units: str
         ``example(n)`` returns the arguments of a batch of ``n`` samples: a tensor, a
         tuple, or ``(args, kwargs)``.
     units : str
-        ``"auto"`` (the longest ModuleList's items plus the sibling modules on the path
-        to it) or comma-separated qualified submodule names.
+        ``"auto"`` (the items of the model's trunk ModuleLists plus the sibling modules on
+        the paths to them; see :mod:`pipeplan.models.units`) or comma-separated qualified
+        submodule names.
     loss : callable, optional
         ``loss(output, n)``, a mean over the samples; the last unit is timed with it
         (default: the synthetic objective, the mean of the output's squares).
@@ -205,8 +206,8 @@ def load_plan(path: str) -> "Plan":
     pipeplan.solver.formats.plan.Plan
         ``stages`` (each with ``layers`` ``[lo, hi)``, ``devices``, ``microbatches``, the
         stage's own split, and ``recompute``), ``groups`` (the device groups),
-        ``programs()`` (every group's actions, ``"0F3"``), ``op_lists()`` (every stage's
-        ops), ``schedule``, ``global_batch`` and the solver record in ``extra["solver"]``.
+        ``programs()`` (every group's actions, ``"0F3"``), ``stage_actions()`` (every stage's
+        actions in its group's order), ``schedule``, ``global_batch`` and the solver record in ``extra["solver"]``.
 
     Raises
     ------

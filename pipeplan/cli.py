@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.metadata
 import signal
 import sys
 import traceback
@@ -126,7 +127,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 def _empty_parser():
     parser = _Parser(prog="pipeplan", description="Plan, prove and run pipeline-parallel training.")
+    parser.add_argument("--version", action="version", version=f"pipeplan {version()}")
     return parser, parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+
+def version() -> str:
+    """The installed package's version (``pyproject.toml``), or ``unknown`` when pipeplan is not installed.
+
+    Examples
+    --------
+    >>> version() == importlib.metadata.version("pipeplan")
+    True
+    """
+    try:
+        return importlib.metadata.version("pipeplan")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed: run from a source tree)"
 
 
 def _register(sub, name: str) -> None:

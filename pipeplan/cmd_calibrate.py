@@ -24,12 +24,8 @@ from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_from_args
 from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
-from pipeplan.runtime.calibrate import calibrated_cluster, device_factors, run_factors
-from pipeplan.runtime.checks import load_inputs
 from pipeplan.runtime.launch import WorkerError
-from pipeplan.runtime.measure import align, measured_steps, median_step
-from pipeplan.runtime.config import DEFAULT_WARMUP, RunConfig
-from pipeplan.runtime.worker import add_launch_options
+from pipeplan.runtime.options import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.evaluation.simulator import simulate
 
@@ -61,32 +57,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_launch_options(p)  # calibrate with the transport the runs will use
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_force_option(p)
-    p.set_defaults(func=run)
-
-
-def probe_config(args: argparse.Namespace) -> RunConfig:
-    """The probe runs' settings, checked: a calibration measures float32 training at real speed (no
-    ``--verify``, no ``--emulate``, the runs' learning rate)."""
-    return RunConfig(args.graph, args.cluster, args.plan, request_from_args(args), steps=args.steps,
-                     warmup=args.warmup, seed=args.seed, transport=args.transport, spin=args.spin,
-                     timeout=args.timeout).checked()
+    # What pipeplan run's workers also take: a calibration measures float32 training at real speed.
+    p.set_defaults(func=run, verify=False, emulate=False, lr=DEFAULT_LR)
 
 
 def run(args: argparse.Namespace) -> int:
     """Probe, calibrate, write; 0, or 1 if a probe run failed (``InputError`` on bad input)."""
-    config = probe_config(args)
+    # the runtime imports torch: imported here, not while the parser is built (every --help)
+    from pipeplan.runtime.calibrate import calibrated_cluster, device_factors, run_factors
+    from pipeplan.runtime.checks import load_inputs
+    from pipeplan.runtime.measure import align, measured_steps, median_step
+
+    check_options(args)
     if args.runs < 1:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
     # The cluster may be replaced by its calibrated self; the graph and plan may not.
     check_outputs(args, args.output, inputs={"graph": args.graph, "plan": args.plan})
-    inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, False, config.seed)
+    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), False, args.seed)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating"):
         warn(note)
     runs, measured, transports = [], [], set()
     for i in range(args.runs):
         print(f"probe run {i + 1}/{args.runs} ...", file=sys.stderr, flush=True)
         try:
-            result = align(launch(config, inputs))
+            result = align(launch(args, inputs))
         except WorkerError as exc:
             return report_worker_error(exc, args.plan)
         runs.append(run_factors(result["ranks"], measured_steps(result), inputs.plan, inputs.graph, inputs.cluster))
@@ -97,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(args.plan, "stages", "no device's ops took measurable time, so there is nothing to "
                                               "calibrate; use a probe plan with real work on its devices")
     note = {"graph": inputs.graph.name, "model": args.model, "plan": os.path.basename(args.plan),
-            "runs": args.runs, "steps": config.steps, "warmup": config.warmup,
+            "runs": args.runs, "steps": args.steps, "warmup": args.warmup,
             "transport": "/".join(sorted(transports))}
     try:
         cluster = calibrated_cluster(inputs.cluster, factors, note)

@@ -16,6 +16,7 @@ from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.solver.formats.catalog import load_catalog
 from pipeplan.solver.formats.cluster import Cluster
+from pipeplan.solver.bounds.infeasibility import format_bytes
 from pipeplan.solver.formats.cluster_spec import DEFAULT_MEMORY_RESERVE, build_cluster, parse_server_group
 
 
@@ -99,7 +100,7 @@ def summary(cluster: Cluster) -> str:
     lines = [f"{cluster.name}: {_count(len(cluster.servers), 'server')}, {_count(len(cluster.devices), 'device')}"]
     kinds = Counter((d.extra.get("kind") or d.extra.get("model") or "?", d.speed, d.memory) for d in cluster.devices)
     for (kind, speed, memory), count in kinds.items():
-        lines.append(f"  {count} x {kind}  speed {speed:.3f}  memory {memory / 1e9:.2f} GB")
+        lines.append(f"  {count} x {kind}  speed {speed:.3f}  memory {format_bytes(memory, 2)}")
     links = Counter((s.extra.get("link", "?"), s.bandwidth, s.latency) for s in cluster.servers)
     for link, bandwidth, latency in links:
         lines.append(f"  server link {link}  {bandwidth / 1e9:g} GB/s each way  latency {latency * 1e6:g} us")
@@ -128,11 +129,11 @@ def _print_catalog(as_json: bool) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    devices = Table(title="accelerators (peak dense FLOP/s; memory in GiB; sources: --list --json)")
-    for col in ("kind", "name", "TFLOP/s", "dtype", "memory (GiB)", "memory GB/s", "usual link"):
+    devices = Table(title="accelerators (peak dense FLOP/s; sources: --list --json)")
+    for col in ("kind", "name", "TFLOP/s", "dtype", "memory", "memory GB/s", "usual link"):
         devices.add_column(col, justify="left" if col in ("kind", "name", "dtype", "usual link") else "right")
     for a in catalog.accelerators.values():
-        devices.add_row(a.id, a.name, f"{a.flops / 1e12:g}", a.flops_dtype, f"{a.memory / 2**30:g}",
+        devices.add_row(a.id, a.name, f"{a.flops / 1e12:g}", a.flops_dtype, format_bytes(a.memory),
                         f"{a.memory_bandwidth / 1e9:g}", a.link)
     links = Table(title="links (bandwidth one way between two devices)")
     for col in ("link", "name", "scope", "GB/s each way", "latency (us)"):

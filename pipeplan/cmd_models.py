@@ -14,20 +14,23 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from pipeplan.models.model_options import SPEC_HELP, add_model_options, imported_from_args, zoo_only_options
 from pipeplan.models.errors import InputError, one_line
-from pipeplan.models.imported import describe
-from pipeplan.models.spec import is_zoo_spec
 from pipeplan.models.jsonio import atomic_write_text, check_integer, dumps
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.models.profile_step import OPTIMIZERS
 from pipeplan.models.zoo import build_model, model_names
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+if TYPE_CHECKING:  # torch is imported where a model is built or profiled, not while the parser is built
+    import torch
+
+DTYPES = ("float32", "bfloat16")
+"""``--dtype`` choices: names of torch dtypes."""
+
+OPTIMIZER_NAMES = ("adam", "sgd")
+"""``--optimizer`` choices, as :data:`pipeplan.models.profile_step.OPTIMIZERS` names them (that module imports
+torch; a test holds the two equal)."""
 
 
 def register(subparsers: Any) -> None:
@@ -55,7 +58,7 @@ def register(subparsers: Any) -> None:
     profile.add_argument("--overhead", metavar="S", help="seconds per unit call (--analytic; default 2e-5)")
     profile.add_argument("--bandwidth", metavar="B",
                          help="memory bytes/s bounding the optimizer step (--analytic; default 2e12)")
-    profile.add_argument("--optimizer", default="adam", metavar="|".join(OPTIMIZERS),
+    profile.add_argument("--optimizer", default="adam", metavar="|".join(OPTIMIZER_NAMES),
                          help="optimizer whose step each layer's step field times or estimates (default adam)")
     profile.add_argument("--dtype", default="float32", help="float32 or bfloat16 (default float32)")
     profile.add_argument("--seq-len", metavar="N", help="tokens per sample of sequence models")
@@ -92,6 +95,10 @@ def run_models(args: argparse.Namespace) -> int:
 
 def run_profile(args: argparse.Namespace) -> int:
     """Profile ``args.model`` and write the graph to ``args.output`` (or, with ``--dry-run``, describe it)."""
+    from pipeplan.models.imported import describe
+    from pipeplan.models.profile_step import OPTIMIZERS
+    from pipeplan.models.spec import is_zoo_spec
+
     zoo = is_zoo_spec(args.model)
     if zoo and args.model not in model_names():
         raise InputError("-", "model", f"unknown model {args.model!r}; valid: {', '.join(model_names())}, "
@@ -116,13 +123,10 @@ def run_profile(args: argparse.Namespace) -> int:
             if value is not None:
                 raise InputError("-", flag, "applies to zoo models; an imported model's factory sets its own "
                                             "sizes and dtype (use --model-arg or --input-shape)")
-        imported = _imported(args)
         if args.dry_run:  # the description lists the warnings
-            sys.stdout.write(describe(imported) + "\n")
+            sys.stdout.write(describe(imported_from_args(args)) + "\n")
             return 0
-        for note in imported.warnings:
-            sys.stderr.write(one_line(f"warning: {args.model}: {note}") + "\n")
-        graph = _analytic_imported(args, imported) if args.analytic else _measured_imported(args, imported)
+        imported, graph = _analytic_imported(args) if args.analytic else _measured_imported(args)
     try:
         text = dumps(graph.to_dict())
     except ValueError:  # json's word for inf or nan
@@ -146,31 +150,42 @@ def _describe_zoo(name: str, seq_len: int | None) -> int:
     return 0
 
 
-def _imported(args: argparse.Namespace) -> Any:
-    """The traced model: for ``--analytic`` on the meta device (no weights allocated) when its forward runs
-    there, else on the CPU (a forward reading values, ``.item()`` or a value-dependent ``if``, needs them)."""
-    if args.analytic and not args.dry_run:
-        try:
-            return imported_from_args(args, device="meta")
-        except InputError as exc:
-            if exc.where != "forward":
-                raise
-    return imported_from_args(args)
+def _warn(args: argparse.Namespace, imported: Any) -> None:
+    for note in imported.warnings:
+        sys.stderr.write(one_line(f"warning: {args.model}: {note}") + "\n")
 
 
-def _analytic_imported(args: argparse.Namespace, imported: Any) -> Any:
+def _analytic_imported(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The traced model and its estimated graph: counted on the meta device (no weights allocated) when
+    the model's forward and the counting run there, else on the CPU (a forward reading values, ``.item()``
+    or a value-dependent ``if``, needs them; so do a few operations without meta kernels)."""
     from pipeplan.models.profile_imported import analyse_imported
 
-    return analyse_imported(imported, _analytic_device(args), args.optimizer)
+    device = _analytic_device(args)
+    try:
+        imported = imported_from_args(args, device="meta")
+        graph = analyse_imported(imported, device, args.optimizer)
+    except InputError as exc:
+        if exc.where != "forward" and not exc.where.startswith("unit ") and exc.where != "the units' arguments":
+            raise
+    else:
+        _warn(args, imported)
+        return imported, graph
+    imported = imported_from_args(args)
+    _warn(args, imported)
+    return imported, analyse_imported(imported, device, args.optimizer)
 
 
-def _measured_imported(args: argparse.Namespace, imported: Any) -> Any:
+def _measured_imported(args: argparse.Namespace) -> tuple[Any, Any]:
     from pipeplan.models.profile_imported import profile_imported
 
     if _torch_device(args.device or MEASURE_DEFAULTS["device"]) != "cpu":
         raise InputError("-", "--device", "imported models are measured on the CPU only so far; "
                                           "profile a zoo model on the GPU, or drop --device")
-    return profile_imported(imported, _measure_config(args), progress=sys.stderr.isatty())
+    config = _measure_config(args)
+    imported = imported_from_args(args)
+    _warn(args, imported)
+    return imported, profile_imported(imported, config, progress=sys.stderr.isatty())
 
 
 MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "warmup": "2", "repeats": "5",
@@ -267,6 +282,8 @@ def _number(text: str, flag: str) -> float:
 
 def _torch_device(text: str) -> str:
     """``cpu`` or an available CUDA device, checked before anything is built."""
+    import torch
+
     if text == "cpu":
         return text
     if text != "cuda" and not (text.startswith("cuda:") and text[5:].isdigit()):
@@ -283,6 +300,8 @@ def _torch_device(text: str) -> str:
 
 
 def _dtype(text: str) -> torch.dtype:
+    import torch
+
     if text not in DTYPES:
         raise InputError("-", "--dtype", f"unknown dtype {text!r}; valid: {', '.join(DTYPES)}")
-    return DTYPES[text]
+    return getattr(torch, text)

@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.solver.views.figures import pyplot, save_png
 from pipeplan.cmd_plan import INTERRUPTED, _common, no_plan, problem_from_args
-from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
+from pipeplan.solver.bounds.infeasibility import format_bytes, heuristic_no_plan
 from pipeplan.solver.core.algorithm import ONE_STAGE_PER_GROUP
 from pipeplan.solver.core.problem import PIPELINES
 from pipeplan.solver.core.termination import TimeLimit, interruptible
-from pipeplan.solver.heuristics.nsga import NsgaRun
-from pipeplan.solver.planning import why_no_plan
-from pipeplan.solver.solvers import get_solver
+
+if TYPE_CHECKING:  # pymoo: imported where the search runs, not while the parser is built
+    from pipeplan.solver.heuristics.nsga import NsgaRun
 
 PARETO_FORMAT = "pipeplan.pareto/1"
 
@@ -37,12 +38,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def front_document(run: NsgaRun, args: argparse.Namespace, stopped_by: str = "budget") -> dict:
-    """The JSON object: the problem's names, run facts, and the points fastest first."""
+    """The JSON object: the problem's names, run facts, and the points fastest first.
+
+    ``stopped_by`` is why the run ended (see :mod:`pipeplan.solver.core.termination`);
+    ``stopped_by_time_limit`` says whether the clock cut anything short, and ``time_cut`` what:
+    the seeding (a seeding solver's cap) or the generations.
+    """
     return {
         "format": PARETO_FORMAT,
         "objectives": ["iteration_time", "peak_memory"],
         "generations": run.generations, "evaluations": run.evaluations,
-        "stopped_by_time_limit": run.stopped_by_time, "stopped_by": stopped_by, "seed": args.seed,
+        "stopped_by_time_limit": bool(run.time_cut), "time_cut": list(run.time_cut), "stopped_by": stopped_by,
+        "seed": args.seed,
         "seeds": list(run.seeds),
         "points": [{"iteration_time": pt.iteration_time, "peak_memory": pt.peak_memory, "plan": pt.plan.to_dict()}
                    for pt in run.front],
@@ -54,11 +61,11 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(5, 4))
     xs = [pt.iteration_time * 1e3 for pt in run.front]
-    ys = [pt.peak_memory / 2 ** 30 for pt in run.front]
+    ys = [pt.peak_memory / 1e9 for pt in run.front]
     ax.step(xs, ys, where="post", color="tab:gray", linewidth=0.8)
     ax.scatter(xs, ys, color="tab:blue", zorder=3)
     ax.set_xlabel("iteration time (ms)")
-    ax.set_ylabel("peak memory per device (GiB)")
+    ax.set_ylabel("peak memory per device (GB)")
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     save_png(fig, path)
@@ -66,6 +73,11 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
+    # pymoo and OR-Tools: imported where the search runs, not while the parser is built
+    from pipeplan.solver.heuristics.nsga import time_cut_message
+    from pipeplan.solver.planning import why_no_plan
+    from pipeplan.solver.solvers import get_solver
+
     check_outputs(args, args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
@@ -80,7 +92,8 @@ def run_pareto(args: argparse.Namespace) -> int:
     with interruptible():
         run = nsga.front(problem, clock, generations=generations, seed=args.seed)
     seen = clock.stops
-    stopped_by = seen.stopped_by() if seen.interrupted or seen.time_cut else "budget"
+    # every clock check of the run is its seeding's or its generations' (run.time_cut says which)
+    stopped_by = seen.stopped_by() if seen.interrupted or seen.time_cut or run.time_cut else "budget"
     if not run.front and seen.interrupted:
         sys.stderr.write("interrupted: no plan found before the interrupt\n")
         return INTERRUPTED
@@ -88,13 +101,14 @@ def run_pareto(args: argparse.Namespace) -> int:
         why = ("time limit reached before any evaluated plan fitted" if run.stopped_by_time
                else "no evaluated plan fits in memory")
         result = heuristic_no_plan(problem, "nsga", why, clock.elapsed(), args.seed,
-                                   details={"stopped_by_time_limit": run.stopped_by_time})
+                                   details={"stopped_by_time_limit": bool(run.time_cut), "time_cut": list(run.time_cut)})
         return no_plan(why_no_plan(problem, [result]))  # "no plan fits" only when proved
     atomic_write_text(args.output, dumps(front_document(run, args, stopped_by)))
     if args.plot:
         _plot(args.plot, run, f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}")
     best = run.front[0]
+    why = f" ({time_cut_message(run)})" if stopped_by == "time" and run.time_cut else ""
     print(f"nsga: {len(run.front)} non-dominated plans, fastest {best.iteration_time * 1e3:.4f} ms "
-          f"(peak {best.peak_memory / 2 ** 30:.2f} GiB), {run.generations} generations, stopped by {stopped_by} "
-          f"-> {args.output}")
+          f"(peak {format_bytes(best.peak_memory, 2)}), {run.generations} of {generations} generations, "
+          f"stopped by {stopped_by}{why} -> {args.output}")
     return 0

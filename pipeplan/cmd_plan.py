@@ -15,7 +15,8 @@ import csv
 import io
 import json
 import sys
-from typing import Any, Callable, Iterator
+import textwrap
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import LayerGraph, load_graph
@@ -28,12 +29,11 @@ from pipeplan.solver.core.termination import interruptible
 from pipeplan.solver.core.warm_start import load_warm_start
 from pipeplan.solver.formats.cluster import Cluster, load_cluster
 from pipeplan.solver.formats.plan import MAX_SAMPLES
-from pipeplan.solver.heuristics.nsga import MAX_POPULATION
-from pipeplan.solver.planning import (AUTO, NoPlan, Outcome, Planned, Skipped, compare_problems, finite_rows,
-                                      plan_problems, problem_for, problems_for, schedules_for)
-from pipeplan.solver.solvers import solver_names
 from pipeplan.solver.views.figures import pyplot, save_png
 from pipeplan.solver.views.gantt import write_gantt
+
+if TYPE_CHECKING:  # the solvers import pymoo and OR-Tools: imported where planning runs, not while the parser is built
+    from pipeplan.solver.planning import NoPlan, Planned, Skipped
 
 NO_PLAN = 3
 """Exit status when no plan fits."""
@@ -141,6 +141,8 @@ def check_options(args: argparse.Namespace) -> None:
     ...
     models.errors.InputError: -: --time-limit: must be positive finite seconds, got nan
     """
+    from pipeplan.solver.heuristics.nsga import MAX_POPULATION  # pymoo: imported to run, not while the parser is built
+
     limit, seed, factor = (getattr(args, key, None) for key in ("time_limit", "seed", "state_factor"))
     if limit is not None and not 0 < limit < float("inf"):
         raise InputError("-", "--time-limit", f"must be positive finite seconds, got {limit}")
@@ -173,6 +175,8 @@ def problem_from_args(args: argparse.Namespace, schedule: str | None = None) -> 
     InputError
         On unreadable or invalid files or inconsistent numbers (``M > B``, ...).
     """
+    from pipeplan.solver.planning import problem_for
+
     graph, cluster = _inputs(args)
     with _as_input_errors(args):
         return problem_for(graph, cluster, schedule=schedule or args.schedule,
@@ -202,7 +206,7 @@ def _solver_options(args: argparse.Namespace) -> dict[str, Any]:
 @contextlib.contextmanager
 def _as_input_errors(args: argparse.Namespace) -> Iterator[None]:
     """A problem's refusal as the one-line error of the input at fault."""
-    auto = args.microbatches == AUTO
+    auto = args.microbatches == "auto"
     try:
         yield
     except Overflow as exc:  # the file at fault: the cluster's speeds and links, or the graph's bytes
@@ -228,6 +232,8 @@ def schedules_from_args(args: argparse.Namespace) -> list[str]:
     InputError
         For an unknown name in ``--schedules``, naming the valid ones.
     """
+    from pipeplan.solver.planning import schedules_for
+
     listed = getattr(args, "schedules", None)
     if listed is None:
         return schedules_for(args.schedule)
@@ -293,6 +299,8 @@ def _report(done: Planned) -> None:
 
 def _problems(args: argparse.Namespace, schedules: list[str]) -> tuple[list[PlanningProblem], list[Skipped]]:
     """One problem per schedule (:func:`pipeplan.solver.planning.problems_for`), refusals as one-line errors."""
+    from pipeplan.solver.planning import problems_for
+
     graph, cluster = _inputs(args)
     with _as_input_errors(args):
         return problems_for(graph, cluster, schedules, virtual_stages=getattr(args, "virtual_stages", None),
@@ -305,6 +313,8 @@ def run_plan(args: argparse.Namespace) -> int:
     With ``--schedule auto`` the solver plans for every schedule and the fastest fitting
     plan is written, after a table of the schedules.
     """
+    from pipeplan.solver.planning import finite_rows, plan_problems
+
     check_outputs(args, args.output, inputs={"graph": args.graph, "cluster": args.cluster})
     schedules = schedules_from_args(args)
     if args.warm_start and len(schedules) > 1:
@@ -332,6 +342,8 @@ def _write_plan(problem: PlanningProblem, result: SolverResult, args: argparse.N
     """Write ``result``'s plan with its record and print one line: the solver (and the algorithm it ran, when
     another), the status, the schedule (with several, or when its groups hold several stages), the stages,
     the time, the throughput, the gap."""
+    from pipeplan.solver.planning import Outcome, Planned, finite_rows
+
     finite_rows(Planned((problem,), (Outcome(problem, result),)).rows())  # refuses a throughput beyond the float range
     atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
     gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
@@ -380,16 +392,47 @@ def _write_csv(path: str, rows: list[dict[str, Any]]) -> None:
     atomic_write_text(path, buffer.getvalue())
 
 
+TITLE_CHARS_PER_INCH = 12
+"""Characters of a 10-point title per inch of figure width (wider titles are wrapped, not clipped)."""
+
+
 def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     plt = pyplot()
     solved = [r for r in rows if r["iteration_time"] is not None]
-    fig, ax = plt.subplots(figsize=(max(4, 0.9 * len(solved) + 2), 4))
-    ax.bar([r["solver"] for r in solved], [r["iteration_time"] * 1e3 for r in solved], color="tab:blue")
+    width = min(max(4.5, 0.7 * len(solved) + 2), 14)
+    fig, ax = plt.subplots(figsize=(width, 4.5))
+    # one bar per row: a solver's rows under several schedules each get their own (labels name both)
+    several = len({r.get("schedule") for r in solved}) > 1
+    labels = [f"{r['solver']} ({r['schedule']})" if several else r["solver"] for r in solved]
+    ax.bar(range(len(solved)), [r["iteration_time"] * 1e3 for r in solved], color="tab:blue")
+    ax.set_xticks(range(len(solved)), labels, rotation=45, ha="right", rotation_mode="anchor", fontsize=8)
     ax.set_ylabel("iteration time (ms)")
-    ax.set_title(title)
-    ax.tick_params(axis="x", rotation=45)
+    ax.set_title("\n".join(textwrap.wrap(title, int(TITLE_CHARS_PER_INCH * width))), fontsize=10)
     fig.tight_layout()
     save_png(fig, path)
+
+
+def compare_title(problems: list[PlanningProblem]) -> str:
+    """The graph, cluster, batch, microbatch choice and schedules of a comparison.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import load_graph
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> p = PlanningProblem(load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json"),
+    ...                     global_batch=64, microbatches=8, auto_microbatches=True, max_microbatches=16)
+    >>> compare_title([p])
+    'chain8 on two-servers: batch 64, microbatches auto (up to 16), 1f1b'
+    """
+    first = problems[0]
+    if first.auto_microbatches:
+        split = f"microbatches auto (up to {max(first.split_counts)})"
+    else:
+        split = f"{first.microbatches} microbatches"
+    if first.per_stage:
+        split += ", per stage"
+    return (f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, {split}, "
+            f"{', '.join(p.schedule for p in problems)}")
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -399,22 +442,27 @@ def run_compare(args: argparse.Namespace) -> int:
     With ``--schedules`` (or ``--schedule auto``) every solver runs on every schedule; the
     table has a row per schedule and solver, and the best plan is the fastest of all.
     """
+    from pipeplan.solver.planning import compare_problems, finite_rows
+    from pipeplan.solver.solvers import solver_names
+
     check_outputs(args, args.csv, args.plot, args.best, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster})
     schedules = schedules_from_args(args)
+    valid = solver_names()
     names = None if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
     if names is not None and not names:
-        raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(solver_names())}")
+        raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(valid)}")
+    unknown = [name for name in names or () if name not in valid]
+    if unknown:  # here, not in get_solver, so that the error names the option given
+        raise InputError("-", "--solvers", f"unknown solver {unknown[0]!r}; valid: {', '.join(valid)}")
     problems, skipped = _problems(args, schedules)
-    with _progress(len(problems) * len(names or solver_names())) as on_solve:
+    with _progress(len(problems) * len(names or valid)) as on_solve:
         done = compare_problems(problems, names, time_limit=args.time_limit, seed=args.seed, budget=args.budget,
                                 solver_options=_solver_options(args), skipped=skipped, on_solve=on_solve)
     _report(done)
     if done.best is None:
         return no_plan(done.no_plan)
     rows = finite_rows(done.rows())
-    first = problems[0]
-    what = first.schedule if len(problems) == 1 else ", ".join(p.schedule for p in problems)
-    title = f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, M={first.microbatches}, {what}"
+    title = compare_title(problems)
     if args.json:
         print(json.dumps(rows))
     else:

@@ -15,17 +15,19 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeplan.models.errors import one_line
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
+from pipeplan.models.model_options import request_from_args
 from pipeplan.loading import warn_names
-from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
-from pipeplan.runtime.config import RunConfig
 from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
-from pipeplan.runtime.report import present
+from pipeplan.runtime.options import add_arguments, check_options
 from pipeplan.runtime.routing import rank_of
-from pipeplan.runtime.worker import add_arguments
+
+if TYPE_CHECKING:  # checks and report import torch: imported where a run starts, not while the parser is built
+    from pipeplan.runtime.checks import RunInputs
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,34 +39,35 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """``pipeplan run``: the options as a :class:`~pipeplan.runtime.config.RunConfig`, checked, then the run."""
-    config = RunConfig.from_args(args).checked()
+    from pipeplan.runtime.checks import check_emulation, load_inputs
+    from pipeplan.runtime.report import present
+
+    check_options(args)
     # Everything that can be refused is refused here, before any process starts.
-    check_outputs(args, config.trace, config.gantt,
-                  inputs={"graph": config.graph, "cluster": config.cluster, "plan": config.plan})
-    inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, config.verify, config.seed)
-    if config.emulate:
-        check_emulation(inputs.prediction, config.timeout, config.plan)
-    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, config.plan, doing="running"):
+    check_outputs(args, args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
+    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
+    if args.emulate:
+        check_emulation(inputs.prediction, args.timeout, args.plan)
+    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
         warn(note)
-    if config.emulate and "calibration" in inputs.cluster.extra:
-        warn(f"warning: {config.cluster}: calibration: --emulate stretches each op to its device's "
+    if args.emulate and "calibration" in inputs.cluster.extra:
+        warn(f"warning: {args.cluster}: calibration: --emulate stretches each op to its device's "
              "calibrated speed, which already counts the slowdown the probe measured on this machine: "
              "emulate with the cluster before calibration")
     try:
-        result = launch(config, inputs)
+        result = launch(args, inputs)
     except WorkerError as exc:
-        return report_worker_error(exc, config.plan)
-    return present(config, inputs, result)
+        return report_worker_error(exc, args.plan)
+    return present(args, inputs, result)
 
 
-def launch(config: RunConfig, inputs: RunInputs) -> dict:
+def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
     """Run the plan's workers once, on local processes.
 
     Parameters
     ----------
-    config : RunConfig
-        The run's settings, checked (:meth:`pipeplan.runtime.config.RunConfig.checked`).
+    args : argparse.Namespace
+        The run's options (those of :func:`pipeplan.runtime.worker.add_arguments`).
     inputs : RunInputs
         The checked graph, cluster, plan and model.
 
@@ -91,7 +94,7 @@ def launch(config: RunConfig, inputs: RunInputs) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="pipeplan-run-") as tmp:
         result_file = Path(tmp) / "result.json"
-        launch_local(worker_args(config, result_file), len(ranks), Path(tmp), timeout=config.timeout,
+        launch_local(worker_args(args, result_file), len(ranks), Path(tmp), timeout=args.timeout,
                      describe=describe)
         return json.loads(result_file.read_text())
 

@@ -9,8 +9,9 @@ from pipeplan.models.graph import load_graph
 from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.views.gantt import write_gantt
+from pipeplan.solver.bounds.infeasibility import format_bytes
 from pipeplan.solver.formats.plan import Plan, load_plan
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, simulate
+from pipeplan.solver.evaluation.simulator import Simulation, simulate
 from pipeplan.solver.views.trace import check_traceable, chrome_trace
 from pipeplan.loading import warn_names
 from pipeplan.notices import warn
@@ -46,14 +47,12 @@ def run(args: argparse.Namespace) -> int:
         write_gantt(result, args.gantt, f"{plan.graph} on {plan.cluster} ({plan.schedule})")
     if args.json:
         print(json.dumps(json_summary(plan, result), allow_nan=False))
-    elif isinstance(result, GroupSimulationResult):
-        print_group_table(plan, result)
     else:
-        print_table(plan, result, cluster)
+        print_table(plan, result)
     return 0
 
 
-def json_summary(plan: Plan, result: "SimulationResult | GroupSimulationResult") -> dict:
+def json_summary(plan: Plan, result: Simulation) -> dict:
     """The result's summary with each group's program and its devices and stages (lists per group)."""
     summary = result.summary()
     held: list[list[int]] = [[] for _ in plan.groups]
@@ -64,10 +63,6 @@ def json_summary(plan: Plan, result: "SimulationResult | GroupSimulationResult")
     return summary
 
 
-def _gb(x: float) -> str:
-    return f"{x / 1e9:.2f} GB"
-
-
 def _split(sizes: tuple[int, ...]) -> str:
     if len(set(sizes)) == 1:
         return f"{len(sizes)} x {sizes[0]}"
@@ -75,47 +70,32 @@ def _split(sizes: tuple[int, ...]) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def print_table(plan: Plan, result: SimulationResult, cluster) -> None:
-    """A readable per-stage table: layers, devices, busy time, bubble, memory vs capacity."""
+def _joined(values: list[str]) -> str:
+    """One cell for a group's stages: the value they share, else each stage's, comma-separated."""
+    return values[0] if len(set(values)) == 1 else ",".join(values)
+
+
+def print_table(plan: Plan, result: Simulation) -> None:
+    """One row per device group: its stages, layers, devices, split, busy time, bubble, all-reduce, step, memory."""
     from rich.table import Table
 
-    table = Table(title=f"{plan.graph} on {plan.cluster}: {plan.schedule}, batch {plan.global_batch}")
-    for col in ("stage", "layers", "devices", "microbatches", "recompute", "busy (ms)", "bubble",
-                "all-reduce (ms)", "peak memory", "capacity", "fits"):
-        table.add_column(col, justify="right" if col not in ("devices",) else "left")
-    T = result.iteration_time
-    for s, (st, cost, busy) in enumerate(zip(plan.stages, result.stages, result.busy)):
-        lo, hi = st.layers
-        bubble = T - busy - cost.allreduce - cost.step
-        table.add_row(str(s), f"{lo}..{hi - 1}", ",".join(st.devices), _split(st.microbatches),
-                      "yes" if st.recompute else "no", f"{busy * 1e3:.3f}",
-                      f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
-                      f"{cost.allreduce * 1e3:.3f}", _gb(cost.peak_memory), _gb(cost.capacity),
-                      "yes" if cost.peak_memory <= cost.capacity else "NO")
-    _print_with_totals(table, result)
-
-
-
-def print_group_table(plan: Plan, result: GroupSimulationResult) -> None:
-    """One row per device group: its stages, devices, busy time, bubble, all-reduce, step, memory."""
-    from rich.table import Table
-
-    title = f"{plan.graph} on {plan.cluster}: {plan.schedule}, batch {plan.global_batch}, {len(result.groups)} groups"
-    table = Table(title=title)
-    for col in ("group", "stages", "devices", "actions", "busy (ms)", "bubble", "all-reduce (ms)", "step (ms)",
-                "peak memory", "capacity", "fits"):
-        table.add_column(col, justify="left" if col in ("stages", "devices") else "right")
+    groups = len(result.groups)
+    title = f"{plan.graph} on {plan.cluster}: {plan.schedule}, batch {plan.global_batch}"
+    table = Table(title=title + (f", {groups} groups" if groups < len(plan.stages) else ""))
+    for col in ("group", "stages", "layers", "devices", "microbatches", "recompute", "busy (ms)", "bubble",
+                "all-reduce (ms)", "step (ms)", "peak memory", "capacity", "fits"):
+        table.add_column(col, justify="left" if col in ("stages", "layers", "devices") else "right")
     T = result.iteration_time
     for gi, (group, busy) in enumerate(zip(result.groups, result.busy)):
+        held = [plan.stages[s] for s in group.stages]
         bubble = T - busy - group.allreduce - group.step
-        table.add_row(str(gi), ",".join(map(str, group.stages)), ",".join(group.devices), str(len(group.program)),
-                      f"{busy * 1e3:.3f}", f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
-                      f"{group.allreduce * 1e3:.3f}", f"{group.step * 1e3:.3f}", _gb(group.peak_memory),
-                      _gb(group.capacity), "yes" if group.peak_memory <= group.capacity else "NO")
-    _print_with_totals(table, result)
-
-
-def _print_with_totals(table, result: "SimulationResult | GroupSimulationResult") -> None:
+        table.add_row(str(gi), ",".join(map(str, group.stages)),
+                      ",".join(f"{st.layers[0]}..{st.layers[1] - 1}" for st in held), ",".join(group.devices),
+                      _joined([_split(st.microbatches) for st in held]),
+                      _joined(["yes" if st.recompute else "no" for st in held]), f"{busy * 1e3:.3f}",
+                      f"{bubble * 1e3:.3f} ms ({100 * bubble / T:.0f}%)" if T > 0 else "-",
+                      f"{group.allreduce * 1e3:.3f}", f"{group.step * 1e3:.3f}", format_bytes(group.peak_memory, 2),
+                      format_bytes(group.capacity, 2), "yes" if group.peak_memory <= group.capacity else "NO")
     from rich.console import Console
 
     console = Console(width=160)

@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
                     if graph is not None and cluster is not None:  # what simulate would refuse, refused here
                         simulate(obj, graph, cluster, file=path, validate=False).check_finite(path)
             checked = [name for name, xs in (("graph", graphs_for), ("cluster", clusters_for)) if xs != [None]]
-            groups = f" on {_count(len(obj.groups), 'device group')}" if obj.v2_features() else ""
+            groups = f" on {_count(len(obj.groups), 'device group')}" if len(obj.groups) < len(obj.stages) else ""
             detail = f", {len(obj.stages)} stages{groups}, no deadlock" + (f", checked against the {' and '.join(checked)}"
                                                                   if checked else "")
         elif kind == "graph":

@@ -21,7 +21,7 @@ from pipeplan.models.zoo import ZooModel, model_names
 from pipeplan.runtime.training_data import build_run_model
 from pipeplan.solver.formats.cluster import Cluster, load_cluster
 from pipeplan.solver.formats.plan import Plan, load_plan
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, simulate
+from pipeplan.solver.evaluation.simulator import Simulation, simulate
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,8 @@ class RunInputs:
     """Tokens per sample for sequence models (the graph's profile), else ``None``."""
     dtype: torch.dtype
     """float64 with ``--verify``, else float32."""
-    prediction: SimulationResult | GroupSimulationResult
-    """The simulator's timeline of the plan on graph and cluster (per group for a version-2 plan)."""
+    prediction: Simulation
+    """The simulator's timeline of the plan on graph and cluster."""
     model: ZooModel
     """The model, built on the CPU with the run's dtype and seed."""
     request: ModelRequest
@@ -121,7 +121,7 @@ def check_world(plan: Plan, world: int, plan_file: str) -> None:
                                               f"start one process per device (ranks in plan order)")
 
 
-def check_emulation(prediction: SimulationResult | GroupSimulationResult, timeout: float, plan_file: str) -> None:
+def check_emulation(prediction: Simulation, timeout: float, plan_file: str) -> None:
     """Refuse an ``--emulate`` run whose longest op would outlast ``--timeout``.
 
     Emulation makes each op take as long as the simulator says on the cluster's
@@ -136,21 +136,20 @@ def check_emulation(prediction: SimulationResult | GroupSimulationResult, timeou
 
     Examples
     --------
-    >>> from pipeplan.solver.evaluation.simulator import SimulationResult
-    >>> fast = SimulationResult(1.0, 1, (), (((0.0, 0.5),),), (), ())
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> from pipeplan.solver.formats.plan import Plan, Stage
+    >>> graph = LayerGraph.chain("g", [Layer("l", (0.5, 0.0), (0.25, 0.0), 1.0, 1.0, 1.0)])
+    >>> cluster = Cluster("c", (Link(1e9, 0.0, "s"),), Link(1e9, 0.0), (Device("d", "s", 1.0, 1e9),))
+    >>> fast = simulate(Plan("g", "c", 1, 4.0, "gpipe", (Stage((0, 1), ("d",), (1,)),)), graph, cluster)
     >>> check_emulation(fast, 50.0, "p.json")
     >>> check_emulation(fast, 0.25, "p.json")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    models.errors.InputError: p.json: --emulate: an emulated op would last 0.5 s, longer than --timeout 0.25 s ...
+    pipeplan.models.errors.InputError: p.json: --emulate: an emulated op would last 0.5 s, longer than --timeout 0.25 s ...
     """
-    if isinstance(prediction, GroupSimulationResult):
-        spans = [end - start for per_group in prediction.action_times for start, end in per_group]
-        spans += [tx.end - tx.start for tx in prediction.transfers] + [g.allreduce for g in prediction.groups]
-    else:
-        spans = [end - start for family in (prediction.op_times, prediction.transfer_times,
-                                            prediction.gradient_times)
-                 for per_stage in family for start, end in per_stage] + [st.allreduce for st in prediction.stages]
+    spans = [end - start for starts, ends in zip(prediction.starts, prediction.ends) for start, end in zip(starts, ends)]
+    spans += [tx.end - tx.start for tx in prediction.transfers] + [g.allreduce for g in prediction.groups]
     longest = max([0.0, *spans])
     if not longest < timeout:
         raise InputError(plan_file, "--emulate",

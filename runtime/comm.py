@@ -26,7 +26,7 @@ from pipeplan.runtime.routing import Message, cut_messages, grad_order
 from pipeplan.runtime.stage import CutLayout
 from pipeplan.runtime.transport import Transport, Work
 from pipeplan.solver.formats.plan import Plan
-from pipeplan.solver.schedules.schedule import Op
+from pipeplan.solver.schedules.schedule import Action
 
 STAMP_TAG = 1 << 20
 """Added to a message's tag for its emulated-arrival stamp."""
@@ -78,8 +78,8 @@ class Channels:
     stage : int
         Its stage.
     plan : Plan
-    op_lists : sequence of list of Op
-        Every stage's op list.
+    stage_actions : sequence of list of Action
+        Every stage's actions in the order its group runs them.
     layouts : (CutLayout or None, CutLayout or None)
         Layout of the cut before and after the stage.
     transport : Transport
@@ -92,7 +92,7 @@ class Channels:
         The rank's hand-overs to itself, shared by all its stages' channels.
     """
 
-    def __init__(self, rank: int, stage: int, plan: Plan, op_lists: Sequence[Sequence[Op]],
+    def __init__(self, rank: int, stage: int, plan: Plan, stage_actions: Sequence[Sequence[Action]],
                  layouts: tuple[CutLayout | None, CutLayout | None], transport: Transport, device: torch.device,
                  emulator: Emulator | None = None, mailbox: Mailbox | None = None) -> None:
         self.rank, self.device, self.emulator, self.transport = rank, device, emulator, transport
@@ -102,16 +102,16 @@ class Channels:
         self._link = {"fwd": groups[stage + 1] if stage + 1 < len(groups) else None,
                       "bwd": groups[stage - 1] if stage > 0 else None}
         last = len(plan.stages) - 1
-        before = cut_messages(plan, stage - 1, op_lists) if stage > 0 else []
-        after = cut_messages(plan, stage, op_lists) if stage < last else []
+        before = cut_messages(plan, stage - 1, stage_actions) if stage > 0 else []
+        after = cut_messages(plan, stage, stage_actions) if stage < last else []
         # Activations come in over the cut before the stage and leave over the one after;
         # gradients the other way round, in the order the later stage runs its backwards.
         self.act_in = Direction((stage - 1, "fwd"), layouts[0], [m for m in before if m.dst == rank])
         self.act_out = Direction((stage, "fwd"), layouts[1], outgoing=[m for m in after if m.src == rank])
         self.grad_in = Direction((stage, "bwd"), layouts[1],
-                                 [m for m in grad_order(after, op_lists) if m.src == rank])
+                                 [m for m in grad_order(after, stage_actions) if m.src == rank])
         self.grad_out = Direction((stage - 1, "bwd"), layouts[0],
-                                  outgoing=[m for m in grad_order(before, op_lists) if m.dst == rank])
+                                  outgoing=[m for m in grad_order(before, stage_actions) if m.dst == rank])
         # Each op's outgoing messages, looked up once rather than filtered per op.
         self._act_sends: dict[int, list[Message]] = {}
         for m in self.act_out.outgoing:

@@ -4,13 +4,15 @@ Each worker runs ``python -m pipeplan.runtime.worker`` with the environment ``to
 give it.  The launcher is their watchdog:
 
 - a worker that exits with an error or a signal stops the run at once;
-- a worker whose heartbeat (:mod:`pipeplan.runtime.heartbeat`) stands still for ``timeout``
-  seconds is hung: the rank named is the one that stopped on its own, not one
-  merely blocked waiting for it (:func:`_hang_key`);
-- the hang clock starts when every worker has beaten once: a worker's first beat comes
-  after Python has imported torch, which takes seconds on a busy machine, and the ranks
-  that started first wait for it without progress (a worker that has not beaten
-  ``startup_timeout`` seconds after launch is reported as not started);
+- once every worker trains, a worker whose heartbeat (:mod:`pipeplan.runtime.heartbeat`)
+  stands still for ``timeout`` seconds is hung: the rank named is the one that stopped
+  on its own, not one merely blocked waiting for it (:func:`_hang_key`);
+- setting up is not training: a worker's first beat comes after Python has imported
+  torch, and building the model and meeting the other ranks follow, each taking seconds
+  on a busy machine while the ranks that got there first wait without progress.  Until
+  every worker trains, each may go ``startup_timeout`` seconds between beats (and one
+  that has not beaten ``startup_timeout`` seconds after launch is reported as not
+  started), so that ``timeout`` can be short without a slow start reading as a hang;
 - every worker is killed when the run ends, however it ends (each runs in its own
   session, is killed by process group, and dies with the launcher through
   ``PR_SET_PDEATHSIG`` should the launcher itself be killed).
@@ -18,6 +20,7 @@ give it.  The launcher is their watchdog:
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import os
 import signal
@@ -28,12 +31,15 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
+from pipeplan.models.model_options import request_from_args
 from pipeplan.runtime import heartbeat
-from pipeplan.runtime.config import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT = 120.0
-"""Seconds a worker may take from launch to its first heartbeat (starting Python, importing torch)."""
+"""Seconds a worker may take from launch to its first heartbeat (starting Python, importing torch), and
+between two beats while setting up (building the model, the rendezvous, the connections)."""
+SETTING_UP = -1
+"""The heartbeat's step while a worker sets up (see :class:`pipeplan.runtime.heartbeat.Beat`)."""
 _PEER_ERRORS = ("connection", "gloo", "timed out", "timeout", "broken pipe", "peer", "remote", "nccl")
 
 
@@ -58,10 +64,19 @@ def _die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
-def worker_args(config: RunConfig, result: Path) -> list[str]:
-    """The workers' command line for the run of ``config`` (checked), reporting to ``result``
-    (:meth:`pipeplan.runtime.config.RunConfig.worker_argv`)."""
-    return config.worker_argv(result)
+def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
+    """The workers' command line: ``pipeplan run``'s own arguments, reporting to ``result``.
+
+    The files are passed as absolute paths: the workers start in the project's root (so
+    that ``-m pipeplan.runtime.worker`` imports this pipeplan, whatever the caller's folder holds),
+    where a path relative to the caller's folder would name another file or none.
+    """
+    files = [os.path.abspath(path) for path in (args.graph, args.cluster, args.plan)]
+    argv = [*files, *request_from_args(args).argv(), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
+            "--timeout", repr(args.timeout), "--transport", args.transport, "--spin", args.spin,
+            "--result", str(result)]
+    return argv + [flag for flag, on in (("--verify", args.verify), ("--emulate", args.emulate)) if on]
 
 
 def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: float,
@@ -79,8 +94,8 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
     workdir : Path
         Where logs and the heartbeat map go.
     timeout : float
-        Seconds without a heartbeat before a worker counts as hung, once every worker has
-        beaten once.
+        Seconds without a heartbeat before a worker counts as hung, once every worker
+        trains (is past its set-up, step -1).
     describe : callable
         ``rank -> "stage 0 replica 1, device g1"`` for messages.
     extra_env : dict, optional
@@ -88,7 +103,8 @@ def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: 
     entry : sequence of str
         What ``python`` runs, before ``worker_args`` (the worker module; a test's own driver).
     startup_timeout : float
-        Seconds from launch to a worker's first heartbeat before it counts as not started.
+        Seconds from launch to a worker's first heartbeat before it counts as not started,
+        and between beats until every worker trains.
 
     Raises
     ------
@@ -120,6 +136,7 @@ def _watch(procs: list[subprocess.Popen], table, timeout: float, describe: Calla
            logs: list[Path], startup_timeout: float = STARTUP_TIMEOUT) -> None:
     started = time.perf_counter()
     ready: float | None = None  # when every running worker had beaten once
+    training: float | None = None  # when every running worker was past its set-up
     while True:
         codes = [p.poll() for p in procs]
         failed = [r for r, code in enumerate(codes) if code not in (None, 0)]
@@ -140,11 +157,16 @@ def _watch(procs: list[subprocess.Popen], table, timeout: float, describe: Calla
                                         f"{startup_timeout:g} s of launch (no heartbeat yet)", _tail(logs[rank]))
             if not unstarted:
                 ready = now
+        if ready is not None and training is None and all(beats[r].step != SETTING_UP for r in running):
+            training = now
         if ready is not None:
-            stale = [r for r in running if now - max(beats[r].time, ready) > timeout]
+            # the hang clock of training starts when the last worker begins it, so that the ranks
+            # that waited for it in their first step are not stale at once
+            limit, since = (timeout, training) if training is not None else (max(timeout, startup_timeout), ready)
+            stale = [r for r in running if now - max(beats[r].time, since) > limit]
             if stale:
-                rank = min(running, key=lambda r: _hang_key(procs[r].pid, beats[r], ready))
-                raise WorkerError(rank, f"rank {rank} ({describe(rank)}): made no progress for {timeout:g} s "
+                rank = min(running, key=lambda r: _hang_key(procs[r].pid, beats[r], since))
+                raise WorkerError(rank, f"rank {rank} ({describe(rank)}): made no progress for {limit:g} s "
                                         f"({_where(beats[rank])}); presumed hung", _tail(logs[rank]))
         time.sleep(0.05)
 
@@ -190,7 +212,7 @@ def _cause(code: int, log: Path) -> str:
 def _where(beat: heartbeat.Beat) -> str:
     if beat.time == 0:
         return "never started"
-    if beat.step == -1:
+    if beat.step == SETTING_UP:
         return "setting up"
     if beat.step == -2:
         return "verifying"

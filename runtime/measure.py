@@ -14,7 +14,7 @@ from typing import Any
 
 from pipeplan.solver.views.figures import pyplot, save_png
 from pipeplan.solver.views.gantt import Bar, bars_of, draw_gantt, gantt_title
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult
+from pipeplan.solver.evaluation.simulator import Simulation
 
 _US = 1e6
 _COMPUTE = {"forward": "forward", "backward": "backward", "recompute": "recompute", "allreduce": "allreduce"}
@@ -121,7 +121,7 @@ def measured_bars(result: dict, step: int) -> tuple[list[str], list[Bar]]:
 
 
 def write_gantt(result: dict, step: int, path: str, title: str,
-                prediction: SimulationResult | GroupSimulationResult | None = None, name: str = "simulated") -> None:
+                prediction: Simulation | None = None, name: str = "simulated") -> None:
     """The measured Gantt chart of ``step``; the simulated one above it when ``prediction`` is given."""
     plt = pyplot()
     rows, bars = measured_bars(result, step)

@@ -2,10 +2,10 @@
 
 A prediction can miss for two reasons: the op costs (the profile, measured per unit
 in isolation) are off, or the timeline (the spec's dependencies, links and
-schedule) is.  Replaying splits the two: every stage's forward and backward time is
-replaced by what the run measured for that op, and :func:`pipeplan.solver.evaluation.simulator.run_timeline`
+schedule) is.  Replaying splits the two: every action's time is replaced by what the
+run measured for it, and :func:`pipeplan.solver.evaluation.simulator.run_programs`
 recomputes the iteration with everything else as predicted (transfer times from the
-cluster's links, all-reduce times, the op order).  ``measured / replayed`` is then the
+cluster's links, all-reduce times, the programs).  ``measured / replayed`` is then the
 timeline's error alone; ``replayed / predicted`` the op costs'.
 
 An op's measured time is its compute (the recompute included) plus the CPU time
@@ -23,7 +23,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import replace
 
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, StageLinks, run_programs, run_timeline
+from pipeplan.solver.evaluation.simulator import Simulation, run_programs
 
 
 FORWARD_LABELS = ("recv A", "F", "send A")
@@ -118,58 +118,36 @@ def program_durations(ranks: list[dict], steps: list[int], group: int,
                  for s, kind, k in program)
 
 
-def replayed_durations(ranks: list[dict], steps: list[int], prediction: SimulationResult) -> list[dict]:
-    """Per stage, ``{"fwd", "bwd", "recompute"}`` tuples of measured seconds by microbatch."""
-    per_stage: list[list[tuple[dict[str, float], str]]] = [[] for _ in prediction.stages]
-    for r in ranks:
-        seen, prefix = op_seconds(r, steps), stage_prefix(r)
-        for s in rank_stages(r):
-            per_stage[s].append((seen, prefix))
-    out = []
-    for s, (cost, replicas) in enumerate(zip(prediction.stages, per_stage)):
-        count = len(cost.sizes)
-
-        def slowest(kind: str, k: int) -> float:
-            return max(action_seconds(seen, prefix, s, kind, k) for seen, prefix in replicas)
-
-        out.append({"fwd": tuple(slowest("F", k) for k in range(count)),
-                    "bwd": tuple(slowest("B", k) for k in range(count)),
-                    "recompute": tuple(max(seen.get(f"{prefix.format(s)}R{k}", 0.0) for seen, prefix in replicas)
-                                       for k in range(count))})
-    return out
+def program_recompute(ranks: list[dict], steps: list[int], group: int,
+                      program: list[tuple[int, str, int]]) -> tuple[float, ...]:
+    """Measured recompute seconds of every action of group ``group``'s program (the slowest replica's; 0 for ``F``, ``W``)."""
+    replicas = [(op_seconds(r, steps), stage_prefix(r)) for r in ranks if r.get("group", r["stage"]) == group]
+    return tuple(max(seen.get(f"{prefix.format(s)}R{k}", 0.0) for seen, prefix in replicas)
+                 if kind in ("B", "I") else 0.0 for s, kind, k in program)
 
 
-def replay(ranks: list[dict], steps: list[int], prediction: SimulationResult | GroupSimulationResult,
-           links: tuple[StageLinks, ...] | None = None) -> SimulationResult | GroupSimulationResult:
-    """The timeline of ``prediction`` with every op taking its measured time.
+def replay(ranks: list[dict], steps: list[int], prediction: Simulation) -> Simulation:
+    """The timeline of ``prediction`` with every action taking its measured time.
 
     Parameters
     ----------
     ranks : list of dict
-        The run's per-rank records (``stage``, and ``steps`` with their events).
+        The run's per-rank records (``group`` or ``stage``, and ``steps`` with their events).
     steps : list of int
         The measured steps (after warm-up).
-    prediction : SimulationResult or GroupSimulationResult
+    prediction : Simulation
         The simulator's result for the same plan, graph and cluster.
-    links : tuple of StageLinks, optional
-        With a version-2 prediction, the stages' links
-        (:func:`pipeplan.solver.evaluation.simulator.group_costs` gives them).
 
     Returns
     -------
-    SimulationResult or GroupSimulationResult
+    Simulation
         Its ``iteration_time`` is the replayed iteration time.
 
     Examples
     --------
     See ``tests/test_replay.py`` and ``tests/test_runtime_v2.py``.
     """
-    if isinstance(prediction, GroupSimulationResult):
-        if links is None:
-            raise ValueError("replaying a version-2 prediction needs the stages' links (simulator.group_costs)")
-        groups = tuple(replace(cost, durations=program_durations(ranks, steps, g, list(cost.program)))
-                       for g, cost in enumerate(prediction.groups))
-        return run_programs(groups, links, prediction.global_batch)
-    durations = replayed_durations(ranks, steps, prediction)
-    costs = tuple(replace(cost, **d) for cost, d in zip(prediction.stages, durations))
-    return run_timeline(costs, prediction.global_batch)
+    groups = tuple(replace(cost, durations=program_durations(ranks, steps, g, list(cost.program)),
+                           recompute=program_recompute(ranks, steps, g, list(cost.program)))
+                   for g, cost in enumerate(prediction.groups))
+    return run_programs(replace(prediction.costs, groups=groups))

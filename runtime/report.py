@@ -11,11 +11,12 @@ from pipeplan.models.jsonio import atomic_write_text
 from pipeplan.runtime.checks import RunInputs
 from pipeplan.runtime.measure import align, chrome_trace, idle_spans, iteration_times, measured_steps, median_step, write_gantt
 from pipeplan.runtime.replay import rank_stages, replay
-from pipeplan.runtime.verify import TOLERANCE
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult, group_costs
+from pipeplan.runtime.verify import ABSOLUTE, TOLERANCE
+from pipeplan.solver.bounds.infeasibility import format_bytes
+from pipeplan.solver.evaluation.simulator import Simulation
 
 
-def without_step(prediction: SimulationResult | GroupSimulationResult) -> float:
+def without_step(prediction: Simulation) -> float:
     """``T`` less the optimizer step: when the last group ends its all-reduce.
 
     The run times an iteration up to the gradient all-reduce (see
@@ -23,8 +24,7 @@ def without_step(prediction: SimulationResult | GroupSimulationResult) -> float:
     profiled optimizer's (Adam by default).  So measured times are compared with the
     prediction before the step; ``predicted_step`` in the summary says what it adds.
     """
-    units = prediction.groups if isinstance(prediction, GroupSimulationResult) else prediction.stages
-    return max(end - unit.step for end, unit in zip(prediction.group_end, units))
+    return max(end - group.step for end, group in zip(prediction.group_end, prediction.groups))
 
 
 def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
@@ -42,12 +42,11 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         "predicted_step": inputs.prediction.iteration_time - predicted,
         "ratio": measured / predicted if predicted > 0 else None,
         # The spec's timeline on the measured op times: see runtime.replay.
-        "replayed_iteration_time": without_step(replay(ranks, measured_steps(result), inputs.prediction,
-                                                       _links(inputs))),
+        "replayed_iteration_time": without_step(replay(ranks, measured_steps(result), inputs.prediction)),
         "iteration_times": iteration_times(result),
         "peak_memory": [r["peak_memory"] for r in ranks],
         "peak_memory_kind": ranks[0]["peak_memory_kind"],
-        # one peak per device group (per stage under version 1, where a group is a stage)
+        # one peak per device group
         "predicted_peak_memory": [inputs.prediction.peak_memory[r.get("group", r["stage"])] for r in ranks],
         "rss_peak": [r["rss_peak"] for r in ranks],
         "idle": [sum(b - a for a, b in idle_spans(r["steps"][step]["events"], r["steps"][step]["end"]))
@@ -60,6 +59,8 @@ def summarize(inputs: RunInputs, result: dict) -> dict[str, Any]:
         diff = result["max_param_diff"]  # None: some parameter held NaN or inf
         summary.update(max_param_diff=diff, max_param_diff_at=result["max_param_diff_at"],
                        verified=diff is not None and diff <= TOLERANCE)
+        if result.get("verify_notes"):
+            summary["verify_notes"] = result["verify_notes"]
     return summary
 
 
@@ -75,19 +76,10 @@ def step_losses(ranks: list[dict]) -> list[float]:
     return [sum(r["steps"][k]["loss"] for r in ranks if last in rank_stages(r)) for k in range(steps)]
 
 
-def _links(inputs: RunInputs) -> tuple | None:
-    """The stages' links a version-2 replay needs (``None`` for a version-1 prediction)."""
-    if not isinstance(inputs.prediction, GroupSimulationResult):
-        return None
-    return group_costs(inputs.plan, inputs.graph, inputs.cluster, inputs.plan.actions())[1]
-
-
 def _busy_by_rank(inputs: RunInputs, ranks: list[dict]) -> list[float]:
-    """Seconds the spec charges each rank's actions: its group's (version 2) or its stage's busy time."""
+    """Seconds the spec charges each rank's actions: its group's busy time."""
     busy = inputs.prediction.busy
-    if isinstance(inputs.prediction, GroupSimulationResult):
-        return [float(busy[r["group"]]) for r in ranks]
-    return [float(sum(busy[s] for s in rank_stages(r))) for r in ranks]
+    return [float(busy[r.get("group", r["stage"])]) for r in ranks]
 
 
 def breakdown(ranks: list[dict], step: int, predicted_busy: list[float]) -> dict[str, Any]:
@@ -137,9 +129,10 @@ def present(args, inputs: RunInputs, result: dict) -> int:
     else:
         _print_text(summary)
     if summary.get("verified") is False:
+        notes = "".join(f"; {note}" for note in summary.get("verify_notes", ()))
         print(one_line(f"error: {inputs.plan_file}: verify: max relative parameter difference "
                        f"{_difference(summary['max_param_diff'])} at {summary['max_param_diff_at']} exceeds "
-                       f"{TOLERANCE:g}"), file=sys.stderr)
+                       f"{TOLERANCE:g} (or {ABSOLUTE:g} absolute near zero){notes}"), file=sys.stderr)
         return 1
     return 0
 
@@ -156,13 +149,15 @@ def _print_text(summary: dict[str, Any]) -> None:
               "run without --verify to measure")
     print(f"{'rank':>4}  {'device':<8}{'peak memory':>14}  {'predicted':>12}  {'idle (ms)':>10}")
     for i, device in enumerate(summary["devices"]):
-        print(f"{i:>4}  {device:<8}{summary['peak_memory'][i] / 1e6:>11.2f} MB  "
-              f"{summary['predicted_peak_memory'][i] / 1e6:>9.2f} MB  {summary['idle'][i] * 1e3:>10.3f}")
+        print(f"{i:>4}  {device:<8}{format_bytes(summary['peak_memory'][i], 2):>14}  "
+              f"{format_bytes(summary['predicted_peak_memory'][i], 2):>12}  {summary['idle'][i] * 1e3:>10.3f}")
     print(f"peak memory: {summary['peak_memory_kind']}")
     if "max_param_diff" in summary:
         verdict = "ok" if summary["verified"] else "FAILED"
         print(f"verify: max relative parameter difference {_difference(summary['max_param_diff'])} "
               f"({summary['dtype']}, at {summary['max_param_diff_at']}): {verdict}")
+        for note in summary.get("verify_notes", ()):
+            print(f"note: {note}")
 
 
 def _difference(diff: float | None) -> str:

@@ -25,7 +25,7 @@ from itertools import accumulate
 from typing import Sequence
 
 from pipeplan.solver.formats.plan import Plan
-from pipeplan.solver.schedules.schedule import Op
+from pipeplan.solver.schedules.schedule import Action
 
 GRADIENT_SENDERS = ("B", "I")
 """Actions that compute a stage's input gradients and send them to the stage before."""
@@ -144,18 +144,18 @@ def pieces(plan: Plan, stage: int) -> list[Piece]:
     return out
 
 
-def cut_messages(plan: Plan, cut: int, op_lists: Sequence[Sequence[Op]]) -> list[Message]:
+def cut_messages(plan: Plan, cut: int, stage_actions: Sequence[Sequence[Action]]) -> list[Message]:
     """Activation messages across the cut after stage ``cut``, in sending order.
 
-    ``op_lists[s]``: stage ``s``'s actions in the order its group runs them.  Sending
-    order: by the position of the sender's ``Fk`` in its op list, then by sample.
+    ``stage_actions[s]``: stage ``s``'s actions in the order its group runs them.  Sending
+    order: by the position of the sender's ``Fk`` among them, then by sample.
     Gradients travel the same pieces backwards (see :func:`grad_order`).  A message
     whose two pieces are on one rank (consecutive stages on one group) is handed
     over inside the process (``src == dst``).
     """
     senders = [p for p in pieces(plan, cut) if p.size]
     receivers = [p for p in pieces(plan, cut + 1) if p.size]
-    position = {k: i for i, (kind, k) in enumerate(op_lists[cut]) if kind == "F"}
+    position = {k: i for i, (_, kind, k) in enumerate(stage_actions[cut]) if kind == "F"}
     pairs = []
     for a in senders:
         for b in receivers:
@@ -167,16 +167,16 @@ def cut_messages(plan: Plan, cut: int, op_lists: Sequence[Sequence[Op]]) -> list
             for i, (_, lo, a, b, hi) in enumerate(pairs)]
 
 
-def grad_order(messages: Sequence[Message], op_lists: Sequence[Sequence[Op]]) -> list[Message]:
+def grad_order(messages: Sequence[Message], stage_actions: Sequence[Sequence[Action]]) -> list[Message]:
     """The messages of one cut in the order their gradients are sent back.
 
     By the position of the receiving stage's ``Bk`` (or ``Ik``, the input-gradient
-    half of a split backward, which sends them) in its op list, then by sample.
+    half of a split backward, which sends them) among its actions, then by sample.
     """
     if not messages:
         return []
     cut = messages[0].cut
-    position = {k: i for i, (kind, k) in enumerate(op_lists[cut + 1]) if kind in GRADIENT_SENDERS}
+    position = {k: i for i, (_, kind, k) in enumerate(stage_actions[cut + 1]) if kind in GRADIENT_SENDERS}
     return sorted(messages, key=lambda m: (position[m.dst_mb], m.start, m.src))
 
 

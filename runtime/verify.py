@@ -10,7 +10,10 @@ any split of the batch gives the whole batch's gradient: the reference runs the 
 batch at once.  Two kinds of layer do not.  BatchNorm normalises with the statistics
 of the samples it is given, so a pipeline computes a different function from the one
 whole-batch training computes (GPipe's and torchgpipe's caveat), on any executor.
-Dropout draws a random mask per forward call.  For a model holding either, the
+Dropout draws a random mask per forward call.  A model's own code can make a sample's
+output depend on the other samples of its batch too (a batch-wide mean, an ``if`` on
+one): :func:`forward_dependence` finds it by running the batch whole and in two
+halves.  For a model holding or doing any of these, the
 reference runs the plan's own pieces instead: stage by stage, each microbatch of
 the stage, each replica's part of it, seeded like the rank that runs it
 (:func:`pipeplan.runtime.pieces.piece_seed`), its outputs joined back in sample order.  That
@@ -24,6 +27,19 @@ type: CUDA draws dropout masks from another generator than the CPU.  Only parame
 are compared: BatchNorm's running statistics are buffers (a recompute leaves them
 alone, see :func:`pipeplan.runtime.pieces.frozen_statistics`, checked by a unit test, not by
 ``--verify``), and each replica keeps its own, as DDP without buffer broadcasting does.
+Random numbers drawn outside ``nn.Dropout`` modules (``F.dropout`` in the model's
+code) are drawn unseeded on the ranks: a model doing so is named in a note, since
+its training differs from the reference (set its dropout probabilities to 0 to verify).
+
+[Note: the tolerance]  Each parameter is compared as a whole: its largest difference
+``max|got - want|`` must be at most ``TOLERANCE * max|want|`` (relative) or
+``ABSOLUTE`` (absolute, for a parameter whose values are all near zero), the form of
+``torch.testing.assert_close``'s ``atol + rtol * |want|``.  float64 runs agree to
+~1e-15 relative; a parameter whose exact gradient is zero (an attention's key bias:
+softmax ignores a shift of the scores) moves by round-off alone, ~1e-24 from a zero
+start, where a relative measure would divide round-off by round-off.  The reported
+difference is ``max|got - want| / max(max|want|, ABSOLUTE / TOLERANCE)``, accepted up
+to ``TOLERANCE``.
 """
 
 from __future__ import annotations
@@ -42,24 +58,34 @@ from pipeplan.solver.formats.plan import Plan
 
 TOLERANCE = 1e-6
 """Largest accepted relative difference (float64 runs agree to ~1e-15)."""
+ABSOLUTE = 1e-12
+"""Largest accepted absolute difference of a parameter whose values are all near zero (see [Note: the tolerance]):
+float64 round-off on values of order 1 is ~1e-16, and a few SGD steps keep it far below."""
 
 
 def reference_parameters(model_name: str | ModelRequest, *, steps: int, global_batch: int, lr: float, seed: int,
                          dtype: torch.dtype, seq_len: int | None, plan: Plan | None = None,
                          device: torch.device | str = "cpu",
                          beat: Callable[[int], None] = lambda step: None,
-                         on_loss: Callable[[float], None] = lambda loss: None) -> dict[str, torch.Tensor]:
+                         on_loss: Callable[[float], None] = lambda loss: None,
+                         notes: list[str] | None = None) -> dict[str, torch.Tensor]:
     """``"unit.param" -> tensor`` (on the CPU) after ``steps`` SGD steps on one process.
 
-    With ``plan`` given and a model that holds BatchNorm or dropout, each step runs the
-    plan's pieces (see [Note: pieces in the reference]); otherwise the whole batch at once.
-    ``device``: where the reference trains (the ranks' device type); ``on_loss`` is called
-    with every step's loss.
+    With ``plan`` given and a model that holds BatchNorm or dropout, or whose forward
+    depends on the whole batch, each step runs the plan's pieces (see [Note: pieces in
+    the reference]); otherwise the whole batch at once.  ``device``: where the reference
+    trains (the ranks' device type); ``on_loss`` is called with every step's loss;
+    ``notes`` receives what the user should know about the comparison.
     """
     model = build_run_model(model_name, dtype=dtype, seq_len=seq_len, seed=seed, device=device)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=lr)
-    pieced = plan if plan is not None and needs_pieces(model) else None
+    found: set[str] = set()
+    for step in range(steps if plan is not None else 0):  # an `if` on a batch statistic may flip at any step
+        found |= forward_dependence(model, step_batch(model, global_batch, seed, step)[0], seed + step)
+    if notes is not None:
+        notes.extend(DEPENDENCE_NOTES[kind] for kind in sorted(found))
+    pieced = plan if plan is not None and (needs_pieces(model) or "batch" in found) else None
     for step in range(steps):
         beat(step)
         inputs, targets = step_batch(model, global_batch, seed, step)
@@ -71,6 +97,59 @@ def reference_parameters(model_name: str | ModelRequest, *, steps: int, global_b
         optimizer.zero_grad(set_to_none=True)
     return {f"{unit.name}.{name}": p.detach().cpu().clone() for unit in model.units
             for name, p in unit.module.named_parameters(remove_duplicate=False)}
+
+
+DEPENDENCE_NOTES = {
+    "batch": "the model's output for a sample depends on the other samples of its batch (a batch-wide statistic "
+             "or an if on one, in its code): the pipeline computes it on each microbatch, so the reference ran "
+             "the plan's microbatches too, and 'ok' means the ranks computed what the plan defines, not what "
+             "whole-batch training computes",
+    "random": "the model draws random numbers in its forward outside nn.Dropout modules (functional dropout, "
+              "say): the ranks and the reference draw different ones, so their training differs; set the "
+              "model's dropout probabilities to 0 to verify",
+}
+"""The note on each kind of :func:`forward_dependence`."""
+
+
+def forward_dependence(model: ZooModel, inputs: torch.Tensor, seed: int = 0) -> set[str]:
+    """What the model's output depends on besides each sample alone: ``"random"``, ``"batch"``.
+
+    ``"random"``: two forward passes seeded alike agree but seeded apart differ, and
+    the model holds no ``nn.Dropout`` (whose masks the ranks seed, see
+    :func:`pipeplan.runtime.pieces.piece_seed`).  ``"batch"``: a forward pass of the
+    whole batch and of its two halves, seeded alike, differ (a model holding
+    BatchNorm is handled by :func:`needs_pieces` and not tested).  Runs without
+    gradients; the RNG state is restored.
+
+    Examples
+    --------
+    >>> from pipeplan.runtime.training_data import build_run_model
+    >>> forward_dependence(build_run_model("gpt-tiny"), torch.zeros(4, 16, dtype=torch.long))
+    set()
+    """
+    if len(inputs) < 2 or batch_norms(unit.module for unit in model.units):
+        return set()
+    found: set[str] = set()
+
+    def run(x: torch.Tensor, s: int) -> torch.Tensor:
+        torch.manual_seed(s)
+        return model(x)
+
+    with torch.no_grad(), torch.random.fork_rng(devices=[]):
+        whole = run(inputs, seed)
+        if not has_dropout(unit.module for unit in model.units) and not _same(whole, run(inputs, seed + 1)):
+            if _same(whole, run(inputs, seed)):
+                found.add("random")
+        if not found and not has_dropout(unit.module for unit in model.units):
+            half = len(inputs) // 2
+            if not _same(whole, torch.cat([run(inputs[:half], seed), run(inputs[half:], seed)])):
+                found.add("batch")
+    return found
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to round-off (a different summation order within a sample's computation)."""
+    return a.shape == b.shape and bool(torch.allclose(a, b, rtol=1e-9, atol=1e-12))
 
 
 def needs_pieces(model: ZooModel) -> bool:
@@ -114,15 +193,23 @@ def forward_in_pieces(model: ZooModel, plan: Plan, inputs: torch.Tensor, seed: i
 
 
 def relative_difference(got: torch.Tensor, want: torch.Tensor) -> float:
-    """``max |got - want| / max |want|`` (absolute when ``want`` is all zeros); ``inf`` if either holds NaN or inf.
+    """``max |got - want| / max(max |want|, ABSOLUTE / TOLERANCE)`` (see [Note: the tolerance]); ``inf`` if
+    either holds NaN or inf.
 
     A NaN must not compare as "no larger" than anything: it would pass the check.
+
+    Examples
+    --------
+    >>> relative_difference(torch.tensor([2.0, 4.5]), torch.tensor([2.0, 4.0]))
+    0.125
+    >>> relative_difference(torch.tensor([3e-24]), torch.tensor([1e-24])) <= TOLERANCE  # round-off near zero
+    True
     """
-    scale = want.abs().max().item()
-    diff = (got.to(want.dtype) - want).abs().max().item()
+    scale = want.abs().max().item() if want.numel() else 0.0
+    diff = (got.to(want.dtype) - want).abs().max().item() if want.numel() else 0.0
     if not (math.isfinite(scale) and math.isfinite(diff)):
         return math.inf
-    return diff / scale if scale > 0 else diff
+    return diff / max(scale, ABSOLUTE / TOLERANCE)
 
 
 def max_difference(copies: Iterable[tuple[int, dict[str, torch.Tensor]]],

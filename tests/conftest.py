@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -64,6 +70,42 @@ def run_cli(capsys):
         return status, out, err
 
     return run
+
+
+@dataclass
+class Overrun:
+    """CPU seconds spent past a time limit (see :func:`cpu_past`)."""
+
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def cpu_past(limit: float | None) -> Iterator[Overrun]:
+    """Measure the CPU seconds this process spends in the block after ``limit`` wall seconds from its start (``None``: 0).
+
+    How a test checks that work stops at its time limit on a busy machine: the wall clock
+    past the limit also counts the time the machine gave other processes (a loaded 2-core
+    machine stretches a 0.1 s overrun to seconds), while the CPU this process spends past
+    the limit is the work it did there, about the same idle or loaded.  (A sample taken
+    late, when the block holds the interpreter, only shortens the overrun.)
+    """
+    overrun, taken = Overrun(), {}
+    timer = threading.Timer(limit or 0.0, lambda: taken.setdefault("at", time.process_time()))
+    if limit is not None:
+        timer.start()
+    try:
+        yield overrun
+    finally:
+        end = time.process_time()
+        timer.cancel()
+        overrun.seconds = end - taken.get("at", end)  # the block ended before the limit: none
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) that process ``pid`` has used so far (Linux ``/proc``)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 sys.path.insert(0, str(ROOT / "tests"))

@@ -1,137 +1,163 @@
-"""Batched simulator: agrees with the scalar one on random plans, falls back where it must."""
+"""Batched simulator: equal to the scalar one to the last bit on random plans of every schedule; falls back where it must."""
 
 from __future__ import annotations
 
-import random
-
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
 
+from conftest import chain, cluster
+from helpers import group_plan, program_instances, random_batch, random_program_batch
 from pipeplan.models.errors import DeadlockError
-from pipeplan.models.graph import Layer, LayerGraph
-from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate, iteration_times, simulate_batch, stage_row, timeline_arrays
-from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate, iteration_times, simulate_batch, timeline_arrays
+from pipeplan.solver.evaluation.simulator import plan_costs, run_programs, simulate
 from pipeplan.solver.formats.plan import Plan, Stage
-from pipeplan.solver.evaluation.simulator import run_timeline, simulate, stage_costs
 
 
-def random_split(rng: random.Random, batch: int, m: int) -> tuple[int, ...]:
-    ends = [0, *sorted(rng.sample(range(1, batch), m - 1)), batch]
-    return tuple(b - a for a, b in zip(ends[:-1], ends[1:]))
+def scalar(plans, graph, cluster_):
+    """``(times, largest peaks, fits)`` of the scalar simulator; ``inf`` and no fit where a plan deadlocks."""
+    times, peaks, fits = [], [], []
+    for plan in plans:
+        try:
+            r = simulate(plan, graph, cluster_)
+        except DeadlockError:
+            times.append(np.inf), peaks.append(0.0), fits.append(False)
+            continue
+        times.append(r.iteration_time), peaks.append(max(r.peak_memory)), fits.append(r.fits)
+    return times, peaks, fits
 
 
-def random_batch(seed: int):
-    """Random graph, cluster and a batch of plans (per-stage splits, replicas, recompute)."""
-    rng = random.Random(seed)
-    n = rng.randint(1, 8)
-    layers = [Layer(f"l{i}", (rng.uniform(0, 1e-4), rng.uniform(1e-4, 1e-3)), (rng.uniform(0, 2e-4),
-                    rng.uniform(1e-4, 2e-3)), rng.uniform(1e6, 1e7), rng.uniform(1e5, 1e6), rng.uniform(1e4, 1e5))
-              for i in range(n)]
-    graph = LayerGraph.chain("g", layers, 1e4)
-    cluster = Cluster("c", (Link(1e11, 1e-6, "s0"), Link(1e10, 2e-6, "s1")), Link(1e9, 1e-5),
-                      tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([1.0, 0.5]), rng.choice([1e8, 1e10]))
-                            for i in range(6)))
-    stages, schedule, batch = rng.randint(1, min(n, 3)), rng.choice(["gpipe", "1f1b"]), rng.randint(4, 12)
-    counts = [rng.randint(1, min(5, batch)) for _ in range(stages)]
-    shared = rng.random() < 0.4
-    plans = []
-    for _ in range(rng.randint(1, 15)):
-        cuts = [0, *sorted(rng.sample(range(1, n), stages - 1)), n]
-        devs = [f"d{i}" for i in range(6)]
-        rng.shuffle(devs)
-        split = random_split(rng, batch, counts[0])
-        built = []
-        for s in range(stages):
-            group, devs = tuple(devs[:rng.randint(1, 2)]), devs[2:]
-            built.append(Stage((cuts[s], cuts[s + 1]), group, split if shared else random_split(rng, batch, counts[s]),
-                               rng.random() < 0.3))
-        plans.append(Plan("g", "c", batch, 4.0, schedule, tuple(built)))
-    return graph, cluster, plans
+def assert_equal_to_scalar(res, plans, graph, cluster_):
+    times, peaks, fits = scalar(plans, graph, cluster_)
+    assert res.iteration_time.tolist() == times  # bit for bit, not approx
+    assert res.peak_memory.tolist() == peaks
+    assert res.fits.tolist() == fits
 
 
 class TestSimulateBatch:
     @pytest.mark.parametrize("seed", range(60))
-    def test_agrees_with_scalar(self, seed):
-        graph, cluster, plans = random_batch(seed)
-        res = simulate_batch(plans, graph, cluster)
-        for i, plan in enumerate(plans):
-            try:
-                r = simulate(plan, graph, cluster)
-            except DeadlockError:
-                assert res.iteration_time[i] == np.inf and not res.fits[i]
-                continue
-            assert res.iteration_time[i] == pytest.approx(r.iteration_time, rel=1e-9, abs=0)
-            assert res.peak_memory[i] == pytest.approx(max(r.peak_memory), rel=1e-9, abs=0)
-            assert bool(res.fits[i]) == r.fits
+    def test_one_stage_per_group_equals_the_scalar_simulator(self, seed):
+        graph, cluster_, plans = random_batch(seed)
+        assert_equal_to_scalar(simulate_batch(plans, graph, cluster_), plans, graph, cluster_)
 
-    def test_custom_schedule_falls_back(self):
-        graph, cluster, plans = random_batch(3)
-        custom = Plan("g", "c", 4, 4.0, "custom", (Stage((0, len(graph)), ("d0",), (2, 2), False,
-                                                           ("F0", "F1", "B1", "B0")),))
-        res = simulate_batch([custom, custom], graph, cluster)
+    @pytest.mark.parametrize("seed", range(60))
+    def test_device_groups_running_programs_equal_the_scalar_simulator(self, seed):
+        graph, cluster_, plans = random_program_batch(seed)
+        res = simulate_batch(plans, graph, cluster_)
+        assert_equal_to_scalar(res, plans, graph, cluster_)
+
+    def test_named_version_2_schedules_are_batched(self):
+        """Unequal splits (every stage alike, as the schedule requires), two groups of four stages."""
+        plans = [group_plan([["d0"], ["d1"], ["d0"], ["d1"]], split, schedule="interleaved-zb")
+                 for split in ([1, 1], [2, 2], [1, 3], [3, 1])]
+        g, c = chain(4, step=0.25, act=3.0), cluster(2)
+        res = BatchSimulator(g, c, "interleaved-zb", 0.0).evaluate([Candidate.from_plan(p) for p in plans])
+        assert res.batched.all()
+        assert_equal_to_scalar(res, plans, g, c)
+
+    def test_per_stage_splits_under_custom_programs_are_batched(self):
+        """Stage 1 splits differently in every plan: each waits for other sender microbatches, one order checked."""
+        programs = [["0F0", "0F1", "2F0", "2F1", "2B0", "2B1", "0B0", "0B1"], ["1F0", "1F1", "1B0", "1B1"]]
+        plans = [Plan("g", "c", 4, 0.0, "custom", (Stage((0, 1), ("d0",), (2, 2)), Stage((1, 2), ("d1",), split),
+                                                     Stage((2, 3), ("d0",), (2, 2))),
+                      custom_programs=tuple(map(tuple, programs))) for split in ([1, 3], [2, 2], [3, 1], [1, 3])]
+        g, c = chain(3, out=1.0), cluster(2, bandwidth=1.0)
+        res = simulate_batch(plans, g, c)
+        assert res.batched.all()
+        assert_equal_to_scalar(res, plans, g, c)
+
+    def test_programs_sending_out_of_microbatch_order_with_differing_waits_fall_back(self):
+        programs = [["0F1", "0F0", "0B0", "0B1"], ["1F0", "1F1", "1B0", "1B1"]]
+        plans = [Plan("g", "c", 4, 0.0, "custom", (Stage((0, 1), ("d0",), (2, 2)), Stage((1, 2), ("d1",), split)),
+                      custom_programs=tuple(map(tuple, programs))) for split in ([1, 3], [2, 2], [3, 1])]
+        g, c = chain(2, out=1.0), cluster(2, bandwidth=1.0)
+        res = simulate_batch(plans, g, c)
         assert not res.batched.any()
-        assert res.iteration_time[0] == simulate(custom, graph, cluster).iteration_time
+        assert_equal_to_scalar(res, plans, g, c)
 
     def test_copies_of_a_valid_plan_are_batched(self):
         for seed in range(20):
-            graph, cluster, plans = random_batch(seed)
+            graph, cluster_, plans = random_batch(seed)
             try:
-                simulate(plans[0], graph, cluster)
+                simulate(plans[0], graph, cluster_)
             except DeadlockError:
                 continue
-            assert simulate_batch([plans[0]] * 6, graph, cluster).batched.all()
+            assert simulate_batch([plans[0]] * 6, graph, cluster_).batched.all()
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(program_instances())
+    def test_random_programs_equal_the_scalar_simulator(self, instance):
+        graph, cluster_, plan, _ = instance
+        assert_equal_to_scalar(simulate_batch([plan, plan], graph, cluster_), [plan, plan], graph, cluster_)
 
 
 class TestBatchSimulator:
     def test_evaluate_matches_from_plan(self):
-        graph, cluster, plans = random_batch(11)
-        sim = BatchSimulator(graph, cluster, plans[0].schedule)
+        graph, cluster_, plans = random_batch(11)
+        sim = BatchSimulator(graph, cluster_, plans[0].schedule)
         res = sim.evaluate([Candidate.from_plan(p) for p in plans])
-        ref = simulate_batch(plans, graph, cluster)
+        ref = simulate_batch(plans, graph, cluster_)
         assert np.array_equal(res.iteration_time, ref.iteration_time)
 
     def test_overuse_sign_is_fit(self):
-        graph, cluster, plans = random_batch(12)
-        res = BatchSimulator(graph, cluster, plans[0].schedule).evaluate([Candidate.from_plan(p) for p in plans])
+        graph, cluster_, plans = random_batch(12)
+        res = BatchSimulator(graph, cluster_, plans[0].schedule).evaluate([Candidate.from_plan(p) for p in plans])
         finite = np.isfinite(res.iteration_time)
         assert np.array_equal(res.fits[finite], res.overuse[finite] <= 0)
 
+    @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+    def test_the_step_in_a_batch_of_one_stage_per_group_plans(self, schedule):
+        """step 0.5 s per layer, speed 1: T = the time without steps + 0.5 * layers of the stage that ends last."""
+        plans = [Plan("g", "c", 4, 4.0, schedule, (Stage((0, cut), ("d0",), split), Stage((cut, 4), ("d1",), split)))
+                 for cut in (1, 2, 3) for split in ((2, 2), (1, 3))]
+        g, c = chain(4, step=0.5), cluster(2)
+        res = BatchSimulator(g, c, schedule).evaluate([Candidate.from_plan(p) for p in plans])
+        assert res.batched.all()
+        assert list(res.iteration_time) == [simulate(p, g, c).iteration_time for p in plans]
+        no_step = [simulate(p, chain(4), c) for p in plans]
+        assert [simulate(p, g, c).iteration_time for p in plans] == pytest.approx(
+            [max(e + 0.5 * (hi - lo) for e, (lo, hi) in zip(r.stage_end, (st.layers for st in p.stages)))
+             for r, p in zip(no_step, plans)])
+
 
 class TestTimelineArrays:
-    def test_equal_plans_one_sweep(self):
-        graph, cluster, plans = random_batch(7)
-        sim = BatchSimulator(graph, cluster, plans[0].schedule)
+    @pytest.mark.parametrize("make", [random_batch, random_program_batch])
+    def test_equal_plans_one_sweep(self, make):
+        graph, cluster_, plans = make(7)
+        sim = BatchSimulator(graph, cluster_, plans[0].schedule)
         cand = Candidate.from_plan(plans[0])
         times, peaks, cap = timeline_arrays(sim.arrays([cand] * 5))
         try:
-            expected = simulate(plans[0], graph, cluster).iteration_time
+            expected = simulate(plans[0], graph, cluster_)
         except DeadlockError:
             return
-        assert np.all(times == expected)
-        assert peaks.shape == cap.shape == (5, len(cand.bounds))
+        assert np.all(times == expected.iteration_time)
+        assert peaks.shape == cap.shape == (5, len(plans[0].groups))
+        assert peaks[0].tolist() == list(expected.peak_memory)
 
 
 class TestIterationTimes:
     @pytest.mark.parametrize("seed", range(40))
-    def test_equals_run_timeline_exactly(self, seed):
-        graph, cluster, plans = random_batch(seed)
-        costs = [stage_costs(plan, graph, cluster) for plan in plans]
-        rows = [[stage_row(c) for c in plan_costs] for plan_costs in costs]
+    @pytest.mark.parametrize("make", [random_batch, random_program_batch])
+    def test_equals_run_programs_exactly(self, seed, make):
+        graph, cluster_, plans = make(seed)
+        costs = [plan_costs(plan, graph, cluster_) for plan in plans]
         try:
-            expected = [run_timeline(c, 0).iteration_time for c in costs]
+            expected = [run_programs(c).iteration_time for c in costs]
         except DeadlockError:
             with pytest.raises(DeadlockError):
-                iteration_times(rows, plans[0].schedule)
+                iteration_times(costs)
             return
-        assert iteration_times(rows, plans[0].schedule).tolist() == expected  # bit for bit, not approx
+        assert iteration_times(costs).tolist() == expected  # bit for bit, not approx
 
     @pytest.mark.parametrize("seed", range(10))
-    def test_copies_are_timed_together_and_alike(self, seed, monkeypatch):
-        graph, cluster, plans = random_batch(seed)
-        costs = stage_costs(plans[0], graph, cluster)
+    @pytest.mark.parametrize("make", [random_batch, random_program_batch])
+    def test_copies_are_timed_together_and_alike(self, seed, make, monkeypatch):
+        graph, cluster_, plans = make(seed)
+        costs = plan_costs(plans[0], graph, cluster_)
         try:
-            expected = run_timeline(costs, 0).iteration_time
+            expected = run_programs(costs).iteration_time
         except DeadlockError:
             return
-        monkeypatch.setattr("pipeplan.solver.evaluation.batched.run_timeline", None)  # the batched path only
-        assert iteration_times([[stage_row(c) for c in costs]] * 5, plans[0].schedule).tolist() == [expected] * 5
+        monkeypatch.setattr("pipeplan.solver.evaluation.batched.run_programs", None)  # the batched path only
+        assert iteration_times([costs] * 5).tolist() == [expected] * 5

@@ -116,7 +116,7 @@ class TestCalibratedCluster:
         factors = device_factors([run_factors(ranked(two_stage_ranks(), [0, 0]), [0], two_stage_plan(), chain(2),
                                               cluster(2))])
         again = simulate(two_stage_plan(), chain(2), calibrated_cluster(cluster(2), factors, {}))
-        assert [sum(s.fwd) + sum(s.bwd) for s in again.stages] == pytest.approx([9, 7])
+        assert [sum(g.durations) for g in again.groups] == pytest.approx([9, 7])
 
     def test_calibrating_again_with_the_same_times_changes_nothing_and_keeps_history(self):
         ranks = ranked(two_stage_ranks(), [0, 0])
@@ -280,17 +280,19 @@ class TestCalibrationProperty:
         graph, p, c, slowdowns = probe
         prediction = simulate(p, graph, c)
         ranks = []
-        for s, (cost, slowdown) in enumerate(zip(prediction.stages, slowdowns)):
+        for s, (cost, slowdown) in enumerate(zip(prediction.groups, slowdowns)):  # a group per stage
             spans = []
-            for k, (fwd, bwd, rec) in enumerate(zip(cost.fwd, cost.bwd, cost.recompute)):
-                spans += [(f"F{k}", 0.75 * fwd * slowdown), (f"send A{k}", 0.25 * fwd * slowdown),
-                          (f"R{k}", rec * slowdown), (f"B{k}", (bwd - rec) * slowdown)]
+            for (_, kind, k), seconds, rec in zip(cost.program, cost.durations, cost.recompute):
+                if kind == "F":
+                    spans += [(f"F{k}", 0.75 * seconds * slowdown), (f"send A{k}", 0.25 * seconds * slowdown)]
+                else:
+                    spans += [(f"R{k}", rec * slowdown), (f"B{k}", (seconds - rec) * slowdown)]
             ranks.append({**rank(s, [spans]), "replica": 0})
         factors = device_factors([run_factors(ranks, [0], p, graph, c)])
         assert factors == pytest.approx({f"d{s}": f for s, f in enumerate(slowdowns)}, rel=1e-9)
         again = simulate(p, graph, calibrated_cluster(c, factors, {}))
-        measured = [slowdown * (sum(cost.fwd) + sum(cost.bwd)) for cost, slowdown in zip(prediction.stages, slowdowns)]
-        assert [sum(s.fwd) + sum(s.bwd) for s in again.stages] == pytest.approx(measured, rel=1e-9)
+        measured = [slowdown * sum(cost.durations) for cost, slowdown in zip(prediction.groups, slowdowns)]
+        assert [sum(g.durations) for g in again.groups] == pytest.approx(measured, rel=1e-9)
 
 
 class TestNotes:

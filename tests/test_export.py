@@ -21,7 +21,7 @@ from pipeplan.runtime.export.megatron import layout, megatron_flags, stage_layou
 from pipeplan.runtime.export.rules import check_plan, equal_count_near
 from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
 from pipeplan.runtime.export.torch_target import crossing, schedule_csv, stages_config, torch_schedule
-from pipeplan.runtime.export.torchtitan import module_fqns, toml_fragment
+from pipeplan.runtime.export.torchtitan import RELEASES, module_fqns, toml_fragment
 from pipeplan.runtime.verify import reference_parameters
 
 GPT = str(EXAMPLES / "gpt-tiny.graph.json")
@@ -190,7 +190,7 @@ class TestMegatron:
         assert flags == ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et*2|t*2L",
                          "--num-layers", "4", "--micro-batch-size", "2", "--global-batch-size", "8",
                          "--recompute-granularity", "full", "--recompute-method", "uniform",
-                         "--recompute-num-layers", "1"]
+                         "--recompute-num-layers", "2"]  # each stage's 2 decoder layers in one run
 
     def test_layout_matches_the_written_grammar(self):
         # megatron/core/transformer/pipeline_parallel_layer_layout.py, written out: E first and L last
@@ -217,7 +217,8 @@ class TestTorchtitan:
     def test_module_fqns(self):
         p = plan([(0, 2, ["a"], [2, 2]), (2, 6, ["b"], [2, 2])], batch=4, schedule="gpipe")
         assert module_fqns(p, gpt_graph()) == [["tok_embeddings", "layers.0"],
-                                               ["layers.1", "layers.2", "layers.3", "norm", "output"]]
+                                               ["layers.1", "layers.2", "layers.3", "norm", "lm_head"]]
+        assert module_fqns(p, gpt_graph(), release=RELEASES["0.2"])[1][-1] == "output"
 
     def test_fragment_parses_into_torchtitans_config(self):
         import tomllib
@@ -235,7 +236,8 @@ class TestTorchtitan:
 
     def test_custom_writes_the_csv(self):
         ops = (["F0", "F1", "B0", "B1"], ["F0", "B0", "F1", "B1"])
-        files = export_plan(two_stage(schedule="custom", ops=ops), gpt_graph(), "torchtitan", model="m").files
+        files = export_plan(two_stage(schedule="custom", ops=ops), gpt_graph(), "torchtitan", model="m",
+                            torchtitan_version="0.2").files
         assert 'pipeline_parallel_schedule_csv = "schedule.csv"' in files["torchtitan.toml"]
         assert files["schedule.csv"].splitlines() == ["0F0,0F1,0B0,0B1", "1F0,1B0,1F1,1B1"]
 
@@ -263,10 +265,13 @@ class TestDeepspeed:
         files = export_plan(p, gpt_graph(), "deepspeed", model="m").files
         assert parts(p) == [0, 1, 6]
         assert json.loads(files["deepspeed_config.json"]) == {
-            "train_batch_size": 6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3}
+            "train_batch_size": 6, "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3,
+            "gradient_clipping": 0.0, "pipeline": {"use_reentrant": False}}
         assert "PARTS = [0, 1, 6]" in files["pipeline_module.py"]
-        assert '"activation_checkpoint_interval": 1' in files["pipeline_module.py"]
+        assert "TIED = [[5, 0]]" in files["pipeline_module.py"]
+        assert '"activation_checkpoint_interval": 5' in files["pipeline_module.py"]  # a stage is one block
         compile(files["pipeline_module.py"], "pipeline_module.py", "exec")
+        compile(files["train.py"], "train.py", "exec")
 
 
 class TestExportCommand:
@@ -278,12 +283,14 @@ class TestExportCommand:
     @pytest.mark.parametrize("target", ALL)
     def test_writes_every_target(self, run_cli, tmp_path, target):
         p = plan([(0, 3, ["cpu0"], [4, 4]), (3, 6, ["cpu1"], [4, 4])], batch=8, schedule="1f1b")
+        release = ["--torchtitan-version", "0.2"] if target == "torchtitan" else []  # 0.3: test_export_runtimes
         status, out, err = run_cli("export", self._plan_file(tmp_path, p), "--to", target, "--graph", GPT,
-                                   "-o", str(tmp_path / "out"))
+                                   *release, "-o", str(tmp_path / "out"))
         assert status == 0 and err == "" and out.startswith("wrote ")
         assert sorted(os.listdir(tmp_path / "out")) == sorted(
             {"torch": ["schedule.csv", "stages.json", "train.py"], "torchtitan": ["torchtitan.toml"],
-             "deepspeed": ["deepspeed_config.json", "pipeline_module.py"], "megatron": ["megatron.args"]}[target])
+             "deepspeed": ["deepspeed_config.json", "pipeline_module.py", "train.py"],
+             "megatron": ["megatron.args"]}[target])
 
     @pytest.mark.parametrize("target", ALL)
     def test_refusal_is_one_line_and_writes_nothing(self, run_cli, tmp_path, target):

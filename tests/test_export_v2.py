@@ -229,7 +229,8 @@ class TestTorchtitan:
     def test_named_schedules(self, schedule, name):
         import tomllib
 
-        files = export_plan(v2_plan(schedule, replicas=2), gpt_graph(), "torchtitan", model="m").files
+        files = export_plan(v2_plan(schedule, replicas=2), gpt_graph(), "torchtitan", model="m",
+                            torchtitan_version="0.2").files
         config = tomllib.loads(files["torchtitan.toml"])
         par = config["parallelism"]
         assert sorted(files) == ["torchtitan.toml"]
@@ -244,7 +245,7 @@ class TestTorchtitan:
     @pytest.mark.parametrize("schedule, name", [("looped-bfs", "Interleaved1F1B"), ("zbv", "ZBVZeroBubble")])
     def test_custom_programs_name_the_placement(self, schedule, name):
         p = custom_of(schedule)
-        files = export_plan(p, gpt_graph(), "torchtitan", model="m").files
+        files = export_plan(p, gpt_graph(), "torchtitan", model="m", torchtitan_version="0.2").files
         text = files["torchtitan.toml"]
         assert f'pipeline_parallel_schedule = "{name}"' in text
         assert 'pipeline_parallel_schedule_csv = "schedule.csv"' in text and files["schedule.csv"] == schedule_csv(p)

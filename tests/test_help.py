@@ -90,3 +90,50 @@ class TestBuildParser:
         root = Path(__file__).resolve().parents[1]
         done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
         assert done.stdout.split()[-2:] == ["0", "False"], done.stderr
+
+
+class TestHelpIsLight:
+    """``--help`` and ``--version`` import neither torch nor pymoo (seconds at every start, more on a busy machine)."""
+
+    def test_no_torch_or_pymoo_in_a_fresh_interpreter(self):
+        import subprocess
+        import sys
+
+        code = ("import contextlib, io, sys; from pipeplan.cli import main\n"
+                "def run(argv):\n"
+                "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit): main(argv)\n"
+                f"for argv in [['--help'], ['--version'], *[[c, '--help'] for c in {_commands()!r}]]: run(argv)\n"
+                "print(sorted(m for m in ('torch', 'pymoo') if m in sys.modules))")
+        root = Path(__file__).resolve().parents[1]
+        done = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True, timeout=120)
+        assert done.stdout.strip().splitlines()[-1:] == ["[]"], done.stdout + done.stderr
+
+    def test_version(self, capsys):
+        import importlib.metadata
+
+        with pytest.raises(SystemExit) as stop:
+            main(["--version"])
+        assert stop.value.code == 0
+        assert capsys.readouterr().out == f"pipeplan {importlib.metadata.version('pipeplan')}\n"
+
+
+class TestChoicesNamedWithoutTheirModules:
+    """The choices a parser lists without importing the torch modules that define them agree with those modules."""
+
+    def test_export_targets(self):
+        from pipeplan.cmd_export import EXPORT_TARGETS
+        from pipeplan.runtime.export import TARGETS
+
+        assert EXPORT_TARGETS == tuple(sorted(TARGETS))
+
+    def test_profile_optimizers(self):
+        from pipeplan.cmd_models import OPTIMIZER_NAMES
+        from pipeplan.models.profile_step import OPTIMIZERS
+
+        assert OPTIMIZER_NAMES == tuple(OPTIMIZERS)
+
+    def test_trace_modes(self):
+        from pipeplan.models.imported import TRACES
+        from pipeplan.models.model_options import TRACE_CHOICES
+
+        assert TRACE_CHOICES == TRACES

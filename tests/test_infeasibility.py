@@ -27,7 +27,7 @@ class TestFormatBytes:
     def test_units(self):
         assert format_bytes(31.2e9) == "31.2 GB"
         assert format_bytes(2.5e6) == "2.5 MB"
-        assert format_bytes(12) == "12.0 B"
+        assert format_bytes(12) == "12 B" and format_bytes(4.8e6, 2) == "4.80 MB"
 
 
 class TestLayerFootprint:

@@ -158,6 +158,28 @@ class TestParetoCommand:
         assert status == 0, stdout
         doc = json.loads(out.read_text())
         assert doc["format"] == "pipeplan.pareto/1" and doc["points"] and png.stat().st_size > 0
+        # one story, whatever the machine's load: the clock cut something exactly when the record says time
+        assert (doc["stopped_by"] == "time") == doc["stopped_by_time_limit"] == bool(doc["time_cut"])
+
+    def test_a_seeding_cut_short_is_reported_as_the_seeding(self, run_cli, tmp_path, monkeypatch):
+        # a seeding solver's cap fires (as on a slow machine); every generation still runs
+        import pipeplan.solver.heuristics.nsga as nsga
+        from pipeplan.solver.core.termination import note
+
+        def capped_seeding(problem, *, seed, time_limit):
+            note("time")
+            return []
+
+        monkeypatch.setattr(nsga, "seed_plans", capped_seeding)
+        out = tmp_path / "front.json"
+        status, stdout, _ = run_cli("pareto", str(EXAMPLES / "chain8.graph.json"),
+                                    str(EXAMPLES / "two-servers.cluster.json"), "--batch", "16", "--microbatches", "4",
+                                    "--generations", "3", "--population", "8", "-o", str(out))
+        assert status == 0, stdout
+        doc = json.loads(out.read_text())
+        assert doc["generations"] == 3 and doc["stopped_by"] == "time"
+        assert doc["stopped_by_time_limit"] is True and doc["time_cut"] == ["seeding"]
+        assert "3 of 3 generations, stopped by time (the seeding's cap" in stdout
 
     def test_nothing_found_in_time_is_not_called_infeasible(self, run_cli, tmp_path):
         out = tmp_path / "front.json"

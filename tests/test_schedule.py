@@ -1,68 +1,58 @@
-"""Op lists: the generated schedules, custom list checks, CSV round trip."""
+"""Per-stage programs: the generated gpipe and 1f1b ones, and a custom plan's per-stage op lists read into actions."""
 
 import pytest
 
-from conftest import ROOT
 from pipeplan.models.errors import InputError
-from pipeplan.solver.schedules.schedule import (check_ops, format_op, from_csv, gpipe_ops, one_f_one_b_ops, parse_op, to_csv)
+from pipeplan.solver.schedules.schedule import check_stage_ops, stage_actions
 
 
-def text(ops):
-    return [format_op(op) for op in ops]
+def text(actions):
+    """A stage's actions as its op list writes them (``"F0"``)."""
+    return [f"{a.kind}{a.microbatch}" for a in actions]
 
 
-class TestGpipeOps:
-    def test_all_forwards_then_all_backwards(self):
-        assert text(gpipe_ops(3)) == ["F0", "F1", "F2", "B0", "B1", "B2"]
+class TestStageActions:
+    def test_gpipe_all_forwards_then_all_backwards(self):
+        assert text(stage_actions("gpipe", 3, 1, 2)) == ["F0", "F1", "F2", "B0", "B1", "B2"]
+        assert {a.stage for a in stage_actions("gpipe", 3, 1, 2)} == {1}
 
+    def test_1f1b_first_stage_of_four(self):
+        assert text(stage_actions("1f1b", 5, 0, 4)) == ["F0", "F1", "F2", "F3", "B0", "F4", "B1", "B2", "B3", "B4"]
 
-class TestOneFOneBOps:
-    def test_first_stage_of_four(self):
-        assert text(one_f_one_b_ops(5, 0, 4)) == ["F0", "F1", "F2", "F3", "B0", "F4", "B1", "B2", "B3", "B4"]
+    def test_1f1b_last_stage_alternates(self):
+        assert text(stage_actions("1f1b", 3, 3, 4)) == ["F0", "B0", "F1", "B1", "F2", "B2"]
 
-    def test_last_stage_alternates(self):
-        assert text(one_f_one_b_ops(3, 3, 4)) == ["F0", "B0", "F1", "B1", "F2", "B2"]
-
-    def test_fewer_microbatches_than_warmup(self):
+    def test_1f1b_fewer_microbatches_than_warmup(self):
         # w = min(S-1-s, m) = 2: all forwards, then all backwards
-        assert text(one_f_one_b_ops(2, 0, 4)) == ["F0", "F1", "B0", "B1"]
+        assert text(stage_actions("1f1b", 2, 0, 4)) == ["F0", "F1", "B0", "B1"]
 
     @pytest.mark.parametrize("m, s, S", [(1, 0, 1), (4, 1, 3), (7, 0, 8), (8, 2, 3)])
     def test_every_op_once_forward_first(self, m, s, S):
-        assert check_ops(text(one_f_one_b_ops(m, s, S)), m, "-", "ops") == one_f_one_b_ops(m, s, S)
+        assert check_stage_ops(text(stage_actions("1f1b", m, s, S)), s, m, "-", "ops") == list(stage_actions("1f1b", m, s, S))
 
 
-class TestParseOp:
-    def test_round_trip(self):
-        assert parse_op("B12") == ("B", 12) and format_op(("B", 12)) == "B12"
+class TestCheckStageOps:
+    def test_split_backwards_are_read(self):
+        assert text(check_stage_ops(["F0", "F1", "I0", "B1", "W0"], 3, 2, "-", "ops")) == ["F0", "F1", "I0", "B1", "W0"]
 
-    @pytest.mark.parametrize("bad", ["F", "X0", "F-1", "f0", "F01", "B 1", 3])
-    def test_rejects(self, bad):
-        with pytest.raises(ValueError):
-            parse_op(bad)
-
-
-class TestCheckOps:
     @pytest.mark.parametrize("ops, where, what", [
         (["F0", "B0", "F1"], "ops", "missing ops B1"),
+        (["F0", "I0", "F1", "B1"], "ops", "missing ops W0"),
         (["F0", "B1", "F1", "B0"], "ops[1]", "B1 comes before F1"),
+        (["F0", "W0", "I0", "F1", "B1"], "ops[1]", "W0 comes before I0"),
+        (["F0", "B0", "I0"], "ops[2]", "I0 splits the backward of microbatch 0, which already ran whole"),
+        (["F0", "I0", "B0"], "ops[2]", "B0 is a whole backward, but microbatch 0 already split"),
         (["F0", "F0", "B0"], "ops[1]", "appears twice"),
         (["F0", "F2", "B0"], "ops[1]", "names microbatch 2"),
         (["F0", "Q1"], "ops[1]", "not of the form"),
+        (["F0", "0B0"], "ops[1]", "not of the form"),
     ])
     def test_bad_lists(self, ops, where, what):
         with pytest.raises(InputError) as info:
-            check_ops(ops, 2, "p.json", "ops")
+            check_stage_ops(ops, 0, 2, "p.json", "ops")
         assert info.value.where == where and what in info.value.what
 
-
-class TestCsv:
-    def test_golden_file(self):
-        golden = (ROOT / "tests" / "data" / "1f1b_3stages_4mb.csv").read_text()
-        pipeline = [one_f_one_b_ops(4, s, 3) for s in range(3)]
-        assert to_csv(pipeline) == golden
-        assert from_csv(golden, [4, 4, 4]) == pipeline
-
-    def test_row_count_checked(self):
-        with pytest.raises(InputError, match="expected 2 stage rows"):
-            from_csv("F0,B0\n", [1, 1])
+    @pytest.mark.parametrize("bad", ["F", "X0", "F-1", "f0", "F01", "B 1", 3])
+    def test_rejects_what_is_no_op(self, bad):
+        with pytest.raises(InputError, match="not of the form"):
+            check_stage_ops([bad], 0, 1, "-", "ops")

@@ -12,8 +12,8 @@ from torch.distributed.pipelining._utils import generate_stage_to_rank_mapping
 from conftest import ROOT
 from pipeplan.models.errors import InputError
 from pipeplan.solver.schedules.schedule import (NAMED_V2, SCHEDULES, Action, check_programs, format_action, group_programs,
-                                      num_stages, parse_action, programs_from_csv, programs_to_csv, stage_group,
-                                      stage_ops)
+                                      num_stages, parse_action, programs_from_csv, programs_to_csv, stage_actions,
+                                      stage_group)
 
 GOLDEN = ROOT / "tests" / "data" / "schedules"
 MAX_GROUPS, MAX_VIRTUAL, MAX_MICROBATCHES = 6, 4, 16
@@ -166,11 +166,11 @@ class TestGroupProgramsByHand:
             assert check_programs([text(p) for p in programs], owners, [m] * stages, "-", "programs") == programs
 
 
-class TestStageOpsOfVersion2Names:
-    @pytest.mark.parametrize("name", NAMED_V2)
-    def test_version_1_lists_refuse_in_one_line(self, name):
-        with pytest.raises(InputError, match=f"{name} runs per-group programs, which only a pipeplan.plan/2 plan"):
-            stage_ops(name, 2, 0, 2)
+class TestStageActionsOfVersion2Names:
+    @pytest.mark.parametrize("name", NAMED_V2 + ("custom",))
+    def test_only_one_stage_per_group_schedules_have_them(self, name):
+        with pytest.raises(ValueError, match=f"{name} does not generate per-stage programs; valid: gpipe, 1f1b"):
+            stage_actions(name, 2, 0, 2)
 
 
 class TestNumStages:

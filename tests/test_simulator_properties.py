@@ -16,7 +16,6 @@ from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan, Stage
-from pipeplan.solver.schedules.schedule import gpipe_ops, one_f_one_b_ops, parse_op
 from pipeplan.solver.evaluation.simulator import check_deadlock_free, simulate
 
 costs = st.tuples(st.integers(0, 5), st.integers(0, 5)).map(lambda t: (t[0] / 4, t[1] / 4))
@@ -79,18 +78,26 @@ def _random_ops(draw, m):
 
 
 # ---------------------------------------------------------------- the reference
+def spec_ops(plan, s):
+    """Stage ``s``'s ``(kind, k)`` list as the spec (section 3) writes it, or as the plan lists it."""
+    st_, S = plan.stages[s], len(plan.stages)
+    m = len(st_.microbatches)
+    if plan.schedule == "custom":
+        return [(o[0], int(o[1:])) for o in st_.ops]
+    w = m if plan.schedule == "gpipe" else min(S - 1 - s, m)
+    ops = [("F", k) for k in range(w)]
+    for i in range(m - w):
+        ops += [("F", w + i), ("B", i)]
+    return ops + [("B", k) for k in range(m - w, m)]
+
+
 def reference(graph, cluster, plan):
     """(iteration time, peak memory per stage), or None on a deadlock."""
     S = len(plan.stages)
     dag, dur = nx.DiGraph(), {}
     ops_of, last_op, allreduce, peaks = [], [], [], []
     for s, st_ in enumerate(plan.stages):
-        if plan.schedule == "gpipe":
-            ops = gpipe_ops(len(st_.microbatches))
-        elif plan.schedule == "1f1b":
-            ops = one_f_one_b_ops(len(st_.microbatches), s, S)
-        else:
-            ops = [parse_op(o) for o in st_.ops]
+        ops = spec_ops(plan, s)
         ops_of.append(ops)
         lo, hi = st_.layers
         r = len(st_.devices)
@@ -176,11 +183,8 @@ def _peak(graph, plan, s, ops):
 
 def run_reference(graph, cluster, plan):
     _OPS.clear()
-    S = len(plan.stages)
-    for s, st_ in enumerate(plan.stages):
-        m = len(st_.microbatches)
-        _OPS[s] = (gpipe_ops(m) if plan.schedule == "gpipe" else one_f_one_b_ops(m, s, S)
-                   if plan.schedule == "1f1b" else [parse_op(o) for o in st_.ops])
+    for s in range(len(plan.stages)):
+        _OPS[s] = spec_ops(plan, s)
     return reference(graph, cluster, plan)
 
 
@@ -212,9 +216,9 @@ class TestSimulateProperties:
         except DeadlockError:
             assert plan.schedule != "gpipe", "GPipe runs every forward first: it cannot deadlock"
             return
-        for busy, cost in zip(result.busy, result.stages):
+        for busy, cost in zip(result.busy, result.groups):
             assert result.iteration_time >= busy + cost.allreduce - 1e-9
-        assert result.fits == all(p <= c.capacity for p, c in zip(result.peak_memory, result.stages))
+        assert result.fits == all(p <= c.capacity for p, c in zip(result.peak_memory, result.groups))
         if result.iteration_time > 0:
             assert result.throughput == pytest.approx(plan.global_batch / result.iteration_time)
         for op in result.ops:

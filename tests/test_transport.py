@@ -15,7 +15,7 @@ import torch
 
 from pipeplan.runtime.gradsync import links
 from pipeplan.runtime.transport import TcpTransport
-from pipeplan.runtime.config import spin_seconds as check_spin
+from pipeplan.runtime.worker import check_spin
 
 KEY = ("fwd",)
 OTHER = ("bwd",)

@@ -35,7 +35,7 @@ def balance(busy: tuple[float, ...]) -> dict[str, float]:
 def startup(plan: Plan, problem: PlanningProblem) -> tuple[float, float]:
     """``(startup, iteration time)``: when the last stage starts its first op, and ``T``."""
     sim = problem.evaluate(plan)
-    return sim.op_times[-1][0][0], sim.iteration_time
+    return sim.action_times[-1][0][0], sim.iteration_time
 
 
 def with_split(plan: Plan, split: tuple[int, ...]) -> Plan:

@@ -52,12 +52,21 @@ def run(settings: Settings) -> Section:
                         f"the slowest baseline is up to {sec.num(max(worst), 2, '×')} slower",
                         f"gpt1-14, {sec.num(TOTAL, 0)} GPUs, {sec.num(min(mixes), 0)} to {sec.num(max(mixes), 0)} fast",
                         "No paper figure to compare with; the baselines are pipeplan's reimplementations."))
+    sec.save_figure(figure(sec.data), settings, "hetero-mix.png")
+    return sec
+
+
+def figure(data: dict):
+    """Each baseline's time over pipeplan's against the number of fast GPUs, from the section's ``data``."""
+    ratios = data["ratios"]
+    names = list(ratios)
+    mixes = [int(key.split("=")[1]) for key in data if key.startswith("fast=")]
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for n in names:
-        ax.plot(mixes, ratios[n], marker="o", label=n)
+    fig, ax = plt.subplots(figsize=(8.5, 4))
+    for n, marker in zip(names, "os^vD<>ph*Xd"):
+        ax.plot(mixes, ratios[n], marker=marker, label=n)
     ax.set_xlabel(f"fast GPUs out of {TOTAL}")
     ax.set_ylabel("baseline time / pipeplan's best time")
-    ax.legend(fontsize=7)
-    sec.save_figure(fig, settings, "hetero-mix.png")
-    return sec
+    ax.set_xticks(mixes)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)  # beside, not over, the lines
+    return fig

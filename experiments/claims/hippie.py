@@ -64,10 +64,10 @@ def run(settings: Settings) -> Section:
             table.append([name, "no fitting plan", "", "", "", ""])
             continue
         rel = {b: m["me"] / results[b]["me"] for b in ("pure PP", "pure DP") if results.get(b)}
-        table.append([name, sec.num(m["throughput"], 1), sec.num(m["peak"] / 2 ** 30, 3),
+        table.append([name, sec.num(m["throughput"], 1), sec.num(m["peak"] / 1e9, 3),
                       sec.num(rel.get("pure PP"), 2, "×"), sec.num(rel.get("pure DP"), 2, "×"), m["mapping"]])
     sec.tables.append((f"gpt1-14 on {sec.num(devices, 0)} GPUs, batch {sec.num(PER_DEVICE * devices, 0)}",
-                       ["configuration", "samples/s", "peak GiB", "ME vs pure PP", "ME vs pure DP", "mapping"],
+                       ["configuration", "samples/s", "peak GB", "ME vs pure PP", "ME vs pure DP", "mapping"],
                        table))
     h = results.get("PP+DP+recompute")
     for base in ("pure PP", "pure DP"):

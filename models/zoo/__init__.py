@@ -7,43 +7,58 @@ batch, a loss and the input size.  Build one with :func:`build_model`.
 
 from __future__ import annotations
 
+import importlib
 from functools import partial
-from typing import Callable
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable
 
 from pipeplan.models.errors import InputError
-from pipeplan.models.zoo.base import Unit, ZooModel
-from pipeplan.models.zoo.bert import build_bert
-from pipeplan.models.zoo.gpt import build_gpt
-from pipeplan.models.zoo.resnet import build_resnet50
-from pipeplan.models.zoo.unet import build_unet
-from pipeplan.models.zoo.vgg import build_vgg16
-from pipeplan.models.zoo.vgg_tiny import build_vgg_tiny
+
+if TYPE_CHECKING:
+    import torch
+
+    from pipeplan.models.zoo.base import Unit, ZooModel
 
 __all__ = ["ZOO", "Unit", "ZooModel", "build_model", "model_names"]
 
-#: Zoo name -> builder ``(name, *, seq_len, dtype, device, seed) -> ZooModel``.
-ZOO: dict[str, Callable[..., ZooModel]] = {
-    "gpt-tiny": partial(build_gpt, "gpt-tiny"),
-    "gpt1": partial(build_gpt, "gpt1"),
-    "gpt2-medium": partial(build_gpt, "gpt2-medium"),
-    "gpt3-1.3b": partial(build_gpt, "gpt3-1.3b"),
-    "bert-large": partial(build_bert, "bert-large"),
-    "vgg16": partial(build_vgg16, "vgg16"),
-    "vgg-tiny": partial(build_vgg_tiny, "vgg-tiny"),
-    "resnet50": partial(build_resnet50, "resnet50"),
-    "unet": partial(build_unet, "unet"),
+_BUILDERS: dict[str, tuple[str, str]] = {
+    "gpt-tiny": ("gpt", "build_gpt"),
+    "gpt1": ("gpt", "build_gpt"),
+    "gpt2-medium": ("gpt", "build_gpt"),
+    "gpt3-1.3b": ("gpt", "build_gpt"),
+    "bert-large": ("bert", "build_bert"),
+    "vgg16": ("vgg", "build_vgg16"),
+    "vgg-tiny": ("vgg_tiny", "build_vgg_tiny"),
+    "resnet50": ("resnet", "build_resnet50"),
+    "unet": ("unet", "build_unet"),
 }
+"""Zoo name -> (module of this package, builder function).  The builders import torch, so they
+are imported on first use: listing the names (``pipeplan profile --help``) costs no torch import."""
 
 
 def model_names() -> list[str]:
     """The zoo's model names, in listing order."""
-    return list(ZOO)
+    return list(_BUILDERS)
 
 
-def build_model(name: str, *, seq_len: int | None = None, dtype: torch.dtype = torch.float32,
-                device: str | torch.device = "cpu", seed: int = 0) -> ZooModel:
+def _builder(name: str) -> Callable[..., "ZooModel"]:
+    """The builder ``(*, seq_len, dtype, device, seed) -> ZooModel`` of zoo model ``name``."""
+    module, function = _BUILDERS[name]
+    return partial(getattr(importlib.import_module(f"{__name__}.{module}"), function), name)
+
+
+def __getattr__(attr: str) -> Any:
+    """``ZOO``, ``Unit`` and ``ZooModel``, imported with torch when first asked for (PEP 562)."""
+    if attr in ("Unit", "ZooModel"):
+        from pipeplan.models.zoo import base
+
+        return getattr(base, attr)
+    if attr == "ZOO":  # zoo name -> builder ``(name, *, seq_len, dtype, device, seed) -> ZooModel``
+        return {name: _builder(name) for name in _BUILDERS}
+    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
+
+
+def build_model(name: str, *, seq_len: int | None = None, dtype: "torch.dtype | None" = None,
+                device: "str | torch.device" = "cpu", seed: int = 0) -> "ZooModel":
     """Build the zoo model ``name``.
 
     Parameters
@@ -53,8 +68,8 @@ def build_model(name: str, *, seq_len: int | None = None, dtype: torch.dtype = t
     seq_len : int, optional
         Tokens per sample for the sequence models (their context length by default);
         must be ``None`` for the image models.
-    dtype : torch.dtype
-        Dtype of the parameters (and of image inputs).
+    dtype : torch.dtype, optional
+        Dtype of the parameters (and of image inputs); default ``torch.float32``.
     device : str or torch.device
         ``"cpu"``, or ``"meta"`` for shapes only (no memory: a 1.3B model is free).
     seed : int
@@ -74,6 +89,8 @@ def build_model(name: str, *, seq_len: int | None = None, dtype: torch.dtype = t
     >>> [u.name for u in build_model("gpt-tiny").units]
     ['embed', 'block.0', 'block.1', 'block.2', 'block.3', 'head']
     """
-    if name not in ZOO:
+    import torch
+
+    if name not in _BUILDERS:
         raise InputError("-", "model", f"unknown model {name!r}; valid: {', '.join(model_names())}")
-    return ZOO[name](seq_len=seq_len, dtype=dtype, device=device, seed=seed)
+    return _builder(name)(seq_len=seq_len, dtype=torch.float32 if dtype is None else dtype, device=device, seed=seed)

@@ -14,8 +14,8 @@ from pipeplan.runtime.export.deepspeed import export_deepspeed
 from pipeplan.runtime.export.megatron import export_megatron
 from pipeplan.runtime.export.rules import Change, Target, check_plan
 from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
-from pipeplan.runtime.export.torch_target import export_torch
-from pipeplan.runtime.export.torchtitan import export_torchtitan
+from pipeplan.runtime.export.torch_target import export_request, export_torch
+from pipeplan.runtime.export.torchtitan import choose_release, export_torchtitan
 from pipeplan.solver.formats.plan import Plan
 
 TARGETS: dict[str, Target] = {t.name: t for t in (TORCH, TORCHTITAN, DEEPSPEED, MEGATRON)}
@@ -34,8 +34,9 @@ class Export:
     """How ``plan`` differs from the given plan (empty unless approximating)."""
 
 
-def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_file: str = "-",
-                graph_file: str = "-", approximate: bool = False) -> Export:
+def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str | None = None, plan_file: str = "-",
+                graph_file: str = "-", approximate: bool = False,
+                torchtitan_version: str | None = None, torchtitan_model: str | None = None) -> Export:
     """The files that run ``plan`` on ``target``.
 
     Parameters
@@ -46,12 +47,17 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
         Its layer graph.
     target : str
         A key of :data:`TARGETS`.
-    model : str
-        The model spec the torch script builds by default.
+    model : str, optional
+        The model spec the torch script builds by default (``None``: the model the graph
+        was profiled from, with its options; see :func:`pipeplan.runtime.export.torch_target.export_request`).
     plan_file, graph_file : str
         Paths for messages.
     approximate : bool
         Export the nearest plan the target runs instead of refusing.
+    torchtitan_version, torchtitan_model : str, optional
+        torchtitan only: the release to write for (``0.3``, ``0.2``; default the
+        installed one, else the current one) and its model (``MODULE:CONFIG`` for 0.3,
+        ``NAME:FLAVOR`` for 0.2; default its debug model).
 
     Returns
     -------
@@ -72,11 +78,12 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str, plan_
     """
     runnable, changes = check_plan(plan, TARGETS[target], plan_file, approximate)
     if target == "torch":
-        files = export_torch(runnable, graph, model)
+        files = export_torch(runnable, graph, model, graph_file)
     elif target == "torchtitan":
-        files = export_torchtitan(runnable, graph, graph_file, plan_file)
+        files = export_torchtitan(runnable, graph, graph_file, plan_file,
+                                  choose_release(torchtitan_version, plan_file), torchtitan_model)
     elif target == "deepspeed":
-        files = export_deepspeed(runnable, graph)
+        files = export_deepspeed(runnable, graph, export_request(graph, model).absolute().spec)
     else:
         files = export_megatron(runnable, graph, graph_file, plan_file)
     return Export(files, runnable, changes)

@@ -21,6 +21,7 @@ and refuses ``m`` below it or a remainder of ``m`` by it between 1 and ``pp-1``:
 
 from __future__ import annotations
 
+import math
 import shlex
 
 from pipeplan.models.errors import InputError
@@ -73,9 +74,34 @@ def megatron_flags(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: st
              "--num-layers", str(roles.count("t")),
              "--micro-batch-size", str(st.microbatches[0] // st.replicas),
              "--global-batch-size", str(plan.global_batch)]
+    if graph.layers[-1].tied_to != 0:
+        # Megatron's GPT shares the output layer's weight with the embedding unless told not to
+        flags.append("--untie-embeddings-and-output-weights")
     if st.recompute:
-        flags += ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+        flags += ["--recompute-granularity", "full", "--recompute-method", "uniform",
+                  "--recompute-num-layers", str(recompute_chunk(plan, roles))]
     return flags
+
+
+def recompute_chunk(plan: Plan, roles: list[str]) -> int:
+    """``--recompute-num-layers`` under ``--recompute-method uniform``: the largest chunk that
+    divides every (virtual) stage's decoder layers.
+
+    pipeplan's recomputing stage keeps only its input (spec section 3).  Megatron's uniform
+    method checkpoints each run of ``--recompute-num-layers`` decoder layers of a stage and
+    keeps the run's input (``TransformerBlock._checkpointed_forward``), and a run may not
+    reach past the stage's last layer; so with equal stages one run is the whole stage, as
+    in the plan, and with unequal ones each stage keeps the inputs of a few runs.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import Stage
+    >>> p = Plan("g", "c", 2, 4.0, "1f1b", (Stage((0, 3), ("a",), (2,), True), Stage((3, 6), ("b",), (2,), True)))
+    >>> recompute_chunk(p, ["E", "t", "t", "t", "t", "L"])
+    2
+    """
+    counts = [roles[lo:hi].count("t") for lo, hi in (st.layers for st in plan.stages)]
+    return math.gcd(*[c for c in counts if c]) or 1
 
 
 def check_interleaved(plan: Plan, file: str = "-") -> None:
@@ -133,7 +159,11 @@ def export_megatron(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: s
     world = ranks * r
     virtual = f" ({len(plan.stages)} virtual stages, {len(plan.stages) // ranks} per rank)" if ranks < len(
         plan.stages) else ""
+    tie = ("# Tied weights: the head shares the embedding's weight, as Megatron's GPTModel does by default "
+           "(the first and last pipeline stage each hold it and sum its gradient)\n"
+           if graph.layers[-1].tied_to == 0 else
+           "# Untied weights: the head has a weight of its own (--untie-embeddings-and-output-weights)\n")
     head = (f"# Megatron-LM flags for plan on graph {graph.name!r}: {ranks} pipeline stages{virtual} x "
             f"{r} data-parallel {'replica' if r == 1 else 'replicas'} = {world} processes "
-            f"(torchrun --nproc-per-node={world} pretrain_gpt.py ...)\n")
+            f"(torchrun --nproc-per-node={world} pretrain_gpt.py ...)\n{tie}")
     return {"megatron.args": head + " ".join(shlex.quote(f) for f in flags) + "\n"}

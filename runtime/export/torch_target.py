@@ -3,20 +3,30 @@
 Three files: ``schedule.csv`` (every pipeline rank's actions in torch's compute-only
 CSV format, the one ``_PipelineScheduleRuntime._load_csv`` reads), ``stages.json``
 (each rank's stages, the units / module names each stage holds, the tensors crossing
-its cuts, its data-parallel group) and ``train.py`` (:mod:`pipeplan.runtime.export.torch_train`).
+its cuts, its data-parallel group, and the model with everything that built it) and
+``train.py`` (:mod:`pipeplan.runtime.export.torch_train`); for a model named by
+``path/to/file.py:factory``, a copy of that file too, which ``train.py`` loads.
 
 Pipeline rank ``g`` is the plan's device group ``g`` (spec 7.2) and holds every stage of
 that group: one stage in a version-1 plan, several under the version-2 schedules,
 which run as torch's own classes (``ScheduleInterleaved1F1B`` ...) and custom programs
 as the CSV.
+
+An imported model (any spec but a zoo name) is built and cut as ``pipeplan run``
+builds it, before anything is written: what ``run`` refuses (an example of several
+tensors, a unit output holding integers, a graph profiled from another model) the
+export refuses with the same message.
 """
 
 from __future__ import annotations
 
 import inspect
 import json
+from pathlib import Path
 
+from pipeplan.models.errors import InputError
 from pipeplan.models.graph import LayerGraph
+from pipeplan.models.model_options import ModelRequest
 from pipeplan.runtime.export import torch_train
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.schedules.schedule import programs_to_csv
@@ -72,12 +82,15 @@ def schedule_csv(plan: Plan) -> str:
     return programs_to_csv(plan.actions())
 
 
-def stages_config(plan: Plan, graph: LayerGraph, model: str) -> dict:
+def stages_config(plan: Plan, graph: LayerGraph, model: str | ModelRequest) -> dict:
     """The ``stages.json`` object ``train.py`` reads.
 
     Rank ``g * r + j`` is replica ``j`` of device group ``g`` (``r`` replicas per
-    group) and runs every stage of that group.
+    group) and runs every stage of that group.  ``model`` is the spec ``train.py``
+    builds by default; ``model_options`` the options that go with it (``--model-arg``,
+    ``--input-shape/-dtype/-high``, ``--units``).
     """
+    request = model if isinstance(model, ModelRequest) else ModelRequest(model)
     names = [layer.name for layer in graph.layers]
     stage_of_unit = [s for s, st in enumerate(plan.stages) for _ in range(*st.layers)]
     r = plan.stages[0].replicas
@@ -96,7 +109,8 @@ def stages_config(plan: Plan, graph: LayerGraph, model: str) -> dict:
     groups = [{"index": g, "stages": [s for s, h in enumerate(group_of_stage) if h == g],
                "ranks": [g * r + j for j in range(r)], "devices": list(devices)}
               for g, devices in enumerate(plan.groups)]
-    return {"format": EXPORT_FORMAT, "graph": graph.name, "model": model,
+    options = {key: value for key, value in request.to_dict().items() if key != "spec"}
+    return {"format": EXPORT_FORMAT, "graph": graph.name, "model": request.spec, "model_options": options,
             "seq_len": seq_len if isinstance(seq_len, int) else None,
             "plan_schedule": plan.schedule, "torch_schedule": torch_schedule(plan), "schedule_csv": "schedule.csv",
             "global_batch": plan.global_batch, "microbatches": len(plan.stages[0].microbatches),
@@ -108,7 +122,8 @@ def stages_config(plan: Plan, graph: LayerGraph, model: str) -> dict:
             "tied": [[i, layer.tied_to] for i, layer in enumerate(graph.layers) if layer.tied_to is not None]}
 
 
-def export_torch(plan: Plan, graph: LayerGraph, model: str) -> dict[str, str]:
+def export_torch(plan: Plan, graph: LayerGraph, model: str | ModelRequest | None = None,
+                 graph_file: str = "-") -> dict[str, str]:
     """``{relative path: text}`` of the torch folder for a plan the target runs
     (see :func:`pipeplan.runtime.export.rules.check_plan`).
 
@@ -118,14 +133,81 @@ def export_torch(plan: Plan, graph: LayerGraph, model: str) -> dict[str, str]:
         A plan with one microbatch split and one replica count for all stages.
     graph : LayerGraph
         Its graph (unit names, crossing tensors, ties).
-    model : str
-        The default ``--model`` of ``train.py``.
+    model : str or ModelRequest, optional
+        The model ``train.py`` builds by default (:func:`export_request`: ``None``, the
+        model the graph was profiled from, with its options).
+    graph_file : str
+        The graph's path, for messages.
 
     Returns
     -------
     dict
-        ``schedule.csv``, ``stages.json`` and ``train.py``.
+        ``schedule.csv``, ``stages.json``, ``train.py`` and, for a factory file, its copy.
+
+    Raises
+    ------
+    InputError
+        A model that ``pipeplan run`` would refuse, with its message; a factory file
+        that cannot be read.
     """
+    request = model if isinstance(model, ModelRequest) else export_request(graph, model)
+    files: dict[str, str] = {}
+    if not request.is_zoo:
+        check_runnable(request, graph, graph_file)
+        request, files = _copied_factory(request)
     return {"schedule.csv": schedule_csv(plan),
-            "stages.json": json.dumps(stages_config(plan, graph, model), indent=2) + "\n",
-            "train.py": inspect.getsource(torch_train)}
+            "stages.json": json.dumps(stages_config(plan, graph, request), indent=2) + "\n",
+            "train.py": inspect.getsource(torch_train), **files}
+
+
+def export_request(graph: LayerGraph, model: str | None) -> ModelRequest:
+    """The model ``train.py`` builds: ``model`` (``--model``), or the one the graph was profiled from.
+
+    The graph's ``profile.request`` (written by ``pipeplan profile``) carries the
+    options that built the model; they apply when ``model`` is not given or names the
+    same model.  Without it, the graph's ``profile.model`` or, last, its name.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import load_graph
+    >>> export_request(load_graph("examples/gpt-tiny.graph.json"), None).spec
+    'gpt-tiny'
+    """
+    profile = graph.extra.get("profile") if isinstance(graph.extra.get("profile"), dict) else {}
+    profiled = ModelRequest.from_dict(profile["request"]) if "request" in profile else None
+    named = profile.get("model") if isinstance(profile.get("model"), str) else None
+    if model is None:
+        return profiled or ModelRequest(named or graph.name)
+    given = ModelRequest(model).absolute()
+    if profiled is not None and given.spec in (profiled.spec, named):
+        return profiled
+    return given
+
+
+def check_runnable(request: ModelRequest, graph: LayerGraph, graph_file: str = "-") -> None:
+    """Build and cut the model as ``pipeplan run`` does and match it to the graph; its refusals as theirs."""
+    from pipeplan.runtime.checks import check_model_matches
+    from pipeplan.runtime.training_data import build_run_model
+
+    check_model_matches(build_run_model(request), graph, graph_file)
+
+
+RESERVED = ("schedule.csv", "stages.json", "train.py")
+"""Names of the folder's own files, which a copied factory file must not take."""
+
+
+def _copied_factory(request: ModelRequest) -> tuple[ModelRequest, dict[str, str]]:
+    """A factory file copied beside ``train.py``: the request naming the copy, and the copy."""
+    target = request.factory_file
+    if target is None:
+        return request, {}
+    path = Path(target)
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(target, "file", f"the model's factory file cannot be read ({exc}); name the model with "
+                                         "--model path/to/file.py:factory") from None
+    name = path.name if path.name not in RESERVED else f"model_{path.name}"
+    attr = request.spec.rpartition(":")[2]
+    return ModelRequest(f"{name}:{attr}", request.model_args, request.input_shape, request.input_dtype,
+                        request.input_high, request.units), {name: text}

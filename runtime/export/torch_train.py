@@ -2,16 +2,19 @@
 
 Run it from its folder, one process per device of the plan::
 
-    torchrun --standalone --nproc-per-node=N train.py --model gpt-tiny --steps K
+    torchrun --standalone --nproc-per-node=N train.py --steps K
 
 It reads ``stages.json`` (and ``schedule.csv`` for custom programs) next to it, builds
-the model with pipeplan's runtime (the same weights, batches and loss as ``pipeplan
-run --model M --seed S``), cuts it into the plan's stages (one ``PipelineStage`` per
+the model it names (``--model`` and the options it was profiled with; a factory file
+is loaded from its copy in this folder) with pipeplan's runtime (the same weights,
+batches and loss as ``pipeplan run --model M --seed S``), cuts it into the plan's stages (one ``PipelineStage`` per
 stage, all the stages of a device group on that group's pipeline rank, each stage's
 units in one module, a ``checkpoint_wrapper`` around the stages that recompute), runs
 the plan's schedule class (``Schedule1F1B``, ``ScheduleGPipe``,
 ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``, ``ScheduleLoopedBFS``,
-``ScheduleZBVZeroBubble``) or the CSV, averages gradients over each group's replicas
+``ScheduleZBVZeroBubble``) or the CSV, feeds every stage the microbatch's model input
+(an imported model's stages replay its ``forward``, which reads it; torch passes keyword
+arguments of ``step`` to every stage), averages gradients over each group's replicas
 (the ``dp`` dimension of a 2-D ``DeviceMesh``), sums the gradients of tied weights, takes
 an SGD step, and prints ``step <k> loss <value>`` on rank 0.
 """
@@ -34,6 +37,8 @@ from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleG
                                           ScheduleInterleavedZeroBubble, ScheduleLoopedBFS, ScheduleZBVZeroBubble)
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
+from pipeplan.models.errors import InputError
+from pipeplan.models.model_options import ModelRequest
 from pipeplan.runtime.training_data import build_run_model, step_batch
 
 HERE = Path(__file__).resolve().parent
@@ -41,7 +46,8 @@ HERE = Path(__file__).resolve().parent
 
 class StageModule(nn.Module):
     """Units ``lo..hi-1`` of the model: takes the tensors crossing the cut before the
-    stage (in ``inputs`` order) and returns those crossing the cut after it."""
+    stage (in ``inputs`` order) and the microbatch's model input (``batch``), and
+    returns the tensors crossing the cut after it."""
 
     def __init__(self, model, lo: int, hi: int, inputs: list[int], outputs: list[int]) -> None:
         super().__init__()
@@ -49,22 +55,50 @@ class StageModule(nn.Module):
         self.inputs, self.outputs = inputs, outputs
         self.units = nn.ModuleList(unit.module for unit in model.units[lo:hi])  # registers the parameters
 
-    def forward(self, *tensors: torch.Tensor):
+    def forward(self, *tensors: torch.Tensor, batch: torch.Tensor | None = None):
         given = dict(zip(self.inputs, tensors))
-        first = tensors[0] if self.lo == 0 else None
-        done = self.model.forward(first, self.lo, self.hi, given)
+        # the first stage receives the input as its argument; a later one reads it only
+        # where its units or the glue code feeding them do (an imported model's replay)
+        done = self.model.forward(tensors[0] if self.lo == 0 else batch, self.lo, self.hi, given)
         out = tuple(done[u] for u in self.outputs)
         return out[0] if len(out) == 1 else out
 
 
 def parse_args(config: dict, argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default=config["model"], help=f"model spec (default {config['model']})")
+    p.add_argument("--model", default=config["model"], help=f"model spec (default {config['model']}, with the "
+                                                              "options in stages.json)")
+    p.add_argument("--model-arg", action="append", metavar="KEY=VALUE",
+                   help="keyword argument of the factory (hf: a configuration field), VALUE in JSON; repeatable "
+                        "(default: those in stages.json for its model)")
+    p.add_argument("--input-shape", help="per-sample input shape of a module without an example")
+    p.add_argument("--input-dtype", help="float32, float64, bfloat16 or int64")
+    p.add_argument("--input-high", help="integer inputs are drawn in [0, N)")
+    p.add_argument("--units", help="the model's units (auto or qualified names)")
     p.add_argument("--steps", type=int, default=6, help="training steps (default 6)")
     p.add_argument("--seed", type=int, default=0, help="seed of the weights and batches (default 0)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may wait")
     return p.parse_args(argv)
+
+
+def model_request(config: dict, args: argparse.Namespace, folder: Path = HERE) -> ModelRequest:
+    """The model to build: ``--model`` and its options; those of ``stages.json`` for its own model.
+
+    ``stages.json`` names a factory file copied into ``folder`` by its file name: it is
+    loaded from there, wherever torchrun starts.
+    """
+    exported = args.model == config["model"]
+    options = (config.get("model_options") or {}) if exported else {}
+    spec = args.model
+    target, sep, attr = spec.rpartition(":")
+    if exported and sep and target.endswith(".py") and not Path(target).is_absolute():
+        spec = f"{folder / target}:{attr}"
+    given = {"model_args": args.model_arg, "input_shape": args.input_shape, "input_dtype": args.input_dtype,
+             "input_high": args.input_high, "units": args.units}
+    chosen = {key: value if value is not None else options.get(key) for key, value in given.items()}
+    return ModelRequest(spec, tuple(chosen["model_args"] or ()), chosen["input_shape"], chosen["input_dtype"],
+                        chosen["input_high"], chosen["units"] or "auto")
 
 
 def replica_rows(n_micro: int, size: int, replicas: int, replica: int) -> torch.Tensor:
@@ -181,7 +215,10 @@ def main(argv: list[str] | None = None) -> int:
     mesh = init_device_mesh(device.type, (groups, replicas), mesh_dim_names=("pp", "dp"))
     g, j = mesh.get_coordinate()
     mine = config["groups"][g]["stages"]
-    model = build_run_model(args.model, seq_len=config["seq_len"], seed=args.seed)
+    try:
+        model = build_run_model(model_request(config, args), seq_len=config["seq_len"], seed=args.seed)
+    except InputError as exc:  # the model's own refusal, one line as from pipeplan
+        raise SystemExit(exc.line()) from None
     names = [unit.name for unit in model.units]
     copies = untie_within_rank(model, config, mine)
     modules, stages = [], []
@@ -205,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
         x, y = x[rows].to(device), y[rows].to(device)
         losses: list[torch.Tensor] = []
         inputs = (x,) if first else ()
-        schedule.step(*inputs, **({"target": y, "losses": losses} if last else {}))
+        schedule.step(*inputs, batch=x, **({"target": y, "losses": losses} if last else {}))
         for p, copy in copies:
             p.grad = copy.grad = p.grad + copy.grad
         sync_gradients(parameters, mesh, replicas, model, ties)

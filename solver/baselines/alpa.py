@@ -25,9 +25,9 @@ from typing import Callable, Iterator
 import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
-from pipeplan.solver.evaluation.memory import stage_peak_memory
+from pipeplan.solver.evaluation.memory import StageMemory, group_peak_memory
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.schedules.schedule import stage_ops
+from pipeplan.solver.schedules.schedule import stage_actions
 from pipeplan.solver.core.termination import TimeLimit, past
 
 T_MAX_GAP = 1e-6
@@ -38,10 +38,10 @@ def _stage_peak(problem: PlanningProblem, model: StageModel, lo: int, hi: int, r
                 recompute: bool) -> float:
     """The spec's peak bytes per device of layers ``[lo, hi)`` on ``r`` replicas with ``after`` stages behind."""
     per_replica = [math.ceil(n / r) for n in problem.split]
-    ops = stage_ops(problem.schedule, problem.microbatches, 0, after + 1)
+    program = stage_actions(problem.schedule, problem.microbatches, 0, after + 1)
     sums = model.sums(lo, hi)
-    return stage_peak_memory(problem.state_factor, sums[4], ops, per_replica, sums[5],
-                             problem.graph.stage_input_bytes(lo), recompute)
+    memory = StageMemory.of(per_replica, sums[5], problem.graph.stage_input_bytes(lo), sums[5], recompute)
+    return group_peak_memory(problem.state_factor, sums[4], program, {0: memory})
 
 
 def _stage_latency(problem: PlanningProblem, model: StageModel, lo: int, hi: int, group: tuple[str, ...],

@@ -91,7 +91,7 @@ def critical_search(problem: PlanningProblem, bounds: Bounds, groups: Groups, de
         j = finalize(problem, current, groups)
         if j is None:
             continue
-        load = [b + c.allreduce for b, c in zip(j.result.busy, j.result.stages)]
+        load = [b + c.allreduce for b, c in zip(j.result.busy, j.result.groups)]
         critical = max(range(len(load)), key=lambda s: (load[s], s))
         for nb in _moves(current, critical):
             if nb in visited:

@@ -19,7 +19,7 @@ import numpy as np
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.evaluation.simulator import SimulationResult, StageCost, run_timeline, stage_costs
+from pipeplan.solver.evaluation.simulator import PlanCosts, Simulation, plan_costs, run_programs
 from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 
@@ -131,31 +131,32 @@ class Judged:
 
     plan: Plan
     """The plan, recompute flags set."""
-    result: SimulationResult
+    result: Simulation
     """The simulator's verdict."""
 
 
 def stage_fits(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: dict | None = None
-               ) -> tuple[Plan, list[StageCost | None]]:
-    """The plan of a proposal, recompute on the stages that need it, and each stage's cost (``None``: it does not fit).
+               ) -> tuple[Plan, PlanCosts, list[bool]]:
+    """The plan of a proposal, recompute on the stages that need it, its costs, and whether each stage fits.
 
-    A stage's cost depends only on its own recompute flag (and its neighbours' devices and
-    splits), so each stage is decided alone: without recompute when it fits so, else with
-    recompute when the problem allows it and that fits.
+    Every stage has its device group to itself, and its cost depends only on its own
+    recompute flag (and its neighbours' devices and splits), so each stage is decided
+    alone: without recompute when it fits so, else with recompute when the problem
+    allows it and that fits.  With a ``cache`` (:func:`pipeplan.solver.evaluation.simulator.plan_costs`)
+    the stages a proposal shares with earlier ones cost nothing.
     """
     plan = problem.make_plan(bounds, groups)
-    costs: list[StageCost | None] = list(stage_costs(plan, problem.graph, problem.cluster, cache))
-    over = [c.peak_memory > c.capacity for c in costs]
+    costs = plan_costs(plan, problem.graph, problem.cluster, cache)
+    over = [g.peak_memory > g.capacity for g in costs.groups]
     if any(over) and problem.allow_recompute:
         plan = problem.make_plan(bounds, groups, over)
-        costs = [c if not o else r for c, o, r in zip(costs, over, stage_costs(plan, problem.graph, problem.cluster,
-                                                                                cache))]
-    return plan, [c if c.peak_memory <= c.capacity else None for c in costs]
+        costs = plan_costs(plan, problem.graph, problem.cluster, cache)
+    return plan, costs, [g.peak_memory <= g.capacity for g in costs.groups]
 
 
 def fitting_costs(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: dict | None = None
-                  ) -> tuple[Plan, tuple[StageCost, ...]] | None:
-    """The plan of a proposal, recompute on the stages that need it, and its stage costs; or ``None``.
+                  ) -> tuple[Plan, PlanCosts] | None:
+    """The plan of a proposal, recompute on the stages that need it, and its costs; or ``None``.
 
     Everything :func:`finalize` does but the timeline, for callers that time many plans
     at once (:func:`pipeplan.solver.evaluation.batched.iteration_times`).
@@ -164,8 +165,8 @@ def fitting_costs(problem: PlanningProblem, bounds: Bounds, groups: Groups, cach
         return None
     if not problem.allow_replication and any(len(g) > 1 for g in groups):
         return None
-    plan, costs = stage_fits(problem, bounds, groups, cache)
-    return None if any(c is None for c in costs) else (plan, tuple(costs))
+    plan, costs, fits = stage_fits(problem, bounds, groups, cache)
+    return (plan, costs) if all(fits) else None
 
 
 def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: dict | None = None) -> Judged | None:
@@ -174,14 +175,14 @@ def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: di
     Recompute is switched on only for stages whose peak memory exceeds their smallest
     device (it costs a forward pass), and only when the problem allows it.  Returns
     ``None`` when the proposal leaves the search space or still does not fit.
-    ``cache``: the stage costs of earlier proposals on this problem
-    (:func:`pipeplan.solver.evaluation.simulator.stage_costs`).
+    ``cache``: the costs of earlier proposals on this problem
+    (:func:`pipeplan.solver.evaluation.simulator.plan_costs`).
     """
     fitted = fitting_costs(problem, bounds, groups, cache)
     if fitted is None:
         return None
     plan, costs = fitted
-    return Judged(plan, run_timeline(costs, plan.global_batch))
+    return Judged(plan, run_programs(costs))
 
 
 class Baseline(Solver):

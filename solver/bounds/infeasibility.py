@@ -18,20 +18,25 @@ from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult
 
 
-def format_bytes(n: float) -> str:
-    """Bytes with a decimal unit and one decimal.
+def format_bytes(n: float, decimals: int = 1) -> str:
+    """Bytes in the decimal (SI) unit that suits their size: B, kB, MB, GB or TB.
+
+    The one convention of every size the command line prints (the files hold bytes, and
+    link rates are GB/s, also decimal).
 
     Examples
     --------
     >>> format_bytes(31.2e9)
     '31.2 GB'
+    >>> format_bytes(4.8e6, 2)
+    '4.80 MB'
     >>> format_bytes(512)
-    '512.0 B'
+    '512 B'
     """
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n:.1f} B"
+            return f"{n / size:.{decimals}f} {unit}"
+    return f"{n:.0f} B"
 
 
 PROOF_TOL = 1e-9

@@ -1,6 +1,7 @@
-"""A lower bound on a plan's simulated time from its stage costs: the fill, the busiest path and the drain.
+"""A lower bound on a plan's simulated time from its groups' costs: the fill, the busiest path and the drain.
 
-:func:`path_floor` follows one chain of ops the simulator must run one after another:
+:func:`path_floor` follows, in a plan of one stage per device group, one chain of ops the
+simulator must run one after another:
 microbatch 0's forward through the stages before stage ``s``, then every op of stage
 ``s``, then the last microbatch's backward back through the stages before it, to a
 stage ``j`` whose all-reduce and optimizer step end the iteration no earlier.  Every
@@ -18,7 +19,7 @@ from typing import TYPE_CHECKING, Sequence
 from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD
 
 if TYPE_CHECKING:
-    from pipeplan.solver.evaluation.simulator import StageCost
+    from pipeplan.solver.evaluation.simulator import GroupCost, StageLinks
 
 __all__ = ["StageTerms", "path_floor", "stage_terms"]
 
@@ -42,13 +43,21 @@ class StageTerms:
     """The stage's all-reduce and optimizer step, after its last op."""
 
 
-def stage_terms(cost: "StageCost") -> StageTerms | None:
-    """The stage's :class:`StageTerms`; ``None`` unless its ops start with ``F0`` and end with the last ``B``."""
-    m = len(cost.fwd)
-    if not cost.ops or cost.ops[0] != (FORWARD, 0) or cost.ops[-1] != (BACKWARD, m - 1):
+def stage_terms(cost: "GroupCost", links: "StageLinks") -> StageTerms | None:
+    """The :class:`StageTerms` of a stage that has its group to itself (``cost``), with its transfers (``links``).
+
+    ``None`` unless its program starts with ``F0``, ends with the last ``B`` and splits no backward.
+    """
+    m = len(links.sizes)
+    program = cost.program
+    if (not program or tuple(program[0][1:]) != (FORWARD, 0) or tuple(program[-1][1:]) != (BACKWARD, m - 1)
+            or len(program) != 2 * m):
         return None
-    return StageTerms(cost.fwd[0] + (cost.send_fwd[0] if cost.send_fwd else 0.0), sum(cost.fwd) + sum(cost.bwd),
-                      cost.send_bwd[-1] if cost.send_bwd else 0.0, cost.bwd[-1], cost.allreduce + cost.step)
+    fwd, bwd = [0.0] * m, [0.0] * m
+    for (_, kind, k), seconds in zip(program, cost.durations):
+        (fwd if kind == FORWARD else bwd)[k] = seconds
+    return StageTerms(fwd[0] + (links.send_fwd[0] if links.send_fwd else 0.0), sum(fwd) + sum(bwd),
+                      links.send_bwd[-1] if links.send_bwd else 0.0, bwd[-1], cost.allreduce + cost.step)
 
 
 def path_floor(terms: Sequence[StageTerms | None], same_split: bool) -> float:

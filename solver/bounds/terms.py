@@ -105,9 +105,9 @@ from typing import Sequence
 
 import numpy as np
 
-from pipeplan.solver.space.arcs import ARC_FIELDS, Arc, ExactData, tau_ops
+from pipeplan.solver.space.arcs import ARC_FIELDS, Arc, ExactData
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.evaluation.simulator import StageCost, run_timeline
+from pipeplan.solver.evaluation.simulator import GroupCost, PlanCosts, StageLinks, one_stage_wiring, run_programs
 from pipeplan.solver.space.stage_options import Option, link_extremes
 
 
@@ -192,8 +192,9 @@ def optimistic_time(data: ExactData, arc_ids: Sequence[int]) -> float:
     ordered = sorted(arc_ids, key=lambda i: int(tab["lo"][i]))
     options = [data.options[int(tab["option"][i])] for i in ordered]
     bw_max, lat_min = link_extremes(problem.cluster)
-    S, same = len(ordered), tuple((k, k) for k in range(len(sizes)))
-    costs = []
+    S = len(ordered)
+    wiring = one_stage_wiring(problem.schedule, (tuple(sizes),) * S)
+    groups, links = [], []
     for s, (i, opt) in enumerate(zip(ordered, options)):
         lo, hi = int(tab["lo"][i]), int(tab["hi"][i])
         af, bf, ab, bb = graph.range_time(lo, hi)
@@ -211,7 +212,9 @@ def optimistic_time(data: ExactData, arc_ids: Sequence[int]) -> float:
         params = graph.range_sum("params", lo, hi)
         fixed, per_byte = opt.allreduce_params_coef
         allreduce = fixed + per_byte * params if opt.replicas > 1 and params > 0 else 0.0
-        ops = tuple(tau_ops(problem.schedule, len(sizes), min(S - 1 - s, len(sizes))))
-        costs.append(StageCost(ops, fwd, bwd, rec, q, tuple(sizes), send_fwd, send_bwd, same if s else (),
-                               same if s < S - 1 else (), allreduce, 0.0, math.inf))
-    return run_timeline(tuple(costs), problem.global_batch).iteration_time
+        program = wiring.programs[s]
+        groups.append(GroupCost((), (s,), program, tuple(fwd[k] if kind == "F" else bwd[k] for _, kind, k in program),
+                                tuple(0.0 if kind == "F" else rec[k] for _, kind, k in program),
+                                tuple(q[k] for _, _, k in program), allreduce, 0.0, 0.0, math.inf))
+        links.append(StageLinks(send_fwd, send_bwd, tuple(sizes)))
+    return run_programs(PlanCosts(wiring, tuple(groups), tuple(links), problem.global_batch)).iteration_time

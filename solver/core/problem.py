@@ -11,7 +11,7 @@ from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.formats.plan import MAX_SAMPLES, Plan, Stage, equal_split
 from pipeplan.solver.schedules.needs import NEEDS, ScheduleNeeds
-from pipeplan.solver.evaluation.simulator import SimulationResult, simulate
+from pipeplan.solver.evaluation.simulator import Simulation, simulate
 
 
 PLANNED_SCHEDULES = tuple(NEEDS)
@@ -278,7 +278,7 @@ class PlanningProblem:
                 return False
         return self.per_stage or len({st.microbatches for st in plan.stages}) == 1
 
-    def evaluate(self, plan: Plan) -> SimulationResult:
+    def evaluate(self, plan: Plan) -> Simulation:
         """The simulator's verdict on ``plan`` (the one judge of every solver)."""
         return simulate(plan, self.graph, self.cluster)
 

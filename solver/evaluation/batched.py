@@ -2,29 +2,32 @@
 
 UMPIPE's TiDGAP (``papers.md`` §1.2) speeds up its genetic search by "simultaneously
 calculating the end time for multiple individuals and microbatches using matrix
-operations".  Here a *batch* is a set of candidate plans with one op structure: the
-same schedule (``gpipe`` or ``1f1b``), stage count and number of microbatches per
-stage.  Plans of the version-2 schedules (device groups holding several stages,
-split backwards) are evaluated by the scalar simulator, one at a time, so they too
-get exactly its numbers.  Stage ranges, devices, recompute flags and microbatch sizes may all differ
-across the batch.  The timeline is then one loop over the ops in a static order, each
-step a handful of numpy operations on vectors of length ``N`` (one entry per plan).
+operations".  Here a *batch* is a set of candidate plans of one *structure*: the same
+programs (those a named schedule generates, or a custom plan's own), the same stages
+on the same device groups, and the same number of microbatches per stage.  Stage
+ranges, devices, recompute flags and microbatch sizes may all differ across the batch.
+The timeline is then one loop over the actions in a static order, each step a handful
+of numpy operations on vectors of length ``N`` (one entry per plan).
 
-Why a static order works.  A stage's forward transfers leave in the order ``F0, F1,
-...`` and its backward transfers in the order ``B0, B1, ...`` (true for ``gpipe`` and
-``1f1b``), and a FIFO link makes arrival times non-decreasing in that order.  So the
-latest-arriving of the overlapping sender microbatches that ``Fk`` (or ``Bk``) waits
-for is always the last one, ``hi``: the wait is one gather, ``arrival[hi]``.  The
-scalar simulator's sweep over the batch's median waits gives an op order; every plan
-whose inputs all come earlier in that order (checked with vectorised position
-comparisons) is timed exactly by one pass over it.  The rest are retried with an order
-of their own; small leftovers, plans that deadlock and ``custom`` schedules go to the
-scalar simulator (:attr:`BatchResult.batched` says which path served a plan).
+Why a static order works.  For fixed programs the order of every action on its group
+is fixed, and so is the order of every transfer on its link: a transfer enters its link
+in the sending group's program order.  So every plan whose actions wait for the same
+sender microbatches is timed exactly by one pass over any order that puts each action
+after what it waits for (:attr:`pipeplan.solver.evaluation.simulator.Wiring.order`).
+Plans whose splits differ stage by stage wait for different sender microbatches.  Where
+every stage sends its outputs in microbatch order (every named schedule does), the
+arrivals over a link rise with the microbatch, so the latest of the overlapping sender
+microbatches an action waits for is the last one: the wait is one gather.  An order that
+serves the batch's median waits is then checked plan by plan (vectorised position
+comparisons); the plans it does not serve are retried with an order of their own, and
+small leftovers, plans that deadlock, and custom programs that send out of microbatch
+order under waits that differ go to the scalar simulator (:attr:`BatchResult.batched`
+says which path served a plan).
 
 Every number is computed with the same floating-point operations in the same order as
-:func:`pipeplan.solver.evaluation.simulator.simulate` (range sums are tabulated by the same running sums),
-so results agree with the scalar simulator to rounding, far inside the promised
-``1e-9`` relative.
+:func:`pipeplan.solver.evaluation.simulator.simulate` (range sums are tabulated by the
+same running sums; the memory walk is a sequential cumulative sum), so results equal
+the scalar simulator's to the last bit.
 """
 
 from __future__ import annotations
@@ -34,45 +37,58 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from pipeplan.models.errors import DeadlockError
-from pipeplan.solver.schedules.schedule import FORWARD, stage_ops
-from pipeplan.solver.evaluation.simulator import run_timeline, simulate
+from pipeplan.models.errors import DeadlockError, InputError
+from pipeplan.solver.evaluation.simulator import PlanCosts, Wiring, plan_wiring, run_programs, simulate
+from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, INPUT, WEIGHT, Action, format_action
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
     from pipeplan.solver.formats.cluster import Cluster
     from pipeplan.solver.formats.plan import Plan
-    from pipeplan.solver.evaluation.simulator import StageCost
 
-__all__ = ["Candidate", "BatchResult", "StageArrays", "BatchSimulator", "StageRow", "iteration_times", "simulate_batch", "stage_row", "timeline_arrays"]
+__all__ = ["BatchResult", "BatchSimulator", "Candidate", "PlanArrays", "iteration_times", "relative_overuse",
+           "simulate_batch", "timeline_arrays"]
 
-_ATTRS = ("af", "bf", "ab", "bb", "params", "act", "step")
+_ATTRS = ("af", "bf", "ab", "bb", "params", "act", "step", "aw", "bw", "act_w")
 """Range-sum columns of the table, in order."""
+AF, BF, AB, BB, PARAMS, ACT, STEP, AW, BW, ACT_W = range(len(_ATTRS))
+
+_KIND_ROW = {FORWARD: 0, BACKWARD: 1, INPUT: 2, WEIGHT: 3}
+"""Where each kind's durations sit in a stage's duration table."""
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A plan reduced to what its cost depends on (the schedule is the simulator's)."""
+    """A plan reduced to what its cost depends on (the schedule and state factor are the simulator's)."""
 
     bounds: tuple[tuple[int, int], ...]
     """Half-open layer ranges of the stages."""
     groups: tuple[tuple[str, ...], ...]
-    """Device ids of each stage."""
+    """Device ids of each stage (stages with equal sets share a device group)."""
     recompute: tuple[bool, ...]
     """Recompute flag of each stage."""
     splits: tuple[tuple[int, ...], ...]
     """Microbatch sizes of each stage."""
+    programs: tuple[tuple[Action, ...], ...] | None = None
+    """A custom plan's programs, one per device group; ``None`` where the schedule generates them."""
 
     @classmethod
     def from_plan(cls, plan: "Plan") -> "Candidate":
         """The candidate of a plan (its schedule and state factor are not kept)."""
+        programs = tuple(tuple(p) for p in plan.actions()) if plan.schedule == "custom" else None
         return cls(tuple(st.layers for st in plan.stages), tuple(st.devices for st in plan.stages),
-                   tuple(st.recompute for st in plan.stages), tuple(st.microbatches for st in plan.stages))
+                   tuple(st.recompute for st in plan.stages), tuple(st.microbatches for st in plan.stages), programs)
 
     @property
     def signature(self) -> tuple[int, ...]:
-        """Microbatch count per stage: candidates with equal signatures batch together."""
-        return tuple(len(split) for split in self.splits)
+        """Microbatch count per stage."""
+        return tuple(map(len, self.splits))
+
+    @property
+    def stage_groups(self) -> tuple[int, ...]:
+        """The device group of each stage, numbered by the first stage on each."""
+        index: dict[frozenset[str], int] = {}
+        return tuple(index.setdefault(frozenset(g), len(index)) for g in self.groups)
 
 
 @dataclass(frozen=True)
@@ -82,47 +98,111 @@ class BatchResult:
     iteration_time: np.ndarray
     """Seconds per iteration, shape ``(N,)``; ``inf`` for a plan that deadlocks."""
     peak_memory: np.ndarray
-    """Largest per-device peak over the plan's stages (bytes), shape ``(N,)``."""
+    """Largest per-device peak over the plan's device groups (bytes), shape ``(N,)``."""
     fits: np.ndarray
-    """Whether every stage fits its devices, shape ``(N,)`` bool."""
+    """Whether every group fits its devices, shape ``(N,)`` bool."""
     overuse: np.ndarray
-    """Largest ``(peak - capacity) / max(capacity, 1)`` over the stages, ``(N,)`` (``<= 0``: fits).
+    """Largest ``(peak - capacity) / max(capacity, 1)`` over the groups, ``(N,)`` (``<= 0``: fits).
 
     The floor of one byte keeps a device with no memory (``"memory": 0``, allowed) finite."""
     batched: np.ndarray
     """Whether the batched path (not the scalar fallback) evaluated the plan, ``(N,)`` bool."""
 
 
-@dataclass
-class StageArrays:
-    """``N`` plans of one op structure as arrays: shape ``(N, S)`` unless noted."""
+# --------------------------------------------------------------------------- structures
+class _Structure:
+    """What the plans of one structure share: the programs, the groups, where each action's numbers come from."""
 
-    schedule: str
-    """``"gpipe"`` or ``"1f1b"``."""
+    def __init__(self, wiring: Wiring) -> None:
+        self.wiring = wiring
+        counts = [len(split) for split in wiring.sizes]
+        self.counts = counts
+        self.first = [held[0] for held in wiring.held]
+        """The stage whose device list names each group."""
+        self.split = [False] * len(counts)
+        """Whether each stage splits a backward (its table then also holds ``I`` and ``W``)."""
+        for layout in wiring.layouts:
+            for s, split in zip(layout.held, layout.split):
+                self.split[s] = split
+        offsets = np.concatenate(([0], np.cumsum([(4 if split else 2) * m for m, split in zip(counts, self.split)])))
+        self.rows = [[int(offsets[s]) + _KIND_ROW[kind] * counts[s] + k for s, kind, k in program]
+                     for program in wiring.programs]
+        """Per group, the row of each action in the stacked duration table (:func:`_durations`)."""
+        sent: dict[tuple[int, bool], list[int]] = {}  # (stage, backward?) -> microbatches in program order
+        for program in wiring.programs:
+            for s, kind, k in program:
+                if kind != WEIGHT:
+                    sent.setdefault((s, kind != FORWARD), []).append(k)
+        self.monotone = all(ks == sorted(ks) for ks in sent.values())
+        """Whether every stage sends its outputs in microbatch order (each wait is then one gather)."""
+        self.walks = [layout.walk for layout in wiring.layouts]
+        """Each group's memory walk (:class:`pipeplan.solver.evaluation.memory.StashWalk`), timed here as arrays."""
+        self._orders: dict[tuple, list | None] = {}
+
+    def order(self, waits: tuple) -> list[tuple[int, int]] | None:
+        """An order of every ``(group, position)`` after the slots it waits for (``waits``: per action, a tuple of slots).
+
+        ``None`` if these waits deadlock.
+        """
+        found = self._orders.get(waits, False)
+        if found is not False:
+            return found
+        wiring = self.wiring
+        known = [False] * wiring.slots
+        ptr = [0] * len(wiring.programs)
+        order: list[tuple[int, int]] | None = []
+        total = sum(wiring.lengths)
+        while len(order) < total:
+            progressed = False
+            for g, length in enumerate(wiring.lengths):
+                p = ptr[g]
+                while p < length and all(known[o] for o in waits[g][p]):
+                    if wiring.sends[g][p] >= 0:
+                        known[wiring.sends[g][p]] = True
+                    order.append((g, p))
+                    p += 1
+                    progressed = True
+                ptr[g] = p
+            if not progressed:
+                order = None
+                break
+        if len(self._orders) > 256:  # a long search sees many waits; keep memory bounded
+            self._orders.clear()
+        self._orders[waits] = order
+        return order
+
+
+# --------------------------------------------------------------------------- the arrays
+@dataclass
+class PlanArrays:
+    """``N`` plans of one structure as arrays: shape ``(N, S)`` per stage or ``(N, G)`` per group unless noted."""
+
+    structure: _Structure
+    """What the plans share."""
     sizes: list[np.ndarray]
     """Per stage, its microbatch sizes, shape ``(N, m_s)`` (int)."""
-    replicas: np.ndarray
-    """``r_s`` (int)."""
-    speed: np.ndarray
-    """``v_s``: the slowest device's speed."""
     sums: np.ndarray
-    """Range sums ``(a_f, b_f, a_b, b_b, params, act, step)`` of each stage, shape ``(N, S, 7)``."""
+    """Range sums of :data:`_ATTRS` of each stage, shape ``(N, S, 10)``."""
     recompute: np.ndarray
-    """Recompute flags (bool)."""
+    """Recompute flags of the stages (bool)."""
     input_bytes: np.ndarray
-    """``I_s``: input bytes per sample."""
+    """``I_s``: each stage's input bytes per sample."""
+    replicas: np.ndarray
+    """``r_g`` of each group (int)."""
+    speed: np.ndarray
+    """``v_g``: each group's slowest device's speed."""
     capacity: np.ndarray
-    """Smallest device memory of each stage."""
+    """Smallest device memory of each group."""
     ar_lat: np.ndarray
-    """``lat(D_s)`` (0 for one replica)."""
+    """``lat(D_g)`` (0 for one device)."""
     ar_bw: np.ndarray
-    """``bw(D_s)`` (1 for one replica; unused then)."""
+    """``bw(D_g)`` (1 for one device; unused then)."""
     cut: np.ndarray
     """Bytes per sample across the cut after stage ``s``, shape ``(N, S-1)``."""
     fwd_lat: np.ndarray
-    """``lat(D_s, D_{s+1})``, shape ``(N, S-1)``."""
+    """``lat(D_s, D_{s+1})``, shape ``(N, S-1)`` (0 between stages of one group)."""
     fwd_rate: np.ndarray
-    """``min(r_s, r_{s+1}) * bw(D_s, D_{s+1})``, shape ``(N, S-1)``."""
+    """``min(r_s, r_{s+1}) * bw(D_s, D_{s+1})``, shape ``(N, S-1)`` (1 between stages of one group)."""
     bwd_lat: np.ndarray
     """``lat(D_{s+1}, D_s)``, shape ``(N, S-1)``."""
     bwd_rate: np.ndarray
@@ -136,289 +216,336 @@ class StageArrays:
         return self.replicas.shape[0]
 
 
-# --------------------------------------------------------------------------- the core
 def _ceil_div(n: np.ndarray, r: np.ndarray) -> np.ndarray:
     return -(-n // r)
 
 
-def _last_overlap(mine: np.ndarray, theirs: np.ndarray) -> np.ndarray:
-    """For each of my microbatches, the index of the last of theirs sharing a sample.
+def _overlap_bounds(mine: np.ndarray, theirs: np.ndarray, first: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    """For each of my microbatches, the first (``None`` unless ``first``) and last of theirs sharing a sample, ``(m, N)``.
 
-    ``bisect_left(their_ends, my_end)`` of the scalar simulator, for ``(N, m)`` and
-    ``(N, m')`` size arrays; returns ``(N, m)``.
+    ``bisect_right(their_ends, my_start)`` and ``bisect_left(their_ends, my_end)`` of
+    :func:`pipeplan.solver.evaluation.simulator.overlaps`, for ``(N, m)`` and ``(N, m')``
+    size arrays.
     """
     my_ends = np.cumsum(mine, axis=1)
     their_ends = np.cumsum(theirs, axis=1)
-    return (their_ends[:, None, :] < my_ends[:, :, None]).sum(axis=2)
+    lo = (their_ends[:, None, :] <= (my_ends - mine)[:, :, None]).sum(axis=2).T if first else None
+    hi = (their_ends[:, None, :] < my_ends[:, :, None]).sum(axis=2)
+    return lo, hi.T
 
 
-_ORDER_CACHE: dict[tuple, list[tuple[int, str, int]] | None] = {}
+def _durations(a: PlanArrays) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Every stage's durations stacked, ``(rows, N)`` (``F``, ``B``, then ``I`` and ``W`` where split); ``q`` per stage ``(m_s, N)``."""
+    st = a.structure
+    groups = st.wiring.stage_groups
+    tables, per_replica = [], []
+    for s in range(len(st.counts)):
+        g = groups[s]
+        speed = a.speed[:, g]
+        q = _ceil_div(a.sizes[s], a.replicas[:, g:g + 1]).T  # (m_s, N)
+        af, bf, ab, bb = (a.sums[:, s, j] for j in (AF, BF, AB, BB))
+        tf = (af + bf * q) / speed
+        rec = np.where(a.recompute[:, s], tf, 0.0)
+        tables += [tf, (ab + bb * q) / speed + rec]
+        if st.split[s]:
+            aw, bw = a.sums[:, s, AW], a.sums[:, s, BW]
+            tables += [((ab - aw) + (bb - bw) * q) / speed + rec, (aw + bw * q) / speed]
+        per_replica.append(q)
+    return np.concatenate(tables), per_replica
 
 
-def _static_order(schedule: str, counts: tuple[int, ...], need_f: tuple[tuple[int, ...], ...],
-                  need_b: tuple[tuple[int, ...], ...]) -> list[tuple[int, str, int]] | None:
-    """The scalar simulator's sweep order for waits ``need_f``/``need_b``, or ``None``.
-
-    ``need_f[s][k]``: the last sender microbatch ``Fk`` of stage ``s`` waits for;
-    ``need_b`` likewise for backwards.  ``None`` if these waits deadlock.
-    """
-    key = (schedule, counts, need_f, need_b)
-    if key in _ORDER_CACHE:
-        return _ORDER_CACHE[key]
-    stages = len(counts)
-    ops = [stage_ops(schedule, m, s, stages) for s, m in enumerate(counts)]
-    ptr = [0] * stages  # next op position per stage
-    done_f = [0] * stages  # forwards finished per stage (they finish in order F0, F1, ...)
-    done_b = [0] * stages  # backwards finished per stage (B0, B1, ...)
-    order: list[tuple[int, str, int]] | None = []
-    total = sum(len(o) for o in ops)
-    while len(order) < total:
-        progressed = False
-        for s in range(stages):
-            while ptr[s] < len(ops[s]):
-                kind, k = ops[s][ptr[s]]
-                if kind == FORWARD and s > 0 and done_f[s - 1] <= need_f[s][k]:
-                    break
-                if kind != FORWARD and s < stages - 1 and done_b[s + 1] <= need_b[s][k]:
-                    break
-                order.append((s, kind, k))
-                if kind == FORWARD:
-                    done_f[s] += 1
-                else:
-                    done_b[s] += 1
-                ptr[s] += 1
-                progressed = True
-        if not progressed:
-            order = None
-            break
-    if len(_ORDER_CACHE) > 4096:  # a long search sees many structures; keep memory bounded
-        _ORDER_CACHE.clear()
-    _ORDER_CACHE[key] = order
-    return order
+def _send_times(a: PlanArrays) -> np.ndarray:
+    """Seconds of every slot's transfer, ``(slots, N)`` (0 for hand-overs on one group)."""
+    parts = []
+    count = len(a.sizes)
+    for s in range(count - 1):
+        parts.append(a.fwd_lat[:, s] + a.sizes[s].T * a.cut[:, s] / a.fwd_rate[:, s])
+    for s in range(1, count):
+        parts.append(a.bwd_lat[:, s - 1] + a.sizes[s].T * a.cut[:, s - 1] / a.bwd_rate[:, s - 1])
+    return np.concatenate(parts) if parts else np.zeros((0, a.count))
 
 
-@dataclass
-class _Durations:
-    """Per-op durations and waits of a batch, each per stage ``(m_s, N)``."""
-
-    fwd: list[np.ndarray]
-    """``TF`` per microbatch."""
-    bwd: list[np.ndarray]
-    """``TB`` per microbatch."""
-    send_f: list[np.ndarray | None]
-    """Forward transfer times (``None`` on the last stage)."""
-    send_b: list[np.ndarray | None]
-    """Backward transfer times (``None`` on the first stage)."""
-    hi_f: list[np.ndarray | None]
-    """Last previous-stage microbatch each ``Fk`` waits for (``None`` on stage 0)."""
-    hi_b: list[np.ndarray | None]
-    """Last next-stage microbatch each ``Bk`` waits for (``None`` on the last stage)."""
+def _group_sum(a: PlanArrays, column: int) -> np.ndarray:
+    """Per group, ``column`` summed over its stages in stage order (as the scalar simulator's ``sum``), ``(N, G)``."""
+    out = []
+    for held in a.structure.wiring.held:
+        total = a.sums[:, held[0], column]
+        for s in held[1:]:
+            total = total + a.sums[:, s, column]
+        out.append(total)
+    return np.stack(out, axis=1)
 
 
-def _durations(a: StageArrays, q: list[np.ndarray]) -> _Durations:
-    stages = a.replicas.shape[1]
-    d = _Durations([], [], [], [], [], [])
-    for s in range(stages):
-        af, bf, ab, bb = (a.sums[:, s, j] for j in range(4))
-        speed = a.speed[:, s]
-        tf = (af + bf * q[s]) / speed
-        d.fwd.append(tf)
-        d.bwd.append((ab + bb * q[s]) / speed + np.where(a.recompute[:, s], tf, 0.0))
-        sizes_t = a.sizes[s].T
-        d.send_f.append(a.fwd_lat[:, s] + sizes_t * a.cut[:, s] / a.fwd_rate[:, s] if s < stages - 1 else None)
-        d.send_b.append(a.bwd_lat[:, s - 1] + sizes_t * a.cut[:, s - 1] / a.bwd_rate[:, s - 1] if s > 0 else None)
-        d.hi_f.append(_last_overlap(a.sizes[s], a.sizes[s - 1]).T if s > 0 else None)
-        d.hi_b.append(_last_overlap(a.sizes[s], a.sizes[s + 1]).T if s < stages - 1 else None)
-    return d
+def _tails(a: PlanArrays) -> np.ndarray:
+    """``AR_g + STEP_g`` added to each group's last end, as two additions (``(end + AR) + STEP``): ``(AR, STEP)``."""
+    r = a.replicas
+    ar = np.where(r >= 2, 2 * (r - 1) * (a.ar_lat + _group_sum(a, PARAMS) / (r * a.ar_bw)), 0.0)
+    return ar, _group_sum(a, STEP) / a.speed
 
 
-def _order_for(schedule: str, d: _Durations, cols: np.ndarray) -> list[tuple[int, str, int]] | None:
-    """A static op order for plans ``cols``: that of their median waits, else of the first plan."""
-    counts = tuple(f.shape[0] for f in d.fwd)
-    for pick in (lambda h: np.median(h[:, cols], axis=1), lambda h: h[:, cols[0]]):
-        need_f = tuple(() if h is None else tuple(int(v) for v in pick(h)) for h in d.hi_f)
-        need_b = tuple(() if h is None else tuple(int(v) for v in pick(h)) for h in d.hi_b)
-        order = _static_order(schedule, counts, need_f, need_b)
-        if order is not None:
-            return order
-    return None
+def _group_peaks(a: PlanArrays, per_replica: list[np.ndarray]) -> np.ndarray:
+    """Peak bytes per device of every group (spec 7.4), ``(N, G)``: each group's
+    :class:`~pipeplan.solver.evaluation.memory.StashWalk` on vectors, its running sum a sequential cumulative sum."""
+    st = a.structure
+    rc = a.recompute
+    stash = np.where(rc, a.input_bytes, a.sums[:, :, ACT])  # (N, S)
+    working = np.where(rc, a.sums[:, :, ACT], 0.0)
+    params = _group_sum(a, PARAMS)
+    peaks = np.empty((a.count, len(st.walks)))
+    zero = np.zeros((1, a.count))
+    for g, walk in enumerate(st.walks):
+        table, held = [], []
+        for s in walk.stages:  # the rows as StashWalk lays them out: +qX, -qX, then (split) +qAw, -qAw
+            q = per_replica[s]
+            added = q * stash[:, s]
+            table += [added, -added]
+            if walk.split[s]:
+                kept = q * a.sums[:, s, ACT_W]
+                table += [kept, -kept]
+            held.append(q * working[:, s])
+        running = np.concatenate([zero, np.cumsum(np.concatenate(table)[walk.deltas], axis=0)])
+        during = running[walk.before] + np.concatenate(held)[walk.working]
+        peak = np.maximum(np.max(np.concatenate([running[walk.after], during]), axis=0), 0.0)
+        peaks[:, g] = a.state_factor * params[:, g] + peak
+    return peaks
 
 
-def _compatible(order: list[tuple[int, str, int]], d: _Durations, cols: np.ndarray) -> np.ndarray:
-    """Which plans ``cols`` find every input already computed when ``order`` reaches an op."""
-    counts = [f.shape[0] for f in d.fwd]
-    pos_f = [np.zeros(m, dtype=np.int64) for m in counts]  # position of Fk of stage s in the order
-    pos_b = [np.zeros(m, dtype=np.int64) for m in counts]
-    for i, (s, kind, k) in enumerate(order):
-        (pos_f if kind == FORWARD else pos_b)[s][k] = i
-    ok = np.ones(len(cols), dtype=bool)
-    for s in range(len(counts)):
-        if d.hi_f[s] is not None:
-            ok &= (pos_f[s - 1][d.hi_f[s][:, cols]] < pos_f[s][:, None]).all(axis=0)
-        if d.hi_b[s] is not None:
-            ok &= (pos_b[s + 1][d.hi_b[s][:, cols]] < pos_b[s][:, None]).all(axis=0)
-    return ok
+def timeline_arrays(arrays: PlanArrays, min_batch: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Iteration time, per-group peak memory and capacity of a batch.
 
-
-def _sweep(order: list[tuple[int, str, int]], d: _Durations, cols: np.ndarray) -> list[np.ndarray]:
-    """End of every stage's last op for plans ``cols`` (exact for compatible plans)."""
-    n_plans, stages = len(cols), len(d.fwd)
-    counts = [f.shape[0] for f in d.fwd]
-    full = len(cols) == d.fwd[0].shape[1]
-    pick = (lambda x: x) if full else (lambda x: x[:, cols])
-    fwd, bwd = [pick(x) for x in d.fwd], [pick(x) for x in d.bwd]
-    send_f = [None if x is None else pick(x) for x in d.send_f]
-    send_b = [None if x is None else pick(x) for x in d.send_b]
-    base = np.arange(n_plans)
-    idx_f = [None if h is None else pick(h) * n_plans + base for h in d.hi_f]  # flat index into arrivals
-    idx_b = [None if h is None else pick(h) * n_plans + base for h in d.hi_b]
-    last = stages - 1
-    clock = [np.zeros(n_plans) for _ in range(stages)]  # end of each stage's previous op
-    arr_f = [np.zeros((m, n_plans)) for m in counts]  # forward arrivals, by sending stage
-    arr_b = [np.zeros((m, n_plans)) for m in counts]  # backward arrivals, by sending stage
-    link_f = [np.zeros(n_plans) for _ in range(stages)]  # forward link after stage s: next free
-    link_b = [np.zeros(n_plans) for _ in range(stages)]  # backward link before stage s: next free
-    for s, kind, k in order:
-        if kind == FORWARD:
-            ready = np.maximum(clock[s], arr_f[s - 1].ravel()[idx_f[s][k]]) if s > 0 else clock[s]
-            end = ready + fwd[s][k]
-            if s < last:
-                t1 = np.maximum(end, link_f[s]) + send_f[s][k]
-                link_f[s] = t1
-                arr_f[s][k] = t1
-        else:
-            ready = np.maximum(clock[s], arr_b[s + 1].ravel()[idx_b[s][k]]) if s < last else clock[s]
-            end = ready + bwd[s][k]
-            if s > 0:
-                t1 = np.maximum(end, link_b[s]) + send_b[s][k]
-                link_b[s] = t1
-                arr_b[s][k] = t1
-        clock[s] = end
-    return clock
-
-
-def timeline_arrays(arrays: StageArrays, min_batch: int = 4) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Iteration time, per-stage peak memory and capacity of a batch.
-
-    Plans whose waits fit the static op order of the (remaining) batch are timed in one
-    vectorised sweep; the others are retried with an order of their own, until fewer
-    than ``min_batch`` remain (or none fits any order): their times are ``nan``, for
-    the caller to evaluate one by one.
+    Plans whose waits fit the static action order of the (remaining) batch are timed in
+    one vectorised sweep; the others are retried with an order of their own, until fewer
+    than ``min_batch`` remain (or none fits any order): their times are ``nan``, for the
+    caller to evaluate one by one.
 
     Parameters
     ----------
-    arrays : StageArrays
-        ``N`` plans with one op structure.
+    arrays : PlanArrays
+        ``N`` plans of one structure.
     min_batch : int
         Smallest leftover worth another vectorised sweep.
 
     Returns
     -------
     (iteration_time, peak, capacity)
-        Shapes ``(N,)``, ``(N, S)``, ``(N, S)``.
+        Shapes ``(N,)``, ``(N, G)``, ``(N, G)``.
     """
     a = arrays
-    n_plans, stages = a.replicas.shape
-    counts = tuple(sz.shape[1] for sz in a.sizes)
-    q = [_ceil_div(a.sizes[s], a.replicas[:, s:s + 1]).T for s in range(stages)]  # (m_s, N)
-    ends = _stage_ends(a.schedule, _durations(a, q), n_plans, min_batch)
-    iteration = np.max(ends + _allreduce(a) + a.sums[:, :, 6] / a.speed, axis=1)
-    return iteration, _peaks(a, q, counts), a.capacity
+    table, per_replica = _durations(a)
+    ends = _group_ends(a.structure, a.sizes, table, _send_times(a), a.count, min_batch)
+    ar, step = _tails(a)
+    return np.max(ends + ar + step, axis=1), _group_peaks(a, per_replica), a.capacity
 
 
-def _stage_ends(schedule: str, d: _Durations, n_plans: int, min_batch: int) -> np.ndarray:
-    """End of every stage's last op, ``(N, S)``; ``nan`` for the plans no static order served."""
-    ends = np.full((n_plans, len(d.fwd)), np.nan)
-    if _same_waits(d):  # one order serves them all: no search for it
-        need_f = tuple(() if h is None else tuple(h[:, 0].tolist()) for h in d.hi_f)
-        need_b = tuple(() if h is None else tuple(h[:, 0].tolist()) for h in d.hi_b)
-        order = _static_order(schedule, tuple(f.shape[0] for f in d.fwd), need_f, need_b)
-        if order is not None:
-            ends[:] = np.stack(_sweep(order, d, np.arange(n_plans)), axis=1)
+# --------------------------------------------------------------------------- the sweep
+def _last_overlaps(sizes: list[np.ndarray]) -> tuple[list[np.ndarray | None], list[np.ndarray | None]]:
+    """The last sender microbatch each forward and each backward waits for, per stage ``(m_s, N)``: ``(hi_f, hi_b)``."""
+    count = len(sizes)
+    hi_f = [_overlap_bounds(sizes[s], sizes[s - 1], first=False)[1] if s > 0 else None for s in range(count)]
+    hi_b = [_overlap_bounds(sizes[s], sizes[s + 1], first=False)[1] if s < count - 1 else None for s in range(count)]
+    return hi_f, hi_b
+
+
+def _first_overlaps(sizes: list[np.ndarray]) -> tuple[list[np.ndarray | None], list[np.ndarray | None]]:
+    """The first sender microbatch each forward and each backward waits for: ``(lo_f, lo_b)``."""
+    count = len(sizes)
+    lo_f = [_overlap_bounds(sizes[s], sizes[s - 1])[0] if s > 0 else None for s in range(count)]
+    lo_b = [_overlap_bounds(sizes[s], sizes[s + 1])[0] if s < count - 1 else None for s in range(count)]
+    return lo_f, lo_b
+
+
+def _wait_of(st: _Structure, action: Action) -> tuple[int, list, bool] | None:
+    """``(first slot of the sender's row, the sender's stage, whether forward)`` of what an action waits for."""
+    s, kind, _ = action
+    wiring, last = st.wiring, len(st.counts) - 1
+    if kind == FORWARD and s > 0:
+        return wiring.fwd_base[s - 1], s, True
+    if kind in (BACKWARD, INPUT) and s < last:
+        return wiring.bwd_base[s + 1], s, False
+    return None
+
+
+def _static_waits(st: _Structure, hi_f, hi_b, column: int, lo_f=None, lo_b=None) -> tuple:
+    """Per action, the slots plan ``column`` waits for: the last overlapping sender microbatch, or with ``lo_f``
+    and ``lo_b`` every one."""
+    out = []
+    for program in st.wiring.programs:
+        row = []
+        for action in program:
+            wait = _wait_of(st, action)
+            if wait is None:
+                row.append(())
+                continue
+            base, s, forward = wait
+            k = action.microbatch
+            last = base + int((hi_f if forward else hi_b)[s][k, column])
+            if lo_f is None:
+                row.append((last,))
+            else:
+                row.append(tuple(range(base + int((lo_f if forward else lo_b)[s][k, column]), last + 1)))
+        out.append(tuple(row))
+    return tuple(out)
+
+
+def _same(arrays: list[np.ndarray | None]) -> bool:
+    return all(h is None or bool((h == h[:, :1]).all()) for h in arrays)
+
+
+_NONE, _ONE, _SEVERAL, _EACH = range(4)
+"""How a step of the sweep waits: for nothing, one slot, several slots, a slot per plan (flat indices)."""
+
+
+def _static_steps(st: _Structure, order: list[tuple[int, int]], waits: tuple) -> list[tuple]:
+    """The sweep's steps ``(group, duration row, wait code, wait, slot filled, link)`` for static waits."""
+    wiring, steps = st.wiring, []
+    for g, p in order:
+        slots = waits[g][p]
+        code, wait = (_NONE, None) if not slots else (_ONE, slots[0]) if len(slots) == 1 else (_SEVERAL, slots)
+        o = wiring.sends[g][p]
+        steps.append((g, st.rows[g][p], code, wait, o, wiring.slot_link[o] if o >= 0 else -1))
+    return steps
+
+
+def _group_ends(st: _Structure, sizes: list[np.ndarray], table: np.ndarray, send: np.ndarray, n_plans: int,
+                min_batch: int) -> np.ndarray:
+    """End of every group's last action, ``(N, G)``; ``nan`` for the plans no static order served."""
+    ends = np.full((n_plans, len(st.rows)), np.nan)
+    hi_f, hi_b = _last_overlaps(sizes)
+    if _same(hi_f + hi_b):
+        lo_f, lo_b = (None, None) if st.monotone else _first_overlaps(sizes)
+        if st.monotone or _same(lo_f + lo_b):  # one order serves them all
+            waits = _static_waits(st, hi_f, hi_b, 0, lo_f, lo_b)
+            order = st.order(waits)
+            if order is not None:
+                ends[:] = np.stack(_sweep(st.wiring, _static_steps(st, order, waits), table, send, n_plans), axis=1)
+            return ends
+    if not st.monotone:  # waits that differ need the last-microbatch gather
         return ends
     todo = np.arange(n_plans)
     while len(todo) >= min_batch or (len(todo) and len(todo) == n_plans):
-        order = _order_for(schedule, d, todo)
+        order = None
+        for pick in (lambda h: np.median(h[:, todo], axis=1), lambda h: h[:, todo[0]]):
+            chosen = [None if h is None else pick(h).astype(np.int64)[:, None] for h in hi_f + hi_b]
+            order = st.order(_static_waits(st, chosen[:len(sizes)], chosen[len(sizes):], 0))
+            if order is not None:
+                break
         if order is None:
             break
-        ok = _compatible(order, d, todo)
+        ok = _compatible(st, order, hi_f, hi_b, todo)
         if not ok.any():
             break
         cols = todo if ok.all() else todo[ok]
-        ends[cols] = np.stack(_sweep(order, d, cols), axis=1)
+        ends[cols] = np.stack(_sweep(st.wiring, _gather_steps(st, order, hi_f, hi_b, cols), table[:, cols],
+                                     send[:, cols], len(cols)), axis=1)
         todo = todo[~ok]
     return ends
 
 
-def _same_waits(d: _Durations) -> bool:
-    """Whether every plan of the batch waits for the same sender microbatches (equal splits, say)."""
-    return all(h is None or bool((h == h[:, :1]).all()) for h in d.hi_f + d.hi_b)
+def _gather_steps(st: _Structure, order: list[tuple[int, int]], hi_f, hi_b, cols: np.ndarray) -> list[tuple]:
+    """The sweep's steps for plans ``cols`` whose waits differ: each wait a flat index per plan into the arrivals."""
+    wiring, n = st.wiring, len(cols)
+    spread = np.arange(n)
+    flat_f = [None if h is None else (wiring.fwd_base[s - 1] + h[:, cols]) * n + spread for s, h in enumerate(hi_f)]
+    flat_b = [None if h is None else (wiring.bwd_base[s + 1] + h[:, cols]) * n + spread for s, h in enumerate(hi_b)]
+    steps = []
+    for g, p in order:
+        action = wiring.programs[g][p]
+        wait = _wait_of(st, action)
+        o = wiring.sends[g][p]
+        link = wiring.slot_link[o] if o >= 0 else -1
+        if wait is None:
+            steps.append((g, st.rows[g][p], _NONE, None, o, link))
+        else:
+            steps.append((g, st.rows[g][p], _EACH, (flat_f if wait[2] else flat_b)[wait[1]][action.microbatch], o,
+                          link))
+    return steps
 
 
-@dataclass(frozen=True)
-class StageRow:
-    """One stage's cost as arrays, for timing many plans at once (:func:`iteration_times`)."""
-
-    cost: "StageCost"
-    """The stage cost it was made from (:func:`stage_row`)."""
-    fwd: np.ndarray
-    """``TF`` per microbatch."""
-    bwd: np.ndarray
-    """``TB`` per microbatch, recompute included."""
-    send_fwd: np.ndarray
-    """Forward transfer time per microbatch (empty on the last stage)."""
-    send_bwd: np.ndarray
-    """Backward transfer time per microbatch (empty on the first stage)."""
-    hi_fwd: np.ndarray
-    """Last previous-stage microbatch each ``Fk`` waits for (empty on the first stage)."""
-    hi_bwd: np.ndarray
-    """Last next-stage microbatch each ``Bk`` waits for (empty on the last stage)."""
-
-
-def stage_row(cost: "StageCost") -> StageRow:
-    """The :class:`StageRow` of a stage cost (:func:`pipeplan.solver.evaluation.simulator.stage_costs`)."""
-    return StageRow(cost, np.array(cost.fwd, dtype=float), np.array(cost.bwd, dtype=float),
-                    np.array(cost.send_fwd, dtype=float), np.array(cost.send_bwd, dtype=float),
-                    np.array([hi for _, hi in cost.wait_fwd], dtype=np.int64),
-                    np.array([hi for _, hi in cost.wait_bwd], dtype=np.int64))
+def _compatible(st: _Structure, order: list[tuple[int, int]], hi_f, hi_b, cols: np.ndarray) -> np.ndarray:
+    """Which plans ``cols`` find every input already computed when ``order`` reaches an action."""
+    wiring = st.wiring
+    filled = np.zeros(wiring.slots, dtype=np.int64)  # position in the order of the action that fills each slot
+    pos_f = [np.zeros(m, dtype=np.int64) for m in st.counts]  # position of each stage's forwards
+    pos_b = [np.zeros(m, dtype=np.int64) for m in st.counts]  # ... and of its B or I
+    for i, (g, p) in enumerate(order):
+        s, kind, k = wiring.programs[g][p]
+        if kind == FORWARD:
+            pos_f[s][k] = i
+        elif kind != WEIGHT:
+            pos_b[s][k] = i
+        if wiring.sends[g][p] >= 0:
+            filled[wiring.sends[g][p]] = i
+    ok = np.ones(len(cols), dtype=bool)
+    for s in range(len(st.counts)):
+        if hi_f[s] is not None:
+            ok &= (filled[wiring.fwd_base[s - 1] + hi_f[s][:, cols]] < pos_f[s][:, None]).all(axis=0)
+        if hi_b[s] is not None:
+            ok &= (filled[wiring.bwd_base[s + 1] + hi_b[s][:, cols]] < pos_b[s][:, None]).all(axis=0)
+    return ok
 
 
-def _row_durations(plans: Sequence[Sequence[StageRow]]) -> _Durations:
-    """The :class:`_Durations` of plans with one stage count and one microbatch count per stage."""
-    stages = len(plans[0])
-    inner, before_last = range(1, stages), range(stages - 1)
-    if len({len(r.fwd) for r in plans[0]}) == 1:  # one microbatch count: one array per field, (S, m, N)
-        def column(field: str, present=range(stages)) -> list[np.ndarray | None]:
-            if not present:
-                return [None] * stages
-            table = np.array([[getattr(rows[s], field) for s in present] for rows in plans]).transpose(1, 2, 0)
-            at = dict(zip(present, table))
-            return [at.get(s) for s in range(stages)]
-    else:
-        def column(field: str, present=range(stages)) -> list[np.ndarray | None]:
-            return [np.stack([getattr(rows[s], field) for rows in plans], axis=1) if s in present else None
-                    for s in range(stages)]
-    return _Durations(column("fwd"), column("bwd"), column("send_fwd", before_last), column("send_bwd", inner),
-                      column("hi_fwd", inner), column("hi_bwd", before_last))
+def _sweep(wiring: Wiring, steps: list[tuple], table: np.ndarray, send: np.ndarray, n_plans: int) -> list[np.ndarray]:
+    """End of every group's last action, one vector per group, over ``steps`` (:func:`_static_steps`)."""
+    clock = [np.zeros(n_plans) for _ in wiring.programs]
+    arrival = np.zeros((wiring.slots, n_plans))
+    flat = arrival.ravel()
+    free = np.zeros((len(wiring.links), n_plans))
+    maximum = np.maximum
+    for g, row, code, wait, o, link in steps:
+        now = clock[g]
+        if code == _NONE:
+            ready = now
+        elif code == _ONE:
+            ready = maximum(now, arrival[wait])
+        elif code == _EACH:
+            ready = maximum(now, flat[wait])
+        else:
+            ready = now
+            for x in wait:
+                ready = maximum(ready, arrival[x])
+        end = ready + table[row]
+        if o >= 0:
+            if link < 0:
+                arrival[o] = end
+            else:
+                t1 = maximum(end, free[link]) + send[o]
+                free[link] = t1
+                arrival[o] = t1
+        clock[g] = end
+    return clock
 
 
-def iteration_times(plans: Sequence[Sequence[StageRow]], schedule: str, min_batch: int = 4) -> np.ndarray:
-    """The iteration time :func:`pipeplan.solver.evaluation.simulator.run_timeline` gives each plan's stage costs, in batches.
+_GROUP_ARRAYS: dict[int, tuple] = {}
 
-    Plans with one stage count and one microbatch count per stage are timed together
-    (``gpipe`` and ``1f1b``); the others, and those no static op order serves, one by
-    one by ``run_timeline`` itself.  The batched numbers come from the same floating-point
-    operations in the same order, so they equal ``run_timeline``'s exactly.
+
+def _durations_of(costs: PlanCosts) -> np.ndarray:
+    """Every action's seconds of a plan, group after group; each group's array made once (heuristics share groups)."""
+    parts = []
+    for group in costs.groups:
+        found = _GROUP_ARRAYS.get(id(group))
+        if found is None or found[0] is not group:
+            if len(_GROUP_ARRAYS) > 20_000:
+                _GROUP_ARRAYS.clear()
+            # the entry holds its group, so the id it is filed under stays that group's while the entry lives
+            found = _GROUP_ARRAYS[id(group)] = (group, np.array(group.durations))
+        parts.append(found[1])
+    return np.concatenate(parts)
+
+
+def iteration_times(plans: Sequence[PlanCosts], min_batch: int = 4) -> np.ndarray:
+    """The iteration time :func:`pipeplan.solver.evaluation.simulator.run_programs` gives each plan's costs, in batches.
+
+    Plans that share one wiring (:func:`pipeplan.solver.evaluation.simulator.plan_wiring`
+    gives plans of one structure and split the same object) are timed together; the
+    others one by one by ``run_programs`` itself.  The batched numbers come from the same
+    floating-point operations in the same order, so they equal ``run_programs``'s exactly.
 
     Parameters
     ----------
-    plans : sequence of sequences of StageRow
-        Each plan's stage costs (:func:`pipeplan.solver.evaluation.simulator.stage_costs`), as :func:`stage_row`
-        gives them.
-    schedule : str
-        The schedule of every plan.
+    plans : sequence of PlanCosts
+        Each plan's costs (:func:`pipeplan.solver.evaluation.simulator.plan_costs`).
     min_batch : int
-        Fewest plans of one structure timed together.
+        Fewest plans of one wiring timed together.
 
     Returns
     -------
@@ -428,54 +555,41 @@ def iteration_times(plans: Sequence[Sequence[StageRow]], schedule: str, min_batc
     Raises
     ------
     DeadlockError
-        As ``run_timeline`` does, for a plan whose ops can never all run.
+        As ``run_programs`` does, for a plan whose actions can never all run.
 
     Examples
     --------
-    >>> rows = [[stage_row(c) for c in stage_costs(plan, graph, cluster)] for plan in plans]  # doctest: +SKIP
-    >>> iteration_times(rows, "1f1b")  # doctest: +SKIP
+    >>> iteration_times([plan_costs(plan, graph, cluster) for plan in plans])  # doctest: +SKIP
     """
     times = np.full(len(plans), np.nan)
-    structures: dict[tuple[int, ...], list[int]] = {}
-    for i, rows in enumerate(plans):
-        structures.setdefault(tuple(len(r.fwd) for r in rows), []).append(i)
-    for members in structures.values():
-        if schedule in ("gpipe", "1f1b") and len(members) >= min_batch:
-            group = [plans[i] for i in members]
-            ends = _stage_ends(schedule, _row_durations(group), len(group), min_batch)
-            tails = np.array([[r.cost.allreduce for r in rows] for rows in group])
-            steps = np.array([[r.cost.step for r in rows] for rows in group])
-            times[members] = np.max(ends + tails + steps, axis=1)
+    by_wiring: dict[int, list[int]] = {}
+    for i, costs in enumerate(plans):
+        by_wiring.setdefault(id(costs.wiring), []).append(i)
+    for members in by_wiring.values():
+        if len(members) < min_batch:
+            continue
+        wiring = plans[members[0]].wiring
+        try:
+            order = wiring.order
+        except DeadlockError:
+            continue
+        batch = [plans[i] for i in members]
+        offsets = np.concatenate(([0], np.cumsum(wiring.lengths)))
+        table = np.stack([_durations_of(c) for c in batch], axis=1)
+        send = np.array([c.send_times for c in batch], dtype=float).reshape(len(batch), wiring.slots).T
+        steps = []
+        for g, p in order:
+            slots = wiring.wait_slots(g, p)
+            code, wait = (_NONE, None) if not slots else (_ONE, slots[0]) if len(slots) == 1 else (_SEVERAL, slots)
+            o = wiring.sends[g][p]
+            steps.append((g, int(offsets[g]) + p, code, wait, o, wiring.slot_link[o] if o >= 0 else -1))
+        ends = np.stack(_sweep(wiring, steps, table, send, len(batch)), axis=1)
+        ar = np.array([[g.allreduce for g in c.groups] for c in batch])
+        step = np.array([[g.step for g in c.groups] for c in batch])
+        times[members] = np.max(ends + ar + step, axis=1)
     for i in np.flatnonzero(np.isnan(times)):
-        times[i] = run_timeline(tuple(r.cost for r in plans[i]), 0).iteration_time
+        times[i] = run_programs(plans[i]).iteration_time
     return times
-
-
-def _allreduce(a: StageArrays) -> np.ndarray:
-    """``AR_s`` of the spec, ``(N, S)``; 0 for one replica."""
-    r = a.replicas
-    ar = 2 * (r - 1) * (a.ar_lat + a.sums[:, :, 4] / (r * a.ar_bw))
-    return np.where(r >= 2, ar, 0.0)
-
-
-def _peaks(a: StageArrays, q: list[np.ndarray], counts: tuple[int, ...]) -> np.ndarray:
-    """Per-stage peak bytes per device (spec section 5), ``(N, S)``."""
-    n_plans, stages = a.replicas.shape
-    peaks = np.empty((n_plans, stages))
-    for s, m in enumerate(counts):
-        ops = stage_ops(a.schedule, m, s, stages)
-        rc = a.recompute[:, s]
-        per_sample = np.where(rc, a.input_bytes[:, s], a.sums[:, s, 5])
-        working = np.where(rc, a.sums[:, s, 5], 0.0)
-        ks = np.array([k for _, k in ops])
-        is_f = np.array([kind == FORWARD for kind, _ in ops])
-        delta = q[s][ks] * per_sample
-        stash = np.cumsum(np.where(is_f[:, None], delta, -delta), axis=0)
-        before = np.vstack([np.zeros((1, n_plans)), stash[:-1]])
-        cand = np.where(is_f[:, None], stash, before + q[s][ks] * working)
-        peak = np.maximum(cand.max(axis=0), 0.0)
-        peaks[:, s] = a.state_factor * a.sums[:, s, 4] + peak
-    return peaks
 
 
 # --------------------------------------------------------------------------- building arrays
@@ -488,7 +602,7 @@ class BatchSimulator:
     graph, cluster
         What the plans run on.
     schedule : str
-        ``"gpipe"``, ``"1f1b"`` (batched), or ``"custom"`` and the version-2 names (always scalar).
+        Any schedule; under ``custom`` each candidate carries its programs.
     state_factor : float
         Bytes of state per parameter byte.
 
@@ -507,18 +621,21 @@ class BatchSimulator:
     state_factor: float = 4.0
     """Bytes of state per parameter byte."""
     table: np.ndarray = field(init=False, repr=False)
-    """``table[lo, hi]``: range sums of ``_ATTRS`` over layers ``lo <= i < hi``, ``(L+1, L+1, 7)``."""
+    """``table[lo, hi]``: range sums of ``_ATTRS`` over layers ``lo <= i < hi``, ``(L+1, L+1, 10)``."""
     cut_bytes: np.ndarray = field(init=False, repr=False)
     """Bytes per sample across the cut after layer ``c``, padded to ``L`` entries."""
     input_by_lo: np.ndarray = field(init=False, repr=False)
     """Input bytes per sample of a stage starting at layer ``lo``."""
     _groups: dict = field(init=False, repr=False, default_factory=dict)
     _pairs: dict = field(init=False, repr=False, default_factory=dict)
+    _structures: dict = field(init=False, repr=False, default_factory=dict)
+    _stage_groups: dict = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         layers = self.graph.layers
         n = len(layers)
-        rows = [(l.fwd[0], l.fwd[1], l.bwd[0], l.bwd[1], l.params, l.act, l.step_time) for l in layers]
+        rows = [(l.fwd[0], l.fwd[1], l.bwd[0], l.bwd[1], l.params, l.act, l.step_time, *l.weight_bwd, l.act_weight)
+                for l in layers]
         # Running sums from every start, added in the scalar simulator's order, so that a
         # range sum here is bit-identical to ``range_time`` / ``range_sum`` there.
         self.table = np.zeros((n + 1, n + 1, len(_ATTRS)))
@@ -542,19 +659,47 @@ class BatchSimulator:
         return info
 
     def pair_info(self, x: tuple[str, ...], y: tuple[str, ...]) -> tuple[float, float]:
-        """``(lat(x, y), min(|x|, |y|) * bw(x, y))`` of a link between groups (cached)."""
+        """``(lat(x, y), min(|x|, |y|) * bw(x, y))`` of a link between groups (cached); ``(0, 1)`` within one group."""
         info = self._pairs.get((x, y))
         if info is None:
-            info = (self.cluster.lat(x, y), min(len(x), len(y)) * self.cluster.bw(x, y))
+            if frozenset(x) == frozenset(y):
+                info = (0.0, 1.0)
+            else:
+                info = (self.cluster.lat(x, y), min(len(x), len(y)) * self.cluster.bw(x, y))
             self._pairs[(x, y)] = info
         return info
 
-    def arrays(self, candidates: Sequence[Candidate]) -> StageArrays:
-        """The arrays of candidates that share one signature."""
+    def _key(self, cand: Candidate) -> tuple:
+        """What a candidate's structure is made of: its programs (custom), the group of each stage, its counts."""
+        stage_groups = self._stage_groups.get(cand.groups)
+        if stage_groups is None:
+            stage_groups = self._stage_groups[cand.groups] = cand.stage_groups
+        return cand.programs, stage_groups, cand.signature
+
+    def structure(self, cand: Candidate) -> _Structure | None:
+        """The :class:`_Structure` of a candidate's programs, groups and counts (cached); ``None`` if they are invalid."""
+        return self._structure(self._key(cand), cand)
+
+    def _structure(self, key: tuple, cand: Candidate) -> _Structure | None:
+        if key not in self._structures:
+            try:
+                wiring = plan_wiring(self._plan(cand))
+            except (InputError, ValueError):
+                wiring = None
+            if len(self._structures) > 256:  # a long search sees many structures; keep memory bounded
+                self._structures.clear()
+            self._structures[key] = None if wiring is None else _Structure(wiring)
+        return self._structures[key]
+
+    def arrays(self, candidates: Sequence[Candidate], structure: _Structure | None = None) -> PlanArrays:
+        """The arrays of candidates of one structure."""
+        st = structure or self.structure(candidates[0])
+        if st is None:
+            raise ValueError("these candidates' programs break a rule of the spec; simulate them one by one")
         n_plans, stages = len(candidates), len(candidates[0].bounds)
         lo = np.array([[b[0] for b in c.bounds] for c in candidates], dtype=np.int64)
         hi = np.array([[b[1] for b in c.bounds] for c in candidates], dtype=np.int64)
-        ginfo = np.array([[self.group_info(g) for g in c.groups] for c in candidates], dtype=float)
+        ginfo = np.array([[self.group_info(c.groups[s]) for s in st.first] for c in candidates], dtype=float)
         if stages > 1:
             fwd_pairs = np.array([[self.pair_info(c.groups[s], c.groups[s + 1]) for s in range(stages - 1)]
                                   for c in candidates], dtype=float)
@@ -563,33 +708,35 @@ class BatchSimulator:
         else:
             fwd_pairs = bwd_pairs = np.zeros((n_plans, 0, 2))
         sizes = [np.array([c.splits[s] for c in candidates], dtype=np.int64) for s in range(stages)]
-        return StageArrays(
-            schedule=self.schedule, sizes=sizes, replicas=ginfo[:, :, 0].astype(np.int64), speed=ginfo[:, :, 1],
-            sums=self.table[lo, hi], recompute=np.array([c.recompute for c in candidates], dtype=bool),
-            input_bytes=self.input_by_lo[lo], capacity=ginfo[:, :, 2], ar_lat=ginfo[:, :, 3], ar_bw=ginfo[:, :, 4],
-            cut=self.cut_bytes[hi[:, :-1] - 1], fwd_lat=fwd_pairs[:, :, 0], fwd_rate=fwd_pairs[:, :, 1],
-            bwd_lat=bwd_pairs[:, :, 0], bwd_rate=bwd_pairs[:, :, 1], state_factor=self.state_factor)
+        return PlanArrays(
+            structure=st, sizes=sizes, sums=self.table[lo, hi], recompute=np.array([c.recompute for c in candidates],
+                                                                                    dtype=bool),
+            input_bytes=self.input_by_lo[lo], replicas=ginfo[:, :, 0].astype(np.int64), speed=ginfo[:, :, 1],
+            capacity=ginfo[:, :, 2], ar_lat=ginfo[:, :, 3], ar_bw=ginfo[:, :, 4], cut=self.cut_bytes[hi[:, :-1] - 1],
+            fwd_lat=fwd_pairs[:, :, 0], fwd_rate=fwd_pairs[:, :, 1], bwd_lat=bwd_pairs[:, :, 0],
+            bwd_rate=bwd_pairs[:, :, 1], state_factor=self.state_factor)
 
     def evaluate(self, candidates: Sequence[Candidate]) -> BatchResult:
         """Iteration time, peak memory and fit of every candidate.
 
-        Candidates are grouped by :attr:`Candidate.signature`; each group runs through
-        :func:`timeline_arrays`, and a group it declines (or a ``custom`` schedule)
-        through the scalar simulator, one plan at a time.
+        Candidates are grouped by structure; each group of two or more runs through
+        :func:`timeline_arrays`, the plans it declines (and lone ones) through the scalar
+        simulator, one at a time.
         """
         n_plans = len(candidates)
         times, peaks = np.full(n_plans, np.inf), np.zeros(n_plans)
         fits, batched = np.zeros(n_plans, dtype=bool), np.zeros(n_plans, dtype=bool)
         overuse = np.full(n_plans, np.inf)
-        groups: dict[tuple[int, ...], list[int]] = {}
+        groups: dict[tuple, list[int]] = {}
         for i, cand in enumerate(candidates):
-            groups.setdefault(cand.signature, []).append(i)
-        for members in groups.values():
-            if self.schedule not in ("gpipe", "1f1b") or len(members) < 2:
+            groups.setdefault(self._key(cand), []).append(i)
+        for key, members in groups.items():
+            st = self._structure(key, candidates[members[0]]) if len(members) >= 2 else None
+            if st is None:
                 for i in members:
                     times[i], peaks[i], fits[i], overuse[i] = self._scalar(candidates[i])
                 continue
-            out = timeline_arrays(self.arrays([candidates[i] for i in members]))
+            out = timeline_arrays(self.arrays([candidates[i] for i in members], st))
             idx = np.array(members)
             done = ~np.isnan(out[0])
             times[idx], peaks[idx] = out[0], out[1].max(axis=1)
@@ -600,14 +747,17 @@ class BatchSimulator:
                 times[i], peaks[i], fits[i], overuse[i] = self._scalar(candidates[i])
         return BatchResult(times, peaks, fits, overuse, batched)
 
-    def _scalar(self, cand: Candidate) -> tuple[float, float, bool, float]:
+    def _plan(self, cand: Candidate) -> "Plan":
         from pipeplan.solver.formats.plan import Plan, Stage
 
-        plan = Plan(self.graph.name, self.cluster.name, sum(cand.splits[0]), self.state_factor, self.schedule,
+        programs = None if cand.programs is None else tuple(tuple(format_action(a) for a in p) for p in cand.programs)
+        return Plan(self.graph.name, self.cluster.name, sum(cand.splits[0]), self.state_factor, self.schedule,
                     tuple(Stage(b, g, sp, rc) for b, g, sp, rc in
-                          zip(cand.bounds, cand.groups, cand.splits, cand.recompute)))
+                          zip(cand.bounds, cand.groups, cand.splits, cand.recompute)), custom_programs=programs)
+
+    def _scalar(self, cand: Candidate) -> tuple[float, float, bool, float]:
         try:
-            result = simulate(plan, self.graph, self.cluster, validate=False)
+            result = simulate(self._plan(cand), self.graph, self.cluster, validate=False)
         except DeadlockError:
             return float("inf"), 0.0, False, float("inf")
         over = max(relative_overuse(p, c) for p, c in zip(result.peak_memory, result.memory_capacity))
@@ -635,7 +785,7 @@ def simulate_batch(plans: Sequence["Plan"], graph: "LayerGraph", cluster: "Clust
     Parameters
     ----------
     plans : sequence of Plan
-        Validated plans (not checked again).
+        Validated plans (not checked again), of any schedule.
     graph, cluster
         What they run on.
 
@@ -651,13 +801,6 @@ def simulate_batch(plans: Sequence["Plan"], graph: "LayerGraph", cluster: "Clust
     for i, p in enumerate(plans):
         by_kind.setdefault((p.schedule, p.state_factor), []).append(i)
     for (schedule, factor), members in by_kind.items():
-        if schedule == "custom":
-            for i in members:
-                res = simulate(plans[i], graph, cluster, validate=False)
-                out.iteration_time[i], out.peak_memory[i], out.fits[i] = \
-                    res.iteration_time, max(res.peak_memory), res.fits
-                out.overuse[i] = max(relative_overuse(p, c) for p, c in zip(res.peak_memory, res.memory_capacity))
-            continue
         sim = BatchSimulator(graph, cluster, schedule, factor)
         res = sim.evaluate([Candidate.from_plan(plans[i]) for i in members])
         idx = np.array(members)

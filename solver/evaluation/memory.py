@@ -1,19 +1,22 @@
-"""Peak memory of a stage (spec section 5).
+"""Peak memory of a device group (spec sections 5 and 7.4): one walk over its program.
 
-The stash grows when ``Fk`` ends and shrinks when ``Bk`` ends, and a stage runs its
-ops one at a time, so the peak depends on the op order only, not on timing.
+The stash grows when an ``F`` ends and shrinks when a ``B`` (or a ``W``) ends, and a
+group runs its actions one at a time, so the peak depends on the program's order only,
+not on timing.  A stage with its group to itself is the version-1 case (spec section 5).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from itertools import accumulate, chain
+from operator import add, itemgetter
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from pipeplan.models.graph import LayerGraph
-from pipeplan.solver.schedules.schedule import FORWARD, Op
+from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, INPUT, WEIGHT, Action
 
 ROUNDING = 1e-9
 """Relative band around a memory within which a peak summed in another order is re-checked.
@@ -25,61 +28,6 @@ before the stage's, say), and a peak equal to the memory fits.  Inside this band
 by that operand, :func:`settle_borderline` decides with the simulator's own arithmetic,
 so neither an exact solver's arc table nor ``group-search``'s fit table drops a stage
 the simulator accepts."""
-
-
-def stash_peak(ops: Sequence[Op], per_replica: Sequence[int], stash_per_sample: float,
-               recompute_per_sample: float) -> float:
-    """Largest stash (plus recompute working set while a backward runs) over ``ops``.
-
-    Parameters
-    ----------
-    ops : sequence of Op
-        The stage's op list.
-    per_replica : sequence of int
-        ``ceil(n_k / r)`` for each microbatch ``k``.
-    stash_per_sample : float
-        ``I_s`` for a recomputing stage, ``A_s`` otherwise.
-    recompute_per_sample : float
-        ``A_s`` for a recomputing stage (held while its backward runs), else 0.
-
-    Examples
-    --------
-    >>> stash_peak([("F", 0), ("F", 1), ("B", 0), ("B", 1)], [2, 2], 10.0, 0.0)
-    40.0
-    """
-    stash = peak = 0.0
-    for kind, k in ops:
-        if kind == FORWARD:
-            stash += per_replica[k] * stash_per_sample
-            peak = max(peak, stash)
-        else:
-            peak = max(peak, stash + per_replica[k] * recompute_per_sample)
-            stash -= per_replica[k] * stash_per_sample
-    return peak
-
-
-def stage_peak_memory(state_factor: float, params: float, ops: Sequence[Op], per_replica: Sequence[int],
-                      act: float, input_bytes: float, recompute: bool) -> float:
-    """Peak bytes on each device of a stage: training state plus the stash peak.
-
-    Parameters
-    ----------
-    state_factor : float
-        Bytes of state per byte of parameters.
-    params : float
-        ``P_s``, parameter bytes of the stage's layers.
-    ops, per_replica
-        As in :func:`stash_peak`.
-    act : float
-        ``A_s``, saved-activation bytes per sample of the stage's layers.
-    input_bytes : float
-        ``I_s``, the stage's input bytes per sample.
-    recompute : bool
-        Whether the stage recomputes.
-    """
-    if recompute:
-        return state_factor * params + stash_peak(ops, per_replica, input_bytes, act)
-    return state_factor * params + stash_peak(ops, per_replica, act, 0.0)
 
 
 @dataclass(frozen=True)
@@ -94,6 +42,108 @@ class StageMemory:
     """``A_s`` if the stage recomputes (held while a ``B`` or ``I`` runs), else 0."""
     weight: float
     """``Aw_s``: bytes per sample kept from ``I`` to ``W``."""
+
+    @classmethod
+    def of(cls, per_replica: Sequence[int], act: float, input_bytes: float, act_weight: float,
+           recompute: bool) -> "StageMemory":
+        """A stage's memory from its sums: ``A_s``, ``I_s``, ``Aw_s`` and its recompute flag.
+
+        Examples
+        --------
+        >>> StageMemory.of([2, 2], 10.0, 1.0, 4.0, True)
+        StageMemory(per_replica=(2, 2), stash=1.0, working=10.0, weight=4.0)
+        """
+        return cls(tuple(per_replica), input_bytes if recompute else act, act if recompute else 0.0, act_weight)
+
+
+class StashWalk:
+    """A program's stash walk (spec 7.4), compiled once: its peak is then a gather, a running sum and a max.
+
+    An ``F`` adds ``q X`` when it ends, a ``B`` removes it, an ``I`` removes it and adds
+    ``q Aw`` (kept for its ``W``), a ``W`` removes ``q Aw``; while a ``B`` or an ``I`` runs,
+    ``q A`` more is held on a recomputing stage (``working``).  The running sum adds the
+    changes in program order, one at a time, so it rounds as a loop over the program does.
+
+    Parameters
+    ----------
+    program : sequence of (stage, kind, microbatch)
+        A group's actions in order.
+
+    Examples
+    --------
+    >>> walk = StashWalk([(0, "F", 0), (0, "F", 1), (0, "I", 0), (0, "W", 0), (0, "B", 1)])
+    >>> walk.peak({0: StageMemory((2, 2), 10.0, 0.0, 4.0)})
+    40.0
+    """
+
+    def __init__(self, program: Sequence[tuple[int, str, int]]) -> None:
+        self.counts: dict[int, int] = {}
+        """Microbatches of each stage the program runs."""
+        self.split: dict[int, bool] = {}
+        """Whether each stage splits a backward (its table then holds ``q Aw``)."""
+        for s, kind, k in program:
+            if k >= self.counts.get(s, 0):
+                self.counts[s] = k + 1
+            if kind == WEIGHT:
+                self.split[s] = True
+        self.stages = tuple(sorted(self.counts))
+        """The stages the program runs, in order."""
+        self.split = {s: self.split.get(s, False) for s in self.stages}
+        offset, at = 0, {}
+        for s in self.stages:  # per stage: +qX, -qX, then (split only) +qAw, -qAw, each over its microbatches
+            at[s] = offset
+            offset += (4 if self.split[s] else 2) * self.counts[s]
+        held_at, held = {}, 0
+        for s in self.stages:
+            held_at[s] = held
+            held += self.counts[s]
+        deltas, after_f, before_b, working = [], [], [], []
+        for s, kind, k in program:
+            m, base = self.counts[s], at[s]
+            if kind == FORWARD:
+                deltas.append(base + k)
+                after_f.append(len(deltas))  # in the walk with a leading 0: the stash after this action
+            elif kind == WEIGHT:
+                deltas.append(base + 3 * m + k)
+            else:
+                before_b.append(len(deltas))  # in the walk with a leading 0: the stash before this action
+                working.append(held_at[s] + k)
+                deltas.append(base + m + k)
+                if kind == INPUT:
+                    deltas.append(base + 2 * m + k)
+        self.deltas, self.after, self.before, self.working = deltas, after_f, before_b, working
+        """The walk as indices: the change each action makes (into :meth:`table`'s rows), the points after an
+        ``F`` and before a ``B`` or ``I`` (into the running sum with a leading 0), and the working set held
+        during each of the latter (into the stages' microbatches, one after another)."""
+        self._deltas, self._after_f = gather(deltas), gather(after_f)
+        self._before_b, self._working = gather(before_b), gather(working)
+
+    def peak(self, stages: Mapping[int, StageMemory]) -> float:
+        """The largest stash of the program (plus the working set of a running ``B`` or ``I``), per device."""
+        table: list[float] = []
+        held: list[float] = []
+        for s in self.stages:  # the layout of the rows: see __init__ (a batched walk builds the same)
+            mem = stages[s]
+            per_replica = mem.per_replica[:self.counts[s]]
+            added = [q * mem.stash for q in per_replica]
+            table += added
+            table += [-x for x in added]
+            if self.split[s]:
+                kept = [q * mem.weight for q in per_replica]
+                table += kept
+                table += [-x for x in kept]
+            held += [q * mem.working for q in per_replica]
+        walk = [0.0, *accumulate(self._deltas(table))]
+        after = self._after_f(walk)
+        during = map(add, self._before_b(walk), self._working(held))
+        return max(chain((0.0,), after, during))
+
+
+def gather(index: list[int]):
+    """``items(seq)``: the entries of ``seq`` at ``index``, as a tuple (of any length)."""
+    if len(index) > 1:
+        return itemgetter(*index)
+    return (lambda seq: (seq[index[0]],)) if index else (lambda seq: ())
 
 
 def program_stash_peak(program: Sequence[tuple[int, str, int]], stages: Mapping[int, StageMemory]) -> float:
@@ -112,34 +162,29 @@ def program_stash_peak(program: Sequence[tuple[int, str, int]], stages: Mapping[
     >>> program_stash_peak([(0, "F", 0), (0, "F", 1), (0, "I", 0), (0, "W", 0), (0, "B", 1)], m)
     40.0
     """
-    stash = peak = 0.0
-    for s, kind, k in program:
-        mem = stages[s]
-        q = mem.per_replica[k]
-        if kind == FORWARD:
-            stash += q * mem.stash
-            peak = max(peak, stash)
-        elif kind == "W":
-            stash -= q * mem.weight
-        else:
-            peak = max(peak, stash + q * mem.working)
-            stash -= q * mem.stash
-            if kind == "I":  # no new peak: Aw <= A, and a recomputing I held q * (X + A) while it ran
-                stash += q * mem.weight
-    return peak
+    return StashWalk(program).peak(stages)
 
 
-def group_peak_memory(state_factor: float, params: float, program: Sequence[tuple[int, str, int]],
+def group_peak_memory(state_factor: float, params: float, program: Sequence[tuple[int, str, int]] | StashWalk,
                       stages: Mapping[int, StageMemory]) -> float:
-    """Peak bytes on each device of a group: ``state_factor * P_g`` plus its program's stash peak."""
-    return state_factor * params + program_stash_peak(program, stages)
+    """Peak bytes on each device of a group: ``state_factor * P_g`` plus its program's stash peak.
+
+    ``program`` may be given compiled (a :class:`StashWalk`), for a caller that walks it often.
+    """
+    walk = program if isinstance(program, StashWalk) else StashWalk(program)
+    return state_factor * params + walk.peak(stages)
 
 
-def range_peak_memory(graph: LayerGraph, state_factor: float, lo: int, hi: int, ops: Sequence[Op],
+def range_peak_memory(graph: LayerGraph, state_factor: float, lo: int, hi: int, program: Sequence[Action],
                       per_replica: Sequence[int], recompute: bool) -> float:
-    """:func:`stage_peak_memory` of layers ``[lo, hi)``, summed exactly as the simulator sums them."""
-    return stage_peak_memory(state_factor, graph.range_sum("params", lo, hi), ops, per_replica,
-                             graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo), recompute)
+    """The peak of a stage of layers ``[lo, hi)`` that has its group to itself, summed exactly as the simulator sums it.
+
+    ``program`` holds the stage's actions (one stage index throughout).
+    """
+    stage = StageMemory.of(per_replica, graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo),
+                           graph.range_act_weight(lo, hi), recompute)
+    return group_peak_memory(state_factor, graph.range_sum("params", lo, hi), program,
+                             {a.stage: stage for a in program[:1]})
 
 
 def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candidates: np.ndarray,
@@ -186,18 +231,25 @@ def settle_borderline(fits: np.ndarray, peak: np.ndarray, memory: float, candida
     return fits
 
 
-def stash_points(ops, per_replica: Sequence[int]) -> np.ndarray:
-    """``(inputs, working)`` sample counts at every point where the stash may peak.
+def stash_points(program: Sequence[Action], per_replica: Sequence[int]) -> np.ndarray:
+    """``(inputs, working)`` sample counts at every point where the stash of one stage's ``F``/``B`` program may peak.
 
-    The peak of :func:`pipeplan.solver.evaluation.memory.stash_peak` is ``max(a * stash + b * working)``
+    The peak of :func:`program_stash_peak` for that stage is ``max(a * stash + b * working)``
     over these rows (``stash``, ``working`` per sample), exactly.
+
+    Raises
+    ------
+    ValueError
+        For a split backward (``I``, ``W``): its peak needs ``Aw`` as a third term.
     """
     stash, points = 0, set()
-    for kind, k in ops:
+    for _, kind, k in program:
         if kind == FORWARD:
             stash += per_replica[k]
             points.add((stash, 0))
-        else:
+        elif kind == BACKWARD:
             points.add((stash, per_replica[k]))
             stash -= per_replica[k]
+        else:
+            raise ValueError(f"stash_points takes F and B actions, got {kind}{k}")
     return np.array(sorted(points), dtype=float)

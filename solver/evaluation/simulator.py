@@ -1,12 +1,29 @@
-"""The exact simulator: what a plan costs (spec sections 4 and 5).
+"""The exact simulator: what a plan costs (spec sections 4, 5 and 7).
 
-Every stage runs its op list in order; forward activations and gradients cross each
-cut on two FIFO links; an op waits for the transfers of every sender microbatch whose
-samples overlap its own.  Since each resource (a stage, a link) serves its work in a
-fixed order, the timeline is the unique fixed point of "start = latest of the
-resource being free and the inputs having arrived", computed here by sweeping the
-stages and advancing each as far as its inputs allow.  If a sweep advances no stage
-before all ops ran, the dependencies form a cycle: a deadlock.
+Every plan is a set of device groups, each running its *program* of actions one at a
+time (a version-1 plan is the case of one stage per group, its program the stage's op
+list).  What one stage sends the next crosses a FIFO link between their groups (or is
+handed over at once when both are on one group), and an action waits for the arrivals
+of every sender microbatch whose samples overlap its own.  Since each resource (a
+group, a link) serves its work in a fixed order, the timeline is the unique fixed
+point of "start = latest of the resource being free and the inputs having arrived",
+computed here by sweeping the groups and advancing each as far as its inputs allow.
+If a sweep advances no group before all actions ran, the dependencies form a cycle: a
+deadlock.
+
+Three layers keep the sweep cheap:
+
+* :class:`Wiring`: what waits for what, from the programs and the splits alone (no
+  duration): every transfer is a *slot*, numbered once; every action names the slots
+  it waits for and the slot it fills; every link between groups has an integer id.
+  Plans of one structure share one wiring (:func:`plan_wiring` keeps them).
+* :class:`PlanCosts`: the durations, per group (:class:`GroupCost`: every action's
+  seconds in program order, the all-reduce, the step, the memory peak) and per stage
+  (:class:`StageLinks`: every transfer's seconds).  :func:`plan_costs` computes them,
+  and with a cache recomputes only the groups and stages a change touched.
+* :func:`run_programs`: the sweep, recording every start, end and arrival in
+  preallocated lists; the result (:class:`Simulation`) builds its events from them
+  only when asked.
 """
 
 from __future__ import annotations
@@ -15,27 +32,31 @@ import math
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 from functools import cached_property
-from itertools import accumulate
-from typing import TYPE_CHECKING
+from itertools import accumulate, chain
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from pipeplan.models.errors import DeadlockError, InputError
-from pipeplan.solver.evaluation.memory import StageMemory, group_peak_memory, stage_peak_memory
-from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, Action, Op, format_action, format_op, stage_ops
+from pipeplan.solver.evaluation.memory import StageMemory, StashWalk, gather, group_peak_memory
+from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, INPUT, WEIGHT, Action, format_action, stage_actions
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
     from pipeplan.solver.formats.cluster import Cluster
     from pipeplan.solver.formats.plan import Plan, Stage
 
+__all__ = ["GroupCost", "OpEvent", "PlanCosts", "Simulation", "StageLinks", "SyncEvent", "TransferEvent", "Wiring",
+           "check_deadlock_free", "one_stage_wiring", "plan_costs", "plan_wiring", "run_programs", "simulate"]
 
+
+# ------------------------------------------------------------------------- events
 @dataclass(frozen=True)
 class OpEvent:
-    """One forward or backward op on a stage."""
+    """One action of a group's program, timed."""
 
     stage: int
     """Stage index."""
     kind: str
-    """``"F"`` or ``"B"``."""
+    """``"F"``, ``"B"``, ``"I"`` or ``"W"``."""
     microbatch: int
     """The stage's microbatch index."""
     samples: int
@@ -45,9 +66,9 @@ class OpEvent:
     end: float
     """End time in seconds."""
     recompute: float
-    """Seconds of the op spent recomputing the forward (at its start); 0 if none."""
+    """Seconds of the action spent recomputing the forward (at its start); 0 if none."""
     group: int = 0
-    """The device group that ran it (the stage itself in a plan of one stage per group)."""
+    """The device group that ran it."""
 
     @property
     def label(self) -> str:
@@ -57,7 +78,7 @@ class OpEvent:
 
 @dataclass(frozen=True)
 class TransferEvent:
-    """One transfer across a cut."""
+    """One transfer across a cut, over the link between two groups."""
 
     cut: int
     """The cut after stage ``cut`` (between stages ``cut`` and ``cut + 1``)."""
@@ -82,69 +103,531 @@ class TransferEvent:
 
 
 @dataclass(frozen=True)
-class AllReduceEvent:
-    """The gradient all-reduce of a replicated stage."""
+class SyncEvent:
+    """A group's all-reduce or optimizer step after its last action."""
 
-    stage: int
-    """Stage index."""
+    group: int
+    """Group index."""
+    kind: str
+    """``"allreduce"`` or ``"step"``."""
     start: float
-    """Start (the end of the stage's last op)."""
+    """Start, seconds."""
     end: float
-    """End."""
+    """End, seconds."""
+
+
+# ------------------------------------------------------------------------- the wiring
+NO_WAIT, SEVERAL = -1, -2
+"""Codes of :attr:`Wiring.waits` besides a slot number: the action waits for nothing; for several slots."""
+
+
+def overlaps(mine: Sequence[int], theirs: Sequence[int]) -> tuple[tuple[int, int], ...]:
+    """For each of my microbatches, the inclusive range of theirs sharing a sample.
+
+    Examples
+    --------
+    >>> overlaps((2, 2), (1, 3))
+    ((0, 1), (1, 1))
+    """
+    if mine == theirs:
+        return tuple((k, k) for k in range(len(mine)))
+    their_ends = list(accumulate(theirs))
+    ranges, start = [], 0
+    for end in accumulate(mine):
+        ranges.append((bisect_right(their_ends, start), bisect_left(their_ends, end)))
+        start = end
+    return tuple(ranges)
+
+
+class Wiring:
+    """What waits for what in a set of programs: the dataflow, without any duration.
+
+    A *slot* is one transfer: the forward output of microbatch ``k`` of stage ``s <
+    S-1`` (slot ``fwd_base[s] + k``) or the backward output of microbatch ``k`` of stage
+    ``s > 0`` (slot ``bwd_base[s] + k``).  It arrives over the link between the two
+    stages' groups (:attr:`slot_link`, an integer id into :attr:`links`), or at once
+    when both stages are on one group (id ``-1``).
+
+    Parameters
+    ----------
+    programs : sequence of sequences of Action
+        Every group's program, in group order (checked already).
+    stage_groups : sequence of int
+        The group of each stage.
+    sizes : sequence of sequences of int
+        Each stage's microbatch sizes.
+    by_stage : bool
+        Whether the plan writes its programs as per-stage op lists (deadlocks are then
+        reported at ``stages[s].ops[i]``, else at ``programs[g][i]``).
+    """
+
+    def __init__(self, programs: Sequence[Sequence[Action]], stage_groups: Sequence[int],
+                 sizes: Sequence[Sequence[int]], by_stage: bool = False) -> None:
+        self.programs: tuple[tuple[Action, ...], ...] = tuple(tuple(p) for p in programs)
+        """Every group's actions in program order."""
+        self.stage_groups: tuple[int, ...] = tuple(stage_groups)
+        """The group of each stage."""
+        self.sizes: tuple[tuple[int, ...], ...] = tuple(tuple(n) for n in sizes)
+        """Each stage's microbatch sizes."""
+        self.by_stage = by_stage
+        """Whether the programs are per-stage op lists (where deadlocks are reported)."""
+        count, last = len(self.sizes), len(self.sizes) - 1
+        self.held: tuple[tuple[int, ...], ...] = tuple(
+            tuple(s for s, g in enumerate(self.stage_groups) if g == group) for group in range(len(self.programs)))
+        """The stages of each group, in stage order."""
+        self.fwd_base, self.bwd_base, slots = [], [], 0
+        for s in range(count):
+            self.fwd_base.append(slots)
+            slots += len(self.sizes[s]) if s < last else 0
+        for s in range(count):
+            self.bwd_base.append(slots)
+            slots += len(self.sizes[s]) if s > 0 else 0
+        self.slots: int = slots
+        """Number of slots (transfers and local hand-overs)."""
+        self._link_slots()
+        self._action_slots()
+
+    def _link_slots(self) -> None:
+        ids: dict[tuple[int, int], int] = {}
+        self.slot_link: list[int] = [NO_WAIT] * self.slots
+        """The link id of each slot, ``-1`` for a hand-over on one group."""
+        self.slot_meta: list[tuple[int, str, int, int]] = [(0, "", 0, 0)] * self.slots
+        """``(cut, direction, microbatch, sending stage)`` of each slot."""
+        groups, last = self.stage_groups, len(self.sizes) - 1
+        for s in range(last + 1):
+            for direction, other, base in (("fwd", s + 1, self.fwd_base[s]), ("bwd", s - 1, self.bwd_base[s])):
+                if not 0 <= other <= last:
+                    continue
+                pair = (groups[s], groups[other])
+                link = NO_WAIT if pair[0] == pair[1] else ids.setdefault(pair, len(ids))
+                cut = s if direction == "fwd" else s - 1
+                for k in range(len(self.sizes[s])):
+                    self.slot_link[base + k] = link
+                    self.slot_meta[base + k] = (cut, direction, k, s)
+        self.links: tuple[tuple[int, int], ...] = tuple(ids)
+        """``(sender group, receiver group)`` of every link, by id."""
+
+    def _action_slots(self) -> None:
+        sizes, last = self.sizes, len(self.sizes) - 1
+        wait_f = [overlaps(sizes[s], sizes[s - 1]) if s > 0 else () for s in range(last + 1)]
+        wait_b = [overlaps(sizes[s], sizes[s + 1]) if s < last else () for s in range(last + 1)]
+        self.waits: list[list[int]] = []
+        """Per group, per action: the slot it waits for, ``-1`` for none, ``-2`` for several (:attr:`several`)."""
+        self.several: list[dict[int, tuple[int, ...]]] = []
+        """Per group: the slots of each action that waits for several."""
+        self.sends: list[list[int]] = []
+        """Per group, per action: the slot it fills, or ``-1``."""
+        for program in self.programs:
+            waits, several, sends = [], {}, []
+            for p, (s, kind, k) in enumerate(program):
+                if kind == FORWARD:
+                    span = (self.fwd_base[s - 1], wait_f[s][k]) if s > 0 else None
+                    sends.append(self.fwd_base[s] + k if s < last else NO_WAIT)
+                elif kind == WEIGHT:
+                    span = None
+                    sends.append(NO_WAIT)
+                else:
+                    span = (self.bwd_base[s + 1], wait_b[s][k]) if s < last else None
+                    sends.append(self.bwd_base[s] + k if s > 0 else NO_WAIT)
+                if span is None:
+                    waits.append(NO_WAIT)
+                    continue
+                base, (lo, hi) = span
+                if lo == hi:
+                    waits.append(base + lo)
+                else:
+                    waits.append(SEVERAL)
+                    several[p] = tuple(range(base + lo, base + hi + 1))
+            self.waits.append(waits)
+            self.several.append(several)
+            self.sends.append(sends)
+        self.lengths: list[int] = [len(p) for p in self.programs]
+        """Actions per group."""
+
+    @cached_property
+    def layouts(self) -> tuple["GroupLayout", ...]:
+        """Per group, where each action's duration and samples sit in its stages' tables (:func:`plan_costs`)."""
+        out = []
+        for program, held in zip(self.programs, self.held):
+            weighted = {s for s, kind, _ in program if kind == WEIGHT}
+            split = tuple(s in weighted for s in held)
+            duration_at, sample_at, d, q = {}, {}, 0, 0
+            for s in held:
+                duration_at[s], sample_at[s] = d, q
+                d += 4 * len(self.sizes[s])
+                q += len(self.sizes[s])
+            durations = [duration_at[s] + _KIND_ROW[kind] * len(self.sizes[s]) + k for s, kind, k in program]
+            samples = [sample_at[s] + k for s, _, k in program]
+            out.append(GroupLayout(held, split, gather(durations), gather(samples), StashWalk(program)))
+        return tuple(out)
+
+    def wait_slots(self, group: int, position: int) -> tuple[int, ...]:
+        """The slots the action at ``position`` of ``group``'s program waits for."""
+        w = self.waits[group][position]
+        return () if w == NO_WAIT else self.several[group][position] if w == SEVERAL else (w,)
+
+    @cached_property
+    def order(self) -> tuple[tuple[int, int], ...]:
+        """Every action as ``(group, position)`` in an order that puts each after what it waits for.
+
+        The sweep of :func:`run_programs` with every duration 0: whatever the durations,
+        this order computes every start after its inputs (batched timelines use it).
+
+        Raises
+        ------
+        DeadlockError
+            If the dependencies form a cycle.
+        """
+        return tuple(self.sweep_order("-"))
+
+    def sweep_order(self, file: str = "-") -> list[tuple[int, int]]:
+        """:attr:`order`, reporting a deadlock against ``file``."""
+        known: list[float | None] = [None] * self.slots
+        ptr = [0] * len(self.programs)
+        order: list[tuple[int, int]] = []
+        remaining = sum(self.lengths)
+        while remaining:
+            progressed = 0
+            for g, (waits, sends, length) in enumerate(zip(self.waits, self.sends, self.lengths)):
+                p = first = ptr[g]
+                while p < length:
+                    w = waits[p]
+                    if w >= 0 and known[w] is None:
+                        break
+                    if w == SEVERAL and any(known[o] is None for o in self.several[g][p]):
+                        break
+                    if sends[p] >= 0:
+                        known[sends[p]] = 0.0
+                    order.append((g, p))
+                    p += 1
+                progressed += p - first
+                ptr[g] = p
+            if not progressed:
+                raise self.deadlock(ptr, known, file)
+            remaining -= progressed
+        return order
+
+    def deadlock(self, ptr: Sequence[int], arrival: Sequence[float | None], file: str) -> DeadlockError:
+        """The error of a sweep stuck at ``ptr``: the chain of waits from the first stuck group until it closes."""
+        g = next(i for i, p in enumerate(self.programs) if ptr[i] < len(p))
+        start, chain_, visited = g, [], set()
+        while g not in visited:
+            visited.add(g)
+            s, kind, k = self.programs[g][ptr[g]]
+            missing = next(o for o in self.wait_slots(g, ptr[g]) if arrival[o] is None)
+            _, _, j, sender = self.slot_meta[missing]
+            h = self.stage_groups[sender]
+            stuck = self.programs[h][ptr[h]] if ptr[h] < len(self.programs[h]) else None
+            what = "activations" if kind == FORWARD else "gradients"
+            if self.by_stage:
+                made = FORWARD if kind == FORWARD else self._backward_kind(sender, j)
+                chain_.append(f"stage {s} op {kind}{k} waits for the {what} of microbatch {j} of stage {sender}, "
+                              f"whose {made}{j} has not run (stage {sender} is stuck at its op "
+                              f"{'end' if stuck is None else f'{stuck.kind}{stuck.microbatch}'})")
+            else:
+                made = "F" if kind == FORWARD else "B or I"
+                chain_.append(f"group {g} action {format_action(Action(s, kind, k))} waits for the {what} of "
+                              f"microbatch {j} of stage {sender}, whose {made} has not run (group {h} is stuck at "
+                              f"{'its end' if stuck is None else format_action(stuck)})")
+            g = h
+        where = (f"stages[{self.programs[start][0].stage}].ops[{ptr[start]}]" if self.by_stage
+                 else f"programs[{start}][{ptr[start]}]")
+        return DeadlockError(file, where, "deadlock: " + "; ".join(chain_))
+
+    def _backward_kind(self, stage: int, k: int) -> str:
+        """``"I"`` if the stage splits microbatch ``k``'s backward, else ``"B"``."""
+        program = self.programs[self.stage_groups[stage]]
+        return INPUT if Action(stage, INPUT, k) in program else BACKWARD
+
+
+_KIND_ROW = {FORWARD: 0, BACKWARD: 1, INPUT: 2, WEIGHT: 3}
+"""Where each kind's durations sit in a stage's table: forwards, backwards, input-gradient halves, weight halves."""
 
 
 @dataclass(frozen=True)
-class StageCost:
-    """Everything the timing of one stage needs, precomputed from plan, graph and cluster."""
+class GroupLayout:
+    """How a group's per-action numbers are gathered from its stages' per-microbatch tables."""
 
-    ops: tuple[Op, ...]
-    """The op list."""
-    fwd: tuple[float, ...]
-    """``TF`` per microbatch."""
-    bwd: tuple[float, ...]
-    """``TB`` per microbatch (recompute included)."""
+    held: tuple[int, ...]
+    """The group's stages, in stage order."""
+    split: tuple[bool, ...]
+    """Whether each of them splits a backward (``I`` and ``W``)."""
+    durations: Callable
+    """Gathers every action's entry, in program order, from the stages' tables (``F``, ``B``, ``I``, ``W`` each)."""
+    samples: Callable
+    """Gathers every action's entry from the stages' per-microbatch lists."""
+    walk: StashWalk
+    """The program's memory walk."""
+
+
+WIRING_CACHE_ACTIONS = 2_000_000
+"""Actions the wirings :func:`plan_wiring` keeps may hold in all before the cache is cleared (some 100 MB)."""
+
+_WIRINGS: dict[tuple, Wiring] = {}
+_WIRED = [0]  # actions held by _WIRINGS
+
+
+def plan_wiring(plan: "Plan", file: str = "-") -> Wiring:
+    """The :class:`Wiring` of a plan's programs and splits; plans of one structure share it.
+
+    Raises
+    ------
+    InputError
+        If the plan's programs (or per-stage ops) break a rule of the spec.
+    """
+    stage_groups = tuple(plan.stage_groups)
+    sizes = tuple(tuple(st.microbatches) for st in plan.stages)
+    by_stage = plan.programs_by_stage
+    ops = (tuple(None if st.ops is None else tuple(st.ops) for st in plan.stages)
+           if by_stage and plan.schedule == "custom" else None)
+    programs = None if plan.custom_programs is None else tuple(tuple(p) for p in plan.custom_programs)
+    key = (plan.schedule, programs, ops, stage_groups, sizes)
+    found = _WIRINGS.get(key)
+    if found is None:
+        found = _keep(key, Wiring(plan.actions(file), stage_groups, sizes, by_stage))
+    return found
+
+
+def one_stage_wiring(schedule: str, splits: Sequence[tuple[int, ...]]) -> Wiring:
+    """The wiring of ``gpipe`` or ``1f1b`` on stages with these splits, each on a group of its own.
+
+    The one :func:`plan_wiring` gives such plans (and keeps).
+    """
+    stage_groups, sizes = tuple(range(len(splits))), tuple(splits)
+    key = (schedule, None, None, stage_groups, sizes)
+    found = _WIRINGS.get(key)
+    if found is None:
+        programs = [stage_actions(schedule, len(split), s, len(splits)) for s, split in enumerate(splits)]
+        found = _keep(key, Wiring(programs, stage_groups, sizes, by_stage=True))
+    return found
+
+
+def _keep(key: tuple, wiring: Wiring) -> Wiring:
+    if _WIRED[0] > WIRING_CACHE_ACTIONS:
+        _WIRINGS.clear()
+        _WIRED[0] = 0
+    _WIRINGS[key] = wiring
+    _WIRED[0] += sum(wiring.lengths)
+    return wiring
+
+
+# ------------------------------------------------------------------------- costs
+@dataclass(frozen=True)
+class GroupCost:
+    """Everything the timing of one device group needs, precomputed from plan, graph and cluster."""
+
+    devices: tuple[str, ...]
+    """The group's devices (as the first stage on it lists them)."""
+    stages: tuple[int, ...]
+    """The stages it holds, in stage order."""
+    program: tuple[Action, ...]
+    """Its actions in program order."""
+    durations: tuple[float, ...]
+    """Seconds of each action (``TF``, ``TB``, ``TI`` or ``TW``, recompute included)."""
     recompute: tuple[float, ...]
-    """Recompute part of ``TB`` per microbatch (0 without recompute)."""
-    per_replica: tuple[int, ...]
-    """``ceil(n_k / r)`` per microbatch."""
-    sizes: tuple[int, ...]
-    """``n_k`` per microbatch."""
-    send_fwd: tuple[float, ...]
-    """Forward transfer time of each microbatch to the next stage (empty on the last)."""
-    send_bwd: tuple[float, ...]
-    """Backward transfer time of each microbatch to the previous stage (empty on the first)."""
-    wait_fwd: tuple[tuple[int, int], ...]
-    """Inclusive range of previous-stage microbatches each ``Fk`` waits for."""
-    wait_bwd: tuple[tuple[int, int], ...]
-    """Inclusive range of next-stage microbatches each ``Bk`` waits for."""
+    """Recompute part of each action's duration (0 if none)."""
+    samples: tuple[int, ...]
+    """Samples per replica, ``ceil(n / r_g)``, of each action's microbatch."""
     allreduce: float
-    """``AR_s``."""
+    """``AR_g``."""
+    step: float
+    """``STEP_g``."""
     peak_memory: float
-    """Peak bytes per device."""
+    """Peak bytes per device of the group."""
     capacity: float
-    """Smallest memory among the stage's devices."""
-    step: float = 0.0
-    """``STEP_s``: the optimizer step after the all-reduce (spec 7.3; 0 on a version-1 graph)."""
+    """Smallest memory among its devices."""
 
 
-class _CostReport:
-    """What both kinds of result answer alike from their units: stages (version 1) or groups.
+@dataclass(frozen=True)
+class StageLinks:
+    """How long each of one stage's outgoing transfers takes."""
 
-    A subclass gives ``iteration_time``, ``global_batch``, ``_units`` (each with
-    ``peak_memory``, ``capacity``, ``allreduce`` and ``step``), ``busy``,
-    ``group_end`` and ``_memory_owner``.
+    send_fwd: tuple[float, ...]
+    """Seconds of each microbatch's forward transfer to the next stage (0 for a hand-over on one group; empty on the last)."""
+    send_bwd: tuple[float, ...]
+    """Seconds of each microbatch's backward transfer to the previous stage (0 if on one group; empty on the first)."""
+    sizes: tuple[int, ...]
+    """``n_k``: the samples of each microbatch (what a transfer carries)."""
+
+
+@dataclass(frozen=True, eq=False)
+class PlanCosts:
+    """What the timeline of one plan needs: its wiring, and every duration."""
+
+    wiring: Wiring
+    """What waits for what."""
+    groups: tuple[GroupCost, ...]
+    """Per group, in group order."""
+    links: tuple[StageLinks, ...]
+    """Per stage, in stage order."""
+    global_batch: int
+    """Samples per iteration."""
+
+    @cached_property
+    def send_times(self) -> list[float]:
+        """Seconds of every slot's transfer, by slot (:class:`Wiring`)."""
+        last = len(self.links) - 1
+        return list(chain(*(lk.send_fwd for lk in self.links[:last]), *(lk.send_bwd for lk in self.links[1:])))
+
+
+COST_CACHE_SIZE = 20_000
+"""Group and stage costs a cache given to :func:`plan_costs` holds before it is cleared (tens of MB)."""
+
+
+def plan_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: dict | None = None,
+               file: str = "-") -> PlanCosts:
+    """Per-group durations, all-reduce, step and memory, and per-stage transfer times, of a validated plan.
+
+    ``cache`` (a dict the caller keeps for one graph and cluster) remembers each group's
+    cost under everything it depends on (the wiring, the group's position, its stages'
+    layers, devices and recompute flags, the state factor) and each stage's transfer
+    times under theirs (its layers, devices and split, its neighbours' devices).
+    Heuristics that move one boundary at a time then recompute two groups, not all.
+
+    Raises
+    ------
+    InputError
+        If the plan's programs break a rule of the spec.
+    """
+    wiring = plan_wiring(plan, file)
+    stages = plan.stages
+    layouts = wiring.layouts
+    if cache is None:
+        groups = tuple(_group_cost(plan, graph, cluster, wiring.programs[g], layouts[g])
+                       for g in range(len(layouts)))
+        links = tuple(_stage_links(plan, graph, cluster, s) for s in range(len(stages)))
+        return PlanCosts(wiring, groups, links, plan.global_batch)
+    if len(cache) >= COST_CACHE_SIZE:
+        cache.clear()
+    group_list = []
+    for g, held in enumerate(wiring.held):
+        key = (wiring, g, plan.state_factor,
+               tuple((stages[s].layers, stages[s].devices, stages[s].recompute) for s in held))
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = _group_cost(plan, graph, cluster, wiring.programs[g], layouts[g])
+        group_list.append(found)
+    link_list, last = [], len(stages) - 1
+    for s, st in enumerate(stages):
+        key = (st.layers, st.devices, st.microbatches, stages[s - 1].devices if s else None,
+               stages[s + 1].devices if s < last else None)
+        found = cache.get(key)
+        if found is None:
+            found = cache[key] = _stage_links(plan, graph, cluster, s)
+        link_list.append(found)
+    return PlanCosts(wiring, tuple(group_list), tuple(link_list), plan.global_batch)
+
+
+def _ceil_div(n: int, r: int) -> int:
+    return -(-n // r)
+
+
+def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "Cluster") -> tuple[float, ...]:
+    """Seconds each of ``sender``'s microbatches takes across the cut to ``receiver``."""
+    lat = cluster.lat(sender.devices, receiver.devices)
+    rate = min(len(sender.devices), len(receiver.devices)) * cluster.bw(sender.devices, receiver.devices)
+    return tuple(lat + n * cut_bytes / rate for n in sender.microbatches)
+
+
+def _stage_links(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", s: int) -> StageLinks:
+    stages = plan.stages
+    st, last = stages[s], len(stages) - 1
+    lo, hi = st.layers
+    mine = frozenset(st.devices)
+    send_fwd: tuple[float, ...] = ()
+    send_bwd: tuple[float, ...] = ()
+    if s < last:
+        if frozenset(stages[s + 1].devices) == mine:
+            send_fwd = (0.0,) * len(st.microbatches)
+        else:
+            send_fwd = _send_times(st, stages[s + 1], graph.cut_bytes(hi - 1), cluster)
+    if s > 0:
+        if frozenset(stages[s - 1].devices) == mine:
+            send_bwd = (0.0,) * len(st.microbatches)
+        else:
+            send_bwd = _send_times(st, stages[s - 1], graph.cut_bytes(lo - 1), cluster)
+    return StageLinks(send_fwd, send_bwd, st.microbatches)
+
+
+def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: tuple[Action, ...],
+                layout: GroupLayout) -> GroupCost:
+    """A group's cost: each action's duration (spec 7.3), the all-reduce, the step and the memory peak (7.4)."""
+    stages, held = plan.stages, layout.held
+    devices = stages[held[0]].devices
+    r = len(devices)
+    found = [cluster.device_index[d] for d in devices]
+    speed = min(d.speed for d in found)
+    durations: list[float] = []
+    recompute: list[float] = []
+    samples: list[int] = []
+    memory = {}
+    for s, split in zip(held, layout.split):
+        st = stages[s]
+        lo, hi = st.layers
+        af, bf, ab, bb = graph.range_time(lo, hi)
+        q = tuple(-(-n // r) for n in st.microbatches)
+        zeros = (0.0,) * len(q)
+        fwd = tuple((af + bf * n) / speed for n in q)
+        rec = fwd if st.recompute else zeros
+        bwd = tuple((ab + bb * n) / speed + x for n, x in zip(q, rec))
+        if split:
+            aw, bw = graph.range_weight_time(lo, hi)
+            inp = tuple(((ab - aw) + (bb - bw) * n) / speed + x for n, x in zip(q, rec))
+            wgt = tuple((aw + bw * n) / speed for n in q)
+        else:
+            inp = wgt = zeros
+        durations += fwd + bwd + inp + wgt
+        recompute += zeros + rec + rec + zeros
+        samples += q
+        memory[s] = StageMemory.of(q, graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo),
+                                   graph.range_act_weight(lo, hi) if split else 0.0, st.recompute)
+    params = sum(graph.range_sum("params", *stages[s].layers) for s in held)
+    step = sum(graph.range_step(*stages[s].layers) for s in held) / speed
+    peak = group_peak_memory(plan.state_factor, params, layout.walk, memory)
+    return GroupCost(tuple(devices), held, program, layout.durations(durations), layout.durations(recompute),
+                     layout.samples(samples), _allreduce(cluster, devices, params), step, peak,
+                     min(d.memory for d in found))
+
+
+def _allreduce(cluster: "Cluster", devices: tuple[str, ...], params: float) -> float:
+    """``AR = 2*(r-1) * (lat(D) + P / (r * bw(D)))`` of a ring over ``devices``; 0 for one device."""
+    r = len(devices)
+    if r < 2:
+        return 0.0
+    return 2 * (r - 1) * (cluster.lat(devices) + params / (r * cluster.bw(devices)))
+
+
+# ------------------------------------------------------------------------- the result
+@dataclass(frozen=True, eq=False)
+class Simulation:
+    """What a plan costs: time, throughput, memory, and the timeline its events are built from.
+
+    Everything is per device group, the unit that runs one action at a time, holds
+    memory and synchronises (in a plan of one stage per group, a group is its stage).
     """
 
     iteration_time: float
-    global_batch: int
+    """``T``: seconds per iteration."""
+    costs: PlanCosts
+    """The durations the timeline was computed from."""
+    starts: tuple[list[float], ...]
+    """Per group, the start of each action in program order."""
+    ends: tuple[list[float], ...]
+    """Per group, the end of each action in program order."""
+    transfer_starts: list[float]
+    """Per slot (:class:`Wiring`), when its transfer started (unused for a hand-over on one group)."""
+    arrivals: list[float]
+    """Per slot, when what it carries arrived."""
 
     @property
-    def _units(self) -> tuple:
-        raise NotImplementedError
+    def global_batch(self) -> int:
+        """Samples per iteration."""
+        return self.costs.global_batch
 
-    def _memory_owner(self, i: int) -> tuple[str, str]:
-        """``(where, whose)`` naming unit ``i`` in an error about its memory."""
-        raise NotImplementedError
+    @property
+    def groups(self) -> tuple[GroupCost, ...]:
+        """Per-group costs."""
+        return self.costs.groups
 
     @property
     def throughput(self) -> float:
@@ -153,26 +636,77 @@ class _CostReport:
 
     @property
     def peak_memory(self) -> tuple[float, ...]:
-        """Peak bytes per device, one per stage (version 1) or group."""
-        return tuple(u.peak_memory for u in self._units)
+        """Peak bytes per device, one per group."""
+        return tuple(g.peak_memory for g in self.groups)
 
     @property
     def memory_capacity(self) -> tuple[float, ...]:
-        """The smallest device memory of each stage (version 1) or group."""
-        return tuple(u.capacity for u in self._units)
+        """The smallest device memory of each group."""
+        return tuple(g.capacity for g in self.groups)
 
     @property
     def fits(self) -> bool:
-        """Whether every peak fits in each device that holds it."""
-        return all(u.peak_memory <= u.capacity for u in self._units)
+        """Whether every group's peak fits in each of its devices."""
+        return all(g.peak_memory <= g.capacity for g in self.groups)
+
+    @cached_property
+    def busy(self) -> tuple[float, ...]:
+        """Seconds each group spends running actions."""
+        return tuple(sum(g.durations) for g in self.groups)
+
+    @property
+    def group_end(self) -> tuple[float, ...]:
+        """When each group is done: its last action's end plus ``AR_g`` and ``STEP_g``."""
+        return tuple(ends[-1] + g.allreduce + g.step for g, ends in zip(self.groups, self.ends))
+
+    @property
+    def stage_end(self) -> tuple[float, ...]:
+        """When each stage is done: its group's end (its gradients are synchronised and stepped with the group's)."""
+        ends = self.group_end
+        return tuple(ends[g] for g in self.costs.wiring.stage_groups)
 
     @property
     def bubble_fraction(self) -> float:
-        """Share of unit-time spent idle: ``1 - sum(busy) / (units * T)``."""
+        """Share of group-time spent idle: ``1 - sum(busy) / (groups * T)``."""
         if self.iteration_time <= 0:
             return 0.0
-        # each busy / T is at most 1: S * T or the busy sum may overflow where this does not
-        return 1.0 - sum(busy / self.iteration_time for busy in self.busy) / len(self._units)
+        # each busy / T is at most 1: G * T or the busy sum may overflow where this does not
+        return 1.0 - sum(busy / self.iteration_time for busy in self.busy) / len(self.groups)
+
+    @cached_property
+    def action_times(self) -> tuple[tuple[tuple[float, float], ...], ...]:
+        """``(start, end)`` of each group's actions, in program order."""
+        return tuple(tuple(zip(starts, ends)) for starts, ends in zip(self.starts, self.ends))
+
+    @cached_property
+    def ops(self) -> tuple[OpEvent, ...]:
+        """Every action, group by group, in program order."""
+        return tuple(OpEvent(s, kind, k, q, start, end, rec, gi)
+                     for gi, (g, starts, ends) in enumerate(zip(self.groups, self.starts, self.ends))
+                     for (s, kind, k), q, rec, start, end in zip(g.program, g.samples, g.recompute, starts, ends))
+
+    @cached_property
+    def transfers(self) -> tuple[TransferEvent, ...]:
+        """Every transfer over a link between groups: cut by cut, forward first, by microbatch."""
+        wiring = self.costs.wiring
+        events = []
+        for slot, (link, (cut, direction, k, sender)) in enumerate(zip(wiring.slot_link, wiring.slot_meta)):
+            if link >= 0:
+                events.append(TransferEvent(cut, direction, k, wiring.sizes[sender][k], self.transfer_starts[slot],
+                                            self.arrivals[slot], wiring.links[link]))
+        return tuple(events)
+
+    @cached_property
+    def syncs(self) -> tuple[SyncEvent, ...]:
+        """Each group's all-reduce and then optimizer step, where they take time."""
+        events = []
+        for gi, (g, ends) in enumerate(zip(self.groups, self.ends)):
+            end = ends[-1]
+            if g.allreduce > 0:
+                events.append(SyncEvent(gi, "allreduce", end, end + g.allreduce))
+            if g.step > 0:
+                events.append(SyncEvent(gi, "step", end + g.allreduce, end + g.allreduce + g.step))
+        return tuple(events)
 
     def check_finite(self, file: str = "-") -> None:
         """Refuse a result whose time or memory overflowed floating point (before it is reported).
@@ -196,14 +730,14 @@ class _CostReport:
                                            f"that the throughput {self.global_batch} / {self.iteration_time:g} "
                                            f"overflows floating point (a cost near 1e-308 in the graph, or a speed "
                                            f"near 1e308 in the cluster); use realistic costs and speeds")
-        for i, peak in enumerate(self.peak_memory):
+        for i, (group, peak) in enumerate(zip(self.groups, self.peak_memory)):
             if not math.isfinite(peak):
-                where, whose = self._memory_owner(i)
-                raise InputError(file, where, f"{whose} peak memory is {peak}: the graph's bytes overflow "
-                                              "floating point at this batch")
+                whose = "its" if len(group.stages) == 1 else f"group {i}'s"
+                raise InputError(file, f"stages[{group.stages[0]}]", f"{whose} peak memory is {peak}: the graph's "
+                                                                     f"bytes overflow floating point at this batch")
 
     def summary(self) -> dict:
-        """The JSON object ``pipeplan simulate --json`` prints (lists per stage or group)."""
+        """The JSON object ``pipeplan simulate --json`` prints (lists per group; ``stage_end`` per stage)."""
         return {
             "iteration_time": self.iteration_time,
             "throughput": self.throughput if self.iteration_time > 0 else None,  # JSON has no infinity
@@ -212,195 +746,17 @@ class _CostReport:
             "fits": self.fits,
             "busy": list(self.busy),
             "group_end": list(self.group_end),
-            "allreduce": [u.allreduce for u in self._units],
-            "step": [u.step for u in self._units],
+            "stage_end": list(self.stage_end),
+            "allreduce": [g.allreduce for g in self.groups],
+            "step": [g.step for g in self.groups],
             "bubble_fraction": self.bubble_fraction,
         }
 
 
-@dataclass(frozen=True)
-class SimulationResult(_CostReport):
-    """What a plan costs: time, throughput, memory and the full timeline."""
-
-    iteration_time: float
-    """``T``: seconds per iteration."""
-    global_batch: int
-    """Samples per iteration."""
-    stages: tuple[StageCost, ...]
-    """Per-stage costs the timeline was computed from."""
-    op_times: tuple[tuple[tuple[float, float], ...], ...]
-    """``(start, end)`` of each stage's ops, in op-list order."""
-    transfer_times: tuple[tuple[tuple[float, float], ...], ...]
-    """Per cut ``c``: ``(start, end)`` of forward transfers by microbatch of stage ``c``."""
-    gradient_times: tuple[tuple[tuple[float, float], ...], ...]
-    """Per cut ``c``: ``(start, end)`` of backward transfers by microbatch of stage ``c+1``."""
-
-    @property
-    def _units(self) -> tuple[StageCost, ...]:
-        return self.stages
-
-    def _memory_owner(self, i: int) -> tuple[str, str]:
-        return f"stages[{i}]", "its"
-
-    @cached_property
-    def busy(self) -> tuple[float, ...]:
-        """Seconds each stage spends running ops."""
-        return tuple(sum(st.fwd[k] if kind == FORWARD else st.bwd[k] for kind, k in st.ops)
-                     for st in self.stages)
-
-    @property
-    def stage_end(self) -> tuple[float, ...]:
-        """When each stage is done: its last op's end plus its all-reduce and optimizer step."""
-        return tuple(times[-1][1] + st.allreduce + st.step for st, times in zip(self.stages, self.op_times))
-
-    @property
-    def group_end(self) -> tuple[float, ...]:
-        """:attr:`stage_end`: each stage is a group of its own."""
-        return self.stage_end
-
-    @cached_property
-    def ops(self) -> tuple[OpEvent, ...]:
-        """Every op, stage by stage, in op-list order."""
-        events = []
-        for s, (st, times) in enumerate(zip(self.stages, self.op_times)):
-            for (kind, k), (start, end) in zip(st.ops, times):
-                rec = st.recompute[k] if kind != FORWARD else 0.0
-                events.append(OpEvent(s, kind, k, st.per_replica[k], start, end, rec, s))
-        return tuple(events)
-
-    @cached_property
-    def transfers(self) -> tuple[TransferEvent, ...]:
-        """Every transfer, cut by cut, forward then backward, by microbatch."""
-        events = []
-        for c, times in enumerate(self.transfer_times):
-            for j, (start, end) in enumerate(times):
-                events.append(TransferEvent(c, "fwd", j, self.stages[c].sizes[j], start, end, (c, c + 1)))
-        for c, times in enumerate(self.gradient_times):
-            for j, (start, end) in enumerate(times):
-                events.append(TransferEvent(c, "bwd", j, self.stages[c + 1].sizes[j], start, end, (c + 1, c)))
-        return tuple(events)
-
-    @cached_property
-    def allreduces(self) -> tuple[AllReduceEvent, ...]:
-        """The all-reduce of every replicated stage."""
-        return tuple(AllReduceEvent(s, times[-1][1], times[-1][1] + st.allreduce)
-                     for s, (st, times) in enumerate(zip(self.stages, self.op_times)) if st.allreduce > 0)
-
-    @cached_property
-    def syncs(self) -> tuple["SyncEvent", ...]:
-        """Each stage's all-reduce and optimizer step, where they take time (a stage is a group here)."""
-        events = []
-        for s, (st, times) in enumerate(zip(self.stages, self.op_times)):
-            events += _sync_events(s, times[-1][1], st.allreduce, st.step)
-        return tuple(events)
-
-    def summary(self) -> dict:
-        """The JSON object ``pipeplan simulate --json`` prints (lists per stage; ``stage_end`` too)."""
-        return {**super().summary(), "stage_end": list(self.stage_end)}
-
-
-def _ceil_div(n: int, r: int) -> int:
-    return -(-n // r)
-
-
-def _overlaps(mine: tuple[int, ...], theirs: tuple[int, ...]) -> tuple[tuple[int, int], ...]:
-    """For each of my microbatches, the inclusive range of theirs sharing a sample."""
-    their_ends = list(accumulate(theirs))
-    ranges, start = [], 0
-    for end in accumulate(mine):
-        ranges.append((bisect_right(their_ends, start), bisect_left(their_ends, end)))
-        start = end
-    return tuple(ranges)
-
-
-def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "Cluster") -> tuple[float, ...]:
-    """Seconds each of ``sender``'s microbatches takes across the cut to ``receiver``."""
-    lat = cluster.lat(sender.devices, receiver.devices)
-    rate = min(len(sender.devices), len(receiver.devices)) * cluster.bw(sender.devices, receiver.devices)
-    return tuple(lat + n * cut_bytes / rate for n in sender.microbatches)
-
-
-STAGE_CACHE_SIZE = 20_000
-"""Stage costs a cache given to :func:`stage_costs` holds before it is cleared (tens of MB)."""
-
-
-def stage_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", cache: dict | None = None
-                ) -> tuple[StageCost, ...]:
-    """Per-stage durations, transfer times, waits and memory of a validated plan.
-
-    ``cache`` (a dict the caller keeps for one graph and cluster) remembers each stage's
-    cost under everything it depends on: the schedule, the stage count and its position,
-    its layers, devices, split and recompute flag, the state factor, and its neighbours'
-    devices and splits (its transfers and waits).  Heuristics that move one boundary at a
-    time then recompute two stages, not all of them.
-
-    Raises
-    ------
-    InputError
-        For a plan that uses version 2: its costs are per group (:func:`group_costs`).
-    """
-    plan.require_v1("-", "the per-stage cost table (stage_costs)")
-    stages = plan.stages
-    count = len(stages)
-    if cache is not None and plan.schedule != "custom":
-        costs = []
-        for s, st in enumerate(stages):
-            prev, nxt = (stages[s - 1] if s else None), (stages[s + 1] if s < count - 1 else None)
-            key = (plan.schedule, plan.state_factor, count, s, st.layers, st.devices, st.microbatches, st.recompute,
-                   prev and (prev.devices, prev.microbatches), nxt and (nxt.devices, nxt.microbatches))
-            found = cache.get(key)
-            if found is None:
-                found = _stage_cost(plan, graph, cluster, s, stage_ops(plan.schedule, len(st.microbatches), s, count))
-                if len(cache) >= STAGE_CACHE_SIZE:
-                    cache.clear()
-                cache[key] = found
-            costs.append(found)
-        return tuple(costs)
-    op_lists = plan.op_lists()
-    return tuple(_stage_cost(plan, graph, cluster, s, op_lists[s]) for s in range(count))
-
-
-def _stage_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", s: int, ops: list) -> StageCost:
-    """Stage ``s``'s cost, running ``ops``."""
-    stages = plan.stages
-    count = len(stages)
-    st = stages[s]
-    lo, hi = st.layers
-    r = len(st.devices)
-    devices = [cluster.device_index[d] for d in st.devices]
-    speed = min(d.speed for d in devices)
-    af, bf, ab, bb = graph.range_time(lo, hi)
-    per_replica = tuple(_ceil_div(n, r) for n in st.microbatches)
-    fwd = tuple((af + bf * q) / speed for q in per_replica)
-    recompute = fwd if st.recompute else tuple(0.0 for _ in per_replica)
-    bwd = tuple((ab + bb * q) / speed + rec for q, rec in zip(per_replica, recompute))
-    send_fwd = _send_times(st, stages[s + 1], graph.cut_bytes(hi - 1), cluster) if s < count - 1 else ()
-    send_bwd = _send_times(st, stages[s - 1], graph.cut_bytes(lo - 1), cluster) if s > 0 else ()
-    wait_fwd = _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else ()
-    wait_bwd = _overlaps(st.microbatches, stages[s + 1].microbatches) if s < count - 1 else ()
-    params = graph.range_sum("params", lo, hi)
-    peak = stage_peak_memory(plan.state_factor, params, ops, per_replica,
-                             graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo), st.recompute)
-    return StageCost(tuple(ops), fwd, bwd, recompute, per_replica, st.microbatches,
-                     send_fwd, send_bwd, wait_fwd, wait_bwd, _allreduce(cluster, st.devices, params), peak,
-                     min(d.memory for d in devices), graph.range_step(lo, hi) / speed)
-
-
-def _allreduce(cluster: "Cluster", devices: tuple[str, ...], params: float) -> float:
-    """``AR = 2*(r-1) * (lat(D) + P / (r * bw(D)))`` of a ring over ``devices``; 0 for one device."""
-    r = len(devices)
-    if r < 2:
-        return 0.0
-    return 2 * (r - 1) * (cluster.lat(devices) + params / (r * cluster.bw(devices)))
-
-
+# ------------------------------------------------------------------------- the sweep
 def simulate(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", *, file: str = "-",
-             validate: bool = True) -> "SimulationResult | GroupSimulationResult":
+             validate: bool = True) -> Simulation:
     """Time and memory of one iteration of ``plan``, exactly as the spec defines them.
-
-    A version-1 plan (one stage per device group, no ``I``/``W``) gives a
-    :class:`SimulationResult`; a plan that uses version 2 a
-    :class:`GroupSimulationResult` (see :func:`simulate_programs`).
 
     Parameters
     ----------
@@ -414,516 +770,102 @@ def simulate(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", *, file: str
 
     Returns
     -------
-    SimulationResult or GroupSimulationResult
+    Simulation
 
     Raises
     ------
     InputError
         If the plan breaks a rule of the spec.
     DeadlockError
-        If some op can never start; the message names the stage, the op and what it
-        waits for.
+        If some action can never start; the message names the stage or group, the
+        action and what it waits for.
 
     Examples
     --------
-    See ``tests/test_simulator.py`` and ``tests/test_simulator_v2.py`` for hand-computed cases.
+    See ``tests/test_simulator.py`` for hand-computed cases.
     """
     if validate:
         plan.validate(graph, cluster, file)
-    if plan.v2_features():
-        return simulate_programs(plan, graph, cluster, file=file, validate=False)
-    costs = stage_costs(plan, graph, cluster)
-    return run_timeline(costs, plan.global_batch, file)
+    return run_programs(plan_costs(plan, graph, cluster, file=file), file)
 
 
-def run_timeline(costs: tuple[StageCost, ...], global_batch: int, file: str = "-") -> SimulationResult:
-    """The timeline of precomputed stage costs; see :func:`simulate`."""
-    count = len(costs)
-    ptr = [0] * count  # next op position of each stage
-    clock = [0.0] * count  # end of each stage's previous op
-    op_times: list[list[tuple[float, float]]] = [[] for _ in range(count)]
-    fwd_arrival: list[list[float | None]] = [[None] * len(c.sizes) for c in costs]  # per sending stage
-    bwd_arrival: list[list[float | None]] = [[None] * len(c.sizes) for c in costs]  # per sending stage
-    fwd_link = [0.0] * count  # when the link after stage s is next free, forward direction
-    bwd_link = [0.0] * count  # ... and backward direction
-    fwd_tx: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(c.sizes) for c in costs[:-1]]
-    bwd_tx: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(c.sizes) for c in costs[1:]]
-    remaining = sum(len(c.ops) for c in costs)
-    last = count - 1
+def run_programs(costs: PlanCosts, file: str = "-") -> Simulation:
+    """The timeline of precomputed costs; see :func:`simulate`.
+
+    Raises
+    ------
+    DeadlockError
+        If some action can never start.
+    """
+    wiring, groups = costs.wiring, costs.groups
+    count, lengths = len(groups), wiring.lengths
+    arrival: list = [None] * wiring.slots
+    tx_start = [0.0] * wiring.slots
+    link_free = [0.0] * len(wiring.links)
+    send_time, slot_link = costs.send_times, wiring.slot_link
+    all_starts = tuple([0.0] * n for n in lengths)
+    all_ends = tuple([0.0] * n for n in lengths)
+    ptr, clock = [0] * count, [0.0] * count
+    remaining = sum(lengths)
     while remaining:
         progressed = 0
-        for s in range(count):
-            cost = costs[s]
-            ops, p, now, times = cost.ops, ptr[s], clock[s], op_times[s]
-            incoming_fwd = fwd_arrival[s - 1] if s > 0 else None
-            incoming_bwd = bwd_arrival[s + 1] if s < last else None
-            while p < len(ops):
-                kind, k = ops[p]
-                ready = now
-                if kind == FORWARD:
-                    if incoming_fwd is not None:
-                        lo, hi = cost.wait_fwd[k]
-                        arrivals = incoming_fwd[lo:hi + 1]
-                        if None in arrivals:
-                            break
-                        ready = max(now, max(arrivals))  # type: ignore[type-var]
-                    now = ready + cost.fwd[k]
-                    if s < last:
-                        t0 = now if now > fwd_link[s] else fwd_link[s]
-                        t1 = t0 + cost.send_fwd[k]
-                        fwd_link[s] = t1
-                        fwd_arrival[s][k] = t1
-                        fwd_tx[s][k] = (t0, t1)
+        for g in range(count):
+            p, n = ptr[g], lengths[g]
+            if p == n:
+                continue
+            waits, sends, several = wiring.waits[g], wiring.sends[g], wiring.several[g]
+            durations, starts, ends = groups[g].durations, all_starts[g], all_ends[g]
+            now, first = clock[g], p
+            while p < n:
+                w = waits[p]
+                if w >= 0:
+                    a = arrival[w]
+                    if a is None:
+                        break
+                    ready = a if a > now else now
+                elif w == NO_WAIT:
+                    ready = now
                 else:
-                    if incoming_bwd is not None:
-                        lo, hi = cost.wait_bwd[k]
-                        arrivals = incoming_bwd[lo:hi + 1]
-                        if None in arrivals:
+                    ready = now
+                    for o in several[p]:
+                        a = arrival[o]
+                        if a is None:
                             break
-                        ready = max(now, max(arrivals))  # type: ignore[type-var]
-                    now = ready + cost.bwd[k]
-                    if s > 0:
-                        t0 = now if now > bwd_link[s] else bwd_link[s]
-                        t1 = t0 + cost.send_bwd[k]
-                        bwd_link[s] = t1
-                        bwd_arrival[s][k] = t1
-                        bwd_tx[s - 1][k] = (t0, t1)
-                times.append((ready, now))
+                        if a > ready:
+                            ready = a
+                    if a is None:
+                        break
+                now = ready + durations[p]
+                starts[p] = ready
+                ends[p] = now
+                o = sends[p]
+                if o >= 0:
+                    link = slot_link[o]
+                    if link < 0:
+                        arrival[o] = now
+                    else:
+                        free = link_free[link]
+                        t0 = now if now > free else free
+                        t1 = t0 + send_time[o]
+                        link_free[link] = t1
+                        tx_start[o] = t0
+                        arrival[o] = t1
                 p += 1
-            progressed += p - ptr[s]
-            ptr[s], clock[s] = p, now
+            progressed += p - first
+            ptr[g], clock[g] = p, now
         if not progressed:
-            raise _deadlock(costs, ptr, fwd_arrival, bwd_arrival, file)
+            raise wiring.deadlock(ptr, arrival, file)
         remaining -= progressed
-    iteration = max(times[-1][1] + c.allreduce + c.step for c, times in zip(costs, op_times))
-    return SimulationResult(iteration, global_batch, costs,
-                            tuple(tuple(t) for t in op_times),
-                            tuple(tuple(t) for t in fwd_tx), tuple(tuple(t) for t in bwd_tx))
-
-
-def _blocker(costs, ptr, fwd_arrival, bwd_arrival, s: int) -> tuple[int, str, int]:
-    """What stage ``s``'s next op waits for: (sending stage, "F"/"B", its microbatch)."""
-    kind, k = costs[s].ops[ptr[s]]
-    if kind == FORWARD:
-        lo, hi = costs[s].wait_fwd[k]
-        j = next(j for j in range(lo, hi + 1) if fwd_arrival[s - 1][j] is None)
-        return s - 1, "F", j
-    lo, hi = costs[s].wait_bwd[k]
-    j = next(j for j in range(lo, hi + 1) if bwd_arrival[s + 1][j] is None)
-    return s + 1, "B", j
-
-
-def _deadlock(costs, ptr, fwd_arrival, bwd_arrival, file: str) -> DeadlockError:
-    """Follow the chain of waits from the first stuck stage until it closes a cycle."""
-    s = next(i for i, c in enumerate(costs) if ptr[i] < len(c.ops))
-    start, chain, visited = s, [], set()
-    while s not in visited:
-        visited.add(s)
-        sender, kind, j = _blocker(costs, ptr, fwd_arrival, bwd_arrival, s)
-        what = "activations" if kind == "F" else "gradients"
-        op = format_op(costs[s].ops[ptr[s]])
-        sender_op = format_op(costs[sender].ops[ptr[sender]]) if ptr[sender] < len(costs[sender].ops) else "end"
-        chain.append(f"stage {s} op {op} waits for the {what} of microbatch {j} of stage {sender}, "
-                     f"whose {kind}{j} has not run (stage {sender} is stuck at its op {sender_op})")
-        s = sender
-    where = f"stages[{start}].ops[{ptr[start]}]"
-    return DeadlockError(file, where, "deadlock: " + "; ".join(chain))
+    iteration = max(ends[-1] + g.allreduce + g.step for g, ends in zip(groups, all_ends))
+    return Simulation(iteration, costs, all_starts, all_ends, tx_start, arrival)
 
 
 def check_deadlock_free(plan: "Plan", file: str = "-") -> None:
-    """Raise :class:`DeadlockError` if ``plan``'s op lists (or programs) and splits can deadlock.
+    """Raise :class:`DeadlockError` if ``plan``'s programs (or op lists) and splits can deadlock.
 
-    Whether a plan deadlocks depends on op orders and splits only, not on durations,
-    so this needs neither the graph nor the cluster: it runs the timeline with zero
-    costs.
+    Whether a plan deadlocks depends on action orders and splits only, not on
+    durations, so this needs neither the graph nor the cluster: it sweeps the
+    programs with every duration 0 (a FIFO link always frees, so it cannot close a
+    cycle).
     """
-    if plan.v2_features():
-        _check_programs_deadlock_free(plan, file)
-        return
-    op_lists = plan.op_lists()
-    stages = plan.stages
-    costs = []
-    for s, st in enumerate(stages):
-        zeros = tuple(0.0 for _ in st.microbatches)
-        costs.append(StageCost(
-            tuple(op_lists[s]), zeros, zeros, zeros, tuple(st.microbatches), st.microbatches,
-            zeros if s < len(stages) - 1 else (), zeros if s > 0 else (),
-            _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else (),
-            _overlaps(st.microbatches, stages[s + 1].microbatches) if s < len(stages) - 1 else (),
-            0.0, 0.0, 0.0))
-    run_timeline(tuple(costs), plan.global_batch, file)
-
-
-# --------------------------------------------------------------------- version 2
-# Device groups run programs of actions (spec 7.3).  The sweep is the one above, over
-# groups instead of stages: a group advances through its program while each action's
-# inputs have arrived; local hand-overs arrive when the producing action ends; every
-# ordered pair of groups has one FIFO link, which a group fills in its program order.
-
-WEIGHT, INPUT = "W", "I"
-
-
-@dataclass(frozen=True)
-class GroupCost:
-    """Everything the timing of one device group needs, precomputed from plan, graph and cluster."""
-
-    devices: tuple[str, ...]
-    """The group's devices (as the first stage on it lists them)."""
-    stages: tuple[int, ...]
-    """The stages it holds, in stage order."""
-    program: tuple[tuple[int, str, int], ...]
-    """Its actions ``(stage, kind, microbatch)`` in program order."""
-    durations: tuple[float, ...]
-    """Seconds of each action (``TF``, ``TB``, ``TI`` or ``TW``, recompute included)."""
-    recompute: tuple[float, ...]
-    """Recompute part of each action's duration (0 if none)."""
-    samples: tuple[int, ...]
-    """Samples per replica, ``ceil(n / r_g)``, of each action's microbatch."""
-    allreduce: float
-    """``AR_g``."""
-    step: float
-    """``STEP_g``."""
-    peak_memory: float
-    """Peak bytes per device of the group."""
-    capacity: float
-    """Smallest memory among its devices."""
-
-
-@dataclass(frozen=True)
-class StageLinks:
-    """How one stage's outputs travel and what its actions wait for."""
-
-    send_fwd: tuple[float, ...]
-    """Seconds of each microbatch's forward transfer to the next stage (0 for a local hand-over; empty on the last)."""
-    send_bwd: tuple[float, ...]
-    """Seconds of each microbatch's backward transfer to the previous stage (0 if local; empty on the first)."""
-    fwd_link: tuple[int, int] | None
-    """``(sender group, receiver group)`` of its forward transfers; ``None`` if local or last."""
-    bwd_link: tuple[int, int] | None
-    """``(sender group, receiver group)`` of its backward transfers; ``None`` if local or first."""
-    wait_fwd: tuple[tuple[int, int], ...]
-    """Inclusive range of previous-stage microbatches each forward waits for."""
-    wait_bwd: tuple[tuple[int, int], ...]
-    """Inclusive range of next-stage microbatches each backward (``B`` or ``I``) waits for."""
-    sizes: tuple[int, ...]
-    """``n_k``: the samples of each microbatch (what a transfer carries)."""
-
-
-@dataclass(frozen=True)
-class SyncEvent:
-    """A group's all-reduce or optimizer step after its last action."""
-
-    group: int
-    """Group index."""
-    kind: str
-    """``"allreduce"`` or ``"step"``."""
-    start: float
-    """Start, seconds."""
-    end: float
-    """End, seconds."""
-
-
-def _sync_events(group: int, end: float, allreduce: float, step: float) -> list[SyncEvent]:
-    """The all-reduce, then the optimizer step, of a group whose last action ends at ``end``."""
-    events = []
-    if allreduce > 0:
-        events.append(SyncEvent(group, "allreduce", end, end + allreduce))
-    if step > 0:
-        events.append(SyncEvent(group, "step", end + allreduce, end + allreduce + step))
-    return events
-
-
-@dataclass(frozen=True)
-class GroupSimulationResult(_CostReport):
-    """What a plan of device groups running programs costs (spec 7.3 and 7.4).
-
-    It answers the questions :class:`SimulationResult` answers, per group: a group is
-    the unit that runs one action at a time, holds memory and synchronises.
-    """
-
-    iteration_time: float
-    """``T``: seconds per iteration."""
-    global_batch: int
-    """Samples per iteration."""
-    groups: tuple[GroupCost, ...]
-    """Per-group costs the timeline was computed from."""
-    action_times: tuple[tuple[tuple[float, float], ...], ...]
-    """``(start, end)`` of each group's actions, in program order."""
-    transfers: tuple[TransferEvent, ...]
-    """Every transfer over a link between groups, in the order they were sent."""
-
-    @property
-    def _units(self) -> tuple[GroupCost, ...]:
-        return self.groups
-
-    def _memory_owner(self, i: int) -> tuple[str, str]:
-        return f"stages[{self.groups[i].stages[0]}]", f"group {i}'s"
-
-    @cached_property
-    def busy(self) -> tuple[float, ...]:
-        """Seconds each group spends running actions."""
-        return tuple(sum(g.durations) for g in self.groups)
-
-    @property
-    def group_end(self) -> tuple[float, ...]:
-        """When each group is done: its last action's end plus ``AR_g`` and ``STEP_g``."""
-        return tuple(times[-1][1] + g.allreduce + g.step for g, times in zip(self.groups, self.action_times))
-
-    @cached_property
-    def ops(self) -> tuple[OpEvent, ...]:
-        """Every action, group by group, in program order."""
-        return tuple(OpEvent(s, kind, k, q, start, end, rec, gi)
-                     for gi, (g, times) in enumerate(zip(self.groups, self.action_times))
-                     for (s, kind, k), q, rec, (start, end) in zip(g.program, g.samples, g.recompute, times))
-
-    @cached_property
-    def syncs(self) -> tuple[SyncEvent, ...]:
-        """Each group's all-reduce and optimizer step, where they take time."""
-        events = []
-        for gi, (g, times) in enumerate(zip(self.groups, self.action_times)):
-            events += _sync_events(gi, times[-1][1], g.allreduce, g.step)
-        return tuple(events)
-
-
-
-def group_costs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster",
-                programs: list[list[tuple[int, str, int]]]) -> tuple[tuple[GroupCost, ...], tuple[StageLinks, ...]]:
-    """Per-group durations, all-reduce, step and memory, and per-stage links, of a validated plan."""
-    stages = plan.stages
-    keys = [frozenset(devices) for devices in plan.groups]
-    stage_group = [keys.index(frozenset(st.devices)) for st in stages]
-    links = tuple(_stage_links(plan, graph, cluster, s, stage_group) for s in range(len(stages)))
-    groups = []
-    for gi, devices in enumerate(plan.groups):
-        held = tuple(s for s, g in enumerate(stage_group) if g == gi)
-        groups.append(_group_cost(plan, graph, cluster, devices, held, programs[gi]))
-    return tuple(groups), links
-
-
-def _stage_links(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", s: int,
-                 stage_group: list[int]) -> StageLinks:
-    stages = plan.stages
-    st, last = stages[s], len(stages) - 1
-    lo, hi = st.layers
-    send_fwd: tuple[float, ...] = ()
-    send_bwd: tuple[float, ...] = ()
-    fwd_link = bwd_link = None
-    if s < last:
-        if stage_group[s + 1] == stage_group[s]:
-            send_fwd = tuple(0.0 for _ in st.microbatches)
-        else:
-            send_fwd = _send_times(st, stages[s + 1], graph.cut_bytes(hi - 1), cluster)
-            fwd_link = (stage_group[s], stage_group[s + 1])
-    if s > 0:
-        if stage_group[s - 1] == stage_group[s]:
-            send_bwd = tuple(0.0 for _ in st.microbatches)
-        else:
-            send_bwd = _send_times(st, stages[s - 1], graph.cut_bytes(lo - 1), cluster)
-            bwd_link = (stage_group[s], stage_group[s - 1])
-    wait_fwd = _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else ()
-    wait_bwd = _overlaps(st.microbatches, stages[s + 1].microbatches) if s < last else ()
-    return StageLinks(send_fwd, send_bwd, fwd_link, bwd_link, wait_fwd, wait_bwd, st.microbatches)
-
-
-def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", devices: tuple[str, ...],
-                held: tuple[int, ...], program: list[tuple[int, str, int]]) -> GroupCost:
-    r = len(devices)
-    found = [cluster.device_index[d] for d in devices]
-    speed = min(d.speed for d in found)
-    per_stage = {s: _action_times(plan.stages[s], graph, r, speed) for s in held}
-    durations, recompute, samples = [], [], []
-    for s, kind, k in program:
-        times, rec, q = per_stage[s]
-        durations.append(times[kind][k])
-        recompute.append(rec[k] if kind in (BACKWARD, INPUT) else 0.0)
-        samples.append(q[k])
-    params = sum(graph.range_sum("params", *plan.stages[s].layers) for s in held)
-    step = sum(graph.range_step(*plan.stages[s].layers) for s in held) / speed
-    peak = group_peak_memory(plan.state_factor, params, program, {s: _stage_memory(plan, graph, s, r) for s in held})
-    return GroupCost(tuple(devices), held, tuple(program), tuple(durations), tuple(recompute), tuple(samples),
-                     _allreduce(cluster, devices, params), step, peak, min(d.memory for d in found))
-
-
-def _action_times(st: "Stage", graph: "LayerGraph", r: int, speed: float
-                  ) -> tuple[dict[str, tuple[float, ...]], tuple[float, ...], tuple[int, ...]]:
-    """``({kind: duration per microbatch}, recompute per microbatch, samples per replica)`` of a stage."""
-    lo, hi = st.layers
-    af, bf, ab, bb = graph.range_time(lo, hi)
-    aw, bw = graph.range_weight_time(lo, hi)
-    q = tuple(_ceil_div(n, r) for n in st.microbatches)
-    fwd = tuple((af + bf * n) / speed for n in q)
-    rec = fwd if st.recompute else tuple(0.0 for _ in q)
-    times = {
-        FORWARD: fwd,
-        BACKWARD: tuple((ab + bb * n) / speed + x for n, x in zip(q, rec)),
-        INPUT: tuple(((ab - aw) + (bb - bw) * n) / speed + x for n, x in zip(q, rec)),
-        WEIGHT: tuple((aw + bw * n) / speed for n in q),
-    }
-    return times, rec, q
-
-
-def _stage_memory(plan: "Plan", graph: "LayerGraph", s: int, r: int) -> StageMemory:
-    st = plan.stages[s]
-    lo, hi = st.layers
-    act = graph.range_sum("act", lo, hi)
-    stash = graph.stage_input_bytes(lo) if st.recompute else act
-    return StageMemory(tuple(_ceil_div(n, r) for n in st.microbatches), stash,
-                       act if st.recompute else 0.0, graph.range_act_weight(lo, hi))
-
-
-def simulate_programs(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", *, file: str = "-",
-                      validate: bool = True) -> GroupSimulationResult:
-    """Time and memory of one iteration of a plan of device groups running programs (spec 7.3, 7.4).
-
-    Any plan may be given (a version-1 plan is one group per stage, each program its
-    stage's op list); :func:`simulate` sends version-2 plans here.
-
-    Parameters
-    ----------
-    plan, graph, cluster
-        The plan and what it runs on.
-    file : str
-        The plan's file, for error messages.
-    validate : bool
-        Check the plan against the graph and cluster first.
-
-    Returns
-    -------
-    GroupSimulationResult
-
-    Raises
-    ------
-    InputError
-        If the plan breaks a rule of the spec.
-    DeadlockError
-        If some action can never start; the message names the group, the action and
-        what it waits for.
-
-    Examples
-    --------
-    See ``tests/test_simulator_v2.py`` for hand-computed cases.
-    """
-    if validate:
-        plan.validate(graph, cluster, file)
-    groups, links = group_costs(plan, graph, cluster, plan.actions())
-    return run_programs(groups, links, plan.global_batch, file)
-
-
-def run_programs(groups: tuple[GroupCost, ...], links: tuple[StageLinks, ...], global_batch: int,
-                 file: str = "-") -> GroupSimulationResult:
-    """The timeline of precomputed group costs; see :func:`simulate_programs`."""
-    count, last = len(groups), len(links) - 1
-    ptr = [0] * count
-    clock = [0.0] * count
-    times: list[list[tuple[float, float]]] = [[] for _ in range(count)]
-    fwd_arrival: list[list[float | None]] = [[None] * len(lk.sizes) for lk in links]  # per sending stage
-    bwd_arrival: list[list[float | None]] = [[None] * len(lk.sizes) for lk in links]
-    link_free: dict[tuple[int, int], float] = {}
-    transfers: list[TransferEvent] = []
-    remaining = sum(len(g.program) for g in groups)
-    while remaining:
-        progressed = 0
-        for gi in range(count):
-            group = groups[gi]
-            program, p, now, done = group.program, ptr[gi], clock[gi], times[gi]
-            while p < len(program):
-                s, kind, k = program[p]
-                lk = links[s]
-                ready = now
-                if kind == FORWARD:
-                    if s > 0:
-                        lo, hi = lk.wait_fwd[k]
-                        arrivals = fwd_arrival[s - 1][lo:hi + 1]
-                        if None in arrivals:
-                            break
-                        ready = max(now, max(arrivals))  # type: ignore[type-var]
-                    now = ready + group.durations[p]
-                    if s < last:
-                        fwd_arrival[s][k] = _send(now, lk.send_fwd[k], lk.fwd_link, link_free, transfers,
-                                                  s, "fwd", k, lk.sizes[k])
-                elif kind == WEIGHT:
-                    now = ready + group.durations[p]
-                else:
-                    if s < last:
-                        lo, hi = lk.wait_bwd[k]
-                        arrivals = bwd_arrival[s + 1][lo:hi + 1]
-                        if None in arrivals:
-                            break
-                        ready = max(now, max(arrivals))  # type: ignore[type-var]
-                    now = ready + group.durations[p]
-                    if s > 0:
-                        bwd_arrival[s][k] = _send(now, lk.send_bwd[k], lk.bwd_link, link_free, transfers,
-                                                  s - 1, "bwd", k, lk.sizes[k])
-                done.append((ready, now))
-                p += 1
-            progressed += p - ptr[gi]
-            ptr[gi], clock[gi] = p, now
-        if not progressed:
-            raise _program_deadlock(groups, links, ptr, fwd_arrival, bwd_arrival, file)
-        remaining -= progressed
-    iteration = max(done[-1][1] + g.allreduce + g.step for g, done in zip(groups, times))
-    return GroupSimulationResult(iteration, global_batch, groups, tuple(tuple(t) for t in times), tuple(transfers))
-
-
-def _send(end: float, duration: float, link: tuple[int, int] | None, link_free: dict[tuple[int, int], float],
-          transfers: list[TransferEvent], cut: int, direction: str, k: int, samples: int) -> float:
-    """The arrival of what an action ending at ``end`` sends: at once if local, else after its FIFO link."""
-    if link is None:
-        return end
-    free = link_free.get(link, 0.0)
-    start = end if end > free else free
-    arrival = start + duration
-    link_free[link] = arrival
-    transfers.append(TransferEvent(cut, direction, k, samples, start, arrival, link))
-    return arrival
-
-
-def _program_blocker(groups, links, ptr, fwd_arrival, bwd_arrival, gi: int) -> tuple[int, str, int]:
-    """What group ``gi``'s next action waits for: (sending stage, "F" or "B", its microbatch)."""
-    s, kind, k = groups[gi].program[ptr[gi]]
-    if kind == FORWARD:
-        lo, hi = links[s].wait_fwd[k]
-        return s - 1, FORWARD, next(j for j in range(lo, hi + 1) if fwd_arrival[s - 1][j] is None)
-    lo, hi = links[s].wait_bwd[k]
-    return s + 1, BACKWARD, next(j for j in range(lo, hi + 1) if bwd_arrival[s + 1][j] is None)
-
-
-def _program_deadlock(groups, links, ptr, fwd_arrival, bwd_arrival, file: str) -> DeadlockError:
-    """Follow the chain of waits from the first stuck group until it closes a cycle."""
-    owner = {s: gi for gi, g in enumerate(groups) for s in g.stages}
-    gi = next(i for i, g in enumerate(groups) if ptr[i] < len(g.program))
-    start, chain, visited = gi, [], set()
-    while gi not in visited:
-        visited.add(gi)
-        sender, kind, j = _program_blocker(groups, links, ptr, fwd_arrival, bwd_arrival, gi)
-        what, made_by = ("activations", "F") if kind == FORWARD else ("gradients", "B or I")
-        action = format_action(Action(*groups[gi].program[ptr[gi]]))
-        h = owner[sender]
-        stuck = format_action(Action(*groups[h].program[ptr[h]])) if ptr[h] < len(groups[h].program) else "its end"
-        chain.append(f"group {gi} action {action} waits for the {what} of microbatch {j} of stage {sender}, "
-                     f"whose {made_by} has not run (group {h} is stuck at {stuck})")
-        gi = h
-    return DeadlockError(file, f"programs[{start}][{ptr[start]}]", "deadlock: " + "; ".join(chain))
-
-
-def _check_programs_deadlock_free(plan: "Plan", file: str) -> None:
-    """:func:`check_deadlock_free` for a version-2 plan: its programs timed at zero cost.
-
-    A FIFO link always frees, so it cannot close a cycle: every hand-over is taken as local.
-    """
-    stages, programs, stage_group = plan.stages, plan.actions(file), plan.stage_groups
-    groups = []
-    for gi, (devices, program) in enumerate(zip(plan.groups, programs)):
-        zeros = tuple(0.0 for _ in program)
-        held = tuple(s for s, g in enumerate(stage_group) if g == gi)
-        groups.append(GroupCost(devices, held, tuple(program), zeros, zeros, tuple(0 for _ in program),
-                                0.0, 0.0, 0.0, 0.0))
-    links = []
-    for s, st in enumerate(stages):
-        zeros = tuple(0.0 for _ in st.microbatches)
-        last = len(stages) - 1
-        links.append(StageLinks(zeros if s < last else (), zeros if s > 0 else (), None, None,
-                                _overlaps(st.microbatches, stages[s - 1].microbatches) if s > 0 else (),
-                                _overlaps(st.microbatches, stages[s + 1].microbatches) if s < last else (),
-                                st.microbatches))
-    run_programs(tuple(groups), tuple(links), plan.global_batch, file)
+    plan_wiring(plan, file).sweep_order(file)

@@ -1,7 +1,7 @@
 """The exact solvers' table of candidate arcs (:func:`build_data`), with the bound terms of each.
 
-Memory is exact: each arc's peak is :func:`pipeplan.solver.evaluation.memory.stage_peak_memory` of its op
-list, which under 1F1B depends on the stage only through ``w = min(tau, M)``.  The
+Memory is exact: each arc's peak is :func:`pipeplan.solver.evaluation.memory.range_peak_memory` of its
+program, which under 1F1B depends on the stage only through ``w = min(tau, M)``.  The
 vectorised sums (differences of prefix sums) can differ from the simulator's by
 rounding, so a peak within rounding of the memory (relative to the prefix sums it came
 from) is decided by the simulator's own sum (:func:`pipeplan.solver.evaluation.memory.settle_borderline`):

@@ -41,7 +41,7 @@ from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.evaluation.simulator import SimulationResult
+from pipeplan.solver.evaluation.simulator import Simulation
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.bounds.virtual_bound import Bounder, space_bound
 from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, boundary_choices, candidates, empty_space,
@@ -75,7 +75,7 @@ def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, dea
 
 def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int,
              budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
-             proves: bool = True, evaluate: Callable[[Plan], SimulationResult] | None = None,
+             proves: bool = True, evaluate: Callable[[Plan], Simulation] | None = None,
              incumbent: tuple[Plan, float] | None = None) -> SolverResult:
     """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
 

@@ -3,20 +3,21 @@
 
 Version 2 (spec 7.2) lets several stages share one device group and names the
 schedules that do so; a plan is written as ``/1`` whenever it uses none of that, so
-version-1 readers keep reading what they always read.  Code that only knows version 1
-calls :meth:`Plan.require_v1` and refuses the rest in one line.
+version-1 readers keep reading what they always read (:attr:`Plan.format`).  Every
+plan, of either version, is a set of device groups running programs of actions
+(:meth:`Plan.actions`): the one thing the simulator and the runtime read.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Sequence
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json
-from pipeplan.solver.schedules.schedule import (NAMED_V2, SCHEDULES, Action, Op, check_ops, check_programs, format_action,
-                                     format_op, group_programs, num_stages, stage_group, stage_ops)
+from pipeplan.solver.schedules.schedule import (NAMED_V2, ONE_STAGE_PER_GROUP, SCHEDULES, Action, check_programs,
+                                                check_stage_ops, format_action, group_programs, num_stages,
+                                                stage_actions, stage_group)
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
@@ -28,9 +29,6 @@ PLAN_FORMAT_V2 = "pipeplan.plan/2"
 _STAGE_FIELDS = frozenset({"layers", "devices", "microbatches", "recompute", "ops"})
 _PLAN_FIELDS = frozenset({"format", "graph", "cluster", "global_batch", "state_factor", "schedule", "stages"})
 _PLAN_FIELDS_V2 = _PLAN_FIELDS | {"programs"}
-
-ONE_STAGE_PER_GROUP = ("gpipe", "1f1b")
-"""Named schedules under which every device group holds exactly one stage."""
 
 MAX_SAMPLES = MAX_EXACT_INT
 """Largest global batch (and layer index): sample counts beyond it are not exact in floating point."""
@@ -74,8 +72,8 @@ class Plan:
     Examples
     --------
     >>> p = Plan("g", "c", 4, 4.0, "gpipe", (Stage((0, 2), ("g0",), (2, 2)),))
-    >>> p.op_lists()[0]
-    [('F', 0), ('F', 1), ('B', 0), ('B', 1)]
+    >>> p.programs()[0]
+    ['0F0', '0F1', '0B0', '0B1']
     >>> p.format
     'pipeplan.plan/1'
     """
@@ -132,12 +130,12 @@ class Plan:
         """``v``: stages per group (1 when every group holds one stage), as the stage count implies."""
         return max(1, len(self.stages) // max(1, len(self.groups)))
 
-    def v2_features(self) -> list[str]:
-        """What of version 2 the plan uses (empty: it is a version-1 plan), in words.
+    def _format_2_uses(self) -> list[str]:
+        """What of version 2 the plan uses, in words: what makes it a ``pipeplan.plan/2`` file (empty: ``/1``).
 
         Examples
         --------
-        >>> Plan("g", "c", 1, 4.0, "zbv", (Stage((0, 1), ("a",), (1,)), Stage((1, 2), ("a",), (1,)))).v2_features()
+        >>> Plan("g", "c", 1, 4.0, "zbv", (Stage((0, 1), ("a",), (1,)), Stage((1, 2), ("a",), (1,))))._format_2_uses()
         ['schedule zbv', 'stages 0 and 1 share device group 0']
         """
         found = []
@@ -159,37 +157,17 @@ class Plan:
 
     @property
     def format(self) -> str:
-        """``pipeplan.plan/2`` when the plan uses anything of version 2, else ``pipeplan.plan/1``."""
-        return PLAN_FORMAT_V2 if self.v2_features() else PLAN_FORMAT
+        """The file format the plan is written in: ``pipeplan.plan/2`` when it uses anything of version 2, else ``/1``."""
+        return PLAN_FORMAT_V2 if self._format_2_uses() else PLAN_FORMAT
 
-    def require_v1(self, file: str, what: str) -> None:
-        """Refuse, in one line, a version-2 plan given to ``what``, which knows version 1 only.
+    @property
+    def programs_by_stage(self) -> bool:
+        """Whether the programs are the stages' own op lists: ``gpipe``, ``1f1b`` or custom per-stage ``ops``.
 
-        Parameters
-        ----------
-        file : str
-            The plan's file, for the error.
-        what : str
-            The code path that refuses it, as the user knows it (``"the batched simulator"``).
-
-        Raises
-        ------
-        InputError
-            Naming what of version 2 the plan uses.
-
-        Examples
-        --------
-        >>> p = Plan("g", "c", 1, 4.0, "zbv", (Stage((0, 1), ("a",), (1,)), Stage((1, 2), ("a",), (1,))))
-        >>> p.require_v1("p.json", "the exporter")
-        Traceback (most recent call last):
-        ...
-        pipeplan.models.errors.InputError: p.json: format: the exporter reads pipeplan.plan/1 plans only, and this \
-plan uses version 2 (schedule zbv; stages 0 and 1 share device group 0); simulate it with pipeplan simulate
+        Each group then holds one stage, and errors in its programs are reported where
+        the plan writes them, at ``stages[s].ops[i]``.
         """
-        used = self.v2_features()
-        if used:
-            raise InputError(file, "format", f"{what} reads {PLAN_FORMAT} plans only, and this plan uses version 2 "
-                                             f"({'; '.join(used)}); simulate it with pipeplan simulate")
+        return self.custom_programs is None and self.schedule not in NAMED_V2
 
     def actions(self, file: str = "-") -> list[list[Action]]:
         """Every group's program as :class:`~pipeplan.solver.schedules.schedule.Action` s, generated or read.
@@ -208,23 +186,11 @@ plan uses version 2 (schedule zbv; stages 0 and 1 share device group 0); simulat
                                       self.virtual)
             except ValueError as exc:
                 raise InputError(file, "stages[0].microbatches", str(exc)) from None
-        if self.schedule == "custom" and self.format == PLAN_FORMAT_V2:
-            return self._split_ops(file)
-        out: list[list[Action]] = [[] for _ in self.groups]
-        for s, (g, ops) in enumerate(zip(self.stage_groups, self.op_lists())):
-            out[g] += [Action(s, kind, k) for kind, k in ops]
-        return out
-
-    def _split_ops(self, file: str) -> list[list[Action]]:
-        """A ``/2`` custom plan's per-stage ``ops`` (``I`` and ``W`` allowed), one stage per group, checked."""
-        programs = [[f"{s}{op}" if isinstance(op, str) else op for op in st.ops or ()]
+        count = len(self.stages)
+        if self.schedule == "custom":
+            return [check_stage_ops(list(st.ops or ()), s, len(st.microbatches), file, f"stages[{s}].ops")
                     for s, st in enumerate(self.stages)]
-        try:
-            return check_programs(programs, self.stage_groups, [len(st.microbatches) for st in self.stages],
-                                  file, "programs")
-        except InputError as exc:  # report the places as the plan writes them: stages[s].ops[i]
-            where = re.sub(r"^programs\[(\d+)\]", r"stages[\1].ops", exc.where)
-            raise InputError(file, where, re.sub(r"programs\[(\d+)\]", r"stages[\1].ops", exc.what)) from None
+        return [list(stage_actions(self.schedule, len(st.microbatches), s, count)) for s, st in enumerate(self.stages)]
 
     def programs(self) -> list[list[str]]:
         """Every group's actions in order, as torch.distributed.pipelining writes them (``"0F3"``).
@@ -237,22 +203,20 @@ plan uses version 2 (schedule zbv; stages 0 and 1 share device group 0); simulat
         """
         return [[format_action(a) for a in program] for program in self.actions()]
 
-    def op_lists(self) -> list[list[Op]]:
-        """Every stage's op list ``(kind, k)``, generated from the schedule, read from ``ops``, or taken
-        from its group's program (version 2)."""
-        if self.schedule in NAMED_V2 or self.custom_programs is not None or self.format == PLAN_FORMAT_V2:
-            lists: list[list[Op]] = [[] for _ in self.stages]
-            for program in self.actions():
-                for s, kind, k in program:
-                    lists[s].append((kind, k))
-            return lists
-        s_count = len(self.stages)
-        lists = []
-        for s, st in enumerate(self.stages):
-            custom = None
-            if self.schedule == "custom":
-                custom = check_ops(list(st.ops or []), len(st.microbatches), "-", f"stages[{s}].ops")
-            lists.append(stage_ops(self.schedule, len(st.microbatches), s, s_count, custom))
+    def stage_actions(self) -> list[list[Action]]:
+        """Every stage's actions, in the order its group runs them.
+
+        Examples
+        --------
+        >>> a, b = ("a",), ("b",)
+        >>> p = Plan("g", "c", 1, 4.0, "looped-bfs", tuple(Stage((i, i + 1), d, (1,)) for i, d in enumerate([a, b, a, b])))
+        >>> [format_action(x) for x in p.stage_actions()[2]]
+        ['2F0', '2B0']
+        """
+        lists: list[list[Action]] = [[] for _ in self.stages]
+        for program in self.actions():
+            for action in program:
+                lists[action.stage].append(action)
         return lists
 
     def with_extra(self, **fields: Any) -> "Plan":
@@ -306,11 +270,7 @@ plan uses version 2 (schedule zbv; stages 0 and 1 share device group 0); simulat
         for s, st in enumerate(self.stages):
             if st.ops is None:
                 _missing_ops(file, s)
-        if self.format == PLAN_FORMAT_V2:
-            self._split_ops(file)
-            return
-        for s, st in enumerate(self.stages):
-            check_ops(list(st.ops or ()), len(st.microbatches), file, f"stages[{s}].ops")
+        self.actions(file)
 
     def _check_one_stage_per_group(self, file: str, context: str) -> None:
         first: dict[int, int] = {}
@@ -354,10 +314,10 @@ plan uses version 2 (schedule zbv; stages 0 and 1 share device group 0); simulat
         if self.schedule in NAMED_V2:
             raise InputError(file, where, f"{self.schedule} generates every group's program, so per-stage ops are "
                                           f"not read; remove them, or use \"schedule\": \"custom\" with \"programs\"")
-        given = check_ops(list(st.ops or ()), len(st.microbatches), file, where)
-        expected = stage_ops(self.schedule, len(st.microbatches), s, len(self.stages))
+        given = check_stage_ops(list(st.ops or ()), s, len(st.microbatches), file, where)
+        expected = list(stage_actions(self.schedule, len(st.microbatches), s, len(self.stages)))
         if given != expected:
-            shown = " ".join(format_op(op) for op in expected[:12]) + (" ..." if len(expected) > 12 else "")
+            shown = " ".join(f"{a.kind}{a.microbatch}" for a in expected[:12]) + (" ..." if len(expected) > 12 else "")
             raise InputError(file, where, f"differs from this stage's {self.schedule} op list ({shown}), which "
                                           f"the schedule alone decides; another order needs \"schedule\": \"custom\"")
 

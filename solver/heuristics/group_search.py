@@ -57,16 +57,16 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from pipeplan.solver.baselines.common import Bounds, Groups, Judged, finalize, fitting_costs, stage_fits
-from pipeplan.solver.evaluation.batched import StageRow, iteration_times, stage_row
+from pipeplan.solver.evaluation.batched import iteration_times
 from pipeplan.solver.space.device_classes import DeviceClass, device_classes
 from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
-from pipeplan.solver.evaluation.memory import range_peak_memory, settle_borderline, stash_peak, stash_points
+from pipeplan.solver.evaluation.memory import range_peak_memory, settle_borderline, stash_points
 from pipeplan.solver.bounds.path_floor import StageTerms, path_floor, stage_terms
 from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.schedules.schedule import Op, stage_ops
-from pipeplan.solver.evaluation.simulator import STAGE_CACHE_SIZE, StageCost
+from pipeplan.solver.schedules.schedule import Action, stage_actions
+from pipeplan.solver.evaluation.simulator import GroupCost, PlanCosts, StageLinks
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.formats.plan import Plan
 
@@ -235,8 +235,7 @@ class _Costs:
         self._ring: dict[tuple[int, int], tuple[float, float]] = {}
         self._fits: dict[tuple, np.ndarray] = {}
         self.stage_cache: dict = {}
-        """Stage costs of the plans simulated so far (:func:`pipeplan.solver.evaluation.simulator.stage_costs`)."""
-        self._rows: dict[int, StageRow] = {}
+        """Group and stage costs of the plans simulated so far (:func:`pipeplan.solver.evaluation.simulator.plan_costs`)."""
         graph = problem.graph
         self.state = problem.state_factor * np.array([l.params for l in layers])
         self.act = np.array([l.act for l in layers])
@@ -256,10 +255,10 @@ class _Costs:
             self._prefix[key] = np.concatenate(([0.0], np.cumsum((self.a + self.b * q) / v)))
         return self._prefix[key]
 
-    def fits(self, r: int, memory: float, ops: Sequence[Op]) -> np.ndarray:
+    def fits(self, r: int, memory: float, ops: Sequence[Action]) -> np.ndarray:
         """``fits[lo, hi]``: whether layers ``[lo, hi)`` fit on a replica of ``r`` devices of ``memory`` bytes.
 
-        The spec's peak (:func:`pipeplan.solver.evaluation.memory.stage_peak_memory`) for a stage running
+        The spec's peak (:func:`pipeplan.solver.evaluation.memory.range_peak_memory`) for a stage running
         ``ops`` on the equal split, without recompute or, when the problem allows it,
         with: a split that fits stage by stage here fits as a plan
         (:func:`pipeplan.solver.baselines.common.finalize` switches recompute on where needed).
@@ -275,7 +274,7 @@ class _Costs:
                 n = state.shape[1]
                 return lambda i: range_peak_memory(self.problem.graph, self.problem.state_factor, i // n, i % n,
                                                    ops, per_replica, recompute)
-            stashed = stash_peak(ops, per_replica, 1.0, 0.0)
+            stashed = float(stash_points(ops, per_replica)[:, 0].max())  # the stash's peak in samples
             plain = state + act * stashed
             # the prefix sums at each range's end: what rounding in ``state`` and ``act`` scales with
             ends = self._state_sums[None, :] + self._act_sums[None, :] * stashed
@@ -292,13 +291,6 @@ class _Costs:
             self._fits[key] = ok
         return self._fits[key]
 
-    def rows(self, costs: Sequence[StageCost]) -> list[StageRow]:
-        """The :func:`pipeplan.solver.evaluation.batched.stage_row` of each stage cost, made once per cost."""
-        if len(self._rows) > STAGE_CACHE_SIZE:
-            self._rows.clear()
-        # a row holds its cost, so the id it is filed under stays that cost's while the entry lives
-        return [self._rows.get(id(c)) or self._rows.setdefault(id(c), stage_row(c)) for c in costs]
-
     def ring(self, c: int, r: int) -> tuple[float, float]:
         """``(latency, bandwidth)`` of a group of ``r`` devices of class ``c`` (as :func:`replica_groups` cuts it)."""
         key = (c, r)
@@ -308,16 +300,16 @@ class _Costs:
         return self._ring[key]
 
 
-def _recompute_points(ops: Sequence[Op], per_replica: Sequence[int]) -> list[tuple[int, int]]:
+def _recompute_points(ops: Sequence[Action], per_replica: Sequence[int]) -> list[tuple[int, int]]:
     """``(stashed samples, working samples)`` after every forward and during every backward of a recomputing stage.
 
     Its peak is the largest ``stashed * I + working * A`` over these points (as
-    :func:`pipeplan.solver.evaluation.memory.stash_peak` walks the ops); only the points not dominated
+    :func:`pipeplan.solver.evaluation.memory.program_stash_peak` walks the program); only the points not dominated
     in both counts are kept (usually one: the stash when the first backward starts).
 
     Examples
     --------
-    >>> _recompute_points([("F", 0), ("F", 1), ("B", 0), ("F", 2), ("B", 1), ("B", 2)], [2, 2, 2])
+    >>> _recompute_points(stage_actions("1f1b", 3, 0, 2), [2, 2, 2])
     [(4, 2)]
     """
     points = [(int(i), int(a)) for i, a in stash_points(ops, per_replica)]
@@ -477,8 +469,7 @@ def _judge_all(problem: PlanningProblem, costs: _Costs, proposals: Sequence[tupl
     fits = [i for i, f in enumerate(fitted) if f is not None]
     times = [math.inf] * len(proposals)
     if fits:
-        rows = [costs.rows(fitted[i][1]) for i in fits]
-        for i, t in zip(fits, iteration_times(rows, problem.schedule).tolist()):
+        for i, t in zip(fits, iteration_times([fitted[i][1] for i in fits]).tolist()):
             times[i] = t
     return times
 
@@ -513,31 +504,47 @@ def _build_patterns(problem: PlanningProblem, costs: _Costs, ranked: Sequence[tu
     return built, False
 
 
-def _ops(problem: PlanningProblem, s: int, count: int) -> list[Op]:
-    """Stage ``s``'s op list in a pipeline of ``count`` stages on the problem's equal split."""
-    return stage_ops(problem.schedule, len(problem.split), s, count)
+def _ops(problem: PlanningProblem, s: int, count: int) -> tuple[Action, ...]:
+    """Stage ``s``'s program in a pipeline of ``count`` stages (one per group) on the problem's equal split.
+
+    Written as stage 0 of the last ``count - s`` stages: the program depends on the stage
+    only through that count, so the memory tables of :meth:`_Costs.fits` are shared by every
+    stage with the same program.
+    """
+    return stage_actions(problem.schedule, len(problem.split), 0, count - s)
+
+
+_Row = tuple[GroupCost, StageLinks, StageTerms | None]
 
 
 class _GroupTable:
-    """Stage rows and :func:`pipeplan.solver.bounds.path_floor.stage_terms` of the plans on one list of device groups.
+    """Stage costs and :func:`pipeplan.solver.bounds.path_floor.stage_terms` of the plans on one list of device groups.
 
     A stage's cost depends on its position, layers and recompute flag and on its
-    neighbours' devices (:func:`pipeplan.solver.evaluation.simulator.stage_costs`), so with the groups
+    neighbours' devices (:func:`pipeplan.solver.evaluation.simulator.plan_costs`), so with the groups
     fixed it is known by ``(stage, layer range)``; recompute is decided per stage as
     :func:`pipeplan.solver.baselines.common.finalize` decides it.
     """
 
     def __init__(self, problem: PlanningProblem, groups: Groups, cache: dict | None) -> None:
         self.problem, self.groups, self.cache = problem, groups, cache
-        self.rows: dict[tuple[int, tuple[int, int]], tuple[StageRow, StageTerms | None] | None] = {}
+        self.rows: dict[tuple[int, tuple[int, int]], _Row | None] = {}
+        self.wiring = None
 
-    def stages(self, bounds: Bounds) -> list[tuple[StageRow, StageTerms | None] | None]:
-        """Per stage, its row and terms; ``None`` for a stage that does not fit."""
+    def stages(self, bounds: Bounds) -> list[_Row | None]:
+        """Per stage, its group cost, transfer times and terms; ``None`` for a stage that does not fit."""
         if any((s, b) not in self.rows for s, b in enumerate(bounds)):
-            for s, (b, cost) in enumerate(zip(bounds, stage_fits(self.problem, bounds, self.groups, self.cache)[1])):
+            _, costs, fits = stage_fits(self.problem, bounds, self.groups, self.cache)
+            self.wiring = costs.wiring  # one stage per group on the equal split: every trial shares it
+            for s, (b, group, links, fit) in enumerate(zip(bounds, costs.groups, costs.links, fits)):
                 if (s, b) not in self.rows:
-                    self.rows[(s, b)] = None if cost is None else (stage_row(cost), stage_terms(cost))
+                    self.rows[(s, b)] = (group, links, stage_terms(group, links)) if fit else None
         return [self.rows[(s, b)] for s, b in enumerate(bounds)]
+
+    def costs(self, rows: Sequence[_Row]) -> PlanCosts:
+        """The costs of the plan whose stages have these rows."""
+        return PlanCosts(self.wiring, tuple(r[0] for r in rows), tuple(r[1] for r in rows),
+                         self.problem.global_batch)
 
 
 def refine(problem: PlanningProblem, judged: Judged, deadline: TimeLimit, costs: "_Costs | None" = None) -> Judged:
@@ -578,10 +585,10 @@ def refine(problem: PlanningProblem, judged: Judged, deadline: TimeLimit, costs:
                 if prefixes is not None and compute_floor(problem, prefixes, bounds, smallest) >= best_time:
                     continue
                 stages = table.stages(bounds)
-                if None in stages or path_floor([t for _, t in stages], same_split=True) >= best_time:
+                if None in stages or path_floor([t for *_, t in stages], same_split=True) >= best_time:
                     continue
-                trials.append((at, trial, bounds, [row for row, _ in stages]))
-            times = iteration_times([c for *_, c in trials], problem.schedule).tolist() if trials else []
+                trials.append((at, trial, bounds, table.costs(stages)))
+            times = iteration_times([c for *_, c in trials]).tolist() if trials else []
             for (n, trial, bounds, _), t in zip(trials, times):
                 if t < best_time * (1 - 1e-12):
                     best_time, best_bounds, ends, improved, at = t, bounds, trial, True, n

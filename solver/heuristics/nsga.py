@@ -42,7 +42,7 @@ from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
 from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate
 from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
-from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.formats.plan import Plan, Stage
 from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
@@ -387,6 +387,15 @@ class NsgaRun:
     """Whether the time limit (not the generation count) ended the run."""
     seeds: tuple[str, ...]
     """Names of the seeding solvers."""
+    seeding_cut_by_time: bool = False
+    """Whether the clock cut the seeding short: a seeding solver's cap fired, or the seeding's share of
+    the time limit ran out before every seeding solver ran (the seeds may differ on another machine)."""
+
+    @property
+    def time_cut(self) -> tuple[str, ...]:
+        """What the clock cut short: ``"seeding"``, ``"generations"``, both, or nothing (same run anywhere)."""
+        return tuple(phase for phase, cut in (("seeding", self.seeding_cut_by_time), ("generations", self.stopped_by_time))
+                     if cut)
 
 
 class Seeding(Protocol):
@@ -404,7 +413,7 @@ def _to_plan(problem: PlanningProblem, cand: Candidate) -> Plan:
 
 
 def run_nsga(problem: PlanningProblem, clock: TimeLimit, *, generations: int = 60, population: int = 48,
-             seed: int = 0, seeds: Sequence[tuple[str, Plan]] = ()) -> NsgaRun:
+             seed: int = 0, seeds: Sequence[tuple[str, Plan]] = (), seeding_cut: bool = False) -> NsgaRun:
     """NSGA-II on ``problem``; see the module docstring.
 
     Parameters
@@ -420,6 +429,8 @@ def run_nsga(problem: PlanningProblem, clock: TimeLimit, *, generations: int = 6
         Seeds pymoo's random state (same seed, same run, when ``generations`` ends it).
     seeds : sequence of (name, Plan)
         Plans of the first population, in order (the rest is random).
+    seeding_cut : bool
+        Whether the clock cut the search for ``seeds`` short (recorded in the run).
 
     Returns
     -------
@@ -445,7 +456,15 @@ def run_nsga(problem: PlanningProblem, clock: TimeLimit, *, generations: int = 6
     front = _front(problem, codec, pymoo_problem.archive)
     # pymoo's n_gen is the number of the generation it would run next
     return NsgaRun(front, max(int(algorithm.n_gen or 1) - 1, 0), len(pymoo_problem.archive), stopped,
-                   tuple(name for name, _ in seeds))
+                   tuple(name for name, _ in seeds), seeding_cut)
+
+
+def time_cut_message(run: NsgaRun) -> str:
+    """What the clock cut short in ``run``, in words (empty when nothing: the same run on any machine)."""
+    said = {"seeding": f"the seeding's cap ({SEEDING_SHARE:.0%} of the time limit) cut a seeding solver short, so "
+                       "another machine may seed differently",
+            "generations": f"the time limit ended the search after {run.generations} generations"}
+    return "; ".join(said[phase] for phase in run.time_cut)
 
 
 def _front(problem: PlanningProblem, codec: Codec, archive: dict) -> tuple[FrontPoint, ...]:
@@ -492,9 +511,14 @@ class Nsga(Solver):
               warm_start: Plan | None = None) -> NsgaRun:
         """The whole run: :attr:`seeding`'s plans (in :data:`SEEDING_SHARE` of ``clock``) after ``warm_start``, then the GA."""
         seeds = [("warm-start", warm_start)] if warm_start is not None else []
+        seeding_cut = False
         if self.seeding is not None:
-            seeds += self.seeding(problem, seed=seed, time_limit=SEEDING_SHARE * clock.seconds, within=clock)
-        return run_nsga(problem, clock, generations=generations, population=self.population, seed=seed, seeds=seeds)
+            # a record of its own, whose cuts still reach the clock's
+            seeding_clock = TimeLimit(clock.seconds, started=clock.started, stops=clock.stops.nested())
+            seeds += self.seeding(problem, seed=seed, time_limit=SEEDING_SHARE * clock.seconds, within=seeding_clock)
+            seeding_cut = seeding_clock.stops.time_cut
+        return run_nsga(problem, clock, generations=generations, population=self.population, seed=seed, seeds=seeds,
+                        seeding_cut=seeding_cut)
 
     def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
             warm_start: Plan | None) -> SolverResult:
@@ -502,7 +526,8 @@ class Nsga(Solver):
         run = self.front(problem, clock, generations=int(budget.units), seed=seed, warm_start=warm_start)
         wall = clock.elapsed()
         details = {"generations": run.generations, "evaluations": run.evaluations, "front_size": len(run.front),
-                   "stopped_by_time_limit": run.stopped_by_time, "seeds": list(run.seeds)}
+                   "stopped_by_time_limit": bool(run.time_cut), "time_cut": list(run.time_cut),
+                   "seeds": list(run.seeds)}
         if not run.front:
             why = ("time limit reached before any evaluated plan fitted" if run.stopped_by_time
                    else "no evaluated plan fits in memory")
@@ -510,5 +535,4 @@ class Nsga(Solver):
         best = run.front[0]
         return SolverResult(self.name, "feasible", best.plan, best.iteration_time, None, wall, seed,
                             (TracePoint(wall, best.iteration_time, None),),
-                            "time limit reached before the last generation" if run.stopped_by_time else "",
-                            details)
+                            time_cut_message(run), details)

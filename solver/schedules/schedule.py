@@ -1,35 +1,33 @@
-"""Schedules as data: per-stage op lists and per-group programs.
+"""Schedules as data: every device group's program of actions.
 
-An op list is validated data, kept apart from the simulator that times it and the
-runtime that executes it (the grammar follows torch's pipelining ``"F0"``/``"B0"``
-actions).  ``gpipe`` and ``1f1b`` lists are generated exactly as the spec says;
-``custom`` lists come from the plan and are checked by :func:`check_ops`.
-
-Version 2 (spec section 7.2) lets a device group hold several stages and run a
-*program* of :class:`Action` s (``"3I5"``).  :func:`group_programs` gives every
-group's program for any named schedule (the version-2 generators live in
-:mod:`pipeplan.solver.schedules.programs`); :func:`check_programs` checks custom programs and
-:func:`programs_to_csv` / :func:`programs_from_csv` read and write them in torch's
+A program is validated data, kept apart from the simulator that times it and the
+runtime that executes it.  An :class:`Action` is written as torch.distributed.pipelining
+writes it (``"3I5"``: the input-gradient backward of microbatch 5 of stage 3).
+:func:`group_programs` gives every group's program for any named schedule: ``gpipe`` and
+``1f1b`` hold one stage per group (:func:`stage_actions`, exactly as the spec says), the
+version-2 generators live in :mod:`pipeplan.solver.schedules.programs`.  A custom plan
+lists its programs (:func:`check_programs`) or, one stage per group, each stage's ops
+(``"F2"``, ``"B2"``: :func:`check_stage_ops` reads them into actions);
+:func:`programs_to_csv` / :func:`programs_from_csv` read and write programs in torch's
 CSV format (:mod:`pipeplan.solver.schedules.check`).
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import re
-from typing import Iterable, Sequence
+from functools import lru_cache
+from typing import Iterable
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.schedules.check import check_programs, programs_from_csv, programs_to_csv
 from pipeplan.solver.schedules.needs import NEEDS
-from pipeplan.solver.schedules.programs import (GENERATORS, KINDS, NAMED_V2, ZBV_STAGES_PER_GROUP, Action, check_counts,
-                                      format_action, parse_action)
+from pipeplan.solver.schedules.programs import (FORWARD, FULL_BACKWARD, GENERATORS, INPUT_BACKWARD, KINDS, NAMED_V2,
+                                                WEIGHT_BACKWARD, ZBV_STAGES_PER_GROUP, Action, check_counts,
+                                                format_action, parse_action)
 
-__all__ = ["Action", "KINDS", "NAMED_V2", "SCHEDULES", "check_programs", "format_action", "group_programs",
-           "num_stages", "parse_action", "programs_from_csv", "programs_to_csv", "stage_group",
-           "FORWARD", "BACKWARD", "Op", "parse_op", "format_op", "gpipe_ops", "one_f_one_b_ops", "stage_ops",
-           "check_ops", "to_csv", "from_csv"]
+__all__ = ["Action", "KINDS", "NAMED_V2", "ONE_STAGE_PER_GROUP", "SCHEDULES", "FORWARD", "BACKWARD", "INPUT",
+           "WEIGHT", "check_programs", "check_stage_ops", "format_action", "group_programs", "num_stages",
+           "parse_action", "programs_from_csv", "programs_to_csv", "stage_actions", "stage_group"]
 
 SCHEDULES = ("gpipe", "1f1b", "custom") + NAMED_V2
 """Schedule names a plan may use (the last four only in a ``pipeplan.plan/2`` plan)."""
@@ -37,88 +35,50 @@ SCHEDULES = ("gpipe", "1f1b", "custom") + NAMED_V2
 ONE_STAGE_PER_GROUP = tuple(name for name, needs in NEEDS.items() if not needs.several_stages)
 """Named schedules under which every group holds exactly one stage (``gpipe``, ``1f1b``)."""
 
-FORWARD, BACKWARD = "F", "B"
+BACKWARD, INPUT, WEIGHT = FULL_BACKWARD, INPUT_BACKWARD, WEIGHT_BACKWARD
 
-Op = tuple[str, int]
-"""An action: ``("F", k)`` or ``("B", k)`` for microbatch ``k`` of the stage."""
-
-_OP_RE = re.compile(r"([FB])(0|[1-9][0-9]*)")  # used with fullmatch: "$" would also match before a newline
+_STAGE_OP_RE = re.compile(r"([FBIW])(0|[1-9][0-9]*)")  # used with fullmatch: "$" would also match before a newline
 
 
-def parse_op(text: str) -> Op:
-    """``"F3"`` -> ``("F", 3)``.
+@lru_cache(maxsize=4096)
+def stage_actions(schedule: str, m: int, stage: int, num_stages: int) -> tuple[Action, ...]:
+    """The program of a stage that has its device group to itself, under ``gpipe`` or ``1f1b``.
+
+    ``gpipe``: all forwards, then all backwards.  ``1f1b``: ``w = min(S-1-s, m)``
+    warm-up forwards, then forward/backward pairs, then the drain.
+
+    Parameters
+    ----------
+    schedule : {"gpipe", "1f1b"}
+    m : int
+        The stage's number of microbatches.
+    stage, num_stages : int
+        ``s`` and ``S``.
 
     Raises
     ------
     ValueError
-        If ``text`` is not ``F<k>`` or ``B<k>`` with ``k`` a non-negative integer.
-    """
-    match = _OP_RE.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(f"op {text!r} is not of the form F<k> or B<k> (k = 0, 1, ...)")
-    return match.group(1), int(match.group(2))
-
-
-def format_op(op: Op) -> str:
-    """``("B", 2)`` -> ``"B2"``."""
-    return f"{op[0]}{op[1]}"
-
-
-def gpipe_ops(m: int) -> list[Op]:
-    """GPipe: all forwards, then all backwards.
+        For another schedule (``custom`` ones come from the plan, the version-2 ones
+        from :func:`group_programs`).
 
     Examples
     --------
-    >>> [format_op(o) for o in gpipe_ops(2)]
-    ['F0', 'F1', 'B0', 'B1']
-    """
-    return [(FORWARD, k) for k in range(m)] + [(BACKWARD, k) for k in range(m)]
-
-
-def one_f_one_b_ops(m: int, stage: int, num_stages: int) -> list[Op]:
-    """1F1B: ``w = min(S-1-s, m)`` warm-up forwards, then F/B pairs, then the drain.
-
-    Examples
-    --------
-    >>> [format_op(o) for o in one_f_one_b_ops(3, 0, 2)]
-    ['F0', 'F1', 'B0', 'F2', 'B1', 'B2']
-    """
-    warmup = min(num_stages - 1 - stage, m)
-    ops: list[Op] = [(FORWARD, k) for k in range(warmup)]
-    for i in range(m - warmup):
-        ops.append((FORWARD, warmup + i))
-        ops.append((BACKWARD, i))
-    ops.extend((BACKWARD, k) for k in range(m - warmup, m))
-    return ops
-
-
-def stage_ops(schedule: str, m: int, stage: int, num_stages: int,
-              custom: Sequence[Op] | None = None) -> list[Op]:
-    """The op list of one stage under ``schedule``.
-
-    Parameters
-    ----------
-    schedule : {"gpipe", "1f1b", "custom"}
-    m : int
-        The stage's number of microbatches.
-    stage, num_stages : int
-        The stage index and the number of stages.
-    custom : sequence of Op, optional
-        The stage's own list, required for ``"custom"``.
+    >>> [format_action(a) for a in stage_actions("1f1b", 3, 0, 2)]
+    ['0F0', '0F1', '0B0', '0F2', '0B1', '0B2']
+    >>> [format_action(a) for a in stage_actions("gpipe", 2, 1, 2)]
+    ['1F0', '1F1', '1B0', '1B1']
     """
     if schedule == "gpipe":
-        return gpipe_ops(m)
-    if schedule == "1f1b":
-        return one_f_one_b_ops(m, stage, num_stages)
-    if schedule == "custom":
-        if custom is None:
-            raise ValueError("a custom schedule needs the stage's op list")
-        return list(custom)
-    if schedule in NAMED_V2:
-        # an InputError (a ValueError), so that a version-1 code path handed such a plan stops in one line
-        raise InputError("-", "schedule", f"{schedule} runs per-group programs, which only a pipeplan.plan/2 plan "
-                                          f"and the version-2 simulator know; use gpipe, 1f1b or custom here")
-    raise ValueError(f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
+        warmup = m
+    elif schedule == "1f1b":
+        warmup = min(num_stages - 1 - stage, m)
+    else:
+        raise ValueError(f"{schedule} does not generate per-stage programs; valid: {', '.join(ONE_STAGE_PER_GROUP)}")
+    program = [Action(stage, FORWARD, k) for k in range(warmup)]
+    for i in range(m - warmup):
+        program += [Action(stage, FORWARD, warmup + i), Action(stage, BACKWARD, i)]
+    program += [Action(stage, BACKWARD, k) for k in range(max(m - warmup, 0), m)]
+    return tuple(program)
 
 
 def num_stages(schedule: str, groups: int, virtual: int = 1) -> int:
@@ -220,12 +180,17 @@ def group_programs(schedule: str, groups: int, microbatches: int, virtual: int =
     >>> [format_action(a) for a in group_programs("interleaved-zb", 2, 2, 2)[1]]
     ['1F0', '1F1', '3F0', '3I0', '3F1', '3I1', '3W0', '1I0', '3W1', '1I1', '1W0', '1W1']
     """
+    return [list(program) for program in _generated(schedule, groups, microbatches, virtual)]
+
+
+@lru_cache(maxsize=1024)
+def _generated(schedule: str, groups: int, microbatches: int, virtual: int) -> tuple[tuple[Action, ...], ...]:
+    """:func:`group_programs`, generated once per arguments (plans of one structure are simulated many times)."""
     _check_virtual(schedule, groups, virtual)
     if schedule in ONE_STAGE_PER_GROUP:
         check_counts(schedule, groups, microbatches, virtual)
-        return [[Action(s, kind, k) for kind, k in stage_ops(schedule, microbatches, s, groups)]
-                for s in range(groups)]
-    return GENERATORS[schedule](groups, microbatches, virtual)
+        return tuple(stage_actions(schedule, microbatches, s, groups) for s in range(groups))
+    return tuple(tuple(program) for program in GENERATORS[schedule](groups, microbatches, virtual))
 
 
 def _check_virtual(schedule: str, groups: int, virtual: int) -> None:
@@ -239,53 +204,68 @@ def _check_virtual(schedule: str, groups: int, virtual: int) -> None:
                          f"use interleaved-1f1b or looped-bfs for {virtual} stages per group")
 
 
-def check_ops(texts: Iterable[object], m: int, file: str, where: str) -> list[Op]:
-    """Parse and check a custom op list for a stage with ``m`` microbatches.
+def check_stage_ops(texts: Iterable[object], stage: int, m: int, file: str, where: str) -> list[Action]:
+    """Read a stage's own op list (``"F0"``, ``"B0"``, ``"I0"``, ``"W0"``) into its actions, checked.
 
-    Every ``Fk`` and ``Bk`` for ``k < m`` must appear exactly once, ``Fk`` before ``Bk``.
+    For a stage that has its device group to itself: every ``Fk`` appears once, then
+    either ``Bk`` or ``Ik`` and later ``Wk``, for ``k < m``.
 
     Raises
     ------
     InputError
         At the offending entry, or at the list when an op is missing.
+
+    Examples
+    --------
+    >>> [format_action(a) for a in check_stage_ops(["F0", "I0", "W0"], 2, 1, "-", "ops")]
+    ['2F0', '2I0', '2W0']
     """
     if not isinstance(texts, list):
         raise InputError(file, where, "expected a list of ops such as [\"F0\", \"B0\"]")
-    ops: list[Op] = []
-    seen: set[Op] = set()
+    actions: list[Action] = []
+    seen: set[tuple[str, int]] = set()
     for i, text in enumerate(texts):
-        try:
-            op = parse_op(text)  # type: ignore[arg-type]
-        except ValueError as exc:
-            raise InputError(file, f"{where}[{i}]", str(exc)) from None
-        if op[1] >= m:
-            raise InputError(file, f"{where}[{i}]",
-                             f"op {text} names microbatch {op[1]}, but the stage has {m} microbatches (0..{m - 1})")
-        if op in seen:
-            raise InputError(file, f"{where}[{i}]", f"op {text} appears twice")
-        if op[0] == BACKWARD and (FORWARD, op[1]) not in seen:
-            raise InputError(file, f"{where}[{i}]", f"B{op[1]} comes before F{op[1]}; a backward needs its forward first")
-        seen.add(op)
-        ops.append(op)
-    missing = [format_op(op) for op in gpipe_ops(m) if op not in seen]
+        place = f"{where}[{i}]"
+        match = _STAGE_OP_RE.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise InputError(file, place, f"op {text!r} is not of the form F<k>, B<k>, I<k> or W<k> (k = 0, 1, ...)")
+        kind, k = match.group(1), int(match.group(2))
+        if k >= m:
+            raise InputError(file, place, f"op {text} names microbatch {k}, but the stage has {m} microbatches "
+                                          f"(0..{m - 1})")
+        if (kind, k) in seen:
+            raise InputError(file, place, f"op {text} appears twice")
+        _check_stage_order(kind, k, seen, file, place)
+        seen.add((kind, k))
+        actions.append(Action(stage, kind, k))
+    missing = []
+    for k in range(m):
+        if (FORWARD, k) not in seen:
+            missing.append(f"F{k}")
+        if (INPUT, k) in seen:
+            if (WEIGHT, k) not in seen:
+                missing.append(f"W{k}")
+        elif (BACKWARD, k) not in seen:
+            missing.append(f"B{k}")
     if missing:
         shown = ", ".join(missing[:6]) + (" ..." if len(missing) > 6 else "")
-        raise InputError(file, where, f"missing ops {shown}: each of F0..F{m - 1} and B0..B{m - 1} must appear once")
-    return ops
+        raise InputError(file, where, f"missing ops {shown}: each of F0..F{m - 1} and B0..B{m - 1} (or I and a later "
+                                      f"W) must appear once")
+    return actions
 
 
-def to_csv(pipeline: Sequence[Sequence[Op]]) -> str:
-    """One CSV row per stage, one action per cell (torch's ``_dump_csv`` layout)."""
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    for ops in pipeline:
-        writer.writerow([format_op(op) for op in ops])
-    return out.getvalue()
-
-
-def from_csv(text: str, microbatches: Sequence[int], file: str = "-") -> list[list[Op]]:
-    """Parse :func:`to_csv` output back, checking each row against its stage's count."""
-    rows = [row for row in csv.reader(io.StringIO(text)) if row]
-    if len(rows) != len(microbatches):
-        raise InputError(file, "rows", f"expected {len(microbatches)} stage rows, got {len(rows)}")
-    return [check_ops(row, m, file, f"row {s}") for s, (row, m) in enumerate(zip(rows, microbatches))]
+def _check_stage_order(kind: str, k: int, seen: set[tuple[str, int]], file: str, place: str) -> None:
+    """A ``B``/``I`` needs its ``F``, a ``W`` its ``I``; ``B`` and ``I``/``W`` exclude each other."""
+    if kind == FORWARD:
+        return
+    if kind == BACKWARD and ((INPUT, k) in seen or (WEIGHT, k) in seen):
+        raise InputError(file, place, f"B{k} is a whole backward, but microbatch {k} already split its backward "
+                                      f"into I{k} and W{k}; run either B{k} or I{k} then W{k}")
+    if kind in (INPUT, WEIGHT) and (BACKWARD, k) in seen:
+        raise InputError(file, place, f"{kind}{k} splits the backward of microbatch {k}, which already ran whole as "
+                                      f"B{k}; run either B{k} or I{k} then W{k}")
+    if kind in (BACKWARD, INPUT) and (FORWARD, k) not in seen:
+        raise InputError(file, place, f"{kind}{k} comes before F{k}; a backward needs its forward first")
+    if kind == WEIGHT and (INPUT, k) not in seen:
+        raise InputError(file, place, f"W{k} comes before I{k}; the weight gradient needs the input gradient's "
+                                      f"backward first")

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeplan.solver.space.device_classes import DeviceClass
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.schedules.schedule import gpipe_ops, one_f_one_b_ops
+from pipeplan.solver.schedules.schedule import stage_actions
 from pipeplan.solver.space.stage_options import Option
 
 
@@ -109,7 +109,7 @@ class ExactData:
 
 def tau_ops(schedule: str, m: int, tau: int):
     # Under 1F1B the list depends on the stage only through w = min(S-1-s, m) = min(tau, m).
-    return gpipe_ops(m) if schedule == "gpipe" else one_f_one_b_ops(m, 0, tau + 1)
+    return stage_actions(schedule, m, 0, tau + 1)
 
 
 

@@ -3,11 +3,19 @@
 Decomposition.  The joint model (stages, devices *and* splits) is too large beyond toy
 sizes, so the search is split in two: (1) the partition, device mapping and recompute
 flags are fixed, taken from the fastest equal-split plan of the baselines
-(:func:`pipeplan.solver.baselines.best_baseline`) and of the solvers its caller gives
+(:data:`pipeplan.solver.baselines.BASELINES`) and of the solvers its caller gives
 (the registered ``cpsat-split``: ``group-search`` and ``cpsat``, :mod:`pipeplan.solver.portfolio`);
 (2) for that fixed pipeline a CP-SAT scheduling
 model chooses the number of microbatches (within :attr:`PlanningProblem.split_counts`)
 and their sizes, one split shared by all stages or, with ``per_stage``, one per stage.
+
+Stopping.  Each phase ends on counted work: the baselines run their whole searches,
+``group-search`` and the exact solvers their default budgets, the split baselines' warm
+split its candidates, the split search its CP-SAT deterministic seconds
+(:data:`DEFAULT_BUDGET`, or ``--budget``) on one worker with the given seed.  The time
+limit caps them all together and is never divided into shares, so the same problem and
+seed give the same plan on an idle and a loaded machine unless the cap fires, which the
+record then says (``stopped_by: time``).
 
 The model (one per call of :func:`optimize_splits`):
 
@@ -44,7 +52,8 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from pipeplan.solver.baselines import best_baseline
+from pipeplan.solver.baselines import BASELINES
+from pipeplan.solver.baselines import fastest as fastest_baseline
 from pipeplan.solver.baselines.slicing import AutoPipeSlicing
 from pipeplan.solver.baselines.umpipe import UmpipeDP, judge_splits
 from pipeplan.solver.exact.cpsat_run import solve_counted
@@ -54,8 +63,8 @@ from pipeplan.solver.formats.plan import Plan, Stage, equal_split
 from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.schedules.schedule import FORWARD, stage_ops
-from pipeplan.solver.evaluation.simulator import SimulationResult, stage_costs, simulate
+from pipeplan.solver.schedules.schedule import FORWARD, stage_actions
+from pipeplan.solver.evaluation.simulator import Simulation, plan_costs, simulate
 from pipeplan.solver.core.termination import Stops, TimeLimit, WorkBudget
 
 __all__ = ["SplitSearch", "optimize_splits", "base_plans", "CpSatSplit"]
@@ -64,6 +73,14 @@ TICKS = 2 ** 30
 """Ticks per base-plan iteration time: the integer time resolution."""
 OPTIMAL_TOLERANCE = 1e-6
 """Largest relative gap (rounding of the tick scale) still reported as ``optimal``."""
+
+DEFAULT_BUDGET = 2.0
+"""CP-SAT deterministic seconds of ``cpsat-split``'s split search (``--budget``).  Small enough that the
+whole solve ends on counted work inside the default 60 s limit with both cores of a 2-core machine
+busy: on gpt1-14 / two-servers, batch 64, ``--microbatches auto``, seed 5, the solve took 27 s of CPU
+with 2 deterministic seconds (20 s with 1), while the 4.5 that prove that split optimal take 50 s of
+the search alone (measured 2026-12-01: ``CpSatSplit().solve(problem, time_limit=600, budget=B)``, CPU
+seconds by ``time.process_time``)."""
 
 
 @dataclass(frozen=True)
@@ -165,7 +182,7 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
 class _SplitModel:
     """Builds the CP-SAT model of :func:`optimize_splits` and reads a split back."""
 
-    def __init__(self, problem: PlanningProblem, base: Plan, base_result: SimulationResult) -> None:
+    def __init__(self, problem: PlanningProblem, base: Plan, base_result: Simulation) -> None:
         self.problem, self.base = problem, base
         self.model = cp_model.CpModel()
         self.stages = len(base.stages)
@@ -176,7 +193,7 @@ class _SplitModel:
         self.horizon = TICKS + 1  # the base split's floored schedule ends by then
         self.rounding = 0.0  # ticks: an upper bound on what flooring removes from any path
         plan = base.with_extra()
-        self.costs = stage_costs(plan, problem.graph, problem.cluster)
+        self.costs = plan_costs(plan, problem.graph, problem.cluster).groups  # one stage per group
 
     # ------------------------------------------------------------------ variables
     def build(self) -> None:
@@ -274,10 +291,10 @@ class _SplitModel:
                     self.op[s, kind, k] = (start, end)
                     intervals.append(iv)
             m.add_no_overlap(intervals)
-            ops = stage_ops(self.problem.schedule, K, s, S)
+            ops = stage_actions(self.problem.schedule, K, s, S)
             for prev, nxt in zip(ops, ops[1:]):
-                m.add(self.op[(s, *nxt)][0] >= self.op[(s, *prev)][1])
-            self.chain_end[s] = self.op[(s, *ops[-1])][1]
+                m.add(self.op[tuple(nxt)][0] >= self.op[tuple(prev)][1])
+            self.chain_end[s] = self.op[tuple(ops[-1])][1]
 
     def _transfers(self) -> None:
         """Transfer intervals on one no-overlap machine per link direction, FIFO by slot."""
@@ -340,7 +357,7 @@ class _SplitModel:
             sps, wps = math.floor(per_sample / unit), math.floor(working / unit)
             cap = math.ceil(room / unit)
             held = []
-            for kind, k in stage_ops(self.problem.schedule, K, s, S):
+            for _, kind, k in stage_actions(self.problem.schedule, K, s, S):
                 if kind == FORWARD:
                     held.append(self.q[s, k])
                     m.add(sps * sum(held) <= cap)
@@ -374,29 +391,39 @@ def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int, heuris
                exact: Solver | None = None, within: TimeLimit | None = None) -> list[tuple[str, SolverResult]]:
     """Fitting equal-split plans to start from: the best baseline, then ``heuristics``' and ``exact``'s.
 
-    Each gets a quarter of ``time_limit``: the ``heuristics`` on the problem's own equal
-    split, ``exact`` on every count worth trying (:func:`pipeplan.solver.splits.equal_splits.solve_equal_splits`).
-    Sorted fastest first.
+    Every search runs on its own counted work (the baselines their whole search, the
+    others their default budgets), each with what is left of ``time_limit`` as its cap,
+    never a share of it: the plans found depend on the problem and the seed, unless the
+    cap fires, which ``within``'s record notes.  The ``heuristics`` run on the problem's
+    own equal split, ``exact`` on every count worth trying
+    (:func:`pipeplan.solver.splits.equal_splits.solve_equal_splits`).  Sorted fastest first.
     """
+    clock = within.within(time_limit) if within is not None else TimeLimit(time_limit)
     found: list[tuple[str, SolverResult]] = []
-    share = time_limit / 4
-    baseline = best_baseline(problem, seed=seed, time_limit=share, within=within)
+    baselines = []
+    for cls in BASELINES:
+        if clock.expired():
+            break
+        baselines.append(cls().solve(problem, time_limit=clock.remaining(), seed=seed, within=clock))
+    baseline = fastest_baseline(baselines)
     if baseline is not None:
         found.append((baseline.name, baseline))
-    for solver in heuristics:  # group-search: the large clusters' plans, in about a second
-        result = solver.solve(problem.equal_split_problem(), time_limit=share, seed=seed, within=within)
+    for solver in heuristics:  # group-search: the large clusters' plans
+        if clock.expired():
+            break
+        result = solver.solve(problem.equal_split_problem(), time_limit=clock.remaining(), seed=seed, within=clock)
         if result.plan is not None:
             found.append((solver.name, result))
-    if exact is not None:
-        result = fastest(solve_equal_splits(exact, problem, time_limit=share, seed=seed, within=within).values())
+    if exact is not None and not clock.expired():
+        result = fastest(solve_equal_splits(exact, problem, time_limit=clock.remaining(), seed=seed,
+                                            within=clock).values())
         if result.plan is not None and result.iteration_time is not None:
             found.append((exact.name, result))
     return sorted(found, key=lambda item: item[1].iteration_time)
 
 
-def _warm_split(problem: PlanningProblem, base: Plan, clock: TimeLimit) -> Plan:
-    """``base`` with the best split the ``umpipe-dp`` and ``autopipe-slicing`` candidates give (within 5 s)."""
-    deadline = clock.within(5.0)
+def _warm_split(problem: PlanningProblem, base: Plan, deadline: TimeLimit) -> Plan:
+    """``base`` with the best split the ``umpipe-dp`` and ``autopipe-slicing`` candidates give (``deadline``: a cap)."""
     options = UmpipeDP().options(problem, base, deadline) + AutoPipeSlicing().options(problem, base, deadline)
     return judge_splits(problem, base, options)[0]
 
@@ -412,7 +439,7 @@ class CpSatSplit(Solver):
     name = "cpsat-split"
     source = "UMPIPE (TPDS'25) unequal microbatches, solved exactly with a CP-SAT scheduling model"
     budget_unit = "CP-SAT deterministic seconds"
-    default_budget = 60.0
+    default_budget = DEFAULT_BUDGET
     chooses_splits = True
 
     def __init__(self, *, workers: int = 1, heuristics: tuple[Solver, ...] = (), exact: Solver | None = None) -> None:
@@ -425,27 +452,40 @@ class CpSatSplit(Solver):
 
     def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
             warm_start: Plan | None) -> SolverResult:
-        """Plan ``problem``; see the class and module docstrings (``budget``: of the split search)."""
-        time_limit = clock.seconds
-        others = bool(self.heuristics) or self.exact is not None
-        base_share = (0.4 if others else 0.2) * time_limit  # for finding the plan to start from
-        bases = base_plans(problem, time_limit=base_share, seed=seed, heuristics=self.heuristics, exact=self.exact,
-                           within=clock)
+        """Plan ``problem``; see the class and module docstrings (``budget``: of the split search).
+
+        Every phase (the base plans, the warm split, the split search) ends on counted work;
+        ``clock`` caps them all together, and only when it fires (``stopped_by: time``)
+        may the plan differ between an idle and a loaded machine.
+        """
+        based = _part(clock)
+        bases = base_plans(problem, time_limit=clock.left(), seed=seed, heuristics=self.heuristics, exact=self.exact,
+                           within=based)
+        based = based.stops
         if not bases:
             wall = clock.elapsed()
-            cut = wall >= base_share  # the search for a base ran out of time
-            why = ("time limit reached before a base plan was found" if cut
+            why = ("time limit reached before a base plan was found" if based.time_cut
                    else "no baseline plan fits to start the split search from")
-            return heuristic_no_plan(problem, self.name, why, wall, seed, details={"stopped_by_time_limit": cut})
+            return heuristic_no_plan(problem, self.name, why, wall, seed,
+                                     details={"stopped_by_time_limit": based.time_cut})
         source, base = bases[0]
         warm = _warm_split(problem, base.plan, clock)  # the split baselines' best: hint and fallback
-        left = max(0.5, time_limit - clock.elapsed())
+        left = max(0.5, clock.left())
+        searching = _part(clock)
         search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers, budget=budget,
-                                 within=clock)
+                                 within=searching)
+        searched = searching.stops
         wall = clock.elapsed()
         details = {"base_solver": source, "base_iteration_time": base.iteration_time,
                    "split_status": search.status, "split_lower_bound": search.lower_bound, **search.details}
         trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, search.iteration_time, None))
+        message = "" if search.status == "optimal" else (
+            "split search not proved optimal: the time limit cut it" if searched.time_cut
+            else "split search not proved optimal within its budget")
         return SolverResult(self.name, "feasible", search.plan, search.iteration_time, None, wall, seed, trace,
-                            "" if search.status == "optimal" else "split search not proved optimal in time",
-                            details)
+                            message, details)
+
+
+def _part(clock: TimeLimit) -> TimeLimit:
+    """``clock`` with a record of its own for one part of the solve, whose cuts still reach ``clock``'s."""
+    return TimeLimit(clock.seconds, started=clock.started, stops=clock.stops.nested())

@@ -2,11 +2,12 @@
 
 Forward, backward (whole, input-gradient and weight-gradient apart), recompute,
 transfers, all-reduce and optimizer step get distinct colours; the title gives the
-iteration time and the bubble fraction.  A version-1 timeline has a row per stage
-and per link direction, microbatch numbers on the bars; a version-2 one a row per
-device group (its stages named) and per link between groups, each bar labelled
-with its action as torch writes it (``"2I3"``; a transfer with the action that sent
-it, ``"A2:0"`` for activations, ``"G"`` for gradients).  The runtime draws measured timelines with the same function.
+iteration time and the bubble fraction.  A timeline has a row per device group (named
+by its stage when every group holds one, else by its stages), each followed by the
+links to and from the next groups; each bar is labelled with its action as torch
+writes it (``"2I3"``; a transfer with the action that sent it, ``"A2:0"`` for
+activations, ``"G"`` for gradients).  The runtime draws measured timelines with the
+same function.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from pipeplan.solver.views.figures import pyplot, save_png
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult
+from pipeplan.solver.evaluation.simulator import Simulation
+from pipeplan.solver.views.trace import link_carries, link_order, one_stage_per_group
 
 COLOURS = {
     "forward": "#4C72B0",
@@ -50,41 +52,19 @@ KIND_BARS = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-gr
 """The bar kind of each action kind."""
 
 
-def bars_of(result: "SimulationResult | GroupSimulationResult") -> tuple[list[str], list[Bar]]:
-    """Rows (top to bottom) and bars of a simulated timeline."""
-    if isinstance(result, GroupSimulationResult):
-        return group_bars(result)
-    count = len(result.stages)
-    rows: list[str] = []
-    for s in range(count):
-        rows.append(f"stage {s}")
-        if s < count - 1:
-            rows += [f"{s}->{s + 1} act", f"{s + 1}->{s} grad"]
-    bars: list[Bar] = []
-    for op in result.ops:
-        row = f"stage {op.stage}"
-        if op.recompute > 0:
-            bars.append(Bar(row, "recompute", op.start, op.start + op.recompute, str(op.microbatch)))
-            bars.append(Bar(row, "backward", op.start + op.recompute, op.end, str(op.microbatch)))
-        else:
-            bars.append(Bar(row, "forward" if op.kind == "F" else "backward", op.start, op.end, str(op.microbatch)))
-    for tx in result.transfers:
-        row = f"{tx.cut}->{tx.cut + 1} act" if tx.direction == "fwd" else f"{tx.cut + 1}->{tx.cut} grad"
-        bars.append(Bar(row, "transfer", tx.start, tx.end, str(tx.microbatch)))
-    for sync in result.syncs:
-        bars.append(Bar(f"stage {sync.group}", sync.kind, sync.start, sync.end, _SYNC_LABELS[sync.kind]))
-    return rows, bars
-
-
-_SYNC_LABELS = {"allreduce": "AR", "step": "step"}
-
-
-def group_bars(result: GroupSimulationResult) -> tuple[list[str], list[Bar]]:
-    """Rows and bars of a version-2 timeline: a row per group, then a row per link used."""
-    names = [f"group {g} (stage{'s' if len(c.stages) > 1 else ''} {','.join(map(str, c.stages))})"
+def bars_of(result: Simulation) -> tuple[list[str], list[Bar]]:
+    """Rows (top to bottom) and bars of a simulated timeline: a row per group, each link after the lower of its groups."""
+    by_stage = one_stage_per_group(result)
+    names = [f"stage {c.stages[0]}" if by_stage else
+             f"group {g} (stage{'s' if len(c.stages) > 1 else ''} {','.join(map(str, c.stages))})"
              for g, c in enumerate(result.groups)]
-    links = sorted({tx.link for tx in result.transfers})
-    link_rows = {link: f"group {link[0]}->{link[1]}" for link in links}
+    link_rows = {}
+    for x, y in link_order(result):
+        carries = {"activations": " act", "gradients": " grad"}.get(link_carries(result, (x, y)), "")
+        link_rows[(x, y)] = f"{x}->{y}{carries}" if by_stage else f"group {x}->{y}"
+    rows = []
+    for g, name in enumerate(names):
+        rows += [name] + [row for link, row in link_rows.items() if min(link) == g]
     bars: list[Bar] = []
     for op in result.ops:
         row, label = names[op.group], op.label
@@ -95,7 +75,10 @@ def group_bars(result: GroupSimulationResult) -> tuple[list[str], list[Bar]]:
         bars.append(Bar(link_rows[tx.link], "transfer", tx.start, tx.end, tx.label))
     for sync in result.syncs:
         bars.append(Bar(names[sync.group], sync.kind, sync.start, sync.end, _SYNC_LABELS[sync.kind]))
-    return names + [link_rows[link] for link in links], bars
+    return rows, bars
+
+
+_SYNC_LABELS = {"allreduce": "AR", "step": "step"}
 
 
 def draw_gantt(rows: Sequence[str], bars: Sequence[Bar], title: str, path: str | None = None,
@@ -135,12 +118,12 @@ def draw_gantt(rows: Sequence[str], bars: Sequence[Bar], title: str, path: str |
     return fig
 
 
-def gantt_title(result: "SimulationResult | GroupSimulationResult", name: str) -> str:
+def gantt_title(result: Simulation, name: str) -> str:
     return (f"{name}: iteration {result.iteration_time * 1e3:.3f} ms, "
             f"bubble {100 * result.bubble_fraction:.1f}%, {result.throughput:.1f} samples/s")
 
 
-def write_gantt(result: "SimulationResult | GroupSimulationResult", path: str, name: str = "plan") -> None:
+def write_gantt(result: Simulation, path: str, name: str = "plan") -> None:
     """Write the Gantt chart PNG of a simulated plan to ``path`` (atomically)."""
     rows, bars = bars_of(result)
     draw_gantt(rows, bars, gantt_title(result, name), path)

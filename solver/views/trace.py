@@ -1,8 +1,9 @@
 """A simulated timeline as a Chrome trace (open it in Perfetto or chrome://tracing).
 
-One process row per stage and one per link direction (version 2: per device group,
-its stages named, and per link between groups); times in microseconds.  ``I`` and
-``W`` are events of their own, as are the all-reduce and the optimizer step.
+One process row per device group (named by its stage when every group holds one,
+else by its stages and devices) and one per link between groups (named by what it
+carries when that is one direction only); times in microseconds.  ``I`` and ``W`` are
+events of their own, as are the all-reduce and the optimizer step.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from typing import Any
 import math
 
 from pipeplan.models.errors import InputError
-from pipeplan.solver.evaluation.simulator import GroupSimulationResult, SimulationResult
+from pipeplan.solver.evaluation.simulator import Simulation
 
 _US = 1e6
 
 
-def check_traceable(result: "SimulationResult | GroupSimulationResult", file: str = "-") -> None:
+def check_traceable(result: Simulation, file: str = "-") -> None:
     """Refuse a timeline whose times in microseconds overflow floating point.
 
     Raises
@@ -40,47 +41,42 @@ def _row(events: list[dict[str, Any]], pid: int, name: str, order: int) -> None:
     events.append({"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": order}})
 
 
-def chrome_trace(result: "SimulationResult | GroupSimulationResult", title: str = "pipeplan") -> dict[str, Any]:
+def one_stage_per_group(result: Simulation) -> bool:
+    """Whether every group holds one stage: rows are then named by their stage (a group's index is its stage's)."""
+    return all(len(g.stages) == 1 for g in result.groups)
+
+
+def link_order(result: Simulation) -> list[tuple[int, int]]:
+    """The links the transfers used, each after the lower of its two groups: ``0->1``, ``1->0``, ``1->2`` ..."""
+    return sorted({tx.link for tx in result.transfers}, key=lambda l: (min(l), max(l), l[0] > l[1]))
+
+
+def link_carries(result: Simulation, link: tuple[int, int]) -> str:
+    """``"activations"`` or ``"gradients"`` when the link carries one of them only, else ``""``."""
+    directions = {tx.direction for tx in result.transfers if tx.link == link}
+    return {frozenset({"fwd"}): "activations", frozenset({"bwd"}): "gradients"}.get(frozenset(directions), "")
+
+
+def chrome_trace(result: Simulation, title: str = "pipeplan") -> dict[str, Any]:
     """The ``{"traceEvents": [...]}`` object for ``result``.
 
-    Rows (``pid``): stage ``s`` is ``s``; the forward link after stage ``c`` is
-    ``1000 + c`` and its backward link ``2000 + c``.  For a version-2 timeline group
-    ``g`` is ``g`` and the links between groups follow from ``1000``, in order.
+    Rows (``pid``): group ``g`` is ``g``; the links between groups follow from ``1000``,
+    in :func:`link_order`.  Each group is shown above the links to and from the next groups.
     """
-    if isinstance(result, GroupSimulationResult):
-        return _group_trace(result, title)
     events: list[dict[str, Any]] = []
-    count = len(result.stages)
-
-    for s in range(count):
-        _row(events, s, f"stage {s}", 3 * s)
-    for c in range(count - 1):
-        _row(events, 1000 + c, f"link {c}->{c + 1} (activations)", 3 * c + 1)
-        _row(events, 2000 + c, f"link {c + 1}->{c} (gradients)", 3 * c + 2)
-    for op in result.ops:
-        events.append(_span(op.stage, f"{op.kind}{op.microbatch}", "backward" if op.kind == "B" else "forward",
-                            op.start, op.end, {"samples_per_replica": op.samples}))
-        if op.recompute > 0:
-            events.append(_span(op.stage, f"R{op.microbatch}", "recompute", op.start, op.start + op.recompute,
-                                {"part_of": f"B{op.microbatch}"}, tid=1))
-    for tx in result.transfers:
-        pid = (1000 if tx.direction == "fwd" else 2000) + tx.cut
-        events.append(_span(pid, f"{'A' if tx.direction == 'fwd' else 'G'}{tx.microbatch}", "transfer",
-                            tx.start, tx.end, {"samples": tx.samples}))
-    for sync in result.syncs:
-        events.append(_span(sync.group, _SYNC_NAMES[sync.kind], sync.kind, sync.start, sync.end, {}))
-    return _trace(events, result, title)
-
-
-def _group_trace(result: GroupSimulationResult, title: str) -> dict[str, Any]:
-    """:func:`chrome_trace` of a version-2 timeline: a row per group, a row per link between groups."""
-    events: list[dict[str, Any]] = []
-    links = sorted({tx.link for tx in result.transfers})
-    order = len(result.groups)
+    by_stage = one_stage_per_group(result)
+    links = link_order(result)
+    rows = []  # (pid, name) top to bottom: each group, then the links to and from the next groups
     for g, cost in enumerate(result.groups):
-        _row(events, g, f"group {g} (stages {', '.join(map(str, cost.stages))}; {', '.join(cost.devices)})", g)
-    for i, (x, y) in enumerate(links):
-        _row(events, 1000 + i, f"link group {x}->{y}", order + i)
+        rows.append((g, f"stage {cost.stages[0]}" if by_stage else
+                     f"group {g} (stages {', '.join(map(str, cost.stages))}; {', '.join(cost.devices)})"))
+        for i, (x, y) in enumerate(links):
+            if min(x, y) == g:
+                carries = link_carries(result, (x, y))
+                rows.append((1000 + i, f"link {'' if by_stage else 'group '}{x}->{y}"
+                             + (f" ({carries})" if carries else "")))
+    for order, (pid, name) in enumerate(rows):
+        _row(events, pid, name, order)
     for op in result.ops:
         events.append(_span(op.group, op.label, _CATEGORIES[op.kind], op.start,
                             op.end, {"stage": op.stage, "samples_per_replica": op.samples}))
@@ -93,11 +89,6 @@ def _group_trace(result: GroupSimulationResult, title: str) -> dict[str, Any]:
                             {"samples": tx.samples, "cut": tx.cut}))
     for sync in result.syncs:
         events.append(_span(sync.group, _SYNC_NAMES[sync.kind], sync.kind, sync.start, sync.end, {}))
-    return _trace(events, result, title)
-
-
-def _trace(events: list[dict[str, Any]], result: "SimulationResult | GroupSimulationResult", title: str
-           ) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"title": title, "iteration_time_s": result.iteration_time,
                           "bubble_fraction": result.bubble_fraction}}
