@@ -163,14 +163,13 @@ class TestParetoCommand:
 
     def test_a_seeding_cut_short_is_reported_as_the_seeding(self, run_cli, tmp_path, monkeypatch):
         # a seeding solver's cap fires (as on a slow machine); every generation still runs
-        import pipeplan.solver.heuristics.nsga as nsga
-        from pipeplan.solver.core.termination import note
+        import pipeplan.solver.portfolio as portfolio
 
-        def capped_seeding(problem, *, seed, time_limit):
-            note("time")
+        def capped_seeding(problem, *, seed, time_limit, within):
+            within.stops.note("time")
             return []
 
-        monkeypatch.setattr(nsga, "seed_plans", capped_seeding)
+        monkeypatch.setattr(portfolio, "nsga_seeds", capped_seeding)
         out = tmp_path / "front.json"
         status, stdout, _ = run_cli("pareto", str(EXAMPLES / "chain8.graph.json"),
                                     str(EXAMPLES / "two-servers.cluster.json"), "--batch", "16", "--microbatches", "4",

@@ -5,8 +5,8 @@ The equal-split baselines ``even``, ``deepspeed-uniform``, ``deepspeed-parameter
 ``piper`` (:data:`BASELINES`), and the split baselines that start from the best of
 them, ``umpipe-local``, ``umpipe-dp`` and ``autopipe-slicing`` (see each module's
 docstring for its source and its heterogeneous adaptation); each is a row of
-:data:`pipeplan.solver.solvers.SOLVERS`.  :func:`best_baseline` gives the split solvers
-their starting pipeline.
+:data:`pipeplan.solver.solvers.SOLVERS`.  :func:`best_baseline` runs them all and keeps
+the fastest plan.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The equal-split baselines as one portfolio: each run with a share of the time, the fastest kept.
 
 :data:`BASELINES` lists the equal-split baselines, cheapest first; :func:`best_baseline`
-gives the split solvers their starting pipeline.
+runs them all and keeps the fastest plan.
 """
 
 from __future__ import annotations
