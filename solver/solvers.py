@@ -42,6 +42,7 @@ from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.heuristics.group_search import GroupSearch
 from pipeplan.solver.heuristics.virtual_groups import VirtualGroupSearch
 from pipeplan.solver.heuristics.virtual_nsga import VirtualNsga
+from pipeplan.solver.schedules.needs import NEEDS
 
 Factory = Callable[[], Solver]
 
@@ -82,6 +83,10 @@ SOLVERS: dict[str, dict[str, Factory]] = {
 ONE_STAGE_PER_DEVICE = ("its method places one stage per device group and has no published form for groups "
                         "holding several stages")
 """Why a solver without an algorithm for several stages per group refuses such a schedule."""
+
+SEVERAL_STAGES_ONLY = ("it searches plans whose device groups hold several stages (the interleaved, looped and "
+                       "zero-bubble V schedules) only")
+"""Why a solver with an algorithm for several stages per group only refuses ``gpipe`` and ``1f1b``."""
 
 
 class Registered:
@@ -139,7 +144,9 @@ def schedule_refusal(name: str, schedule: str) -> str:
     if schedule in get_solver(name).schedules:
         return ""
     others = [n for n in SOLVERS if schedule in get_solver(n).schedules]
-    return f"{name} does not plan {schedule}: {ONE_STAGE_PER_DEVICE}; solvers that do: {', '.join(others)}"
+    needs = NEEDS.get(schedule)
+    why = SEVERAL_STAGES_ONLY if needs is not None and not needs.several_stages else ONE_STAGE_PER_DEVICE
+    return f"{name} does not plan {schedule}: {why}; solvers that do: {', '.join(others)}"
 
 
 def solver_names() -> list[str]:

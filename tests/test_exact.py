@@ -607,6 +607,11 @@ class TestRefusals:
         for name in ("ilp", "cpsat"):
             assert all(not schedule_refusal(name, s) for s in ("gpipe", "1f1b") + V2)
 
+    def test_virtual_bnb_refuses_one_stage_per_group_saying_why(self):
+        said = schedule_refusal("virtual-bnb", "1f1b")
+        assert said.startswith("virtual-bnb does not plan 1f1b: it searches plans whose device groups hold several")
+        assert "ilp" in said and "cpsat" in said and "virtual-bnb, " not in said
+
     def test_custom_is_not_planned(self):
         with pytest.raises(ValueError, match="custom programs come from a plan file"):
             virtual_problem([1.0] * 40, "custom")

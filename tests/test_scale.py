@@ -43,7 +43,7 @@ class TestScaleCluster:
 
 
 class TestTimeLimitAt1024Devices:
-    @pytest.mark.parametrize("name", solver_names())
+    @pytest.mark.parametrize("name", [n for n in solver_names() if "1f1b" in get_solver(n).schedules])
     def test_solver_ends_within_its_limit(self, name, problem_1024):
         solver = get_solver(name)
         with quiet_stdout(), cpu_past(LIMIT) as over:

@@ -470,7 +470,7 @@ class CpSatSplit(Solver):
                                      details={"stopped_by_time_limit": based.time_cut})
         source, base = bases[0]
         warm = _warm_split(problem, base.plan, clock)  # the split baselines' best: hint and fallback
-        left = max(0.5, clock.left())
+        left = clock.left()  # a cap: past it CP-SAT gets only optimize_splits' least (the warm split is the fallback)
         searching = _part(clock)
         search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers, budget=budget,
                                  within=searching)
