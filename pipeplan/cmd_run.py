@@ -21,7 +21,7 @@ from pipeplan.models.errors import one_line
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.loading import warn_names
-from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
+from pipeplan.runtime.launch import WorkerError, launch_local
 from pipeplan.runtime.options import RunConfig, add_arguments
 from pipeplan.runtime.routing import rank_of
 
@@ -95,7 +95,7 @@ def launch(config: RunConfig, inputs: RunInputs) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="pipeplan-run-") as tmp:
         result_file = Path(tmp) / "result.json"
-        launch_local(worker_args(config, result_file), len(ranks), Path(tmp), timeout=config.timeout,
+        launch_local(config.worker_argv(result_file), len(ranks), Path(tmp), timeout=config.timeout,
                      describe=describe)
         return json.loads(result_file.read_text())
 

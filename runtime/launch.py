@@ -28,12 +28,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from pipeplan.runtime import heartbeat
-
-if TYPE_CHECKING:  # the options import this module (its start-up timeout)
-    from pipeplan.runtime.options import RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 STARTUP_TIMEOUT = 120.0
@@ -63,12 +60,6 @@ def free_port() -> int:
 def _die_with_parent() -> None:
     # Runs in the child before exec: if the launcher dies, the kernel kills the worker.
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-
-
-def worker_args(config: "RunConfig", result: Path) -> list[str]:
-    """The workers' command line for the run of ``config`` (checked), reporting to ``result``
-    (:meth:`pipeplan.runtime.options.RunConfig.worker_argv`)."""
-    return config.worker_argv(result)
 
 
 def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: float,

@@ -32,7 +32,7 @@ from pipeplan.models.graph import LayerGraph
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.models.profile_measured import MeasureConfig, profile_measured
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
-from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
+from pipeplan.runtime.launch import WorkerError, launch_local
 from pipeplan.runtime.report import summarize, without_step
 from pipeplan.runtime.routing import rank_of
 from pipeplan.models.model_options import ModelRequest
@@ -221,7 +221,7 @@ def _run_once(config: RunConfig, inputs: RunInputs, folder: Path, into: Measured
     result_file.unlink(missing_ok=True)
     world = len(rank_of(inputs.plan))
     try:
-        launch_local(worker_args(config, result_file), world, folder, timeout=config.timeout,
+        launch_local(config.worker_argv(result_file), world, folder, timeout=config.timeout,
                      describe=lambda rank: f"rank {rank} of {world}")
     except WorkerError as exc:
         into.errors.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
