@@ -77,7 +77,7 @@ def scale_problem(devices: int, layers: int = 128) -> PlanningProblem:
 def run_child(devices: int, layers: int, solver: str, time_limit: float) -> dict:
     """Solve once in this process and describe the result (the child's side)."""
     from pipeplan.solver.exact.ilp import quiet_stdout
-    from pipeplan.solver.core.registry import get_solver, solver_names
+    from pipeplan.solver.solvers import get_solver, solver_names
     solver_names()  # import every solver module before the clock starts
     start = time.perf_counter()
     problem = scale_problem(devices, layers)
@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(run_child(int(args.devices), args.layers, args.child, args.time_limit)))
         return 0
-    from pipeplan.solver.core.registry import solver_names
+    from pipeplan.solver.solvers import solver_names
     solvers = args.solvers.split(",") if args.solvers else solver_names()
     results = []
     for devices in (int(d) for d in args.devices.split(",")):

@@ -40,7 +40,7 @@ from pipeplan.models.graph import Layer, LayerGraph  # noqa: E402
 from pipeplan.solver.formats.cluster import Cluster, Device, Link  # noqa: E402
 from pipeplan.solver.core.problem import PlanningProblem  # noqa: E402
 from pipeplan.solver.exact.ilp import quiet_stdout  # noqa: E402
-from pipeplan.solver.core.registry import get_solver, solver_names  # noqa: E402
+from pipeplan.solver.solvers import get_solver, solver_names  # noqa: E402
 
 LAYERS = (16, 32, 64, 96, 128)
 DEVICES = (4, 8, 16, 32, 64)

@@ -37,7 +37,7 @@ from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.splits.cpsat_split import optimize_splits
 from pipeplan.solver.views.figures import pyplot, save_png
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 
 ROOT = Path(__file__).resolve().parents[1]
 UNEQUAL = ("umpipe-local", "umpipe-dp", "autopipe-slicing", "cpsat-split", "nsga")

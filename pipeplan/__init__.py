@@ -4,6 +4,7 @@ The Python API, for a model in hand rather than on the command line::
 
     graph = pipeplan.profile_model(model, example)            # a LayerGraph
     plan, result = pipeplan.plan(graph, "cluster.json", batch=32, microbatches=8)
+    table = pipeplan.compare(graph, "cluster.json", batch=32, microbatches=8, schedule="auto").rows()
     made = pipeplan.synthesize(plan, graph, "cluster.json")   # programs built for its partition
 
 Both import their machinery on first use, so ``import pipeplan`` stays light.
@@ -18,7 +19,7 @@ Read a plan in your own runtime::
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 if TYPE_CHECKING:
     from torch import nn
@@ -26,10 +27,10 @@ if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
     from pipeplan.solver.formats.cluster import Cluster
     from pipeplan.solver.formats.plan import Plan
-    from pipeplan.solver.core.result import SolverResult
     from pipeplan.solver.core.schedule_synthesis import SynthesizedPlan
+    from pipeplan.solver.planning import Planned
 
-__all__ = ["profile_model", "plan", "synthesize", "load_plan"]
+__all__ = ["profile_model", "plan", "compare", "synthesize", "load_plan"]
 
 
 def profile_model(module: "nn.Module", example: Callable[[int], Any], units: str = "auto", *,
@@ -89,10 +90,11 @@ def profile_model(module: "nn.Module", example: Callable[[int], Any], units: str
     return profile_imported(imported, MeasureConfig(batch_sizes=tuple(batch_sizes)))
 
 
-def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, microbatches: int,
-         solver: str = "cpsat", time_limit: float = 60.0, seed: int = 0, **options: Any
-         ) -> "tuple[Plan | None, SolverResult]":
-    """Plan training of ``graph`` on ``cluster`` with one solver.
+def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, microbatches: "int | str",
+         solver: str = "cpsat", schedule: "str | Sequence[str]" = "1f1b", time_limit: float = 60.0, seed: int = 0,
+         budget: float | None = None, warm_start: "Plan | str | None" = None,
+         solver_options: "dict[str, Any] | None" = None, **options: Any) -> "Planned":
+    """Plan training of ``graph`` on ``cluster`` with one solver, for one schedule or every one (``"auto"``).
 
     Parameters
     ----------
@@ -102,24 +104,36 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
         A cluster or the path of a ``pipeplan.cluster/1`` file.
     batch : int
         Global batch (samples per iteration).
-    microbatches : int
-        Equal microbatches per iteration.
+    microbatches : int or "auto"
+        Equal microbatches per iteration, or ``"auto"``: split-aware solvers choose the
+        count (up to ``max_microbatches``) and sizes.
     solver : str
-        A registered solver (``cpsat``, ``ilp``, ``group-search``, ``nsga``, a baseline).
+        A registered solver (``cpsat``, ``ilp``, ``group-search``, ``nsga``, a baseline, ...).
+    schedule : str or sequence of str
+        A named schedule (``"1f1b"``, ``"zbv"``, ...), several, or ``"auto"`` for every one:
+        the fastest fitting plan of all is returned, and every schedule's record kept.
     time_limit : float
-        Seconds the solver may take.
+        Seconds the solver may take (per schedule).
     seed : int
         Seed of randomised solvers (same seed, same plan).
+    budget : float, optional
+        Work in the solver's own unit (same seed and budget, same plan on any machine).
+    warm_start : Plan or str, optional
+        An earlier plan (or its file) of this problem to start from; the result is never slower.
+    solver_options : dict, optional
+        The solver's own settings (``generations``, ``population``, ``backend``).
     **options
         Further :class:`~pipeplan.solver.core.problem.PlanningProblem` fields
-        (``schedule`` including the version-2 names, ``virtual_stages``, ``state_factor``,
-        ``allow_replication``, ``max_stages``, ...).
+        (``virtual_stages``, ``state_factor``, ``allow_replication``, ``max_stages``,
+        ``max_microbatches``, ``per_stage``, ...).
 
     Returns
     -------
-    (Plan or None, SolverResult)
-        The plan (``None`` when none fits) and the solver's record: status (``optimal``
-        only when proved), lower bound, gap, wall time, seed.
+    pipeplan.solver.planning.Planned
+        ``plan`` (``None`` when none fits) and ``record`` (the solver's record: status,
+        ``optimal`` only when proved, lower bound, gap, wall time, seed, the algorithm that
+        ran); ``outcomes`` (every schedule's), ``no_plan`` (why none came back), ``rows()``.
+        It unpacks as ``(plan, record)``.
 
     Examples
     --------
@@ -127,19 +141,58 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
     >>> g = LayerGraph.chain("two", [Layer("a", (0, 1e-3), (0, 2e-3), 4, 8, 16),
     ...                              Layer("b", (0, 1e-3), (0, 2e-3), 4, 8, 16)])
     >>> best, record = plan(g, "examples/cpu-pair.cluster.json", batch=8, microbatches=4, time_limit=10)
-    >>> record.status, len(best.stages) >= 1
-    ('optimal', True)
+    >>> record.status, record.algorithm, len(best.stages) >= 1
+    ('optimal', 'cpsat', True)
     """
+    from pipeplan.solver import planning
+
+    graph, cluster = _load(graph, cluster)
+    if isinstance(warm_start, str):
+        from pipeplan.solver.formats.plan import load_plan as load
+
+        warm_start = load(warm_start, graph, cluster)
+    return planning.plan(graph, cluster, batch=batch, microbatches=microbatches, solver=solver, schedule=schedule,
+                         time_limit=time_limit, seed=seed, budget=budget, warm_start=warm_start,
+                         solver_options=solver_options, **options)
+
+
+def compare(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, microbatches: "int | str",
+            solvers: "Sequence[str] | None" = None, schedule: "str | Sequence[str]" = "1f1b",
+            time_limit: float = 60.0, seed: int = 0, budget: float | None = None,
+            solver_options: "dict[str, Any] | None" = None, **options: Any) -> "Planned":
+    """Run several solvers (default: every one that plans the schedules) on one schedule or several.
+
+    The arguments are :func:`plan`'s; ``solvers`` names the solvers, in order.  A solver that
+    refuses a problem is left out and said in the result's ``skipped``.
+
+    Returns
+    -------
+    pipeplan.solver.planning.Planned
+        ``rows()`` (one per schedule and solver: status, time, ratio to the best, bound,
+        gap, the algorithm that ran), ``best`` (the fastest fitting plan of all) or ``no_plan``.
+
+    Examples
+    --------
+    >>> done = compare("examples/chain8.graph.json", "examples/two-servers.cluster.json", batch=8,
+    ...                microbatches=4, solvers=["even", "group-search"], schedule=["1f1b", "zbv"])
+    >>> [(row["schedule"], row["solver"]) for row in done.rows()][:2]
+    [('1f1b', 'even'), ('1f1b', 'group-search')]
+    """
+    from pipeplan.solver import planning
+
+    graph, cluster = _load(graph, cluster)
+    return planning.compare(graph, cluster, batch=batch, microbatches=microbatches, solvers=solvers,
+                            schedule=schedule, time_limit=time_limit, seed=seed, budget=budget,
+                            solver_options=solver_options, **options)
+
+
+def _load(graph: "LayerGraph | str", cluster: "Cluster | str") -> "tuple[LayerGraph, Cluster]":
+    """The graph and the cluster, read from their files where paths are given."""
     from pipeplan.models.graph import load_graph
     from pipeplan.solver.formats.cluster import load_cluster
-    from pipeplan.solver.core.problem import PlanningProblem
-    from pipeplan.solver.core.registry import get_solver
 
-    graph = load_graph(graph) if isinstance(graph, str) else graph
-    cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
-    problem = PlanningProblem(graph, cluster, global_batch=batch, microbatches=microbatches, **options)
-    result = get_solver(solver).solve(problem, time_limit=time_limit, seed=seed)
-    return result.plan, result
+    return (load_graph(graph) if isinstance(graph, str) else graph,
+            load_cluster(cluster) if isinstance(cluster, str) else cluster)
 
 
 def synthesize(plan: "Plan | str", graph: "LayerGraph | str", cluster: "Cluster | str", *, exact: bool = False,

@@ -25,7 +25,7 @@ from pipeplan.models.model_options import SPEC_HELP, add_model_options, request_
 from pipeplan.cmd_run import launch, report_worker_error
 from pipeplan.loading import warn_names
 from pipeplan.runtime.launch import WorkerError
-from pipeplan.runtime.options import DEFAULT_LR, DEFAULT_WARMUP, add_launch_options, check_options
+from pipeplan.runtime.options import DEFAULT_WARMUP, RunConfig, add_launch_options
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.evaluation.simulator import simulate
 
@@ -57,8 +57,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_launch_options(p)  # calibrate with the transport the runs will use
     p.add_argument("--json", action="store_true", help="print one JSON object")
     add_force_option(p)
-    # What pipeplan run's workers also take: a calibration measures float32 training at real speed.
-    p.set_defaults(func=run, verify=False, emulate=False, lr=DEFAULT_LR)
+    p.set_defaults(func=run)
+
+
+def probe_config(args: argparse.Namespace) -> RunConfig:
+    """The probe runs' settings, checked: a calibration measures float32 training at real speed (no
+    ``--verify``, no ``--emulate``, the runs' learning rate)."""
+    return RunConfig(args.graph, args.cluster, args.plan, request_from_args(args), steps=args.steps,
+                     warmup=args.warmup, seed=args.seed, transport=args.transport, spin=args.spin,
+                     timeout=args.timeout).checked()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -68,19 +75,19 @@ def run(args: argparse.Namespace) -> int:
     from pipeplan.runtime.checks import load_inputs
     from pipeplan.runtime.measure import align, measured_steps, median_step
 
-    check_options(args)
+    config = probe_config(args)
     if args.runs < 1:
         raise InputError("-", "--runs", f"must be at least 1, got {args.runs}")
     # The cluster may be replaced by its calibrated self; the graph and plan may not.
     check_outputs(args, args.output, inputs={"graph": args.graph, "plan": args.plan})
-    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), False, args.seed)
+    inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, False, config.seed)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="calibrating"):
         warn(note)
     runs, measured, transports = [], [], set()
     for i in range(args.runs):
         print(f"probe run {i + 1}/{args.runs} ...", file=sys.stderr, flush=True)
         try:
-            result = align(launch(args, inputs))
+            result = align(launch(config, inputs))
         except WorkerError as exc:
             return report_worker_error(exc, args.plan)
         runs.append(run_factors(result["ranks"], measured_steps(result), inputs.plan, inputs.graph, inputs.cluster))
@@ -91,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(args.plan, "stages", "no device's ops took measurable time, so there is nothing to "
                                               "calibrate; use a probe plan with real work on its devices")
     note = {"graph": inputs.graph.name, "model": args.model, "plan": os.path.basename(args.plan),
-            "runs": args.runs, "steps": args.steps, "warmup": args.warmup,
+            "runs": args.runs, "steps": config.steps, "warmup": config.warmup,
             "transport": "/".join(sorted(transports))}
     try:
         cluster = calibrated_cluster(inputs.cluster, factors, note)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from typing import TYPE_CHECKING
 
 from pipeplan.models.errors import InputError
@@ -19,8 +18,9 @@ from pipeplan.outputs import add_force_option, check_outputs
 from pipeplan.solver.views.figures import pyplot, save_png
 from pipeplan.cmd_plan import INTERRUPTED, _common, no_plan, problem_from_args
 from pipeplan.solver.bounds.infeasibility import format_bytes, heuristic_no_plan
-from pipeplan.solver.core.registry import VERSION1
-from pipeplan.solver.core.termination import interruptible, watch
+from pipeplan.solver.core.algorithm import ONE_STAGE_PER_GROUP
+from pipeplan.solver.core.problem import PIPELINES
+from pipeplan.solver.core.termination import TimeLimit, interruptible
 
 if TYPE_CHECKING:  # pymoo: imported where the search runs, not while the parser is built
     from pipeplan.solver.heuristics.nsga import NsgaRun
@@ -73,22 +73,26 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
 
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
-    from pipeplan.solver.heuristics.nsga import run_nsga, time_cut_message
+    # pymoo and OR-Tools: imported where the search runs, not while the parser is built
+    from pipeplan.solver.heuristics.nsga import time_cut_message
+    from pipeplan.solver.planning import why_no_plan
+    from pipeplan.solver.solvers import get_solver
 
     check_outputs(args, args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
-    if args.schedule not in VERSION1:
-        raise InputError("-", "--schedule", f"pareto writes the front of nsga's search over {' and '.join(VERSION1)} "
-                                            f"plans only; plan {args.schedule} with pipeplan plan --solver nsga "
-                                            f"(or cpsat, ilp, group-search)")
+    if args.schedule not in ONE_STAGE_PER_GROUP:
+        raise InputError("-", "--schedule", f"pareto writes the front of nsga's search over "
+                                            f"{' and '.join(ONE_STAGE_PER_GROUP)} plans only; plan {args.schedule} "
+                                            f"with pipeplan plan --solver nsga (or cpsat, ilp, group-search)")
     problem = problem_from_args(args)
-    start = time.perf_counter()
-    generations = int(args.budget) if args.budget is not None else args.generations or 60
-    with interruptible(), watch() as seen:
-        run = run_nsga(problem, generations=generations, population=args.population or 48,
-                       seed=args.seed, time_limit=args.time_limit)
-    # every clock check inside run_nsga is its seeding's or its generations' (run.time_cut says which)
+    nsga = get_solver("nsga", population=args.population).algorithms[PIPELINES]
+    generations = int(args.budget) if args.budget is not None else args.generations or nsga.generations
+    clock = TimeLimit(args.time_limit)
+    with interruptible():
+        run = nsga.front(problem, clock, generations=generations, seed=args.seed)
+    seen = clock.stops
+    # every clock check of the run is its seeding's or its generations' (run.time_cut says which)
     stopped_by = seen.stopped_by() if seen.interrupted or seen.time_cut or run.time_cut else "budget"
     if not run.front and seen.interrupted:
         sys.stderr.write("interrupted: no plan found before the interrupt\n")
@@ -96,9 +100,9 @@ def run_pareto(args: argparse.Namespace) -> int:
     if not run.front:
         why = ("time limit reached before any evaluated plan fitted" if run.stopped_by_time
                else "no evaluated plan fits in memory")
-        result = heuristic_no_plan(problem, "nsga", why, time.perf_counter() - start, args.seed,
+        result = heuristic_no_plan(problem, "nsga", why, clock.elapsed(), args.seed,
                                    details={"stopped_by_time_limit": bool(run.time_cut), "time_cut": list(run.time_cut)})
-        return no_plan(problem, [result])  # "no plan fits" only when proved
+        return no_plan(why_no_plan(problem, [result]))  # "no plan fits" only when proved
     atomic_write_text(args.output, dumps(front_document(run, args, stopped_by)))
     if args.plot:
         _plot(args.plot, run, f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}")

@@ -2,36 +2,38 @@
 
 ``plan`` writes the best plan with a ``"solver"`` record; ``compare`` runs every
 solver and prints a table (or JSON, CSV, a bar chart).  Exit status 3 when no plan
-fits, with the tightest memory constraint named on stderr; 2 on bad input.
+fits, with the tightest memory constraint named on stderr; 2 on bad input.  The
+planning itself (which problems, which solvers, the fastest plan, why none came back)
+is :mod:`pipeplan.solver.planning`'s; this module reads the options and writes the outputs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import io
 import json
-import math
 import sys
 import textwrap
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pipeplan.models.errors import InputError
-from pipeplan.models.graph import load_graph
+from pipeplan.models.graph import LayerGraph, load_graph
 from pipeplan.models.jsonio import atomic_write_text, dumps
-from pipeplan.solver.formats.cluster import load_cluster
-from pipeplan.solver.views.figures import pyplot, save_png
-from pipeplan.solver.views.gantt import write_gantt
-from pipeplan.solver.bounds.infeasibility import UNPROVED, memory_verdict
-from pipeplan.solver.formats.plan import MAX_SAMPLES
-from pipeplan.solver.core.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES, Overflow, PlanningProblem, TooLarge
-from pipeplan.solver.core.registry import get_solver, solver_names
-from pipeplan.solver.core.result import SolverResult
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.formats.plan import Plan
-from pipeplan.solver.core.termination import interruptible, interrupted
+from pipeplan.solver.core.problem import PLANNED_SCHEDULES, Overflow, PlanningProblem, TooLarge
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.core.termination import interruptible
 from pipeplan.solver.core.warm_start import load_warm_start
+from pipeplan.solver.formats.cluster import Cluster, load_cluster
+from pipeplan.solver.formats.plan import MAX_SAMPLES
+from pipeplan.solver.views.figures import pyplot, save_png
+from pipeplan.solver.views.gantt import write_gantt
+
+if TYPE_CHECKING:  # the solvers import pymoo and OR-Tools: imported where planning runs, not while the parser is built
+    from pipeplan.solver.planning import NoPlan, Planned, Skipped
 
 NO_PLAN = 3
 """Exit status when no plan fits."""
@@ -60,8 +62,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=float, default=60.0,
                    help="seconds per solver, a cap (default 60); a solve it cuts short may differ on another machine")
     p.add_argument("--budget", type=float, default=None, metavar="N",
-                   help="work per solver, in the solver's own unit (nsga: generations; cpsat, cpsat-split: CP-SAT "
-                        "deterministic seconds; ilp: HiGHS nodes; group-search: patterns); for ilp and cpsat it "
+                   help="work per solver, in the unit of the algorithm it runs (nsga: generations; cpsat, "
+                        "cpsat-split: CP-SAT deterministic seconds; ilp: HiGHS nodes; group-search: patterns; "
+                        "virtual-bnb, and group-search on interleaved, looped or zbv: simulations); for ilp and cpsat it "
                         "also scales every counted phase of the exact search by N / the default (walk prefixes, "
                         "table entries, patterns, greedy plans, NSGA-II generations); same budget and seed, "
                         "same plan on any machine (default: each solver's own, see docs/determinism.md)")
@@ -79,8 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan with one solver and write the plan", description=__doc__)
     _common(p)
     p.add_argument("--solver", required=True, metavar="NAME",
-                   help="a registered solver: cpsat, ilp, group-search, nsga, cpsat-split, a baseline "
-                        "(even, pipedream, alpa, ...); an unknown name lists them all")
+                   help="a registered solver: cpsat, ilp, group-search, nsga, cpsat-split, virtual-bnb, a "
+                        "baseline (even, pipedream, alpa, ...); an unknown name lists them all (docs/solvers.md: "
+                        "the algorithm each runs per schedule)")
     p.add_argument("-o", "--output", required=True, metavar="PLAN.json")
     add_force_option(p)
     p.add_argument("--warm-start", metavar="PLAN.json",
@@ -88,7 +92,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_plan)
     c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)
     _common(c)
-    c.add_argument("--solvers", metavar="A,B,...", help="only these solvers (default: all)")
+    c.add_argument("--solvers", metavar="A,B,...",
+                   help="only these solvers (default: every one that plans one of the schedules)")
     c.add_argument("--schedules", metavar="A,B,...",
                    help=f"compare these schedules (or 'all': {', '.join(PLANNED_SCHEDULES)}) instead of --schedule; "
                         f"the table has a row per schedule and solver, the fastest fitting plan is the best")
@@ -170,21 +175,40 @@ def problem_from_args(args: argparse.Namespace, schedule: str | None = None) -> 
     InputError
         On unreadable or invalid files or inconsistent numbers (``M > B``, ...).
     """
-    graph = load_graph(args.graph)
-    cluster = load_cluster(args.cluster)
+    from pipeplan.solver.planning import problem_for
+
+    graph, cluster = _inputs(args)
+    with _as_input_errors(args):
+        return problem_for(graph, cluster, schedule=schedule or args.schedule,
+                           virtual_stages=getattr(args, "virtual_stages", None), **_problem_options(args))
+
+
+def _inputs(args: argparse.Namespace) -> tuple[LayerGraph, Cluster]:
+    """The graph and the cluster, loaded and checked, and the options checked."""
+    graph, cluster = load_graph(args.graph), load_cluster(args.cluster)
     check_options(args)
+    return graph, cluster
+
+
+def _problem_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The problem fields the common options give (all but the schedule and ``--virtual-stages``)."""
+    return {"batch": args.batch, "microbatches": args.microbatches, "state_factor": args.state_factor,
+            "allow_replication": not args.no_replication, "allow_recompute": not args.no_recompute,
+            "max_stages": args.max_stages, "max_microbatches": getattr(args, "max_microbatches", None),
+            "per_stage": getattr(args, "per_stage", False)}
+
+
+def _solver_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The solvers' own settings the options give (``--generations``, ``--population``, ``--backend``)."""
+    return {key: getattr(args, key, None) for key in ("generations", "population", "backend")}
+
+
+@contextlib.contextmanager
+def _as_input_errors(args: argparse.Namespace) -> Iterator[None]:
+    """A problem's refusal as the one-line error of the input at fault."""
     auto = args.microbatches == "auto"
-    top = getattr(args, "max_microbatches", None)
-    # with auto, the seeding baselines use the largest allowed equal split (most pipelining)
-    equal = min(args.batch, top or 8) if auto else args.microbatches
     try:
-        return PlanningProblem(graph, cluster, global_batch=args.batch, microbatches=equal,
-                               schedule=schedule or args.schedule, state_factor=args.state_factor,
-                               allow_replication=not args.no_replication, allow_recompute=not args.no_recompute,
-                               max_stages=args.max_stages, auto_microbatches=auto,
-                               max_microbatches=top if top is not None else (equal if auto else None),
-                               per_stage=getattr(args, "per_stage", False),
-                               virtual_stages=_virtual_for(args, schedule or args.schedule))
+        yield
     except Overflow as exc:  # the file at fault: the cluster's speeds and links, or the graph's bytes
         file, where = (args.cluster, "devices and links") if exc.what == "time" else (args.graph, "layers")
         raise InputError(file, where, str(exc)) from None
@@ -192,118 +216,11 @@ def problem_from_args(args: argparse.Namespace, schedule: str | None = None) -> 
         file, where = {"graph": (args.graph, "layers"), "cluster": (args.cluster, "devices")}.get(
             exc.role, ("-", "--max-microbatches" if auto else "--microbatches"))
         raise InputError(file, where, str(exc)) from None
+    except InputError:
+        raise
     except ValueError as exc:
-        raise InputError("-", "arguments", str(exc)) from None
-
-
-def _virtual_for(args: argparse.Namespace, schedule: str) -> int | None:
-    """``--virtual-stages`` where the schedule takes it; with several schedules (auto, ``--schedules``) the
-    others keep their own fixed count."""
-    v = getattr(args, "virtual_stages", None)
-    several = args.schedule == "auto" or getattr(args, "schedules", None)
-    return None if several and schedule not in VIRTUAL_SCHEDULES else v
-
-
-def _solve(problem: PlanningProblem, names: list[str], args: argparse.Namespace,
-           warm_start: Plan | None = None, skip_refusals: bool = False) -> list[SolverResult]:
-    """Run the named solvers with a progress display on stderr.
-
-    The first SIGINT or SIGTERM stops the running solver, which returns its best plan so
-    far (``stopped_by: interrupt``); the solvers after it are not run.
-    """
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-    solvers = [get_solver(n) for n in names]     # unknown names fail before any work
-    for solver in solvers:  # the GA's own knobs, where given
-        if getattr(args, "generations", None) is not None and hasattr(solver, "generations"):
-            solver.generations = args.generations
-        if getattr(args, "population", None) is not None and hasattr(solver, "population"):
-            solver.population = args.population
-        if getattr(args, "backend", None) is not None and hasattr(solver, "backend"):
-            solver.backend = args.backend
-    results = []
-    console = Console(file=sys.stderr)
-    with interruptible(), Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                                   TimeElapsedColumn(), console=console, transient=True,
-                                   disable=not console.is_terminal) as progress:
-        task = progress.add_task("solving", total=len(solvers))
-        for name, solver in zip(names, solvers):
-            if interrupted():
-                console.print(f"interrupted: {name} and the solvers after it not run")
-                break
-            progress.update(task, description=f"solving with {name}")
-            try:
-                results.append(solver.solve(problem, time_limit=args.time_limit, seed=args.seed,
-                                            budget=getattr(args, "budget", None), warm_start=warm_start))
-            except InputError as exc:
-                if len(solvers) == 1 and not skip_refusals:
-                    raise
-                # compare: a solver outside its scope (ilp with unequal splits) is left out, said
-                warn(f"skipped {name}: {exc.what}")
-            progress.advance(task)
-    return results
-
-
-INTERRUPTED = 130
-"""Exit status when an interrupt came before any plan was found (128 + SIGINT, as shells use)."""
-
-PROVING = ("ilp", "cpsat")
-"""Solvers whose ``infeasible`` is a proof (they search the whole space)."""
-
-
-def no_plan(problem: PlanningProblem, results: list[SolverResult]) -> int:
-    """Say why no plan came back: a proof that none fits, or only that none was found."""
-    if any(r.stopped_by == "interrupt" for r in results) or not results:
-        sys.stderr.write("interrupted: no plan found before the interrupt\n")
-        return INTERRUPTED
-    bounds_prove, constraint = memory_verdict(problem)
-    if problem.is_v2 and bounds_prove and " alone needs " not in constraint:
-        bounds_prove = False  # the model verdict reasons about one stage per device; a layer's alone holds in v2
-    # the records' own words follow the first line, without repeating the constraint or "not a proof"
-    why = "; ".join(f"{r.name}: {r.message.replace('; ' + UNPROVED, '')}" for r in results
-                    if r.message and constraint not in r.message)
-    proved = bounds_prove or any(r.status == "infeasible" and r.name in PROVING for r in results)
-    if proved:
-        sys.stderr.write(f"no plan fits: {constraint}\n")
-    else:
-        names = ", ".join(r.name for r in results)
-        timed_out = any(r.stopped_by == "time" or r.details.get("stopped_by_time_limit") or "time limit" in r.message
-                        for r in results)
-        sys.stderr.write(f"no plan found: {names} found no fitting plan{' in the time given' if timed_out else ''}, "
-                         f"which does not prove that none fits (ilp and cpsat decide it, given time)\n")
-    if why:
-        sys.stderr.write(f"  ({why})\n")
-    return NO_PLAN
-
-
-def run_plan(args: argparse.Namespace) -> int:
-    """``pipeplan plan``: solve with one solver and write the plan atomically.
-
-    With ``--schedule auto`` the solver plans for every schedule and the fastest fitting
-    plan is written, after a table of the schedules.
-    """
-    check_outputs(args, args.output, inputs={"graph": args.graph, "cluster": args.cluster})
-    schedules = schedules_from_args(args)
-    if len(schedules) > 1:
-        return _plan_each_schedule(args, schedules)
-    problem = problem_from_args(args)
-    warm = load_warm_start(args.warm_start, problem) if args.warm_start else None
-    results = _solve(problem, [args.solver], args, warm)
-    if not results or results[0].plan is None:
-        return no_plan(problem, results)
-    _write_plan(problem, results[0], args)
-    return 0
-
-
-def _write_plan(problem: PlanningProblem, result: SolverResult, args: argparse.Namespace) -> None:
-    comparison_rows(problem, [result])  # refuses a throughput beyond the float range, before writing
-    atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
-    gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
-    named = f"{result.plan.schedule}, " if problem.is_v2 or args.schedule == "auto" else ""
-    print(f"{result.name}: {result.status}, {named}{len(result.plan.stages)} stages, iteration "
-          f"time {result.iteration_time * 1e3:.4f} ms, throughput {_throughput(problem, result.iteration_time)} "
-          f"samples/s, gap {gap}, {result.wall_time:.2f} s, stopped by {result.stopped_by} -> {args.output}")
+        several = len(schedules_from_args(args)) > 1
+        raise InputError("-", "--schedules" if several else "arguments", str(exc)) from None
 
 
 def schedules_from_args(args: argparse.Namespace) -> list[str]:
@@ -315,94 +232,131 @@ def schedules_from_args(args: argparse.Namespace) -> list[str]:
     InputError
         For an unknown name in ``--schedules``, naming the valid ones.
     """
+    from pipeplan.solver.planning import schedules_for
+
     listed = getattr(args, "schedules", None)
-    if listed is not None:
-        names = list(PLANNED_SCHEDULES) if listed.strip() == "all" else \
-            [n.strip() for n in listed.split(",") if n.strip()]
-        unknown = [n for n in names if n not in PLANNED_SCHEDULES]
-        if unknown or not names:
-            raise InputError("-", "--schedules", f"unknown schedule {unknown[0] if unknown else listed!r}; valid: "
-                                                 f"{', '.join(PLANNED_SCHEDULES)} or all")
-        return list(dict.fromkeys(names))
-    return list(PLANNED_SCHEDULES) if args.schedule == "auto" else [args.schedule]
+    if listed is None:
+        return schedules_for(args.schedule)
+    names = "all" if listed.strip() == "all" else [n.strip() for n in listed.split(",") if n.strip()]
+    try:
+        return schedules_for(names)
+    except ValueError as exc:
+        raise InputError("-", "--schedules", f"{str(exc).replace(repr(''), repr(listed))} or all") from None
 
 
-def _problems(args: argparse.Namespace, schedules: list[str]) -> list[PlanningProblem]:
-    """One problem per schedule; a schedule the options rule out is left out, said on stderr."""
-    problems = []
-    for schedule in schedules:
-        try:
-            problems.append(problem_from_args(args, schedule))
-        except InputError as exc:
-            if exc.where != "arguments":
-                raise
-            warn(f"skipped schedule {schedule}: {exc.what}")
-    if not problems:
-        raise InputError("-", "--schedules", f"no schedule of {', '.join(schedules)} can be planned with these "
-                                             f"options (see the lines above)")
-    return problems
+INTERRUPTED = 130
+"""Exit status when an interrupt came before any plan was found (128 + SIGINT, as shells use)."""
 
 
-def _plan_each_schedule(args: argparse.Namespace, schedules: list[str]) -> int:
-    """``plan --schedule auto``: the solver on every schedule, a table, the fastest fitting plan written."""
-    if args.warm_start:
+def no_plan(verdict: NoPlan) -> int:
+    """Say why no plan came back (:class:`pipeplan.solver.planning.NoPlan`): a proof that none fits, or only
+    that none was found; the exit status."""
+    if verdict.kind == "interrupted":
+        sys.stderr.write("interrupted: no plan found before the interrupt\n")
+        return INTERRUPTED
+    if verdict.kind == "proved":
+        sys.stderr.write(f"no plan fits: {verdict.constraint}\n")
+    else:
+        sys.stderr.write(f"no plan found: {', '.join(verdict.solvers)} found no fitting plan"
+                         f"{' in the time given' if verdict.timed_out else ''}, which does not prove that none fits "
+                         f"(ilp and cpsat decide it, given time)\n")
+    if verdict.reasons:  # the records' own words follow the first line
+        sys.stderr.write(f"  ({'; '.join(verdict.reasons)})\n")
+    return NO_PLAN
+
+
+@contextlib.contextmanager
+def _progress(count: int) -> Iterator[Callable[[str, str], None]]:
+    """A progress display on stderr while ``count`` solves run; the first SIGINT or SIGTERM stops the running
+    solver, which returns its best plan so far (``stopped_by: interrupt``); the solvers after it are not run."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    console = Console(file=sys.stderr)
+    with interruptible(), Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                                   TimeElapsedColumn(), console=console, transient=True,
+                                   disable=not console.is_terminal) as progress:
+        task = progress.add_task("solving", total=count)
+        started = [False]
+
+        def on_solve(solver: str, schedule: str) -> None:
+            if started[0]:
+                progress.advance(task)
+            started[0] = True
+            progress.update(task, description=f"solving with {solver} ({schedule})")
+
+        yield on_solve
+
+
+def _report(done: Planned) -> None:
+    """What was skipped and what an interrupt left unrun, on stderr (held until the command succeeds)."""
+    for skipped in done.skipped:
+        warn(f"skipped {skipped.solver}: {skipped.reason}" if skipped.solver
+             else f"skipped schedule {skipped.schedule}: {skipped.reason}")
+    if done.not_run:
+        sys.stderr.write(f"interrupted: {done.not_run} and the solvers after it not run\n")
+
+
+def _problems(args: argparse.Namespace, schedules: list[str]) -> tuple[list[PlanningProblem], list[Skipped]]:
+    """One problem per schedule (:func:`pipeplan.solver.planning.problems_for`), refusals as one-line errors."""
+    from pipeplan.solver.planning import problems_for
+
+    graph, cluster = _inputs(args)
+    with _as_input_errors(args):
+        return problems_for(graph, cluster, schedules, virtual_stages=getattr(args, "virtual_stages", None),
+                            **_problem_options(args))
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    """``pipeplan plan``: solve with one solver and write the plan atomically (:func:`pipeplan.solver.planning.plan`).
+
+    With ``--schedule auto`` the solver plans for every schedule and the fastest fitting
+    plan is written, after a table of the schedules.
+    """
+    from pipeplan.solver.planning import finite_rows, plan_problems
+
+    check_outputs(args, args.output, inputs={"graph": args.graph, "cluster": args.cluster})
+    schedules = schedules_from_args(args)
+    if args.warm_start and len(schedules) > 1:
         raise InputError("-", "--warm-start", "starts one schedule's search; give --schedule NAME with it")
-    problems = _problems(args, schedules)
-    pairs = [(problem, result) for problem in problems
-             for result in _solve(problem, [args.solver], args, skip_refusals=True)]
-    if not any(r.plan is not None for _, r in pairs):
-        return no_plan(problems[0], [r for _, r in pairs])
-    rows = schedule_rows(pairs)
-    _print_table(rows, f"{problems[0].graph.name} on {problems[0].cluster.name}: batch {problems[0].global_batch}, "
-                       f"M={problems[0].microbatches}, {args.solver} on each schedule")
-    problem, result = min(((p, r) for p, r in pairs if r.plan is not None), key=lambda pr: pr[1].iteration_time)
-    _write_plan(problem, result, args)
+    problems, skipped = _problems(args, schedules)
+    warm = load_warm_start(args.warm_start, problems[0]) if args.warm_start else None
+    with _progress(len(problems)) as on_solve:
+        done = plan_problems(problems, args.solver, time_limit=args.time_limit, seed=args.seed, budget=args.budget,
+                             warm_start=warm, solver_options=_solver_options(args), skipped=skipped,
+                             on_solve=on_solve)
+    _report(done)
+    if done.best is None:
+        return no_plan(done.no_plan)
+    several = len(schedules) > 1
+    if several:
+        first = problems[0]
+        _print_table(finite_rows(done.rows(with_schedule=True)),
+                     f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, M={first.microbatches}, "
+                     f"{args.solver} on each schedule")
+    _write_plan(done.best.problem, done.best.result, args, named=several)
     return 0
 
 
-def schedule_rows(pairs: list[tuple[PlanningProblem, SolverResult]]) -> list[dict[str, Any]]:
-    """:func:`comparison_rows` over results of several schedules, each row saying its schedule (ratios to the best of all)."""
-    rows = comparison_rows(pairs[0][0], [r for _, r in pairs]) if pairs else []
-    for row, (problem, _) in zip(rows, pairs):
-        row["schedule"] = problem.schedule
-    return rows
+def _write_plan(problem: PlanningProblem, result: SolverResult, args: argparse.Namespace, named: bool) -> None:
+    """Write ``result``'s plan with its record and print one line: the solver (and the algorithm it ran, when
+    another), the status, the schedule (with several, or when its groups hold several stages), the stages,
+    the time, the throughput, the gap."""
+    from pipeplan.solver.planning import Outcome, Planned, finite_rows
+
+    finite_rows(Planned((problem,), (Outcome(problem, result),)).rows())  # refuses a throughput beyond the float range
+    atomic_write_text(args.output, dumps(result.plan_with_record().to_dict()))
+    gap = "-" if result.gap is None else f"{100 * result.gap:.2f}%"
+    schedule = f"{result.plan.schedule}, " if named or problem.needs.several_stages else ""
+    via = f" via {result.algorithm}" if result.algorithm != result.name else ""
+    print(f"{result.name}{via}: {result.status}, {schedule}{len(result.plan.stages)} stages, iteration "
+          f"time {result.iteration_time * 1e3:.4f} ms, throughput {_throughput(problem, result.iteration_time)} "
+          f"samples/s, gap {gap}, {result.wall_time:.2f} s, stopped by {result.stopped_by} -> {args.output}")
 
 
 def _throughput(problem: PlanningProblem, seconds: float) -> str:
     """Samples per second as the plan line prints it (a zero-cost plan has no finite throughput)."""
     return f"{problem.global_batch / seconds:.2f}" if seconds > 0 else "unbounded"
-
-
-def comparison_rows(problem: PlanningProblem, results: list[SolverResult]) -> list[dict[str, Any]]:
-    """One row per solver: status, time, throughput, ratio to the best, bound, gap, wall time."""
-    times = [r.iteration_time for r in results if r.iteration_time is not None]
-    best = min(times) if times else None
-    rows = []
-    for r in results:
-        t = r.iteration_time
-        rows.append({"solver": r.name, "status": r.status, "iteration_time": t,
-                     "throughput": problem.global_batch / t if t else None,
-                     "ratio_to_best": t / best if t and best else None,
-                     "lower_bound": r.lower_bound, "gap": r.gap, "wall_time": r.wall_time,
-                     "stages": len(r.plan.stages) if r.plan else None, "stopped_by": r.stopped_by,
-                     "message": r.message})
-    for row in rows:
-        _check_finite_row(row)
-    return rows
-
-
-def _check_finite_row(row: dict[str, Any]) -> None:
-    """Refuse a row with a number beyond the float range: JSON, CSV and the table have no infinity.
-
-    The iteration times are finite (the problem's ceiling sees to that); the ratios
-    computed from them are not when a time is near 0 (``B / 5e-324``).
-    """
-    for key, value in row.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise InputError("-", f"{row['solver']}: {key}", f"is {value} from the iteration time "
-                                                             f"{row['iteration_time']:g} s: a cost near 1e-308 in "
-                                                             f"the graph or a speed near 1e308 in the cluster "
-                                                             f"makes it overflow; use realistic costs and speeds")
 
 
 def _fmt(value: Any, scale: float = 1.0, digits: int = 4) -> str:
@@ -415,11 +369,14 @@ def _print_table(rows: list[dict[str, Any]], title: str) -> None:
 
     table = Table(title=title)
     several = len({row.get("schedule") for row in rows}) > 1
-    for col in (("schedule",) if several else ()) + ("solver", "status", "iteration (ms)", "throughput (samples/s)",
-                                                     "ratio to best", "lower bound (ms)", "gap", "wall (s)"):
-        table.add_column(col, justify="left" if col in ("schedule", "solver", "status") else "right")
+    via = any(row["algorithm"] != row["solver"] for row in rows)  # a solver that runs another algorithm here
+    for col in (("schedule",) if several else ()) + ("solver",) + (("algorithm",) if via else ()) + (
+            "status", "iteration (ms)", "throughput (samples/s)", "ratio to best", "lower bound (ms)", "gap",
+            "wall (s)"):
+        table.add_column(col, justify="left" if col in ("schedule", "solver", "algorithm", "status") else "right")
     for row in rows:
-        table.add_row(*((row["schedule"],) if several else ()), row["solver"], row["status"],
+        table.add_row(*((row["schedule"],) if several else ()), row["solver"],
+                      *((row["algorithm"],) if via else ()), row["status"],
                       _fmt(row["iteration_time"], 1e3),
                       _fmt(row["throughput"], 1, 2), _fmt(row["ratio_to_best"], 1, 3),
                       _fmt(row["lower_bound"], 1e3), "-" if row["gap"] is None else f"{100 * row['gap']:.2f}%",
@@ -479,26 +436,32 @@ def compare_title(problems: list[PlanningProblem]) -> str:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    """``pipeplan compare``: run every (or the chosen) solver and report side by side.
+    """``pipeplan compare``: run every (or the chosen) solver and report side by side
+    (:func:`pipeplan.solver.planning.compare`).
 
     With ``--schedules`` (or ``--schedule auto``) every solver runs on every schedule; the
     table has a row per schedule and solver, and the best plan is the fastest of all.
     """
+    from pipeplan.solver.planning import compare_problems, finite_rows
+    from pipeplan.solver.solvers import solver_names
+
     check_outputs(args, args.csv, args.plot, args.best, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster})
     schedules = schedules_from_args(args)
-    problems = _problems(args, schedules) if len(schedules) > 1 else [problem_from_args(args)]
     valid = solver_names()
-    names = valid if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
-    if not names:
+    names = None if args.solvers is None else [n.strip() for n in args.solvers.split(",") if n.strip()]
+    if names is not None and not names:
         raise InputError("-", "--solvers", f"names no solver (got {args.solvers!r}); valid: {', '.join(valid)}")
-    unknown = [name for name in names if name not in valid]
+    unknown = [name for name in names or () if name not in valid]
     if unknown:  # here, not in get_solver, so that the error names the option given
         raise InputError("-", "--solvers", f"unknown solver {unknown[0]!r}; valid: {', '.join(valid)}")
-    pairs = [(problem, result) for problem in problems
-             for result in _solve(problem, names, args, skip_refusals=len(problems) > 1)]
-    if all(r.plan is None for _, r in pairs):
-        return no_plan(problems[0], [r for _, r in pairs])
-    rows = schedule_rows(pairs)
+    problems, skipped = _problems(args, schedules)
+    with _progress(len(problems) * len(names or valid)) as on_solve:
+        done = compare_problems(problems, names, time_limit=args.time_limit, seed=args.seed, budget=args.budget,
+                                solver_options=_solver_options(args), skipped=skipped, on_solve=on_solve)
+    _report(done)
+    if done.best is None:
+        return no_plan(done.no_plan)
+    rows = finite_rows(done.rows())
     title = compare_title(problems)
     if args.json:
         print(json.dumps(rows))
@@ -508,21 +471,21 @@ def run_compare(args: argparse.Namespace) -> int:
         _write_csv(args.csv, rows)
     if args.plot:
         _write_plot(args.plot, rows, title)
-    _write_best(pairs, args)
+    _write_best(done, args)
     return 0
 
 
-def _write_best(pairs: list[tuple[PlanningProblem, SolverResult]], args: argparse.Namespace) -> None:
+def _write_best(done: Planned, args: argparse.Namespace) -> None:
     """Write the fastest plan (``--best``) and its Gantt chart (``--gantt``), if asked."""
     if not (args.best or args.gantt):
         return
-    problem, best = min(((p, r) for p, r in pairs if r.plan is not None), key=lambda pr: pr[1].iteration_time)
+    problem, best = done.best.problem, done.best.result
     if args.best:
         atomic_write_text(args.best, dumps(best.plan_with_record().to_dict()))
     if args.gantt:
         write_gantt(problem.evaluate(best.plan), args.gantt, f"{problem.graph.name} on {problem.cluster.name}, "
                                                              f"best: {best.name}")
-    named = f"{best.plan.schedule}, " if len({p.schedule for p, _ in pairs}) > 1 else ""
+    named = f"{best.plan.schedule}, " if len(done.problems) > 1 else ""
     print(f"best: {best.name}, {named}{best.iteration_time * 1e3:.4f} ms"
           + (f" -> {args.best}" if args.best else "") + (f", {args.gantt}" if args.gantt else ""),
           file=sys.stderr if args.json else sys.stdout)  # --json keeps stdout one JSON value

@@ -20,10 +20,9 @@ from typing import TYPE_CHECKING
 from pipeplan.models.errors import one_line
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.models.model_options import request_from_args
 from pipeplan.loading import warn_names
-from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
-from pipeplan.runtime.options import add_arguments, check_options
+from pipeplan.runtime.launch import WorkerError, launch_local
+from pipeplan.runtime.options import RunConfig, add_arguments
 from pipeplan.runtime.routing import rank_of
 
 if TYPE_CHECKING:  # checks and report import torch: imported where a run starts, not while the parser is built
@@ -39,35 +38,37 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """``pipeplan run``: the options as a :class:`~pipeplan.runtime.options.RunConfig`, checked, then the run."""
     from pipeplan.runtime.checks import check_emulation, load_inputs
     from pipeplan.runtime.report import present
 
-    check_options(args)
+    config = RunConfig.from_args(args).checked()
     # Everything that can be refused is refused here, before any process starts.
-    check_outputs(args, args.trace, args.gantt, inputs={"graph": args.graph, "cluster": args.cluster, "plan": args.plan})
-    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
-    if args.emulate:
-        check_emulation(inputs.prediction, args.timeout, args.plan)
-    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, args.plan, doing="running"):
+    check_outputs(args, config.trace, config.gantt,
+                  inputs={"graph": config.graph, "cluster": config.cluster, "plan": config.plan})
+    inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, config.verify, config.seed)
+    if config.emulate:
+        check_emulation(inputs.prediction, config.timeout, config.plan)
+    for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, config.plan, doing="running"):
         warn(note)
-    if args.emulate and "calibration" in inputs.cluster.extra:
-        warn(f"warning: {args.cluster}: calibration: --emulate stretches each op to its device's "
+    if config.emulate and "calibration" in inputs.cluster.extra:
+        warn(f"warning: {config.cluster}: calibration: --emulate stretches each op to its device's "
              "calibrated speed, which already counts the slowdown the probe measured on this machine: "
              "emulate with the cluster before calibration")
     try:
-        result = launch(args, inputs)
+        result = launch(config, inputs)
     except WorkerError as exc:
-        return report_worker_error(exc, args.plan)
-    return present(args, inputs, result)
+        return report_worker_error(exc, config.plan)
+    return present(config, inputs, result)
 
 
-def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
+def launch(config: RunConfig, inputs: RunInputs) -> dict:
     """Run the plan's workers once, on local processes.
 
     Parameters
     ----------
-    args : argparse.Namespace
-        The run's options (those of :func:`pipeplan.runtime.worker.add_arguments`).
+    config : RunConfig
+        The run's settings, checked (:meth:`pipeplan.runtime.options.RunConfig.checked`).
     inputs : RunInputs
         The checked graph, cluster, plan and model.
 
@@ -94,7 +95,7 @@ def launch(args: argparse.Namespace, inputs: RunInputs) -> dict:
 
     with tempfile.TemporaryDirectory(prefix="pipeplan-run-") as tmp:
         result_file = Path(tmp) / "result.json"
-        launch_local(worker_args(args, result_file), len(ranks), Path(tmp), timeout=args.timeout,
+        launch_local(config.worker_argv(result_file), len(ranks), Path(tmp), timeout=config.timeout,
                      describe=describe)
         return json.loads(result_file.read_text())
 

@@ -20,7 +20,6 @@ give it.  The launcher is their watchdog:
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import os
 import signal
@@ -31,7 +30,6 @@ import time
 from pathlib import Path
 from typing import Callable, Sequence
 
-from pipeplan.models.model_options import request_from_args
 from pipeplan.runtime import heartbeat
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,21 +60,6 @@ def free_port() -> int:
 def _die_with_parent() -> None:
     # Runs in the child before exec: if the launcher dies, the kernel kills the worker.
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
-
-
-def worker_args(args: argparse.Namespace, result: Path) -> list[str]:
-    """The workers' command line: ``pipeplan run``'s own arguments, reporting to ``result``.
-
-    The files are passed as absolute paths: the workers start in the project's root (so
-    that ``-m pipeplan.runtime.worker`` imports this pipeplan, whatever the caller's folder holds),
-    where a path relative to the caller's folder would name another file or none.
-    """
-    files = [os.path.abspath(path) for path in (args.graph, args.cluster, args.plan)]
-    argv = [*files, *request_from_args(args).argv(), "--steps", str(args.steps),
-            "--warmup", str(args.warmup), "--lr", repr(args.lr), "--seed", str(args.seed),
-            "--timeout", repr(args.timeout), "--transport", args.transport, "--spin", args.spin,
-            "--result", str(result)]
-    return argv + [flag for flag, on in (("--verify", args.verify), ("--emulate", args.emulate)) if on]
 
 
 def launch_local(worker_args: list[str], world: int, workdir: Path, *, timeout: float,

@@ -33,7 +33,6 @@ import torch.distributed as dist
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import atomic_write_text, dumps
-from pipeplan.models.model_options import request_from_args
 from pipeplan.runtime.checks import RunInputs, check_emulation, check_world, load_inputs
 from pipeplan.runtime.comm import Channels
 from pipeplan.runtime.emulate import make_emulator
@@ -43,7 +42,7 @@ from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.launch import STARTUP_TIMEOUT
 from pipeplan.runtime.memory import rss_peak_bytes
 from pipeplan.runtime.options import (DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MAX_SEED,  # noqa: F401
-                                      add_arguments, add_launch_options, check_options, check_spin)
+                                      RunConfig, add_arguments, add_launch_options, check_spin)
 from pipeplan.runtime.routing import pieces, rank_of
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
@@ -62,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     try:
-        return run_rank(args, rank, int(os.environ.get("WORLD_SIZE", "1")))
+        return run_rank(RunConfig.from_args(args), rank, int(os.environ.get("WORLD_SIZE", "1")))
     except InputError as exc:
         print(exc.line(), file=sys.stderr)
         return 2
@@ -74,18 +73,19 @@ def main(argv: list[str] | None = None) -> int:
         os._exit(1)
 
 
-def run_rank(args: argparse.Namespace, rank: int, world: int) -> int:
+def run_rank(config: RunConfig, rank: int, world: int) -> int:
+    """Load and check the run's inputs, then train this rank (:func:`train_rank`); the exit status."""
     torch.set_num_threads(1)  # one busy core per rank
     beat = Heartbeat(rank, world)
     beat(-1, 0)
-    check_options(args)  # refuse bad options before any connection is made
-    inputs = load_inputs(args.graph, args.cluster, args.plan, request_from_args(args), args.verify, args.seed)
-    if args.emulate:  # pipeplan run checked already; under torchrun this is the first check
-        check_emulation(inputs.prediction, args.timeout, inputs.plan_file)
-    return train_rank(args, inputs, rank, world, beat)
+    config = config.checked()  # refuse bad options before any connection is made
+    inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, config.verify, config.seed)
+    if config.emulate:  # pipeplan run checked already; under torchrun this is the first check
+        check_emulation(inputs.prediction, config.timeout, inputs.plan_file)
+    return train_rank(config, inputs, rank, world, beat)
 
 
-def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: int, beat: Heartbeat) -> int:
+def train_rank(config: RunConfig, inputs: RunInputs, rank: int, world: int, beat: Heartbeat) -> int:
     """Connect, train this rank's group by its program, gather and report; the exit status."""
     plan = inputs.plan
     check_world(plan, world, inputs.plan_file)
@@ -97,8 +97,8 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
     # The rendezvous waits for the slowest rank to start (seconds on a busy machine): the set-up
     # allowance of the launcher, not --timeout, which is for training (see runtime.launch).
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=max(args.timeout, STARTUP_TIMEOUT)))
-    tcp = _uses_tcp(args.transport, device)
+                            timeout=timedelta(seconds=max(config.timeout, STARTUP_TIMEOUT)))
+    tcp = _uses_tcp(config.transport, device)
     control = dist.new_group(backend="gloo")  # barriers and gathering, on any backend
     members = group_members(plan, inputs.model)
     # [Note: idle gloo groups]  Every gloo group runs an I/O thread that wakes 100 times a
@@ -109,15 +109,15 @@ def train_rank(args: argparse.Namespace, inputs: RunInputs, rank: int, world: in
     groups = make_groups({key: ranks for key, ranks in members.items()
                           if not tcp or (not isinstance(key[0], int) and len(ranks) > 2)})
     starter = None if tcp else dist.new_group(backend="gloo")  # see _start_together
-    transport = _transport(args, rank, plan, members, control, beat) if tcp else \
+    transport = _transport(config, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
-    executor, need_data = _build(args, inputs, rank, device, beat, members, groups, transport)
+    executor, need_data = _build(config, inputs, rank, device, beat, members, groups, transport)
     beat.wait(True)
     dist.barrier(group=control)  # training starts together: its waits (--timeout) never wait on a set-up
     beat.wait(False)
     _pin_main_thread(device)
-    records = _train(args, inputs, executor, need_data, rank, device, transport, beat)
-    status = _finish(args, inputs, executor, records, rank, world, control, beat)
+    records = _train(config, inputs, executor, need_data, rank, device, transport, beat)
+    status = _finish(config, inputs, executor, records, rank, world, control, beat)
     if isinstance(transport, TcpTransport):
         transport.close()
     dist.destroy_process_group()
@@ -131,7 +131,7 @@ def _uses_tcp(transport: str, device: torch.device) -> bool:
     return transport == "tcp" or (transport == "auto" and device.type == "cpu")
 
 
-def _transport(args, rank: int, plan, members: dict, control, beat: Heartbeat) -> TcpTransport:
+def _transport(config: RunConfig, rank: int, plan, members: dict, control, beat: Heartbeat) -> TcpTransport:
     """The tcp transport of this rank; see :mod:`pipeplan.runtime.transport`."""
     world = dist.get_world_size()
     start = [(START, a, b) for a in range(world) for b in range(a + 1, world)]
@@ -144,7 +144,7 @@ def _transport(args, rank: int, plan, members: dict, control, beat: Heartbeat) -
     # Twice --timeout: a rank waiting on a hung peer must not fail before the launcher,
     # which presumes a rank hung after --timeout without progress, has named that peer.
     return TcpTransport(rank, links(members, plan) + start, gather, host=reachable_host(),
-                        timeout=2 * args.timeout, spin=_spin_seconds(args.spin), alive=beat.alive)
+                        timeout=2 * config.timeout, spin=_spin_seconds(config.spin), alive=beat.alive)
 
 
 def _spin_seconds(spin: str) -> float:
@@ -168,8 +168,8 @@ START = ("start",)
 """The key of the start-of-iteration tokens (every pair of ranks)."""
 
 
-def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, members: dict, groups: dict,
-           transport: Transport) -> tuple[Executor, bool]:
+def _build(config: RunConfig, inputs: RunInputs, rank: int, device: torch.device, beat: Heartbeat, members: dict,
+           groups: dict, transport: Transport) -> tuple[Executor, bool]:
     """This rank's executor over its group's stages, and whether it needs the batch (model input or targets)."""
     plan = inputs.plan
     group, _ = rank_of(plan)[rank]
@@ -183,7 +183,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
     last = len(plan.stages) - 1
     stages = {s: _stage(inputs, s, shapes, device) for s in mine}
     params = list({id(p): p for stage, _ in stages.values() for p in stage.parameters()}.values())
-    if args.emulate:
+    if config.emulate:
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         emulator = make_emulator(plan, inputs.cluster, group, rank_of(plan)[rank][1], param_bytes)
     prefix = len(mine) > 1
@@ -193,7 +193,7 @@ def _build(args, inputs: RunInputs, rank: int, device: torch.device, beat: Heart
                for s, (stage, layouts) in stages.items()}
     sync = GradSync.for_group(group, params, model, plan, members, groups, transport)
     program = [a for a in programs[group] if a.stage in on_rank]
-    executor = Executor(on_rank, program, plan.global_batch, sync, args.lr, emulator, beat, seed=args.seed)
+    executor = Executor(on_rank, program, plan.global_batch, sync, config.lr, emulator, beat, seed=config.seed)
     need_data = any(s in (0, last) or any(-1 in u.inputs for u in model.units[slice(*plan.stages[s].layers)])
                     for s in mine)
     return executor, need_data
@@ -257,7 +257,7 @@ def _start_together(transport: Transport, rank: int, world: int) -> None:
         work.wait()
 
 
-def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
+def _train(config: RunConfig, inputs: RunInputs, executor: Executor, need_data: bool, rank: int, device: torch.device,
            transport: Transport, beat: Heartbeat) -> list[dict]:
     model, batch = executor.model, inputs.plan.global_batch
     world = dist.get_world_size()
@@ -269,15 +269,15 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
     gc.freeze()
     gc.disable()
     try:
-        for step in range(args.steps):
+        for step in range(config.steps):
             if fault is not None and fault[0] == step:
                 _inject(fault[1], beat, step)
             if need_data:
-                x, y = step_batch(model, batch, args.seed, step)
+                x, y = step_batch(model, batch, config.seed, step)
                 x, y = x.to(device), y.to(device)
             else:
                 x = y = torch.empty(0)
-            executor.memory.enabled = step < max(args.warmup, 1)  # see runtime.memory
+            executor.memory.enabled = step < max(config.warmup, 1)  # see runtime.memory
             events, end = executor.train_step(step, x, y, start=lambda: _start_together(transport, rank, world))
             records.append({"t0": executor.started, "end": end,
                             "events": [[e.kind, e.label, e.start, e.end] for e in events],
@@ -288,7 +288,7 @@ def _train(args, inputs: RunInputs, executor: Executor, need_data: bool, rank: i
     return records
 
 
-def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], rank: int, world: int,
+def _finish(config: RunConfig, inputs: RunInputs, executor: Executor, records: list[dict], rank: int, world: int,
             control, beat: Heartbeat) -> int:
     """Gather everything on rank 0, verify, and write or print the report; the exit status."""
     plan = inputs.plan
@@ -300,21 +300,21 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
             "peak_memory": executor.memory.peak_bytes, "peak_memory_kind": executor.memory.kind,
             "rss_peak": rss_peak_bytes()}
     params = {name: p.detach().cpu() for name, p in executor.named_parameters().items()} \
-        if args.verify else {}
+        if config.verify else {}
     gathered: list = [None] * world if rank == 0 else None  # type: ignore[assignment]
-    beat(args.steps, 0, waiting=True)
+    beat(config.steps, 0, waiting=True)
     dist.gather_object((mine, params), gathered, dst=0, group=control)
-    beat(args.steps, 0)
+    beat(config.steps, 0)
     if rank != 0:
         return 0
     result = {"model": inputs.model_name, "dtype": str(inputs.dtype).removeprefix("torch."),
-              "steps": args.steps, "warmup": args.warmup, "emulate": args.emulate,
-              "transport": "tcp" if _uses_tcp(args.transport, executor.memory.device) else "dist",
+              "steps": config.steps, "warmup": config.warmup, "emulate": config.emulate,
+              "transport": "tcp" if _uses_tcp(config.transport, executor.memory.device) else "dist",
               "ranks": [item[0] for item in gathered]}
-    if args.verify:
+    if config.verify:
         notes: list[str] = []
-        reference = reference_parameters(inputs.request, steps=args.steps, global_batch=plan.global_batch,
-                                         lr=args.lr, seed=args.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
+        reference = reference_parameters(inputs.request, steps=config.steps, global_batch=plan.global_batch,
+                                         lr=config.lr, seed=config.seed, dtype=inputs.dtype, seq_len=inputs.seq_len,
                                          plan=plan, device=executor.memory.device,
                                          beat=lambda step: beat(-2, step), notes=notes)
         if notes:
@@ -322,12 +322,12 @@ def _finish(args, inputs: RunInputs, executor: Executor, records: list[dict], ra
         diff, where = max_difference(((item[0]["rank"], item[1]) for item in gathered), reference)
         # JSON has no inf: a non-finite difference (NaN or inf in some parameter) is reported as null
         result.update(max_param_diff=diff if math.isfinite(diff) else None, max_param_diff_at=where)
-    if args.result:
-        atomic_write_text(args.result, dumps(result))
+    if config.result:
+        atomic_write_text(config.result, dumps(result))
         return 0
     from pipeplan.runtime.report import present  # under torchrun: report from here
 
-    return present(args, inputs, result)
+    return present(config, inputs, result)
 
 
 def _fault(rank: int) -> tuple[int, str] | None:

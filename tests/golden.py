@@ -200,7 +200,7 @@ def solver_problem(schedule: str):
 
 def solve_record(schedule: str, name: str) -> dict:
     """What solver ``name`` returns on :func:`solver_problem` with seed 0: its plan, times, bound and status."""
-    from pipeplan.solver.core.registry import get_solver
+    from pipeplan.solver.solvers import get_solver
 
     result = get_solver(name).solve(solver_problem(schedule), time_limit=60.0, seed=0)
     return {"status": result.status, "stopped_by": result.stopped_by,
@@ -211,9 +211,9 @@ def solve_record(schedule: str, name: str) -> dict:
 
 def solver_cases() -> list[tuple[str, str]]:
     """(schedule, solver) for every solver that plans each of :data:`SOLVER_SCHEDULES`."""
-    from pipeplan.solver.core.registry import get_solver, planned_schedules, solver_names
+    from pipeplan.solver.solvers import get_solver, solver_names
 
-    return [(s, n) for s in SOLVER_SCHEDULES for n in solver_names() if s in planned_schedules(get_solver(n))]
+    return [(s, n) for s in SOLVER_SCHEDULES for n in solver_names() if s in get_solver(n).schedules]
 
 
 def write_solvers() -> None:

@@ -1,20 +1,332 @@
-"""Generators the tests share: plans, batches of plans and random programs.
+"""What the tests share: random problems of each size, brute forces over them, a reference timing of spec 7,
+and generators of plans, batches of plans and random programs.
 
-``conftest.py`` holds the small builders (a chain graph, a cluster, a plan in a few
-words); this module the generators several test files draw from, so that each test
-file runs on its own (``pytest tests/test_simulator.py``).
+Imported as ``from helpers import ...`` (``tests/`` is on the path of every test file, run
+alone or in the suite: ``pytest tests/test_simulator.py``); ``conftest.py`` holds the
+small builders (a chain graph, a cluster, a plan in a few words).
+
+- :func:`random_problem`: up to 10 layers on up to 4 devices of two speeds (the baselines,
+  group-search, the path floor);
+- :func:`sized_problem` and :func:`brute_force`: a chain of a given size with tight memory,
+  and the best plan over every plan of one stage per device group (the exact solvers);
+- :func:`piper_problem`: Piper's DP's instances;
+- :func:`split_instance`: a problem whose splits are decisions and a pipeline of it (the
+  split searches);
+- :func:`virtual_problem`, :func:`reference` and :func:`virtual_brute_force`: schedules
+  whose device groups hold several stages, timed and sized by spec 7.3 and 7.4 written
+  again here over the schedule's own programs or over breadth-first ones (which satisfy
+  every dependency of 7.3 for any placement of stages on groups), and the best plan over
+  every plan of the space;
+- :func:`group_plan`, :func:`random_batch`, :func:`program_instances` and
+  :func:`random_program_batch`: plans and batches of plans for the simulators.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
+from types import SimpleNamespace
 
 from hypothesis import assume, strategies as st
 
 from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
-from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.schedules.schedule import group_programs
 
+REL = 1e-9
+"""Float noise allowed when comparing iteration times."""
+
+SPLIT_BACKWARD = ("interleaved-zb", "zbv")
+"""The schedules whose backward runs as ``I`` and ``W`` (spec 7.2), written again here."""
+
+
+# --------------------------------------------------------------------------- one stage per device group
+def random_problem(seed: int, memory: float = 1e9, **switches) -> PlanningProblem:
+    """A chain of <= 10 layers on <= 4 devices of two speeds on two servers."""
+    rng = random.Random(seed)
+    layers = [Layer(f"l{i}", (rng.uniform(0, 1e-4), rng.uniform(1e-4, 1e-3)),
+                    (rng.uniform(0, 2e-4), rng.uniform(2e-4, 2e-3)), rng.uniform(1e6, 1e7),
+                    rng.uniform(1e5, 1e6), rng.uniform(1e4, 1e5)) for i in range(rng.randint(2, 10))]
+    devices = tuple(Device(f"d{i}", f"s{i % 2}", 1.0 if i % 2 == 0 else 0.5, memory)
+                    for i in range(rng.randint(1, 4)))
+    cluster = Cluster("c", (Link(1e11, 1e-6, "s0"), Link(1e10, 2e-6, "s1")), Link(1e9, 1e-5), devices)
+    batch = rng.choice([4, 8, 16])
+    return PlanningProblem(LayerGraph.chain("g", layers, 1e4), cluster, global_batch=batch,
+                           microbatches=rng.choice([1, 2, 4]), schedule=rng.choice(["gpipe", "1f1b"]), **switches)
+
+
+def sized_problem(seed: int, *, layers: int, devices: int, schedule: str, replication: bool = True,
+                   recompute: bool = True, max_stages: int | None = None) -> PlanningProblem:
+    """A chain of random layers on two device speeds over two servers, memory often tight."""
+    rng = random.Random(seed)
+    graph = LayerGraph.chain("g", [
+        Layer(f"l{i}", (rng.uniform(0, 1e-3), rng.uniform(1e-4, 1e-3)),
+              (rng.uniform(0, 2e-3), rng.uniform(2e-4, 2e-3)),
+              rng.uniform(1e6, 1e7), rng.uniform(1e5, 2e6), rng.uniform(1e4, 1e6))
+        for i in range(layers)], input_bytes=rng.uniform(1e3, 1e5))
+    batch = rng.choice([4, 6, 8])
+    microbatches = rng.choice([1, 2, 3, 4])
+    need = 4 * sum(l.params for l in graph.layers) + batch * sum(l.act for l in graph.layers)
+    fast_mem, slow_mem = (need * rng.uniform(0.35, 1.1) for _ in range(2))
+    speeds = [1.0, rng.choice([0.4, 0.7])]
+    devs = tuple(Device(f"d{i}", f"s{i % 2}", speeds[i % 2], fast_mem if i % 2 == 0 else slow_mem)
+                 for i in range(devices))
+    cluster = Cluster("c", (Link(rng.choice([5e9, 5e10]), 1e-6, "s0"), Link(rng.choice([5e9, 5e10]), 2e-6, "s1")),
+                      Link(rng.choice([1e9, 1e10]), 1e-5), devs)
+    return PlanningProblem(graph, cluster, global_batch=batch, microbatches=microbatches, schedule=schedule,
+                           allow_replication=replication, allow_recompute=recompute, max_stages=max_stages)
+
+
+def brute_force(problem: PlanningProblem) -> float:
+    """Best fitting iteration time over every plan of the search space (``inf`` if none)."""
+    L, ids = len(problem.graph), [d.id for d in problem.cluster.devices]
+    best = math.inf
+    for count in range(1, problem.stage_limit + 1):
+        for cuts in itertools.combinations(range(1, L), count - 1):
+            edges = (0,) + cuts + (L,)
+            bounds = list(zip(edges, edges[1:]))
+            for groups in _ordered_groups(ids, count, problem.allow_replication):
+                for flags in itertools.product((False, True) if problem.allow_recompute else (False,), repeat=count):
+                    sim = simulate(problem.make_plan(bounds, groups, flags), problem.graph, problem.cluster,
+                                   validate=False)
+                    if sim.fits:
+                        best = min(best, sim.iteration_time)
+    return best
+
+
+def _ordered_groups(ids, count, replication):
+    """Every sequence of ``count`` disjoint non-empty device groups."""
+    if count == 0:
+        yield []
+        return
+    sizes = range(1, len(ids) + 1) if replication else (1,)
+    for size in sizes:
+        for first in itertools.combinations(ids, size):
+            rest = [d for d in ids if d not in first]
+            for tail in _ordered_groups(rest, count - 1, replication):
+                yield [first] + tail
+
+
+def piper_problem(seed: int) -> PlanningProblem:
+    """A chain of <= 6 layers on <= 4 devices of random speeds and memories, <= 2 stages or any (piper's DP)."""
+    rng = random.Random(seed)
+    layers = [Layer(f"l{i}", (rng.uniform(0, 1e-4), rng.uniform(1e-4, 1e-3)), (rng.uniform(0, 2e-4),
+                    rng.uniform(2e-4, 2e-3)), rng.uniform(1e5, 1e7), rng.uniform(1e5, 1e6), rng.uniform(1e4, 1e5))
+              for i in range(rng.randint(1, 6))]
+    devices = tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([0.5, 1.0]), rng.choice([5e7, 2e8, 1e9]))
+                    for i in range(rng.randint(1, 4)))
+    cluster = Cluster("c", (Link(1e11, 1e-6, "s0"), Link(1e10, 2e-6, "s1")), Link(rng.choice([1e9, 1e11]), 1e-5), devices)
+    return PlanningProblem(LayerGraph.chain("g", layers, 1e4), cluster, global_batch=rng.choice([8, 16]),
+                           microbatches=rng.choice([2, 4, 8]), schedule=rng.choice(["gpipe", "1f1b"]),
+                           max_stages=rng.choice([None, 2]), allow_recompute=rng.random() < 0.7)
+
+
+def split_instance(seed: int, memory: float = 1e12) -> tuple[PlanningProblem, Plan]:
+    """A split problem (``auto``, sometimes per stage) and a fitting pipeline of it, its split to be chosen."""
+    rng = random.Random(seed)
+    n = rng.randint(2, 5)
+    layers = [Layer(f"l{i}", (rng.uniform(1e-4, 1e-3), rng.uniform(1e-4, 1e-3)),
+                    (rng.uniform(1e-4, 2e-3), rng.uniform(1e-4, 2e-3)), 1e6, rng.uniform(1e5, 1e6),
+                    rng.uniform(1e4, 1e6)) for i in range(n)]
+    graph = LayerGraph.chain("g", layers, 1e4)
+    cluster = Cluster("c", (Link(1e9, 1e-5, "s0"), Link(1e9, 2e-5, "s1")), Link(1e8, 1e-4),
+                      tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([1.0, 0.5]), memory) for i in range(4)))
+    stages = rng.randint(1, min(3, n))
+    batch, top = rng.choice([4, 6, 8]), rng.choice([3, 4])
+    per_stage, schedule = rng.random() < 0.5, rng.choice(["gpipe", "1f1b"])
+    problem = PlanningProblem(graph, cluster, global_batch=batch, microbatches=2, schedule=schedule,
+                              auto_microbatches=True, max_microbatches=top, per_stage=per_stage)
+    cuts = [0, *sorted(rng.sample(range(1, n), stages - 1)), n]
+    groups = [("d0",), ("d1", "d2"), ("d3",)]
+    base = Plan("g", "c", batch, 4.0, schedule, tuple(
+        Stage((cuts[s], cuts[s + 1]), groups[s], equal_split(batch, 2), rng.random() < 0.3) for s in range(stages)))
+    return problem, base
+
+
+# --------------------------------------------------------------------------- several stages per device group
+def owner(schedule: str, s: int, groups: int) -> int:
+    """Spec 7.2's placement, written again here."""
+    if schedule == "zbv":
+        return s if s < groups else 2 * groups - 1 - s
+    return s % groups
+
+
+def breadth_first_programs(schedule: str, placement: list[int], groups: int, m: int) -> list[list[tuple]]:
+    programs: list[list[tuple]] = [[] for _ in range(groups)]
+    for s, g in enumerate(placement):
+        programs[g] += [(s, "F", k) for k in range(m)]
+    for s in reversed(range(len(placement))):
+        back = [(s, "I", k) for k in range(m)] + [(s, "W", k) for k in range(m)] if schedule in SPLIT_BACKWARD else \
+            [(s, "B", k) for k in range(m)]
+        programs[placement[s]] += back
+    return programs
+
+
+def reference(problem: PlanningProblem, plan, named: bool = True) -> SimpleNamespace:
+    """Spec 7.3 (time) and 7.4 (memory) of ``plan`` over the schedule's own programs
+    (:func:`pipeplan.solver.schedules.schedule.group_programs`), or over breadth-first ones."""
+    graph, cluster = problem.graph, problem.cluster
+    keys = []
+    for st_ in plan.stages:
+        if frozenset(st_.devices) not in keys:
+            keys.append(frozenset(st_.devices))
+    placement = [keys.index(frozenset(st_.devices)) for st_ in plan.stages]
+    devs = [next(st_.devices for st_ in plan.stages if frozenset(st_.devices) == k) for k in keys]
+    S, R, split = len(plan.stages), len(keys), plan.stages[0].microbatches
+    dev = {d.id: d for d in cluster.devices}
+    speed = [min(dev[d].speed for d in g) for g in devs]
+    r = [len(g) for g in devs]
+
+    def q(s, k):
+        return -(-split[k] // r[placement[s]])
+
+    def dur(s, kind, k):
+        lo, hi = plan.stages[s].layers
+        layers = graph.layers[lo:hi]
+        v, n = speed[placement[s]], q(s, k)
+        tf = sum(l.fwd[0] + l.fwd[1] * n for l in layers) / v
+        rec = tf if plan.stages[s].recompute else 0.0
+        if kind == "F":
+            return tf
+        if kind == "B":
+            return sum(l.bwd[0] + l.bwd[1] * n for l in layers) / v + rec
+        if kind == "I":
+            return sum(l.input_bwd[0] + l.input_bwd[1] * n for l in layers) / v + rec
+        return sum(l.weight_bwd[0] + l.weight_bwd[1] * n for l in layers) / v
+
+    def transfer(s, t, k):
+        x, y = devs[placement[s]], devs[placement[t]]
+        cut = plan.stages[min(s, t)].layers[1] - 1  # the layer before the cut between the two stages
+        rate = min(len(x), len(y)) * cluster.bw(x, y)
+        return cluster.lat(x, y) + split[k] * graph.cut_bytes(cut) / rate
+
+    if named:
+        programs = [[tuple(a) for a in p] for p in group_programs(plan.schedule, R, len(split), S // R)]
+    else:
+        programs = breadth_first_programs(plan.schedule, placement, R, len(split))
+    end, arrive = {}, {}
+    link_free: dict = {}
+    ptr, clock = [0] * R, [0.0] * R
+    while any(ptr[g] < len(programs[g]) for g in range(R)):
+        moved = False
+        for g in range(R):
+            while ptr[g] < len(programs[g]):
+                s, kind, k = programs[g][ptr[g]]
+                if kind == "F":
+                    need = [("fwd", s - 1, k)] if s > 0 else []
+                elif kind == "W":
+                    need = [("end", s, "I", k)]
+                else:
+                    need = [("bwd", s + 1, k)] if s < S - 1 else [("end", s, "F", k)]
+                ready = []
+                for item in need:
+                    key = (item[1], item[2], item[3]) if item[0] == "end" else item
+                    table = end if item[0] == "end" else arrive
+                    if key not in table:
+                        break
+                    ready.append(table[key])
+                else:
+                    start = max([clock[g], *ready])
+                    clock[g] = end[(s, kind, k)] = start + dur(s, kind, k)
+                    for direction, t in (("fwd", s + 1), ("bwd", s - 1)):
+                        sends = (kind == "F" and direction == "fwd") or (kind in "BI" and direction == "bwd")
+                        if not sends or not 0 <= t < S:
+                            continue
+                        if placement[t] == g:
+                            arrive[(direction, s, k)] = clock[g]
+                        else:
+                            link = (g, placement[t])
+                            begin = max(clock[g], link_free.get(link, 0.0))
+                            link_free[link] = arrive[(direction, s, k)] = begin + transfer(s, t, k)
+                    ptr[g] += 1
+                    moved = True
+                    continue
+                break
+        assert moved, "breadth-first programs never deadlock"
+    total, fits, peaks = 0.0, True, []
+    for g in range(R):
+        mine = [s for s in range(S) if placement[s] == g]
+        params = sum(graph.range_sum("params", *plan.stages[s].layers) for s in mine)
+        step = sum(graph.range_step(*plan.stages[s].layers) for s in mine)
+        ar = 2 * (r[g] - 1) * (cluster.lat(devs[g]) + params / (r[g] * cluster.bw(devs[g]))) if r[g] > 1 else 0.0
+        total = max(total, clock[g] + ar + step / speed[g])
+        stash = peak = 0.0
+        for s, kind, k in programs[g]:
+            lo, hi = plan.stages[s].layers
+            act = graph.range_sum("act", lo, hi)
+            held = graph.stage_input_bytes(lo) if plan.stages[s].recompute else act
+            if kind in "BI" and plan.stages[s].recompute:
+                peak = max(peak, stash + q(s, k) * act)
+            stash += {"F": q(s, k) * held, "B": -q(s, k) * held, "W": -q(s, k) * graph.range_act_weight(lo, hi),
+                      "I": q(s, k) * (graph.range_act_weight(lo, hi) - held)}[kind]
+            peak = max(peak, stash)
+        peaks.append(problem.state_factor * params + peak)
+        fits = fits and peaks[-1] <= min(dev[d].memory for d in devs[g])
+    return SimpleNamespace(iteration_time=total, fits=fits, peak_memory=tuple(peaks))
+
+
+def virtual_brute_force(problem: PlanningProblem, named: bool = True) -> tuple[float, list]:
+    """The fastest fitting plan's reference time over every plan of the space (concrete devices), and every plan."""
+    schedule, L, m = problem.schedule, len(problem.graph), problem.microbatches
+    ids = [d.id for d in problem.cluster.devices]
+    best, plans = math.inf, []
+    for R in range(1, len(ids) + 1):
+        if schedule in ("interleaved-1f1b", "interleaved-zb") and m % max(1, m // R):
+            continue
+        vs = [2] if schedule == "zbv" else [problem.virtual_stages] if problem.virtual_stages else range(1, L + 1)
+        for v in vs:
+            S = 2 * R if schedule == "zbv" else v * R
+            if S > L:
+                continue
+            sizes = range(1, len(ids) + 1) if problem.allow_replication else [1]
+            for widths in itertools.product(sizes, repeat=R):
+                if sum(widths) > len(ids):
+                    continue
+                for order in itertools.permutations(ids, sum(widths)):
+                    cut = list(itertools.accumulate(widths))
+                    groups = [tuple(sorted(order[a:b])) for a, b in zip([0, *cut[:-1]], cut)]
+                    if any(list(order[a:b]) != sorted(order[a:b]) for a, b in zip([0, *cut[:-1]], cut)):
+                        continue  # each group once, in one order
+                    for cuts in itertools.combinations(range(1, L), S - 1):
+                        edges = [0, *cuts, L]
+                        for flags in itertools.product((False, True) if problem.allow_recompute else (False,),
+                                                       repeat=S):
+                            plan = problem.make_plan(list(zip(edges[:-1], edges[1:])),
+                                                     [groups[owner(schedule, s, R)] for s in range(S)], flags)
+                            result = reference(problem, plan, named)
+                            plans.append((plan, result))
+                            if result.fits:
+                                best = min(best, result.iteration_time)
+    return best, plans
+
+
+def virtual_problem(seed_values, schedule: str, *, devices=2, layers=3, batch=4, m=2, memory=1e12,
+                    servers=1, recompute=True, replication=True, virtual=None) -> PlanningProblem:
+    """A chain of ``layers`` with split backwards and optimizer steps, costs drawn from ``seed_values``."""
+    vals = iter(seed_values)
+
+    def nxt():
+        return next(vals, 1.0)
+
+    def layer(i: int) -> Layer:
+        # spec 7.1: each bwd_w coefficient at most bwd's, act_w at most act (shares of them in [0.05, 1])
+        bwd, act = (0.2 * nxt(), 2 * nxt()), 300 * nxt()
+        return Layer(f"l{i}", (0.1 * nxt(), nxt()), bwd, 100 * nxt(), act, 20 * nxt(),
+                     bwd_w=(bwd[0] * nxt() / 2, bwd[1] * nxt() / 2), act_w=act * nxt() / 2, step=0.3 * nxt())
+
+    graph = LayerGraph.chain("g", [layer(i) for i in range(layers)])
+    links = tuple(Link(1e3 * (j + 1), 0.01, f"s{j}") for j in range(servers))
+    devs = tuple(Device(f"d{i}", f"s{i % servers}", 1.0 + (i % 2) * nxt(), memory) for i in range(devices))
+    cluster = Cluster("c", links, Link(200.0, 0.05), devs)
+    return PlanningProblem(graph, cluster, global_batch=batch, microbatches=m, schedule=schedule,
+                           allow_recompute=recompute, allow_replication=replication, virtual_stages=virtual)
+
+
+# --------------------------------------------------------------------------- plans for the simulators
 SLOW = 1.0
 """A link bandwidth of 1 byte/s: a transfer of n samples of b bytes takes n*b seconds."""
 

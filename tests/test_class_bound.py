@@ -14,7 +14,7 @@ from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.core.termination import TimeLimit
-from tests.test_exact import REL, brute_force, random_problem
+from helpers import REL, brute_force, sized_problem
 
 
 def _layers(count: int, params: float = 0.0) -> LayerGraph:
@@ -106,7 +106,7 @@ class TestClassBound:
     @pytest.mark.parametrize("seed", range(14))
     def test_never_above_the_brute_force_optimum(self, seed):
         schedule = ("gpipe", "1f1b")[seed % 2]
-        problem = random_problem(1000 + seed, layers=3 + seed % 3, devices=2 + seed % 3, schedule=schedule,
+        problem = sized_problem(1000 + seed, layers=3 + seed % 3, devices=2 + seed % 3, schedule=schedule,
                                  replication=seed % 4 != 3, recompute=seed % 5 != 4)
         best = brute_force(problem)
         bound = class_bound(problem)

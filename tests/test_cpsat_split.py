@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import random
 import time
 
 import pytest
@@ -12,11 +11,11 @@ from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.splits.cpsat_split import CpSatSplit, optimize_splits
-from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.formats.plan import Plan, Stage
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 from pipeplan.solver.evaluation.simulator import simulate
-from pipeplan.solver.core.termination import note
+from helpers import split_instance
 
 
 def compositions(batch: int, counts: range):
@@ -25,27 +24,6 @@ def compositions(batch: int, counts: range):
         for marks in itertools.combinations(range(1, batch), m - 1):
             ends = (0, *marks, batch)
             yield tuple(b - a for a, b in zip(ends[:-1], ends[1:]))
-
-
-def instance(seed: int, memory: float = 1e12):
-    rng = random.Random(seed)
-    n = rng.randint(2, 5)
-    layers = [Layer(f"l{i}", (rng.uniform(1e-4, 1e-3), rng.uniform(1e-4, 1e-3)),
-                    (rng.uniform(1e-4, 2e-3), rng.uniform(1e-4, 2e-3)), 1e6, rng.uniform(1e5, 1e6),
-                    rng.uniform(1e4, 1e6)) for i in range(n)]
-    graph = LayerGraph.chain("g", layers, 1e4)
-    cluster = Cluster("c", (Link(1e9, 1e-5, "s0"), Link(1e9, 2e-5, "s1")), Link(1e8, 1e-4),
-                      tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([1.0, 0.5]), memory) for i in range(4)))
-    stages = rng.randint(1, min(3, n))
-    batch, top = rng.choice([4, 6, 8]), rng.choice([3, 4])
-    per_stage, schedule = rng.random() < 0.5, rng.choice(["gpipe", "1f1b"])
-    problem = PlanningProblem(graph, cluster, global_batch=batch, microbatches=2, schedule=schedule,
-                              auto_microbatches=True, max_microbatches=top, per_stage=per_stage)
-    cuts = [0, *sorted(rng.sample(range(1, n), stages - 1)), n]
-    groups = [("d0",), ("d1", "d2"), ("d3",)]
-    base = Plan("g", "c", batch, 4.0, schedule, tuple(
-        Stage((cuts[s], cuts[s + 1]), groups[s], equal_split(batch, 2), rng.random() < 0.3) for s in range(stages)))
-    return problem, base
 
 
 def brute_force(problem: PlanningProblem, base: Plan) -> float:
@@ -69,7 +47,7 @@ def brute_force(problem: PlanningProblem, base: Plan) -> float:
 class TestOptimizeSplits:
     @pytest.mark.parametrize("seed", range(10))
     def test_matches_brute_force(self, seed):
-        problem, base = instance(seed)
+        problem, base = split_instance(seed)
         best = brute_force(problem, base)
         found = optimize_splits(problem, base, time_limit=20)
         assert found.status == "optimal"
@@ -80,7 +58,7 @@ class TestOptimizeSplits:
 
     @pytest.mark.parametrize("seed", [2, 5])
     def test_memory_limits_respected(self, seed):
-        problem, base = instance(seed)
+        problem, base = split_instance(seed)
         # room for the equal split only: the stash of a larger microbatch must not fit
         peak = max(simulate(base, problem.graph, problem.cluster).peak_memory)
         tight = Cluster("c", problem.cluster.servers, problem.cluster.network,
@@ -93,14 +71,14 @@ class TestOptimizeSplits:
         assert found.iteration_time == pytest.approx(brute_force(problem, base), rel=1e-6)
 
     def test_never_worse_than_equal(self):
-        problem, base = instance(3)
+        problem, base = split_instance(3)
         found = optimize_splits(problem, base, time_limit=10)
         assert found.iteration_time <= simulate(base, problem.graph, problem.cluster).iteration_time
 
 
     def test_times_below_the_tick_scale_keep_the_base_split(self):
         # layer times near 1e-303 s: 2**30 ticks over such a horizon is not a finite scale
-        problem, base = instance(3)
+        problem, base = split_instance(3)
         tiny = [Layer(l.name, (l.fwd[0] * 1e-300, l.fwd[1] * 1e-300), (l.bwd[0] * 1e-300, l.bwd[1] * 1e-300),
                       0.0, l.act, 0.0) for l in problem.graph.layers]
         graph = LayerGraph.chain("g", tiny, 0.0)
@@ -114,19 +92,19 @@ class TestOptimizeSplits:
 
 class TestCpSatSplit:
     def test_solver_result(self):
-        problem, _ = instance(1)
-        result = CpSatSplit(use_exact=False).solve(problem, time_limit=10, seed=0)
+        problem, _ = split_instance(1)
+        result = CpSatSplit().solve(problem, time_limit=10, seed=0)
         assert result.status == "feasible" and result.lower_bound is None
         assert result.details["split_lower_bound"] <= result.iteration_time * (1 + 1e-12)
         assert problem.in_split_space(result.plan)
-        again = CpSatSplit(use_exact=False).solve(problem, time_limit=10, seed=0)
+        again = CpSatSplit().solve(problem, time_limit=10, seed=0)
         assert again.plan == result.plan
 
     def test_no_base_plan_is_not_called_infeasible(self, monkeypatch):
         import pipeplan.solver.splits.cpsat_split as module
 
-        problem, _ = instance(0)
-        cut = lambda *a, **k: note("time") or []  # noqa: E731 - the time limit cut the search for a base
+        problem, _ = split_instance(0)
+        cut = lambda *a, within, **k: within.stops.note("time") or []  # noqa: E731 - the time limit cut the search for a base
         monkeypatch.setattr(module, "base_plans", cut)
         result = get_solver("cpsat-split").solve(problem, time_limit=0.1)
         assert result.status == "timeout-no-solution" and result.details["stopped_by_time_limit"] is True
@@ -147,10 +125,11 @@ class TestStopping:
 
     def test_every_phase_gets_what_is_left_of_the_limit(self, monkeypatch):
         import pipeplan.solver.baselines.umpipe as umpipe
-        import pipeplan.solver.splits.cpsat_split as module
         from pipeplan.solver.baselines import BASELINES
+        from pipeplan.solver.exact.cpsat import CpSatSolver
+        from pipeplan.solver.heuristics.group_search import GroupSearch
 
-        problem, _ = instance(1)
+        problem, _ = split_instance(1)
         limit, calls = 50.0, []
 
         def spy(solve):
@@ -159,7 +138,7 @@ class TestStopping:
                 return solve(self, sub, time_limit=time_limit, **kw)
             return wrapped
 
-        for cls in {*BASELINES, type(get_solver("group-search")), type(get_solver("cpsat")), type(get_solver("ilp"))}:
+        for cls in {*BASELINES, GroupSearch, CpSatSolver}:
             monkeypatch.setattr(cls, "solve", spy(cls.solve))
         deadlines = []
         options = umpipe.UmpipeDP.options
@@ -168,15 +147,15 @@ class TestStopping:
                                                                                                       base, deadline))
         start = time.perf_counter()
         left = lambda: limit - (time.perf_counter() - start)  # noqa: E731
-        result = module.CpSatSplit().solve(problem, time_limit=limit, seed=0)
+        result = get_solver("cpsat-split").solve(problem, time_limit=limit, seed=0)
         assert result.plan is not None and {name for name, _, _ in calls} >= {"CpSatSolver", "EvenSplit"}
         for name, given, remaining in calls:  # what was left when the call began (a share would be far less)
             assert remaining - 1.0 <= given <= limit, (name, given, remaining)
-        assert deadlines and all(d == pytest.approx(start + limit, abs=1.0) for d in deadlines)
+        assert deadlines and all(d.started + d.seconds == pytest.approx(start + limit, abs=1.0) for d in deadlines)
 
     def test_the_split_search_runs_its_default_budget(self):
         from pipeplan.solver.splits.cpsat_split import DEFAULT_BUDGET
 
-        problem, _ = instance(1)
-        result = CpSatSplit(use_exact=False).solve(problem, time_limit=600, seed=0)
+        problem, _ = split_instance(1)
+        result = CpSatSplit().solve(problem, time_limit=600, seed=0)
         assert result.record()["budget"] == DEFAULT_BUDGET == CpSatSplit.default_budget

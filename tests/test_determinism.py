@@ -17,17 +17,16 @@ import json
 import subprocess
 import sys
 import threading
-from dataclasses import asdict
 
 import pytest
 
 from pipeplan.models.graph import load_graph
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.exact.cpsat import DEFAULT_BUDGET
-from pipeplan.solver.exact.work import ExactWork, exact_work
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 from pipeplan.solver.core.termination import REPRODUCIBLE
+from pipeplan.solver.portfolio import EXACT as EXACT_PHASES
 from conftest import EXAMPLES, ROOT
 
 SPLIT_AWARE = {"umpipe-local", "umpipe-dp", "autopipe-slicing", "cpsat", "cpsat-split", "nsga"}
@@ -45,15 +44,22 @@ counted work (a few per cent for the baselines) is cut short there."""
 CHILD_TIMEOUT = 300
 """Seconds the solves in a fresh process may take before the test fails."""
 ALL = ["even", "megatron", "deepspeed-uniform", "deepspeed-parameters", "greedy-speed", "autopipe", "pipedream", "dapple", "piper", "alpa",
-       "umpipe-local", "umpipe-dp", "autopipe-slicing", "group-search", "ilp", "cpsat", "cpsat-split", "nsga"]
+       "umpipe-local", "umpipe-dp", "autopipe-slicing", "group-search", "ilp", "cpsat", "virtual-bnb", "cpsat-split",
+       "nsga"]
 """Every registered solver (a test below checks the list is complete)."""
+VIRTUAL_ONLY = {"virtual-bnb": "zbv"}
+"""Solvers that plan only schedules whose device groups hold several stages, and the schedule they run on
+(on gpt-tiny: its six layers keep the space small enough to be proved in a fraction of a second)."""
 
 
 def problem(name: str, auto: bool | None = None) -> PlanningProblem:
     """GPT-1 on two servers; ``auto`` (default: ``name`` in :data:`SPLIT_AWARE`) lets the solver pick the splits."""
     auto = name in SPLIT_AWARE if auto is None else auto
-    return PlanningProblem(load_graph(str(EXAMPLES / "gpt1.graph.json")),
-                           load_cluster(str(EXAMPLES / "two-servers.cluster.json")), global_batch=16,
+    cluster = load_cluster(str(EXAMPLES / "two-servers.cluster.json"))
+    if name in VIRTUAL_ONLY:
+        return PlanningProblem(load_graph(str(EXAMPLES / "gpt-tiny.graph.json")), cluster, global_batch=16,
+                               microbatches=4, schedule=VIRTUAL_ONLY[name])
+    return PlanningProblem(load_graph(str(EXAMPLES / "gpt1.graph.json")), cluster, global_batch=16,
                            microbatches=4, auto_microbatches=auto, max_microbatches=4 if auto else None)
 
 
@@ -213,6 +219,10 @@ class TestCpsat(_SameRecord):
     name = "cpsat"
 
 
+class TestVirtualBnb(_SameRecord):
+    name = "virtual-bnb"
+
+
 class TestCpsatSplit(_SameRecord):
     name = "cpsat-split"
 
@@ -272,7 +282,7 @@ class TestBudgetScalesTheExactSolve:
     def test_every_phase_gets_its_share(self):
         record = exact_here(SMALL_BUDGET)[0]["record"]
         assert record["budget"] == SMALL_BUDGET
-        assert record["details"]["work"] == asdict(ExactWork().scaled(SMALL_BUDGET / DEFAULT_BUDGET))
+        assert record["details"]["work"] == EXACT_PHASES.scaled(SMALL_BUDGET / DEFAULT_BUDGET).counts()
 
     def test_a_small_budget_walks_less_and_stays_valid(self):
         small, result = exact_here(SMALL_BUDGET)
@@ -292,7 +302,7 @@ class TestBudgetScalesTheExactSolve:
 
 class TestEverySolverHasAClass:
     def test_the_list_is_the_registry(self):
-        from pipeplan.solver.core.registry import solver_names
+        from pipeplan.solver.solvers import solver_names
 
         assert sorted(ALL) == sorted(solver_names())
         classes = {cls.name for cls in _SameRecord.__subclasses__()}

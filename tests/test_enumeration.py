@@ -17,9 +17,9 @@ from pipeplan.solver.exact.incumbents import greedy_plans
 from pipeplan.solver.exact.search import Search as _Search
 from pipeplan.solver.exact.search import evaluate as _evaluate
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.termination import TimeLimit, WorkBudget, watch
+from pipeplan.solver.core.termination import Stops, TimeLimit, WorkBudget
 
-from tests.test_exact import REL, brute_force, random_problem
+from helpers import REL, brute_force, sized_problem
 
 # instances whose greedy plan gives the walk a finite cutoff, so that its tables have bands
 BANDED = [(68, 5, 4, "1f1b"), (74, 5, 4, "1f1b"), (64, 6, 3, "gpipe"), (60, 7, 4, "1f1b")]
@@ -34,13 +34,15 @@ def _search(problem, warm: bool) -> _Search:
     return search
 
 
-def _walk(problem, warm: bool, seconds: float = 60.0, cells: float | None = None):
-    """Run the walk as the exact solvers do: arcs below the incumbent, the static bound raised first."""
+def _walk(problem, warm: bool, seconds: float = 60.0, cells: float | None = None, seen: Stops | None = None):
+    """Run the walk as the exact solvers do: arcs below the incumbent, the static bound raised first
+    (what stopped it noted in ``seen``)."""
+    seen = seen if seen is not None else Stops()
     search = _search(problem, warm)
     data = build_data(problem, search.cutoff())
     search.raise_bound(data.static_bound)
-    budget = WorkBudget(cells) if cells is not None else None
-    return search, enumerate_configurations(data, search, TimeLimit(seconds).start(), cells=budget)
+    budget = WorkBudget(cells, stops=seen) if cells is not None else None
+    return search, enumerate_configurations(data, search, TimeLimit(seconds, stops=seen).start(), cells=budget)
 
 
 class TestEnumerateConfigurations:
@@ -48,7 +50,7 @@ class TestEnumerateConfigurations:
     @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
     def test_proves_the_brute_force_optimum(self, case, warm):
         seed, layers, devices, schedule = case
-        problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        problem = sized_problem(seed, layers=layers, devices=devices, schedule=schedule)
         best = brute_force(problem)
         search, walk = _walk(problem, warm)
         assert walk.complete
@@ -61,7 +63,7 @@ class TestEnumerateConfigurations:
             assert point.bound is None or point.bound <= best * (1 + REL)
 
     def test_warm_start_runs_several_passes(self):
-        problem = random_problem(51, layers=7, devices=4, schedule="1f1b")
+        problem = sized_problem(51, layers=7, devices=4, schedule="1f1b")
         search, walk = _walk(problem, warm=True)
         assert walk.complete and walk.passes >= 2
         assert search.best_time == pytest.approx(brute_force(problem), rel=1e-7)
@@ -69,14 +71,14 @@ class TestEnumerateConfigurations:
     @pytest.mark.parametrize("seconds", [0.0, 0.01, 0.05])
     def test_stopped_walk_bound_is_valid(self, seconds):
         """Stopped early, the walk's bound still never exceeds the optimum."""
-        problem = random_problem(56, layers=8, devices=4, schedule="1f1b")
+        problem = sized_problem(56, layers=8, devices=4, schedule="1f1b")
         best = brute_force(problem)
         search, walk = _walk(problem, warm=True, seconds=seconds)
         assert walk.bound <= best * (1 + REL) or walk.complete
         assert search.bound <= best * (1 + REL)
 
     def test_same_result_twice(self):
-        problem = random_problem(57, layers=7, devices=4, schedule="1f1b")
+        problem = sized_problem(57, layers=7, devices=4, schedule="1f1b")
         plans = []
         for _ in range(2):
             search, _ = _walk(problem, warm=True)
@@ -91,7 +93,7 @@ class TestTableBudget:
 
     def problem(self) -> PlanningProblem:
         seed, layers, devices, schedule = self.PROBLEM
-        return random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        return sized_problem(seed, layers=layers, devices=devices, schedule=schedule)
 
     def test_a_whole_walk_counts_the_shift_table_and_every_rebuild(self):
         problem = self.problem()
@@ -105,8 +107,8 @@ class TestTableBudget:
     def test_a_budget_below_the_shift_table_skips_the_walk(self):
         problem = self.problem()
         data = build_data(problem, _search(problem, True).cutoff())
-        with watch() as seen:
-            _, walk = _walk(problem, warm=True, cells=enumeration.shift_entries(data) - 1)
+        seen = Stops()
+        _, walk = _walk(problem, warm=True, cells=enumeration.shift_entries(data) - 1, seen=seen)
         assert walk.skipped and walk.prefixes == 0 and walk.table_cells == 0
         assert seen.stopped_by() == "budget"
 
@@ -114,8 +116,8 @@ class TestTableBudget:
         problem = self.problem()
         whole = _walk(problem, warm=True)[1].table_cells
         best = brute_force(problem)
-        with watch() as seen:
-            search, walk = _walk(problem, warm=True, cells=whole // 2)
+        seen = Stops()
+        search, walk = _walk(problem, warm=True, cells=whole // 2, seen=seen)
         assert not walk.complete and walk.table_cells <= whole // 2
         assert seen.stopped_by() == "budget"
         assert search.bound <= best * (1 + REL)
@@ -142,9 +144,7 @@ class TestPlacementLimit:
     def test_pooled_configuration_ends_the_walk_at_once(self):
         """More placements than PLACEMENT_LIMIT cap the bound; the walk hands over instead of repeating passes."""
         problem = _many_placements_problem()
-        with watch() as seen:  # the walk's own count ends it, not the clock (the default 60 s)
-            search, walk = _walk(problem, warm=True)
-        assert not seen.time_cut
+        search, walk = _walk(problem, warm=True, seconds=600.0)  # a cap far away: the pool, not the clock, ends it
         assert not walk.complete and walk.passes <= 5
         assert search.pool < math.inf and search.bound <= brute_force(problem) * (1 + REL)
 
@@ -201,7 +201,7 @@ class TestCompletionTables:
     @pytest.mark.parametrize("case", BANDED, ids=lambda c: f"seed{c[0]}-{c[3]}")
     def test_tables_are_the_least_over_every_completion(self, case):
         seed, layers, devices, schedule = case
-        problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        problem = sized_problem(seed, layers=layers, devices=devices, schedule=schedule)
         walk = _prepared_walk(problem)
         data = walk.data
         assert len(walk.edges) == enumeration.DELTA_BANDS - 1  # bands are on for small tables
@@ -222,7 +222,7 @@ class TestCompletionTables:
 
     def test_no_bands_beyond_the_work_limit(self, monkeypatch):
         monkeypatch.setattr(enumeration, "BAND_WORK_LIMIT", 0)
-        problem = random_problem(61, layers=5, devices=4, schedule="1f1b")
+        problem = sized_problem(61, layers=5, devices=4, schedule="1f1b")
         walk = _prepared_walk(problem)
         assert len(walk.edges) == 0 and walk.banded.shape[-1] == 0
 
@@ -231,7 +231,7 @@ class TestCompletionTables:
     def test_brute_force_optimum_with_and_without_bands(self, case, bands, monkeypatch):
         monkeypatch.setattr(enumeration, "DELTA_BANDS", bands)
         seed, layers, devices, schedule = case
-        problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        problem = sized_problem(seed, layers=layers, devices=devices, schedule=schedule)
         best = brute_force(problem)
         search, walk = _walk(problem, warm=True)
         assert walk.complete

@@ -12,9 +12,9 @@ from pipeplan.models.graph import load_graph
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.splits.equal_splits import fastest, solve_equal_splits
 from pipeplan.solver.core.problem import PlanningProblem, probe_counts, probe_order
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 from pipeplan.solver.core.result import SolverResult
-from pipeplan.solver.core.termination import watch
+from pipeplan.solver.core.termination import TimeLimit
 
 
 class TestProbeCounts:
@@ -92,7 +92,7 @@ class _Recorder:
         self.calls: list[tuple[int, float]] = []
         self.pause, self.fail, self.busy = pause or {}, fail, busy
 
-    def solve(self, problem, *, time_limit, seed):
+    def solve(self, problem, *, time_limit, seed, within=None):
         self.calls.append((problem.microbatches, time_limit))
         if problem.microbatches in self.fail:
             raise RuntimeError("a solver under construction")
@@ -111,34 +111,38 @@ class TestSolveEqualSplits:
         assert limits[-1] > 7.0  # the quick solves before it left nearly all of it
 
     def test_nothing_noted_when_every_count_runs_whole(self):
-        with watch() as seen:
-            solve_equal_splits(_Recorder(), example_problem(max_microbatches=4), time_limit=8.0, seed=3)
-        assert not seen.time_cut
+        caller = TimeLimit(60.0)
+        solve_equal_splits(_Recorder(), example_problem(max_microbatches=4), time_limit=8.0, seed=3, within=caller)
+        assert not caller.stops.time_cut
 
     def test_a_first_count_that_takes_its_time_leaves_no_probes_and_says_so(self):
         # the solve uses its whole limit (as one the clock cuts does): the other counts are left
-        # out, and the watch notes the clock, so the record says stopped_by time
-        with watch() as seen:
-            results = solve_equal_splits(_Recorder(busy=True), example_problem(max_microbatches=4), time_limit=0.3,
-                                         seed=0)
-        assert list(results) == [4] and seen.time_cut
+        # out, and the caller's record notes the clock, so it says stopped_by time
+        caller = TimeLimit(60.0)
+        results = solve_equal_splits(_Recorder(busy=True), example_problem(max_microbatches=4), time_limit=0.3,
+                                     seed=0, within=caller)
+        assert list(results) == [4] and caller.stops.time_cut
 
     def test_a_probe_that_takes_its_time_ends_the_probes(self):
         class FirstQuick(_Recorder):  # the first count is proved at once, every probe uses all it gets
-            def solve(self, problem, *, time_limit, seed):
+            def solve(self, problem, *, time_limit, seed, within=None):
                 self.busy = problem.microbatches != 4
                 return super().solve(problem, time_limit=time_limit, seed=seed)
 
-        quick = FirstQuick()
-        with watch() as seen:
-            solve_equal_splits(quick, example_problem(max_microbatches=4), time_limit=0.3, seed=0)
-        assert [m for m, _ in quick.calls] == [4, 2] and seen.time_cut
+        quick, caller = FirstQuick(), TimeLimit(60.0)
+        solve_equal_splits(quick, example_problem(max_microbatches=4), time_limit=0.3, seed=0, within=caller)
+        assert [m for m, _ in quick.calls] == [4, 2] and caller.stops.time_cut
 
-    def test_a_failing_probe_is_skipped_a_failing_first_count_raises(self):
-        stub = _Recorder(fail=(2,))
-        assert list(solve_equal_splits(stub, example_problem(max_microbatches=4), time_limit=8.0, seed=0)) == [4, 1, 3]
+    @pytest.mark.parametrize("count", [4, 2])
+    def test_a_failing_solve_is_not_hidden(self, count):
         with pytest.raises(RuntimeError):
-            solve_equal_splits(_Recorder(fail=(4,)), example_problem(max_microbatches=4), time_limit=8.0, seed=0)
+            solve_equal_splits(_Recorder(fail=(count,)), example_problem(max_microbatches=4), time_limit=8.0, seed=0)
+
+    def test_a_probe_cut_for_time_is_noted_in_the_caller_s_record(self):
+        caller = TimeLimit(60.0)
+        solve_equal_splits(_Recorder(busy=True), example_problem(max_microbatches=4), time_limit=0.6, seed=0,
+                           within=caller)
+        assert caller.stops.stopped_by() == "time"
 
     def test_fastest_plan_first_among_equals(self):
         plan = object()
@@ -168,10 +172,10 @@ class TestSplitSolversStartFromTheBestEqualSplit:
 
     @pytest.mark.parametrize("name", ["cpsat", "cpsat-split"])
     def test_no_worse_than_every_equal_split(self, name, best_equal, monkeypatch):
-        import pipeplan.solver.exact.cpsat
+        import pipeplan.solver.splits.joint_split
 
         # the decomposition, not the joint search, on any machine (it hands over here anyway)
-        monkeypatch.setattr(pipeplan.solver.exact.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.splits.joint_split, "solve_joint", lambda *a, **k: None)
         problem = example_problem()
         # limits far above what the proofs take, even on a loaded machine, so that no cap cuts them
         # CP-SAT deterministic seconds: the split search ends there.  cpsat-split's search starts from
@@ -183,9 +187,9 @@ class TestSplitSolversStartFromTheBestEqualSplit:
         assert result.lower_bound is None  # the decomposition proves nothing over every pipeline
 
     def test_decomposition_says_what_it_tried(self, monkeypatch):
-        import pipeplan.solver.exact.cpsat
+        import pipeplan.solver.splits.joint_split
 
-        monkeypatch.setattr(pipeplan.solver.exact.cpsat, "solve_joint", lambda *a, **k: None)
+        monkeypatch.setattr(pipeplan.solver.splits.joint_split, "solve_joint", lambda *a, **k: None)
         # 4 s for the equal splits: every count is proved in a fraction of it, even loaded
         result = get_solver("cpsat").solve(example_problem(max_microbatches=4), time_limit=8, seed=0)
         assert list(result.details["equal_splits"]) == [4, 2, 1, 3]

@@ -1,7 +1,15 @@
-"""The exact solvers (``ilp``, ``cpsat``) against a brute-force enumeration of every plan."""
+"""The exact solvers against a brute force over every plan, on every schedule.
+
+``ilp`` and ``cpsat`` (with the phases the registered solvers run) on the schedules of one
+stage per device group, their parts (arcs, bounds, placements, the model's rows), and
+``virtual-bnb`` (what they run for the schedules whose device groups hold several stages),
+its space and its bounds, checked against a reference timing of spec 7 written in
+``tests/helpers.py`` and against the simulator.
+"""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import random
@@ -21,68 +29,35 @@ from pipeplan.solver.exact.incumbents import greedy_plans
 from pipeplan.solver.space.placements import placements, plan_config
 from pipeplan.solver.exact.search import OPT_TOL
 from pipeplan.solver.space.stage_options import stage_options
-from pipeplan.solver.exact.ilp import IlpSolver
-from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.evaluation.simulator import simulate
-from pipeplan.solver.core.termination import TimeLimit
-from conftest import cpu_past
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-REL = 1e-9  # float noise allowed when comparing iteration times
+from pipeplan.models.errors import InputError
+from pipeplan.solver.bounds.virtual_bound import candidate_bound, space_bound
+from pipeplan.solver.exact.ilp import IlpSolver
+from pipeplan.solver.exact.virtual_search import solve_v2
+from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget
+from pipeplan.solver.portfolio import EXACT
+from pipeplan.solver.schedules.needs import NEEDS
+from pipeplan.solver.solvers import get_solver, schedule_refusal
+from pipeplan.solver.space.virtual_space import Candidate, candidates
+from conftest import cpu_past
+from helpers import (REL, brute_force, owner, reference, sized_problem, virtual_brute_force, virtual_problem)
+
+
+def ilp(**kw) -> IlpSolver:
+    """``ilp`` with the phases of the registered solver."""
+    return IlpSolver(phases=EXACT, **kw)
+
+
+def cpsat(**kw) -> CpSatSolver:
+    """``cpsat`` with the phases of the registered solver."""
+    return CpSatSolver(phases=EXACT, **kw)
+
 
 
 # ------------------------------------------------------------------ instances
-def random_problem(seed: int, *, layers: int, devices: int, schedule: str, replication: bool = True,
-                   recompute: bool = True, max_stages: int | None = None) -> PlanningProblem:
-    """A chain of random layers on two device speeds over two servers, memory often tight."""
-    rng = random.Random(seed)
-    graph = LayerGraph.chain("g", [
-        Layer(f"l{i}", (rng.uniform(0, 1e-3), rng.uniform(1e-4, 1e-3)),
-              (rng.uniform(0, 2e-3), rng.uniform(2e-4, 2e-3)),
-              rng.uniform(1e6, 1e7), rng.uniform(1e5, 2e6), rng.uniform(1e4, 1e6))
-        for i in range(layers)], input_bytes=rng.uniform(1e3, 1e5))
-    batch = rng.choice([4, 6, 8])
-    microbatches = rng.choice([1, 2, 3, 4])
-    need = 4 * sum(l.params for l in graph.layers) + batch * sum(l.act for l in graph.layers)
-    fast_mem, slow_mem = (need * rng.uniform(0.35, 1.1) for _ in range(2))
-    speeds = [1.0, rng.choice([0.4, 0.7])]
-    devs = tuple(Device(f"d{i}", f"s{i % 2}", speeds[i % 2], fast_mem if i % 2 == 0 else slow_mem)
-                 for i in range(devices))
-    cluster = Cluster("c", (Link(rng.choice([5e9, 5e10]), 1e-6, "s0"), Link(rng.choice([5e9, 5e10]), 2e-6, "s1")),
-                      Link(rng.choice([1e9, 1e10]), 1e-5), devs)
-    return PlanningProblem(graph, cluster, global_batch=batch, microbatches=microbatches, schedule=schedule,
-                           allow_replication=replication, allow_recompute=recompute, max_stages=max_stages)
-
-
-def brute_force(problem: PlanningProblem) -> float:
-    """Best fitting iteration time over every plan of the search space (``inf`` if none)."""
-    L, ids = len(problem.graph), [d.id for d in problem.cluster.devices]
-    best = math.inf
-    for count in range(1, problem.stage_limit + 1):
-        for cuts in itertools.combinations(range(1, L), count - 1):
-            edges = (0,) + cuts + (L,)
-            bounds = list(zip(edges, edges[1:]))
-            for groups in _ordered_groups(ids, count, problem.allow_replication):
-                for flags in itertools.product((False, True) if problem.allow_recompute else (False,), repeat=count):
-                    sim = simulate(problem.make_plan(bounds, groups, flags), problem.graph, problem.cluster,
-                                   validate=False)
-                    if sim.fits:
-                        best = min(best, sim.iteration_time)
-    return best
-
-
-def _ordered_groups(ids, count, replication):
-    """Every sequence of ``count`` disjoint non-empty device groups."""
-    if count == 0:
-        yield []
-        return
-    sizes = range(1, len(ids) + 1) if replication else (1,)
-    for size in sizes:
-        for first in itertools.combinations(ids, size):
-            rest = [d for d in ids if d not in first]
-            for tail in _ordered_groups(rest, count - 1, replication):
-                yield [first] + tail
-
-
 CASES = [
     # (seed, layers, devices, schedule, replication, recompute, max_stages)
     (1, 4, 2, "gpipe", True, True, None),
@@ -104,7 +79,7 @@ _BRUTE: dict = {}
 
 def case_problem(case) -> tuple[PlanningProblem, float]:
     seed, layers, devices, schedule, replication, recompute, max_stages = case
-    problem = random_problem(seed, layers=layers, devices=devices, schedule=schedule, replication=replication,
+    problem = sized_problem(seed, layers=layers, devices=devices, schedule=schedule, replication=replication,
                              recompute=recompute, max_stages=max_stages)
     if case not in _BRUTE:
         _BRUTE[case] = brute_force(problem)
@@ -132,15 +107,15 @@ def check_against_brute_force(solver, case) -> None:
 class TestIlpSolve:
     @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
     def test_matches_brute_force(self, case):
-        check_against_brute_force(IlpSolver(), case)
+        check_against_brute_force(ilp(), case)
 
     @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
     def test_model_loop_alone_matches_brute_force(self, case):
         """Without the configuration walk the MILP cut loop proves the same optimum."""
-        check_against_brute_force(IlpSolver(enumerate_first=False), case)
+        check_against_brute_force(ilp(enumerate_first=False), case)
 
     def test_cbc_backend(self):
-        check_against_brute_force(IlpSolver(backend="cbc", enumerate_first=False), CASES[1])
+        check_against_brute_force(ilp(backend="cbc", enumerate_first=False), CASES[1])
 
     @pytest.mark.parametrize("seed, batch, m, schedule, state", [(279, 3, 1, "1f1b", 1.0), (243, 7, 2, "gpipe", 4.0)])
     def test_cbc_bounds_stay_below_the_optimum(self, seed, batch, m, schedule, state):
@@ -156,17 +131,17 @@ class TestIlpSolve:
                                   load_cluster(str(data / f"seed{seed}.cluster.json")), batch, m,
                                   schedule=schedule, state_factor=state)
         best = brute_force(problem)
-        result = IlpSolver(backend="cbc", enumerate_first=False).solve(problem, time_limit=60)
+        result = ilp(backend="cbc", enumerate_first=False).solve(problem, time_limit=60)
         assert result.iteration_time == pytest.approx(best, rel=1e-7)
         assert all(p.bound is None or p.bound <= best * (1 + 1e-12) for p in result.trace)
 
     def test_unknown_backend(self):
         with pytest.raises(ValueError, match="backend"):
-            IlpSolver(backend="gurobi")
+            ilp(backend="gurobi")
 
     def test_infeasible(self):
         problem = infeasible_problem()
-        result = IlpSolver().solve(problem, time_limit=10)
+        result = ilp().solve(problem, time_limit=10)
         assert result.status == "infeasible" and result.plan is None and result.message
 
     def test_infeasible_message_names_the_layer_that_does_not_fit(self):
@@ -176,40 +151,40 @@ class TestIlpSolve:
         cluster = Cluster("c", (Link(1e9, 1e-5, "s0"),), Link(1e8, 1e-4),
                           (Device("d0", "s0", 1.0, 1e8), Device("d1", "s0", 1.0, 1e8)))
         problem = PlanningProblem(LayerGraph.chain("g", layers, 10.0), cluster, 4, 2)
-        result = IlpSolver().solve(problem, time_limit=10)
+        result = ilp().solve(problem, time_limit=10)
         assert result.status == "infeasible" and "layer 'activations' alone needs" in result.message
 
     def test_time_limit(self):
-        check_time_limit(IlpSolver())
+        check_time_limit(ilp())
 
     def test_same_seed_same_plan(self):
-        problem = random_problem(11, layers=7, devices=4, schedule="1f1b")
-        assert IlpSolver().solve(problem, seed=3).plan == IlpSolver().solve(problem, seed=3).plan
+        problem = sized_problem(11, layers=7, devices=4, schedule="1f1b")
+        assert ilp().solve(problem, seed=3).plan == ilp().solve(problem, seed=3).plan
 
 
 class TestCpSatSolve:
     @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
     def test_matches_brute_force(self, case):
-        check_against_brute_force(CpSatSolver(), case)
+        check_against_brute_force(cpsat(), case)
 
     @pytest.mark.parametrize("case", CASES[::2], ids=lambda c: f"seed{c[0]}-{c[3]}")
     def test_model_loop_alone_matches_brute_force(self, case):
-        check_against_brute_force(CpSatSolver(enumerate_first=False), case)
+        check_against_brute_force(cpsat(enumerate_first=False), case)
 
     def test_infeasible(self):
-        result = CpSatSolver().solve(infeasible_problem(), time_limit=10)
+        result = cpsat().solve(infeasible_problem(), time_limit=10)
         assert result.status == "infeasible" and result.plan is None
 
     def test_time_limit(self):
-        check_time_limit(CpSatSolver())
+        check_time_limit(cpsat())
 
     def test_same_seed_same_plan(self):
-        problem = random_problem(12, layers=7, devices=4, schedule="gpipe")
-        assert CpSatSolver().solve(problem, seed=5).plan == CpSatSolver().solve(problem, seed=5).plan
+        problem = sized_problem(12, layers=7, devices=4, schedule="gpipe")
+        assert cpsat().solve(problem, seed=5).plan == cpsat().solve(problem, seed=5).plan
 
 
 def infeasible_problem() -> PlanningProblem:
-    problem = random_problem(13, layers=4, devices=2, schedule="1f1b")
+    problem = sized_problem(13, layers=4, devices=2, schedule="1f1b")
     tiny = tuple(Device(d.id, d.server, d.speed, 1.0) for d in problem.cluster.devices)
     cluster = Cluster("c", problem.cluster.servers, problem.cluster.network, tiny)
     return PlanningProblem(problem.graph, cluster, 4, 2)
@@ -217,7 +192,7 @@ def infeasible_problem() -> PlanningProblem:
 
 def check_time_limit(solver) -> None:
     """A large instance with a tiny limit returns soon, with an honest status and bound."""
-    problem = random_problem(14, layers=40, devices=8, schedule="1f1b")
+    problem = sized_problem(14, layers=40, devices=8, schedule="1f1b")
     with cpu_past(0.5) as over:  # CPU past the limit: the work done there, the same idle or loaded
         result = solver.solve(problem, time_limit=0.5, seed=0)
     assert over.seconds < 14.5  # arc enumeration and one placement may overrun a little
@@ -227,7 +202,7 @@ def check_time_limit(solver) -> None:
         assert result.lower_bound is None or result.lower_bound <= result.iteration_time * (1 + REL)
 
 
-@pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver()], ids=["ilp", "cpsat"])
+@pytest.mark.parametrize("solver", [ilp(), cpsat()], ids=["ilp", "cpsat"])
 def test_time_limit_holds_when_the_arc_table_takes_longer(solver):
     # 48 layers on 14 devices of 6 classes: the arc table alone takes 2-3 s here.  The
     # solvers once sorted it to the end (2.8-5.8 s at a 2 s limit).
@@ -247,14 +222,14 @@ def test_time_limit_holds_when_pulp_hands_the_model_to_highs():
     data = Path(__file__).parent / "data" / "time_limit"
     problem = PlanningProblem(load_graph(str(data / "chain31.graph.json")),
                               load_cluster(str(data / "near7.cluster.json")), 41, 16)
-    solver = IlpSolver(enumerate_first=False)
+    solver = ilp(enumerate_first=False)
     solver.solve(problem, time_limit=0.5, seed=0)  # first call: lazy imports
     with cpu_past(3.0) as over:
         result = solver.solve(problem, time_limit=3.0, seed=0)
     assert over.seconds < 0.3 and result.plan is not None
 
 
-@pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver()], ids=["ilp", "cpsat"])
+@pytest.mark.parametrize("solver", [ilp(), cpsat()], ids=["ilp", "cpsat"])
 def test_time_limit_holds_with_many_device_classes(solver):
     # 16 devices of distinct speeds: 65,535 compositions, about 1 s to list before the
     # first clock check (a 0.05 s limit became 1.05 s)
@@ -272,7 +247,7 @@ def test_time_limit_holds_with_many_device_classes(solver):
 
 class TestBuildData:
     def test_stage_options_stop_when_the_clock_expires(self):
-        problem = random_problem(15, layers=5, devices=4, schedule="1f1b")
+        problem = sized_problem(15, layers=5, devices=4, schedule="1f1b")
         expired = TimeLimit(0.0).start()
         many = PlanningProblem(problem.graph, Cluster("c", problem.cluster.servers, problem.cluster.network,
                                                       tuple(Device(f"d{i}", "s0", 1.0 + i / 100, 1e9)
@@ -282,14 +257,14 @@ class TestBuildData:
         assert not data.complete and not len(data)
 
     def test_every_arc_fits_and_bounds_its_stage(self):
-        problem = random_problem(15, layers=5, devices=4, schedule="1f1b")
+        problem = sized_problem(15, layers=5, devices=4, schedule="1f1b")
         data = build_data(problem)
         assert data.arcs
         for arc in data.arcs:
             assert arc.lo < arc.hi and 0 <= arc.tau <= data.max_tau
 
     def test_cutoff_drops_arcs(self):
-        problem = random_problem(15, layers=5, devices=4, schedule="gpipe")
+        problem = sized_problem(15, layers=5, devices=4, schedule="gpipe")
         assert len(build_data(problem, cutoff=0.0).arcs) == 0
 
 
@@ -310,7 +285,7 @@ def random_configs(data, rng, tries: int = 200):
 
 class TestConfigLowerBound:
     def test_below_simulated_time_of_every_placement(self):
-        problem = random_problem(16, layers=6, devices=4, schedule="1f1b")
+        problem = sized_problem(16, layers=6, devices=4, schedule="1f1b")
         data = build_data(problem)
         checked = 0
         for config in random_configs(data, random.Random(0)):
@@ -381,7 +356,7 @@ class TestOptimisticTime:
     def test_below_simulated_time_of_every_placement(self):
         """Best conceivable links: never above a placement's time (two servers, two speeds)."""
         for seed, schedule in ((41, "1f1b"), (42, "gpipe")):
-            problem = random_problem(seed, layers=6, devices=4, schedule=schedule)
+            problem = sized_problem(seed, layers=6, devices=4, schedule=schedule)
             data = build_data(problem)
             checked = 0
             for config in random_configs(data, random.Random(seed)):
@@ -410,7 +385,7 @@ def _valid_labels(data, config) -> bool:
 
 class TestPlacements:
     def test_distinct_and_disjoint(self):
-        problem = random_problem(17, layers=4, devices=4, schedule="gpipe")
+        problem = sized_problem(17, layers=4, devices=4, schedule="gpipe")
         data = build_data(problem)
         config = [i for i, a in enumerate(data.arcs) if a.lo == 0 and a.hi == 4
                   and data.options[a.option].replicas == 2][:1]
@@ -423,7 +398,7 @@ class TestPlacements:
 
 class TestDeviceClasses:
     def test_two_speeds_two_classes(self):
-        problem = random_problem(18, layers=2, devices=4, schedule="gpipe")
+        problem = sized_problem(18, layers=2, devices=4, schedule="gpipe")
         classes = device_classes(problem.cluster)
         assert len(classes) == 2 and classes[0].speed >= classes[1].speed
         assert sum(c.count for c in classes) == 4
@@ -431,7 +406,7 @@ class TestDeviceClasses:
 
 class TestModelRows:
     def test_rows_reference_existing_arcs(self):
-        problem = random_problem(19, layers=5, devices=3, schedule="1f1b")
+        problem = sized_problem(19, layers=5, devices=3, schedule="1f1b")
         data = build_data(problem)
         counts, times = model_rows(data)
         ids = set(range(len(data.arcs)))
@@ -440,7 +415,7 @@ class TestModelRows:
 
     def test_aux_rows_equal_expanded_sums(self):
         """The difference rows define C_l and H_l as the per-layer sums of the docstring."""
-        problem = random_problem(21, layers=6, devices=4, schedule="1f1b")
+        problem = sized_problem(21, layers=6, devices=4, schedule="1f1b")
         data = build_data(problem)
         _, times = model_rows(data)
         rng = random.Random(1)
@@ -474,7 +449,7 @@ class TestModelRows:
 class TestStandaloneBound:
     def test_standalone_below_every_placement(self):
         """An arc's standalone bound (used for pruning) never exceeds a plan holding it."""
-        problem = random_problem(22, layers=6, devices=4, schedule="1f1b")
+        problem = sized_problem(22, layers=6, devices=4, schedule="1f1b")
         data = build_data(problem)
         checked = 0
         for config in random_configs(data, random.Random(2)):
@@ -488,7 +463,7 @@ class TestStandaloneBound:
         assert checked > 0
 
     def test_pruned_data_keeps_only_arcs_below_cutoff(self):
-        problem = random_problem(23, layers=6, devices=4, schedule="gpipe")
+        problem = sized_problem(23, layers=6, devices=4, schedule="gpipe")
         full = build_data(problem)
         cutoff = float(sorted(full.table["standalone"])[len(full) // 2])
         pruned = build_data(problem, cutoff=cutoff)
@@ -498,7 +473,7 @@ class TestStandaloneBound:
 
 class TestGreedyPlans:
     def test_plans_are_valid(self):
-        problem = random_problem(20, layers=6, devices=4, schedule="1f1b")
+        problem = sized_problem(20, layers=6, devices=4, schedule="1f1b")
         for plan in greedy_plans(problem):
             plan.validate(problem.graph, problem.cluster)
             assert problem.in_search_space(plan)
@@ -516,8 +491,8 @@ class TestNearTies:
         return PlanningProblem(load_graph(str(folder / "graph.json")), load_cluster(str(folder / "cluster.json")),
                                global_batch=12, microbatches=2, schedule="1f1b", state_factor=8.0)
 
-    @pytest.mark.parametrize("solver", [IlpSolver(), CpSatSolver(), IlpSolver(enumerate_first=False),
-                                        CpSatSolver(enumerate_first=False)], ids=["ilp", "cpsat", "ilp-model",
+    @pytest.mark.parametrize("solver", [ilp(), cpsat(), ilp(enumerate_first=False),
+                                        cpsat(enumerate_first=False)], ids=["ilp", "cpsat", "ilp-model",
                                                                                   "cpsat-model"])
     def test_the_faster_plan_and_a_bound_below_it(self, solver):
         problem = self.problem()
@@ -525,3 +500,325 @@ class TestNearTies:
         result = solver.solve(problem, time_limit=60, seed=0)
         assert result.status == "optimal" and result.iteration_time == best
         assert result.lower_bound <= best and result.gap <= OPT_TOL * 1.01
+
+
+# =========================================================================== several stages per device group
+V2 = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
+
+
+VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
+
+
+# --------------------------------------------------------------------------- tests
+class TestCandidates:
+    def test_every_plan_up_to_interchangeable_devices(self):
+        # R = 1: v = 1 or 2 (one boundary choice each) on {d0}, {d1} or {d0, d1}: 6; R = 2, v = 1: (d0, d1), (d1, d0)
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=2, recompute=False)
+        assert len(list(candidates(p))) == 8
+        # two identical devices on one server: {d0} and {d1} are one choice, and so are the two orders
+        same = PlanningProblem(p.graph, Cluster("c", p.cluster.servers, p.cluster.network,
+                                                tuple(Device(f"d{i}", "s0", 1.0, 1e12) for i in range(2))),
+                               global_batch=4, microbatches=2, schedule="looped-bfs", allow_recompute=False)
+        found = list(candidates(same))
+        assert len(found) == 5 and all(c.groups[0][0] == "d0" for c in found)
+
+    def test_rounds_rule_leaves_out_groups(self):
+        # m = 5 on R = 2 groups: rounds = max(1, 5 // 2) = 2 does not divide 5 (torch refuses); R = 1: rounds = 5
+        p = virtual_problem([1.0] * 40, "interleaved-1f1b", devices=2, layers=4, batch=5, m=5, recompute=False)
+        assert {len(c.groups) for c in candidates(p)} == {1}
+        q = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, batch=5, m=5, recompute=False)
+        assert {len(c.groups) for c in candidates(q)} == {1, 2}
+
+    def test_zbv_has_two_stages_per_group(self):
+        p = virtual_problem([1.0] * 40, "zbv", devices=2, layers=4, recompute=False)
+        assert {(len(c.groups), len(c.bounds), c.virtual) for c in candidates(p)} == {(1, 2, 2), (2, 4, 2)}
+
+
+class TestCandidateBound:
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(VALUES, st.sampled_from(V2), st.integers(1, 4), st.integers(1, 2), st.booleans())
+    def test_never_above_any_plan(self, values, schedule, m, servers, named):
+        p = virtual_problem(values, schedule, devices=3, layers=4, batch=4, m=m, servers=servers)
+        for candidate in itertools.islice(candidates(p), 0, None, 7):
+            plan = p.make_plan(candidate.bounds, [candidate.groups[owner(schedule, s, len(candidate.groups))]
+                                                  for s in range(len(candidate.bounds))], candidate.recompute)
+            assert candidate_bound(p, candidate) <= reference(p, plan, named).iteration_time * (1 + 1e-12)
+
+    def test_hand_computed_single_group(self):
+        # one device, speed 1, no transfers: term 1 is all the work, 2 stages x 2 microbatches x (1 + 2) s
+        g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 0, 0, 0), Layer("b", (0, 1), (0, 2), 0, 0, 0)])
+        c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 1, 1e9),))
+        p = PlanningProblem(g, c, global_batch=2, microbatches=2, schedule="looped-bfs")
+        assert candidate_bound(p, Candidate(2, (("d0",),), ((0, 1), (1, 2)), (False, False))) == 12.0
+
+
+class TestSpaceBound:
+    @settings(max_examples=8, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(VALUES, st.sampled_from(V2))
+    def test_never_above_the_optimum(self, values, schedule):
+        p = virtual_problem(values, schedule, devices=2, layers=3, m=2)
+        best, _ = virtual_brute_force(p)
+        assert space_bound(p) <= best * (1 + 1e-12)
+
+
+class TestSolveV2:
+    """:func:`pipeplan.solver.exact.virtual_search.solve_v2` against the reference's brute force."""
+
+    @pytest.mark.parametrize("schedule", V2)
+    @pytest.mark.parametrize("memory", [1e12, 2400.0, 1300.0, 1000.0])  # all fit, some, a few or none
+    @pytest.mark.parametrize("named", [True, False])
+    def test_equals_brute_force(self, schedule, memory, named):
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
+        p = virtual_problem(values, schedule, devices=2, layers=4, batch=4, m=2, memory=memory, servers=2)
+        best, _ = virtual_brute_force(p, named)
+        result = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, evaluate=lambda plan: reference(p, plan, named))
+        if math.isinf(best):
+            assert result.status == "infeasible" and result.plan is None
+        else:
+            assert result.status == "optimal"
+            assert result.iteration_time == pytest.approx(best, rel=1e-12)
+            assert result.lower_bound == result.iteration_time
+
+    def test_budget_counts_simulations(self):
+        p = virtual_problem([0.5 + 0.1 * i for i in range(40)], "looped-bfs", devices=2, layers=4)
+        full = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, evaluate=lambda plan: reference(p, plan))
+        assert full.details["simulations"] > 2  # so that a budget of 2 cuts the search
+        runs = [solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=WorkBudget(2),
+                         evaluate=lambda plan: reference(p, plan)) for _ in range(2)]
+        assert runs[0].plan == runs[1].plan and runs[0].details["simulations"] == 2
+        assert runs[0].status == "feasible" and runs[0].lower_bound <= full.iteration_time * (1 + 1e-12)
+
+    def test_budget_bound_never_above_optimum(self):
+        p = virtual_problem([0.5 + 0.1 * i for i in range(40)], "interleaved-zb", devices=2, layers=4)
+        best, _ = virtual_brute_force(p)
+        cut = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=WorkBudget(2), evaluate=lambda plan: reference(p, plan))
+        assert cut.lower_bound <= best * (1 + 1e-12)
+
+
+class TestRefusals:
+    def test_solvers_without_a_v2_form_refuse_in_one_line(self):
+        p = virtual_problem([1.0] * 40, "zbv", devices=2, layers=4)
+        with pytest.raises(InputError) as err:
+            get_solver("pipedream").solve(p, time_limit=5.0)
+        assert "pipedream does not plan zbv" in str(err.value) and "cpsat" in str(err.value)
+        assert "\n" not in str(err.value)
+
+    def test_exact_solvers_plan_every_named_schedule(self):
+        for name in ("ilp", "cpsat"):
+            assert all(not schedule_refusal(name, s) for s in ("gpipe", "1f1b") + V2)
+
+    def test_virtual_bnb_refuses_one_stage_per_group_saying_why(self):
+        said = schedule_refusal("virtual-bnb", "1f1b")
+        assert said.startswith("virtual-bnb does not plan 1f1b: it searches plans whose device groups hold several")
+        assert "ilp" in said and "cpsat" in said and "virtual-bnb, " not in said
+
+    def test_custom_is_not_planned(self):
+        with pytest.raises(ValueError, match="custom programs come from a plan file"):
+            virtual_problem([1.0] * 40, "custom")
+
+    def test_virtual_stages_only_where_they_apply(self):
+        with pytest.raises(ValueError, match="zbv has 2 stage"):
+            virtual_problem([1.0] * 40, "zbv", virtual=3)
+        with pytest.raises(ValueError, match="1f1b has 1 stage"):
+            virtual_problem([1.0] * 40, "1f1b", virtual=2)
+
+
+# --------------------------------------------------------------------------- the command line
+GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"
+
+
+def run_cli(argv: list[str], capsys) -> tuple[int, str, str]:
+    from pipeplan.cli import main
+
+    code = main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class TestSchedulesFromArgs:
+    def test_all_auto_and_one(self):
+        import argparse
+
+        from pipeplan.cmd_plan import schedules_from_args
+
+        assert schedules_from_args(argparse.Namespace(schedules="all", schedule="1f1b")) == \
+            ["gpipe", "1f1b", *V2]
+        assert schedules_from_args(argparse.Namespace(schedules=None, schedule="auto")) == ["gpipe", "1f1b", *V2]
+        assert schedules_from_args(argparse.Namespace(schedules="zbv, 1f1b,zbv", schedule="1f1b")) == ["zbv", "1f1b"]
+        with pytest.raises(InputError, match="unknown schedule 'zb'; valid: gpipe"):
+            schedules_from_args(argparse.Namespace(schedules="1f1b,zb", schedule="1f1b"))
+
+
+class TestCliRefusals:
+    def test_a_solver_without_a_v2_form(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule", "zbv",
+                                "--solver", "alpa", "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "alpa does not plan zbv" in err
+        assert not (tmp_path / "p.json").exists()
+
+    def test_virtual_stages_on_zbv(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule", "zbv",
+                                "--virtual-stages", "3", "--solver", "cpsat", "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "zbv has 2 stage(s) per device group" in err
+
+    def test_auto_microbatches_with_v2(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "auto", "--schedule",
+                                "looped-bfs", "--solver", "ilp", "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "M equal microbatches only" in err
+
+    def test_pareto_v2(self, tmp_path, capsys):
+        code, _, err = run_cli(["pareto", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule",
+                                "interleaved-zb", "-o", str(tmp_path / "f.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "pareto writes the front of nsga" in err
+
+    def test_unknown_schedule_list(self, capsys):
+        code, _, err = run_cli(["compare", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedules",
+                                "1f1b,zb"], capsys)
+        assert code == 2 and "unknown schedule 'zb'" in err
+
+
+# --------------------------------------------------------------------------- every solver, judged by the reference
+@pytest.fixture
+def judged_by_reference(monkeypatch):
+    """Every solver's plans judged by the reference of this file (named programs)."""
+    monkeypatch.setattr(PlanningProblem, "evaluate", lambda self, plan: reference(self, plan))
+
+
+SMALL = [0.3 + 0.17 * ((7 * i) % 11) for i in range(60)]
+
+
+class TestRegisteredSolvers:
+    @pytest.mark.parametrize("name", ["ilp", "cpsat"])
+    @pytest.mark.parametrize("schedule", V2)
+    def test_exact_equals_brute_force(self, judged_by_reference, name, schedule):
+        p = virtual_problem(SMALL, schedule, devices=2, layers=4, batch=4, m=2, memory=2400.0, servers=2)
+        best, _ = virtual_brute_force(p)
+        result = get_solver(name).solve(p, time_limit=60.0, seed=3)
+        assert result.status == "optimal" and result.stopped_by == "proved"
+        assert result.iteration_time == pytest.approx(best, rel=1e-12) and result.gap == 0.0
+        assert result.seed == 3 and result.budget == 20_000 and result.plan.schedule == schedule
+
+    def test_budget_and_time_are_recorded(self, judged_by_reference):
+        p = virtual_problem(SMALL, "interleaved-1f1b", devices=2, layers=4, batch=4, m=2)
+        assert get_solver("cpsat").solve(p, time_limit=60.0).details["simulations"] > 1
+        cut = [get_solver("cpsat").solve(p, time_limit=60.0, budget=1) for _ in range(2)]
+        assert cut[0].stopped_by == "budget" and cut[0].budget == 1 and cut[0].status == "feasible"
+        assert cut[0].plan == cut[1].plan
+        timed = get_solver("ilp").solve(p, time_limit=1e-9)
+        assert timed.stopped_by == "time" and timed.status == "timeout-no-solution"
+
+    @pytest.mark.parametrize("name", ["group-search", "nsga", "even", "megatron", "deepspeed-uniform",
+                                      "deepspeed-parameters"])
+    @pytest.mark.parametrize("schedule", V2)
+    def test_heuristics_plan_no_faster_than_the_optimum(self, judged_by_reference, name, schedule):
+        p = virtual_problem(SMALL, schedule, devices=3, layers=4, batch=4, m=2, servers=2)
+        best, _ = virtual_brute_force(virtual_problem(SMALL, schedule, devices=3, layers=4, batch=4, m=2, servers=2,
+                                           recompute=False))  # with memory to spare recompute only slows
+        runs = [get_solver(name).solve(p, time_limit=60.0) for _ in range(2)]
+        result = runs[0]
+        assert result.status == "feasible" and result.plan.schedule == schedule
+        assert result.iteration_time >= best * (1 - 1e-12) and runs[1].plan == result.plan
+        if name == "group-search":
+            assert result.lower_bound <= best * (1 + 1e-12)
+        else:
+            assert result.lower_bound is None  # a baseline, or nsga, proves nothing
+
+
+class TestInterleavedForms:
+    def test_even_and_megatron_split_per_virtual_stage(self):
+        from pipeplan.solver.baselines.even import EvenSplit
+        from pipeplan.solver.baselines.megatron import Megatron
+
+        names = ["embed"] + [f"block.{i}" for i in range(4)] + ["head"]
+        graph = LayerGraph.chain("g", [Layer(n, (0, 1), (0, 1), 1, 1, 1) for n in names])
+        p = virtual_problem([1.0] * 60, "interleaved-1f1b", devices=2, layers=6)
+        p = PlanningProblem(graph, p.cluster, global_batch=4, microbatches=2, schedule="interleaved-1f1b")
+        assert EvenSplit().v2_bounds(p, 4) == ((0, 2), (2, 4), (4, 5), (5, 6))
+        # 4 blocks over 4 chunks: one each, the embedding with the first, the head with the last
+        assert Megatron().v2_bounds(p, 4) == ((0, 2), (2, 3), (3, 4), (4, 6))
+        assert Megatron().v2_bounds(p, 3) is None  # Megatron refuses 4 blocks over 3 chunks
+
+    def test_groupings(self):
+        from pipeplan.solver.baselines.deepspeed import DeepSpeedUniform
+        from pipeplan.solver.heuristics.virtual_groups import equal_groupings
+
+        p = virtual_problem([1.0] * 60, "looped-bfs", devices=4, layers=4)
+        assert [tuple(map(len, g)) for g in equal_groupings(p, 2)] == [(1, 1), (2, 2)]
+        assert [tuple(map(len, g)) for g in DeepSpeedUniform().v2_groupings(p, 3)] == [(1, 1, 1)]
+
+
+class TestDecoder:
+    def test_even_vectors_decode_to_the_even_split(self):
+        from pipeplan.solver.heuristics.virtual_nsga import Decoder
+        from pipeplan.solver.space.virtual_space import even_bounds
+
+        p = virtual_problem([1.0] * 60, "interleaved-1f1b", devices=2, layers=5)
+        decoder = Decoder(p)
+        for i, st_ in enumerate(decoder.structures):
+            c = decoder.decode(decoder.encode_even(i))
+            assert (c.virtual, c.groups) == (st_.virtual, st_.groups)
+            assert c.bounds == even_bounds(5, st_.stages) and not any(c.recompute)
+
+    def test_every_vector_decodes_to_a_valid_candidate(self):
+        import numpy as np
+
+        from pipeplan.solver.heuristics.virtual_nsga import Decoder
+
+        p = virtual_problem([1.0] * 60, "zbv", devices=3, layers=6)
+        decoder, rng = Decoder(p), np.random.default_rng(0)
+        for _ in range(200):
+            c = decoder.decode(rng.random(decoder.size) * (1 - 1e-9))
+            assert len(c.bounds) == 2 * len(c.groups) and c.bounds[0][0] == 0 and c.bounds[-1][1] == 6
+            assert all(lo < hi == nxt for (lo, hi), (nxt, _) in zip(c.bounds, c.bounds[1:] + ((6, 6),)))
+            used = [d for g in c.groups for d in g]
+            assert len(used) == len(set(used)) and len(c.recompute) == len(c.bounds)
+
+
+# --------------------------------------------------------------------------- with the project's simulator
+@functools.lru_cache(maxsize=None)
+def schedule_case(schedule: str) -> tuple[PlanningProblem, float, tuple]:
+    """A small problem of ``schedule``, its optimum over every plan, and (several stages per group) every plan with
+    its reference timing."""
+    if not NEEDS[schedule].several_stages:
+        problem, best = case_problem((2, 5, 3, schedule, True, True, None))
+        return problem, best, ()
+    problem = virtual_problem(SMALL, schedule, devices=2, layers=4, batch=4, m=2, memory=2400.0, servers=2)
+    best, plans = virtual_brute_force(problem)
+    return problem, best, tuple(plans)
+
+
+class TestWithTheSimulator:
+    @pytest.mark.parametrize("schedule", V2)
+    def test_the_reference_is_the_simulator_s_twin(self, schedule):
+        problem, _, plans = schedule_case(schedule)
+        for plan, ref in plans[::9]:
+            sim = problem.evaluate(plan)
+            assert sim.iteration_time == pytest.approx(ref.iteration_time, rel=1e-9) and sim.fits == ref.fits
+
+
+class TestEverySchedule:
+    """``ilp`` and ``cpsat`` plan every named schedule, judged by the simulator: their own models for one stage per
+    device group, ``virtual-bnb`` for several, and the record says which ran."""
+
+    @pytest.mark.parametrize("name", ["ilp", "cpsat"])
+    @pytest.mark.parametrize("schedule", PLANNED_SCHEDULES)
+    def test_proves_the_brute_force_optimum(self, name, schedule):
+        problem, best, _ = schedule_case(schedule)
+        result = get_solver(name).solve(problem, time_limit=60.0, seed=0)
+        assert result.status == "optimal" and result.stopped_by == "proved"
+        assert result.iteration_time == pytest.approx(best, rel=1e-7)
+        assert result.algorithm == ("virtual-bnb" if NEEDS[schedule].several_stages else name)
+        assert result.plan_by and result.bound_by  # what found the plan and what proved it
+
+
+class TestEmptySpace:
+    def test_too_many_virtual_stages_is_said(self):
+        p = virtual_problem([1.0] * 60, "looped-bfs", devices=2, layers=4, virtual=5)
+        result = solve_v2(p, "t", clock=TimeLimit(10.0), seed=0, evaluate=lambda plan: reference(p, plan))
+        assert result.status == "infeasible" and "needs more stages than the 4 layers" in result.message
+
+    def test_a_solver_refuses_it_in_one_line(self, tmp_path, capsys):
+        code, _, err = run_cli(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule",
+                                "looped-bfs", "--virtual-stages", "9", "--solver", "cpsat",
+                                "-o", str(tmp_path / "p.json")], capsys)
+        assert code == 2 and err.count("\n") == 1 and "needs more stages than the 8 layers" in err

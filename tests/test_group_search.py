@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import random
-import time
 import warnings
 
 import numpy as np
@@ -18,11 +18,15 @@ from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.baselines.common import finalize
 from pipeplan.solver.heuristics.group_search import (MOVES, Block, _classes, _Costs, _reshaped_bounds, balanced_bounds, compute_floor, group_search, patterns, refine,
                                  replica_groups, reshape, reshapes)
-from pipeplan.solver.exact.work import ExactWork, exact_work
+from pipeplan.solver.exact.cpsat import CpSatSolver
+from pipeplan.solver.exact.ilp import IlpSolver
+from pipeplan.solver.exact.phases import Walk
+from pipeplan.solver.portfolio import EXACT
 from pipeplan.solver.exact.ilp import quiet_stdout
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
-from tests.test_baselines import random_problem
+from pipeplan.solver.core.termination import TimeLimit
+from pipeplan.solver.solvers import get_solver
+from helpers import random_problem
 from conftest import cpu_past
 
 
@@ -123,13 +127,13 @@ class TestGroupSearch:
         problem = bench_problem(*size, schedule)
         exact = get_solver("cpsat").solve(problem, time_limit=30.0, seed=0)
         assert exact.status == "optimal"
-        run = group_search(problem, time_limit=30.0)
+        run = group_search(problem, TimeLimit(30.0))
         assert not run.stopped_by_time
         assert run.plans[0].result.iteration_time == pytest.approx(exact.iteration_time, rel=1e-9)
 
     def test_plans_fit_are_in_the_search_space_and_sorted(self):
         problem = bench_problem(32, 8)
-        run = group_search(problem, time_limit=30.0)
+        run = group_search(problem, TimeLimit(30.0))
         times = [j.result.iteration_time for j in run.plans]
         assert times == sorted(times) and len(run.plans) >= 2
         for judged in run.plans:
@@ -140,7 +144,7 @@ class TestGroupSearch:
 
     def test_same_problem_same_plan(self):
         problem = bench_problem(32, 8)
-        assert group_search(problem, 30.0).plans[0].plan == group_search(problem, 30.0).plans[0].plan
+        assert group_search(problem, TimeLimit(30.0)).plans[0].plan == group_search(problem, TimeLimit(30.0)).plans[0].plan
 
     def test_slow_devices_left_idle_when_their_all_reduce_costs_more(self):
         # two identical layers' worth of work; the slow server's link is so slow that
@@ -150,7 +154,7 @@ class TestGroupSearch:
                           (Device("f0", "fast", 1.0, 1e12), Device("f1", "fast", 1.0, 1e12),
                            Device("s0", "slow", 0.9, 1e12), Device("s1", "slow", 0.9, 1e12)))
         problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4)
-        best = group_search(problem, 10.0).plans[0].plan
+        best = group_search(problem, TimeLimit(10.0)).plans[0].plan
         assert {d for st in best.stages for d in st.devices} <= {"f0", "f1"}
 
     def test_many_device_classes_keep_the_time_limit(self):
@@ -159,7 +163,7 @@ class TestGroupSearch:
         cluster = Cluster("c", (Link(5e10, 1e-6, "s0"), Link(5e10, 2e-6, "s1")), Link(1e10, 1e-5), devices)
         problem = PlanningProblem(LayerGraph.chain("g", layers, 1e4), cluster, global_batch=16, microbatches=4)
         with cpu_past(0.3) as over:  # CPU past the limit: the work done there, the same idle or loaded
-            run = group_search(problem, time_limit=0.3)
+            run = group_search(problem, TimeLimit(0.3))
         assert over.seconds < 1.2
         assert run.stopped_by_time
 
@@ -173,7 +177,7 @@ class TestGroupSearch:
                           (Device("g0", "s0", 1.0, 20e9), Device("g1", "s0", 1.0, 20e9)))
         problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4,
                                   allow_replication=False)
-        run = group_search(problem, 10.0)
+        run = group_search(problem, TimeLimit(10.0))
         assert run.plans and problem.evaluate(run.plans[0].plan).fits
         assert run.plans[0].plan.stages[0].layers == (0, 1)  # the heavy layer alone
 
@@ -184,7 +188,7 @@ class TestGroupSearch:
         cluster = Cluster("c", (Link(1e11, 1e-6, "s0"),), Link(1e10, 1e-5), devices)
         problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4,
                                   allow_replication=False)
-        run = group_search(problem, 10.0)
+        run = group_search(problem, TimeLimit(10.0))
         assert run.plans and len(run.plans[0].plan.stages) == 20
 
     def test_long_pipelines_keep_the_time_limit(self):
@@ -195,7 +199,7 @@ class TestGroupSearch:
         problem = PlanningProblem(LayerGraph.chain("g", layers, 4e6), cluster, global_batch=128, microbatches=64,
                                   allow_replication=False)
         with cpu_past(0.5) as over:
-            group_search(problem, time_limit=0.5)
+            group_search(problem, TimeLimit(0.5))
         assert over.seconds < 1.5
 
     def test_layers_taking_no_time(self):
@@ -205,11 +209,11 @@ class TestGroupSearch:
         problem = PlanningProblem(LayerGraph.chain("g", layers, 1e3), cluster, global_batch=8, microbatches=4)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no division by a zero time
-            best = group_search(problem, 5.0).plans[0]
+            best = group_search(problem, TimeLimit(5.0)).plans[0]
         assert best.result.iteration_time == 0.0
 
     def test_time_limit_zero_stops_and_says_so(self):
-        run = group_search(bench_problem(32, 8), time_limit=0.0)
+        run = group_search(bench_problem(32, 8), TimeLimit(0.0))
         assert run.stopped_by_time and not run.plans
 
 
@@ -255,8 +259,9 @@ class TestGroupSearchSolver:
                                   schedule="1f1b")
         heuristic = get_solver("group-search").solve(problem, time_limit=60.0)
         assert not heuristic.details["stopped_by_time_limit"]
-        with quiet_stdout(), exact_work(ExactWork(prefixes=100, ga_rounds=0)):
-            exact = get_solver(name).solve(problem, time_limit=6.0)
+        short = dataclasses.replace(EXACT, walk=Walk(prefixes=100), improvement=())
+        with quiet_stdout():
+            exact = {"ilp": IlpSolver, "cpsat": CpSatSolver}[name](phases=short).solve(problem, time_limit=6.0)
         assert not exact.details["group_search_stopped_by_time_limit"]
         assert exact.iteration_time <= heuristic.iteration_time
 
@@ -266,7 +271,7 @@ class TestRefine:
         problem = bench_problem(32, 8)
         groups = tuple((f"s0g{k}",) for k in range(4))
         start = finalize(problem, ((0, 2), (2, 4), (4, 6), (6, 32)), groups)  # the last stage far too long
-        best = refine(problem, start, deadline=time.perf_counter() + 30.0)
+        best = refine(problem, start, deadline=TimeLimit(30.0))
         assert best.result.iteration_time < start.result.iteration_time
         ends = [st.layers[1] for st in best.plan.stages]
         for i, move in itertools.product(range(3), MOVES):
@@ -279,13 +284,13 @@ class TestRefine:
     def test_past_deadline_returns_the_plan_unchanged(self):
         problem = bench_problem(32, 8)
         start = finalize(problem, ((0, 16), (16, 32)), (("s0g0",), ("s0g1",)))
-        assert refine(problem, start, deadline=0.0) is start
+        assert refine(problem, start, deadline=TimeLimit(0.0)) is start
 
 
 class TestReshapes:
     def test_unchanged_stages_keep_their_layers(self):
         problem = bench_problem(32, 8)
-        best = group_search(problem, 30.0, reshape_top=0).plans[0].plan
+        best = group_search(problem, TimeLimit(30.0), reshape_top=0).plans[0].plan
         stages = [(st.layers, st.devices) for st in best.stages]
         classes = _classes(problem)
         class_of = {d: c for c, cls in enumerate(classes) for _, ids in cls.ids_by_server for d in ids}
@@ -314,14 +319,14 @@ class TestReshape:
     def test_improves_one_wide_stage(self):
         problem = bench_problem(32, 8)
         start = finalize(problem, ((0, 32),), (("s0g0", "s0g1", "s0g2", "s0g3"),))
-        best = reshape(problem, start, deadline=time.perf_counter() + 30.0)
+        best = reshape(problem, start, deadline=TimeLimit(30.0))
         assert best.result.iteration_time < start.result.iteration_time
         assert problem.in_search_space(best.plan) and problem.evaluate(best.plan).fits
 
     def test_past_deadline_returns_the_plan_unchanged(self):
         problem = bench_problem(32, 8)
         start = finalize(problem, ((0, 32),), (("s0g0", "s0g1", "s0g2", "s0g3"),))
-        assert reshape(problem, start, deadline=0.0) is start
+        assert reshape(problem, start, deadline=TimeLimit(0.0)) is start
 
 
 class TestMemoryAtThePeak:
@@ -407,5 +412,5 @@ class TestGroupSearchAtScale:
         monkeypatch.setattr(module, "_build_patterns", build_then_run_out)
         monkeypatch.setattr(module, "past", lambda deadline: bool(built))
         problem = scale_problem(256)
-        run = group_search(problem, time_limit=600.0, refine_top=1, evaluations=1)
+        run = group_search(problem, TimeLimit(600.0), refine_top=1, evaluations=1)
         assert run.stopped_by_time and run.plans and run.plans[0].result.fits

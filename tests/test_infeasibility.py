@@ -125,7 +125,7 @@ class TestFewestStages:
 
     @pytest.mark.parametrize("seed", range(30))
     def test_proof_agrees_with_the_exact_solver(self, seed):
-        from pipeplan.solver.core.registry import get_solver
+        from pipeplan.solver.solvers import get_solver
 
         rng = random.Random(seed)
         p = problem([rng.choice([0.5e9, 1e9, 1.6e9]) for _ in range(rng.randint(1, 3))],

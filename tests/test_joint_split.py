@@ -9,6 +9,7 @@ from conftest import make_layer
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
+from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.splits.joint_split import fits_some_split, pipeline_bound, pipelines, solve_joint
 from pipeplan.solver.formats.plan import Plan, Stage
 from pipeplan.solver.core.problem import PlanningProblem
@@ -74,7 +75,7 @@ class TestSolveJoint:
     def test_matches_brute_force(self, seed, per_stage, schedule):
         problem = instance(seed, per_stage, schedule)
         expected = brute_force(problem)
-        result = solve_joint(problem, name="cpsat", time_limit=60)
+        result = solve_joint(problem, name="cpsat", clock=TimeLimit(60))
         assert result.status == "optimal"
         assert result.iteration_time == pytest.approx(expected, rel=1e-6)
         assert result.lower_bound <= expected * (1 + 1e-9)
@@ -131,17 +132,17 @@ class TestFitsSomeSplit:
     def test_no_fitting_split_anywhere_is_infeasible(self, schedule):
         problem = tight_instance(0, True, schedule, [1, 2])
         assert brute_force(problem) == float("inf")
-        result = solve_joint(problem, name="cpsat", time_limit=30)
+        result = solve_joint(problem, name="cpsat", clock=TimeLimit(30))
         assert result.status == "infeasible" and result.plan is None
 
 
 class TestNsgaNearTheJointOptimum:
     @pytest.mark.parametrize("seed", range(2))
     def test_within_two_percent(self, seed):
-        from pipeplan.solver.core.registry import get_solver
+        from pipeplan.solver.solvers import get_solver
 
         problem = instance(seed, True, "1f1b")
-        exact = solve_joint(problem, name="cpsat", time_limit=60)
+        exact = solve_joint(problem, name="cpsat", clock=TimeLimit(60))
         ga = get_solver("nsga").solve(problem, time_limit=60, seed=0)
         assert ga.status == "feasible" and problem.in_split_space(ga.plan)
         assert ga.iteration_time <= exact.iteration_time * 1.02
@@ -154,7 +155,7 @@ class TestFixedMicrobatchCount:
     def test_split_aware_solvers_keep_the_equal_split(self, name):
         from dataclasses import replace
 
-        from pipeplan.solver.core.registry import get_solver
+        from pipeplan.solver.solvers import get_solver
 
         problem = replace(instance(0, False, "1f1b"), auto_microbatches=False, max_microbatches=None)
         result = get_solver(name).solve(problem, time_limit=30, seed=0)

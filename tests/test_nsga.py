@@ -14,9 +14,18 @@ from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.heuristics.nsga import BIG, Codec, Nsga, run_nsga
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.termination import TimeLimit
+from pipeplan.solver.portfolio import nsga_seeds
 from pipeplan.solver.evaluation.simulator import simulate
-from test_cpsat_split import instance
+from helpers import split_instance
 from conftest import EXAMPLES
+
+
+def seeded_run(problem: PlanningProblem, *, generations: int, population: int, seed: int, time_limit: float):
+    """NSGA-II as the registered ``nsga`` runs it: seeded by the portfolio within half the limit."""
+    clock = TimeLimit(time_limit)
+    seeds = nsga_seeds(problem, seed=seed, time_limit=0.5 * time_limit, within=clock)
+    return run_nsga(problem, clock, generations=generations, population=population, seed=seed, seeds=seeds)
 
 
 def gpt_problem(per_stage=False) -> PlanningProblem:
@@ -46,7 +55,7 @@ class TestCodec:
 class TestRunNsga:
     def test_front_non_dominated_and_simulates(self):
         problem = gpt_problem()
-        run = run_nsga(problem, generations=8, population=16, seed=1, time_limit=60)
+        run = seeded_run(problem, generations=8, population=16, seed=1, time_limit=60)
         assert run.front
         pts = [(p.iteration_time, p.peak_memory) for p in run.front]
         for a in pts:
@@ -59,22 +68,22 @@ class TestRunNsga:
 
     @pytest.mark.parametrize("generations", [1, 3])
     def test_reports_the_generations_it_ran(self, generations):
-        run = run_nsga(gpt_problem(), generations=generations, population=8, seed=0, time_limit=60)
+        run = run_nsga(gpt_problem(), TimeLimit(60), generations=generations, population=8, seed=0)
         assert run.generations == generations
 
     def test_a_fitting_plan_slower_than_the_objective_clip_is_kept(self):
         # speeds of 1e-35 make every plan take 1e31 s or more: slow, but fitting
         problem = gpt_problem()
         slow = replace(problem.cluster, devices=tuple(replace(d, speed=1e-35) for d in problem.cluster.devices))
-        run = run_nsga(replace(problem, cluster=slow), generations=2, population=8, seed=0, time_limit=60)
+        run = seeded_run(replace(problem, cluster=slow), generations=2, population=8, seed=0, time_limit=60)
         assert run.front and run.front[0].iteration_time > BIG
 
 
 class TestNsga:
     def test_same_seed_same_plan_and_not_worse_than_seeds(self):
         problem = gpt_problem()
-        a = Nsga(generations=5, population=12).solve(problem, time_limit=200, seed=3)
-        b = Nsga(generations=5, population=12).solve(problem, time_limit=200, seed=3)
+        a = Nsga(generations=5, population=12, seeding=nsga_seeds).solve(problem, time_limit=200, seed=3)
+        b = Nsga(generations=5, population=12, seeding=nsga_seeds).solve(problem, time_limit=200, seed=3)
         assert a.status == "feasible" and a.lower_bound is None
         assert a.plan == b.plan and a.iteration_time == b.iteration_time
         from pipeplan.solver.baselines import best_baseline
@@ -88,40 +97,34 @@ class TestNsga:
         cluster = Cluster("c", (Link(1e10, 0.0, "s0"),), Link(1e9, 1e-5),
                           (Device("d0", "s0", 1.0, 0.0), Device("d1", "s0", 1.0, 1e8), Device("d2", "s0", 1.0, 1e8)))
         problem = PlanningProblem(graph, cluster, global_batch=4, microbatches=2)
-        result = Nsga(generations=3, population=8).solve(problem, time_limit=60, seed=0)
+        result = Nsga(generations=3, population=8, seeding=nsga_seeds).solve(problem, time_limit=60, seed=0)
         assert result.status == "feasible" and "d0" not in {d for st in result.plan.stages for d in st.devices}
 
     @pytest.mark.parametrize("seed", [0, 1])
     def test_within_two_percent_of_cpsat(self, seed):
         from pipeplan.solver.splits.cpsat_split import optimize_splits
-        problem, base = instance(seed)
+        problem, base = split_instance(seed)
         best = optimize_splits(problem, base, time_limit=20).iteration_time
-        result = Nsga(generations=15, population=24).solve(problem, time_limit=60, seed=0)
+        result = Nsga(generations=15, population=24, seeding=nsga_seeds).solve(problem, time_limit=60, seed=0)
         assert result.iteration_time <= best * 1.02
 
 
-class TestSeedPlans:
+class TestNsgaSeeds:
     def test_group_search_first_and_every_seed_solver_the_same_cap(self, monkeypatch):
         # a share of what is left would make each seed depend on how fast the earlier ones ran
-        import pipeplan.solver.core.registry
-        from pipeplan.solver.heuristics.nsga import seed_plans
+        from pipeplan.solver.core.algorithm import Solver
 
         calls = []
-        real = pipeplan.solver.core.registry.get_solver
+        real = Solver.solve
 
-        def recording(name):
-            solver_ = real(name)
-            solve = solver_.solve
+        def recording(self, problem, *, time_limit=60.0, **kw):
+            calls.append((self.name, time_limit))
+            return real(self, problem, time_limit=time_limit, **kw)
 
-            def solve_recorded(problem, *, time_limit, seed):
-                calls.append((name, time_limit))
-                return solve(problem, time_limit=time_limit, seed=seed)
-            solver_.solve = solve_recorded
-            return solver_
-
-        monkeypatch.setattr(pipeplan.solver.core.registry, "get_solver", recording)
-        seeds = seed_plans(gpt_problem(), seed=0, time_limit=60.0)
-        assert calls[0] == ("group-search", 60.0) and calls.count(("cpsat", 60.0)) == 2  # joint, then equal split
+        monkeypatch.setattr(Solver, "solve", recording)
+        seeds = nsga_seeds(gpt_problem(), seed=0, time_limit=60.0, within=TimeLimit(600.0))
+        capped = [call for call in calls if call[1] == 60.0]  # the seeding solvers (what they run inside gets less)
+        assert capped[0] == ("group-search", 60.0) and ("cpsat-joint", 60.0) in capped and ("cpsat", 60.0) in capped
         assert seeds[0][0] == "group-search"
         # 14 layers x 6 devices = 84 cells: above Alpa's 64 (and so the split baselines'), below Dapple's 256
         names = {name for name, _ in seeds}
@@ -132,7 +135,7 @@ class TestSeedPlans:
 class TestSeedingCells:
     def test_equal_split_baselines_keep_the_incumbent_sizes(self):
         from pipeplan.solver.baselines import BASELINES
-        from pipeplan.solver.heuristics.nsga import seeding_cells
+        from pipeplan.solver.portfolio import seeding_cells
 
         limits = {cls.__name__: seeding_cells(cls) for cls in BASELINES}
         assert limits["Alpa"] == 64 and limits["Dapple"] == 256 and limits["PipeDream"] == 1024
@@ -140,7 +143,7 @@ class TestSeedingCells:
 
     def test_split_baselines_only_where_every_baseline_runs_whole(self):
         from pipeplan.solver.baselines import SPLIT_BASELINES
-        from pipeplan.solver.heuristics.nsga import seeding_cells
+        from pipeplan.solver.portfolio import seeding_cells
 
         assert [seeding_cells(cls) for cls in SPLIT_BASELINES] == [64, 64, 64]
 
@@ -160,14 +163,13 @@ class TestParetoCommand:
 
     def test_a_seeding_cut_short_is_reported_as_the_seeding(self, run_cli, tmp_path, monkeypatch):
         # a seeding solver's cap fires (as on a slow machine); every generation still runs
-        import pipeplan.solver.heuristics.nsga as nsga
-        from pipeplan.solver.core.termination import note
+        import pipeplan.solver.portfolio as portfolio
 
-        def capped_seeding(problem, *, seed, time_limit):
-            note("time")
+        def capped_seeding(problem, *, seed, time_limit, within):
+            within.stops.note("time")
             return []
 
-        monkeypatch.setattr(nsga, "seed_plans", capped_seeding)
+        monkeypatch.setattr(portfolio, "nsga_seeds", capped_seeding)
         out = tmp_path / "front.json"
         status, stdout, _ = run_cli("pareto", str(EXAMPLES / "chain8.graph.json"),
                                     str(EXAMPLES / "two-servers.cluster.json"), "--batch", "16", "--microbatches", "4",

@@ -9,7 +9,7 @@ import pytest
 from pipeplan.solver.baselines.common import finalize
 from pipeplan.solver.bounds.path_floor import StageTerms, path_floor, stage_terms
 from pipeplan.solver.evaluation.simulator import plan_costs
-from tests.test_baselines import random_problem
+from helpers import random_problem
 
 
 class TestStageTerms:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import itertools
 import math
-import random
 
 import pytest
 
@@ -13,6 +12,8 @@ from pipeplan.solver.baselines.megatron import Megatron, block_span, megatron_bo
 from pipeplan.solver.baselines.piper import Piper, PiperView, piper_dp, stage_estimate
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.termination import TimeLimit
+from helpers import piper_problem
 
 
 def uniform(layers: int = 4, speeds=(1.0, 1.0), memory: float = 1e12, act: float = 1e3, names=None,
@@ -89,19 +90,6 @@ def brute_force(problem: PlanningProblem) -> float:
     return best
 
 
-def random_problem(seed: int) -> PlanningProblem:
-    rng = random.Random(seed)
-    layers = [Layer(f"l{i}", (rng.uniform(0, 1e-4), rng.uniform(1e-4, 1e-3)), (rng.uniform(0, 2e-4),
-                    rng.uniform(2e-4, 2e-3)), rng.uniform(1e5, 1e7), rng.uniform(1e5, 1e6), rng.uniform(1e4, 1e5))
-              for i in range(rng.randint(1, 6))]
-    devices = tuple(Device(f"d{i}", f"s{i % 2}", rng.choice([0.5, 1.0]), rng.choice([5e7, 2e8, 1e9]))
-                    for i in range(rng.randint(1, 4)))
-    cluster = Cluster("c", (Link(1e11, 1e-6, "s0"), Link(1e10, 2e-6, "s1")), Link(rng.choice([1e9, 1e11]), 1e-5), devices)
-    return PlanningProblem(LayerGraph.chain("g", layers, 1e4), cluster, global_batch=rng.choice([8, 16]),
-                           microbatches=rng.choice([2, 4, 8]), schedule=rng.choice(["gpipe", "1f1b"]),
-                           max_stages=rng.choice([None, 2]), allow_recompute=rng.random() < 0.7)
-
-
 class TestPiperDp:
     def test_two_even_stages_beat_replication(self):
         # One stage on 2 replicas: 96 ms + 4 * 4e6 / 2 / 1e12 s resync; two stages: 96 ms + 3.2e-8 s.
@@ -115,7 +103,7 @@ class TestPiperDp:
 
     @pytest.mark.parametrize("seed", range(40))
     def test_minimum_of_its_own_formula(self, seed):
-        problem = random_problem(seed)
+        problem = piper_problem(seed)
         choice, expected = piper_dp(problem), brute_force(problem)
         if choice is None:
             assert expected == math.inf
@@ -128,7 +116,7 @@ class TestPiperDp:
         assert len(choice.bounds) <= problem.stage_limit and sum(choice.degrees) <= view.max_devices
 
     def test_deadline_in_the_past_gives_nothing(self):
-        assert piper_dp(uniform(), deadline=0.0) is None
+        assert piper_dp(uniform(), deadline=TimeLimit(0.0)) is None
 
 
 class TestPiperSolve:

@@ -462,37 +462,41 @@ def test_emulation_that_would_outlast_the_timeout_is_refused_before_any_process(
     assert "longer than --timeout 50 s" in err and err.count("\n") == 1
 
 
-class TestCheckOptions:
+class TestRunConfig:
     @staticmethod
-    def options(**kw):
-        import argparse
+    def config(**kw):
+        from pipeplan.models.model_options import ModelRequest
+        from pipeplan.runtime.options import RunConfig
 
-        return argparse.Namespace(**{"steps": 6, "warmup": None, "timeout": 50.0, "seed": 0, "spin": "auto",
-                                     "lr": 0.05, **kw})
+        return RunConfig("g.json", "c.json", "p.json", ModelRequest("gpt-tiny"), **kw)
 
     @pytest.mark.parametrize("steps, warmup", [(1, 0), (2, 1), (3, 2), (6, 2)])
     def test_default_warmup_leaves_at_least_one_step(self, steps, warmup):
-        from pipeplan.runtime.worker import check_options
-
-        ns = self.options(steps=steps)
-        check_options(ns)
-        assert ns.warmup == warmup
+        assert self.config(steps=steps).checked().warmup == warmup
 
     def test_given_warmup_is_kept(self):
-        from pipeplan.runtime.worker import check_options
-
-        ns = self.options(steps=4, warmup=3)
-        check_options(ns)
-        assert ns.warmup == 3
+        assert self.config(steps=4, warmup=3).checked().warmup == 3
 
     @pytest.mark.parametrize("kw", [{"timeout": float("inf")}, {"timeout": -5.0}, {"seed": -1}, {"spin": "x"},
-                                    {"steps": 2, "warmup": 2}])
+                                    {"steps": 2, "warmup": 2}, {"transport": "pigeon"}])
     def test_refuses(self, kw):
         from pipeplan.models.errors import InputError
-        from pipeplan.runtime.worker import check_options
 
         with pytest.raises(InputError):
-            check_options(self.options(**kw))
+            self.config(**kw).checked()
+
+    def test_the_workers_read_back_what_the_launcher_writes(self, tmp_path):
+        import argparse
+
+        from pipeplan.runtime.options import RunConfig, add_arguments
+
+        config = self.config(steps=3, verify=True, lr=0.1, seed=7, transport="tcp", spin="0.001").checked()
+        parser = argparse.ArgumentParser()
+        add_arguments(parser)
+        again = RunConfig.from_args(parser.parse_args(config.worker_argv(tmp_path / "r.json")))
+        expected = {**config.__dict__, "graph": os.path.abspath("g.json"), "cluster": os.path.abspath("c.json"),
+                    "plan": os.path.abspath("p.json"), "result": str(tmp_path / "r.json")}
+        assert again.__dict__ == expected
 
 
 class TestHangKey:

@@ -11,7 +11,6 @@ also runs through ``pipeplan run`` itself, from a plan/2 file.  The named schedu
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -102,24 +101,22 @@ def drive(case_file: str) -> int:
     from pipeplan.runtime.checks import RunInputs
     from pipeplan.runtime.heartbeat import Heartbeat
     from pipeplan.runtime.training_data import build_run_model
-    from pipeplan.runtime.worker import add_arguments, train_rank
+    from pipeplan.runtime.options import RunConfig
+    from pipeplan.runtime.worker import train_rank
 
     spec = json.loads(Path(case_file).read_text())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
     for case, port in zip(spec["cases"], spec["ports"]):
         os.environ["MASTER_PORT"] = str(port)
-        parser = argparse.ArgumentParser()
-        add_arguments(parser)
-        args = parser.parse_args(["-", "-", "-", "--model", "gpt-tiny", "--steps", "2", "--warmup", "1", "--verify",
-                                  "--timeout", "60", "--result", case["result"],
-                                  "--transport", case.get("transport", "auto")])
         request = ModelRequest("gpt-tiny")
+        config = RunConfig("-", "-", "-", request, steps=2, warmup=1, verify=True, timeout=60.0, result=case["result"],
+                           transport=case.get("transport", "auto")).checked()
         model = build_run_model(request, dtype=torch.float64, seed=0)
         # what pipeplan run loads from files, less the graph, cluster and prediction (the workers need none)
         inputs = RunInputs(None, None, case_plan(case), case["name"], "gpt-tiny", None, torch.float64,  # type: ignore
                            None, model, request)  # type: ignore[arg-type]
-        if train_rank(args, inputs, rank, world, Heartbeat(rank, world)) != 0:
+        if train_rank(config, inputs, rank, world, Heartbeat(rank, world)) != 0:
             return 1
     return 0
 

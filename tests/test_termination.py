@@ -1,4 +1,5 @@
-"""Stopping rules: work budgets, watches, interrupts; and ``pipeplan plan`` stopped by SIGINT / SIGTERM."""
+"""Stopping rules: work budgets, the record of what stopped a solve, interrupts; and ``pipeplan plan`` stopped by
+SIGINT / SIGTERM."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import time
 import pytest
 
 from pipeplan.solver.formats.plan import Plan
-from pipeplan.solver.core.termination import (TimeLimit, WorkBudget, clear_interrupt, interrupted, on_interrupt, past,
-                                         phase_watch, request_interrupt, watch)
+from pipeplan.solver.core.termination import (Stops, TimeLimit, WorkBudget, clear_interrupt, interrupted, on_interrupt,
+                                              past, request_interrupt)
 from conftest import EXAMPLES, ROOT, process_cpu_seconds
 
 
@@ -29,9 +30,9 @@ class TestWorkBudget:
         assert budget.left() == 0.5 and not budget.exhausted()
         assert budget.spend(0.5) and budget.exhausted()
 
-    def test_running_out_is_noted(self):
-        with watch() as seen:
-            WorkBudget(1).spend(2)
+    def test_running_out_is_noted_in_its_record(self):
+        seen = Stops()
+        WorkBudget(1, stops=seen).spend(2)
         assert seen.budget_spent and seen.stopped_by() == "budget"
 
     @pytest.mark.parametrize("units", [0, -1, float("nan")])
@@ -40,51 +41,58 @@ class TestWorkBudget:
             WorkBudget(units)
 
 
-class TestWatch:
+class TestStops:
     def test_nothing_cut_is_complete(self):
-        with watch() as seen:
-            assert not TimeLimit(60).expired() and not past(time.perf_counter() + 60)
-        assert seen.stopped_by() == "complete"
+        clock = TimeLimit(60)
+        assert not clock.expired() and not past(clock) and not clock.within(60).expired()
+        assert clock.stops.stopped_by() == "complete"
 
-    def test_a_clock_inside_a_nested_block_reaches_both(self):
-        with watch() as outer:
-            with watch() as inner:
-                assert past(time.perf_counter() - 1)
-        assert inner.stopped_by() == outer.stopped_by() == "time"
+    def test_a_cap_made_from_a_clock_notes_in_its_record(self):
+        clock = TimeLimit(60)
+        assert clock.within(0.0).expired() and clock.stops.stopped_by() == "time"
 
-    def test_a_clock_after_the_block_is_not_seen(self):
-        with watch() as seen:
-            pass
+    def test_a_nested_solve_reaches_its_caller(self):
+        caller = TimeLimit(60)
+        inner = caller.nested(0.0)
+        assert past(inner)
+        assert inner.stops.stopped_by() == caller.stops.stopped_by() == "time"
+        WorkBudget(1, stops=caller.nested(60).stops).spend(2)
+        assert caller.stops.budget_spent
+
+    def test_another_clock_is_not_seen(self):
+        clock = TimeLimit(60)
         TimeLimit(0).expired()
-        assert seen.stopped_by() == "complete"
+        assert clock.stops.stopped_by() == "complete"
 
     def test_order_proof_interrupt_time_budget(self):
-        with watch() as seen:
-            WorkBudget(1).spend(2)
-            TimeLimit(0).expired()
+        seen = Stops()
+        WorkBudget(1, stops=seen).spend(2)
+        TimeLimit(0, stops=seen).expired()
         assert seen.stopped_by() == "time" and seen.stopped_by(proved=True) == "proved"
         request_interrupt()
-        with watch() as seen:
-            TimeLimit(0).expired()
+        seen = Stops()
+        TimeLimit(0, stops=seen).expired()
         assert seen.stopped_by() == "interrupt"
 
+    def test_refuses_an_unknown_kind(self):
+        with pytest.raises(ValueError, match="kind must be one of"):
+            Stops().note("boredom")
 
-class TestPhaseWatch:
-    def test_what_stops_a_phase_stays_in_the_phase(self):
-        with watch() as solve:
-            with phase_watch() as phase:
-                assert not WorkBudget(1).spend(2)
-                assert TimeLimit(0.0).expired()
-        assert phase.budget_spent and phase.time_cut
-        assert not solve.budget_spent and not solve.time_cut
-        assert solve.stopped_by() == "complete"
 
-    def test_outside_the_phase_the_solve_sees_again(self):
-        with watch() as solve:
-            with phase_watch():
-                pass
-            WorkBudget(1).spend(2)
-        assert solve.stopped_by() == "budget"
+class TestPhase:
+    def test_a_phase_budget_stays_in_the_phase_its_clock_does_not(self):
+        solve = TimeLimit(60)
+        phase = solve.phase(0.0)
+        assert not WorkBudget(1, stops=phase.stops).spend(2)
+        assert phase.stops.budget_spent and not solve.stops.budget_spent
+        assert phase.expired()
+        assert phase.stops.time_cut and solve.stops.time_cut and solve.stops.stopped_by() == "time"
+
+    def test_the_solve_s_own_budget_is_seen(self):
+        solve = TimeLimit(60)
+        solve.phase(60)
+        WorkBudget(1, stops=solve.stops).spend(2)
+        assert solve.stops.stopped_by() == "budget"
 
 
 class TestInterrupt:
@@ -94,8 +102,9 @@ class TestInterrupt:
             assert not interrupted()
             request_interrupt()
         assert stopped and interrupted()
-        assert TimeLimit(60).expired() and TimeLimit(60).remaining() == 0.0
-        assert past(time.perf_counter() + 60)
+        clock = TimeLimit(60)
+        assert clock.expired() and TimeLimit(60).remaining() == 0.0 and past(TimeLimit(60))
+        assert clock.stops.stopped_by() == "interrupt"
 
     def test_a_stopper_registered_after_the_interrupt_runs_at_once(self):
         request_interrupt()
@@ -106,7 +115,7 @@ class TestInterrupt:
 
 READY = "ready"
 DRIVER = ("import sys; from pipeplan.cli import build_parser, main; build_parser(); "
-          "from pipeplan.solver.core.registry import solver_names; solver_names(); import rich.progress; "
+          "from pipeplan.solver.solvers import solver_names; solver_names(); import rich.progress; "
           f"print({READY!r}, flush=True); sys.exit(main(sys.argv[1:]))")
 """``pipeplan`` with its imports done before it says it is ready (the clock starts at the solve)."""
 

@@ -14,8 +14,9 @@ from pipeplan.solver.baselines.umpipe import candidate_splits, judge_splits, sta
 from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.formats.plan import equal_split
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
-from test_cpsat_split import instance
+from pipeplan.solver.core.termination import TimeLimit
+from pipeplan.solver.solvers import get_solver
+from helpers import split_instance
 
 NAMES = ["umpipe-local", "umpipe-dp", "autopipe-slicing"]
 
@@ -24,7 +25,7 @@ class TestSplitBaselines:
     @pytest.mark.parametrize("name", NAMES)
     @pytest.mark.parametrize("seed", range(4))
     def test_never_worse_than_equal(self, name, seed):
-        problem, _ = instance(seed)
+        problem, _ = split_instance(seed)
         equal = best_baseline(problem, time_limit=5)
         result = get_solver(name).solve(problem, time_limit=5)
         assert get_solver(name).source
@@ -36,7 +37,7 @@ class TestSplitBaselines:
     @pytest.mark.parametrize("name", NAMES)
     def test_says_when_the_time_limit_cut_it_short(self, name):
         # NSGA-II drops seeds that were cut short (they depend on the machine's speed).
-        problem, _ = instance(0)
+        problem, _ = split_instance(0)
         assert get_solver(name).solve(problem, time_limit=10).details["stopped_by_time_limit"] is False
         assert get_solver(name).solve(problem, time_limit=1e-6).details["stopped_by_time_limit"] is True
 
@@ -73,12 +74,12 @@ class TestSliced:
 
 class TestCandidateSplits:
     def test_counts_and_sums(self):
-        problem, _ = instance(0)
+        problem, _ = split_instance(0)
         for split in candidate_splits(problem):
             assert sum(split) == problem.global_batch and len(split) in problem.split_counts
 
     def test_free_sizes_keep_every_equal_split(self):
-        problem, _ = instance(0)
+        problem, _ = split_instance(0)
         assert problem.free_sizes
         for m in problem.split_counts:
             assert equal_split(problem.global_batch, m) in candidate_splits(problem)
@@ -99,14 +100,14 @@ class TestUmpipeDp:
 
 class TestJudgeSplits:
     def test_base_kept_on_ties(self):
-        problem, base = instance(0)
+        problem, base = split_instance(0)
         plan, _, evaluated = judge_splits(problem, base, [[st.microbatches for st in base.stages]])
         assert plan.stages == base.stages and evaluated == 2
 
 
 class TestStageEstimate:
     def test_positive(self):
-        problem, base = instance(0)
+        problem, base = split_instance(0)
         assert stage_estimate(problem, base, 0, 2) > 0
 
 
@@ -115,7 +116,7 @@ class TestAutoPipeSlicing:
         graph = load_graph(str(EXAMPLES / "gpt1.graph.json"))
         cluster = load_cluster(str(EXAMPLES / "two-servers.cluster.json"))
         problem = PlanningProblem(graph, cluster, 64, 8, auto_microbatches=True, max_microbatches=16)
-        options = AutoPipeSlicing().options(problem, get_solver("even").solve(problem).plan, math.inf)
+        options = AutoPipeSlicing().options(problem, get_solver("even").solve(problem).plan, TimeLimit(math.inf))
         counts = {len(o[0]) for o in options}
         assert counts <= set(problem.split_counts) and max(counts) == 16
         assert [(8,) * 8] * len(options[0]) in options  # the base's own equal split (k = 0)

@@ -142,25 +142,18 @@ class TestBudgetOption:
 
 
 class TestNsgaWarmStartSeeding:
-    def test_the_seeding_runs_inside_the_run_and_its_clock(self, monkeypatch):
-        # the seeding solvers must share the run's clock, not run before it starts
-        import pipeplan.solver.heuristics.nsga as nsga
-        from pipeplan.solver.core.registry import get_solver
+    def test_the_seeding_runs_inside_the_solve_and_its_clock(self):
+        # the seeding solvers must share the solve's clock, not run before it starts
+        from pipeplan.solver.heuristics.nsga import SEEDING_SHARE, Nsga
+        from pipeplan.solver.portfolio import nsga_seeds
 
         events = []
-        real_run, real_seeds = nsga.run_nsga, nsga.seed_plans
 
-        def run_recorded(*args, **kwargs):
-            events.append(("run", [name for name, _ in kwargs.get("first_seeds", ())], kwargs.get("seeds")))
-            return real_run(*args, **kwargs)
+        def seeding(problem, *, seed, time_limit, within):
+            events.append((time_limit, within.seconds))
+            return nsga_seeds(problem, seed=seed, time_limit=time_limit, within=within)
 
-        def seeds_recorded(*args, **kwargs):
-            events.append(("seeds",))
-            return real_seeds(*args, **kwargs)
-
-        monkeypatch.setattr(nsga, "run_nsga", run_recorded)
-        monkeypatch.setattr(nsga, "seed_plans", seeds_recorded)
         p = problem()
-        result = get_solver("nsga").solve(p, time_limit=600.0, seed=0, budget=1, warm_start=one_stage_plan(p))
-        assert events == [("run", ["warm-start"], None), ("seeds",)]
+        result = Nsga(seeding=seeding).solve(p, time_limit=600.0, seed=0, budget=1, warm_start=one_stage_plan(p))
+        assert events == [(SEEDING_SHARE * 600.0, 600.0)]
         assert result.details["seeds"][0] == "warm-start" and "group-search" in result.details["seeds"]

@@ -19,7 +19,7 @@ from pipeplan.solver.baselines.slicing import sliced
 from pipeplan.solver.views.figures import pyplot
 from pipeplan.solver.formats.plan import Plan, equal_split
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 
 PLANNERS = ("autopipe", "dapple", "piper")
 BATCH, MICROBATCHES, STAGES = 32, 8, 4

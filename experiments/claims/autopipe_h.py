@@ -14,7 +14,7 @@ from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, map
 from pipeplan.experiments.claims.runs import FULL_RUNS, cpu_cluster, measure_plans, profiled, ratios, record
 from pipeplan.solver.formats.cluster import Cluster, Link
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 
 PLANNERS = ("autopipe", "dapple", "piper")
 BATCH, MICROBATCHES = 32, 8

@@ -13,7 +13,7 @@ from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, map
 from pipeplan.experiments.claims.runs import FULL_RUNS, cpu_cluster, measure_plans, profiled, ratios, record
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 
 PLANNERS = ("autopipe", "megatron")
 PAPER = 1.30

@@ -10,7 +10,7 @@ from pipeplan.experiments.claims.common import Row, Section, Settings, mixed
 from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.views.figures import pyplot
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 
 SOLVERS = ("ilp", "cpsat")
 DEVICES, BATCH, MICROBATCHES = 8, 32, 8

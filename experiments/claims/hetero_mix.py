@@ -13,7 +13,7 @@ from pipeplan.experiments.claims.common import Row, Section, Settings, gpt1, map
 from pipeplan.solver.baselines import BASELINES, run_baselines
 from pipeplan.solver.views.figures import pyplot
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 
 TOTAL, BATCH, MICROBATCHES, SLOW = 8, 32, 8, 0.4
 

@@ -20,7 +20,6 @@ is how a heterogeneous cluster, or more ranks than cores, is measured here.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import tempfile
@@ -33,10 +32,11 @@ from pipeplan.models.graph import LayerGraph
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.models.profile_measured import MeasureConfig, profile_measured
 from pipeplan.runtime.checks import RunInputs, check_emulation, load_inputs
-from pipeplan.runtime.launch import WorkerError, launch_local, worker_args
+from pipeplan.runtime.launch import WorkerError, launch_local
 from pipeplan.runtime.report import summarize, without_step
 from pipeplan.runtime.routing import rank_of
-from pipeplan.runtime.worker import add_arguments, check_options
+from pipeplan.models.model_options import ModelRequest
+from pipeplan.runtime.options import RunConfig
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan
 
@@ -191,15 +191,15 @@ def measure_plans(plans: dict[str, Plan], graph: LayerGraph, cluster: Cluster, m
         for i, (name, plan) in enumerate(plans.items()):
             plan_file = folder / f"plan{i}.json"
             atomic_write_text(plan_file, dumps(plan.to_dict()))
-            args = _run_args(graph_file, cluster_file, plan_file, model, runs, emulate)
-            inputs = load_inputs(args.graph, args.cluster, args.plan, model, False, args.seed)
+            config = _run_config(graph_file, cluster_file, plan_file, model, runs, emulate)
+            inputs = load_inputs(config.graph, config.cluster, config.plan, model, False, config.seed)
             if emulate:
-                check_emulation(inputs.prediction, args.timeout, args.plan)
-            prepared[name] = (args, inputs)
+                check_emulation(inputs.prediction, config.timeout, config.plan)
+            prepared[name] = (config, inputs)
             out[name] = Measured(len(rank_of(plan)), *_prediction(inputs))
         for _ in range(runs.repeats):
-            for name, (args, inputs) in prepared.items():
-                _run_once(args, inputs, folder, out[name])
+            for name, (config, inputs) in prepared.items():
+                _run_once(config, inputs, folder, out[name])
     return out
 
 
@@ -208,25 +208,20 @@ def _prediction(inputs: RunInputs) -> tuple[float, float]:
     return without_step(inputs.prediction), float(max(inputs.prediction.peak_memory))
 
 
-def _run_args(graph_file: Path, cluster_file: Path, plan_file: Path, model: str, runs: RunSettings,
-              emulate: bool) -> argparse.Namespace:
-    """The options of ``pipeplan run GRAPH CLUSTER PLAN --model MODEL ...``, parsed and checked as it does."""
-    parser = argparse.ArgumentParser(add_help=False)
-    add_arguments(parser)
-    argv = [str(graph_file), str(cluster_file), str(plan_file), "--model", model, "--steps", str(runs.steps),
-            "--warmup", str(runs.warmup), "--timeout", repr(runs.timeout)] + (["--emulate"] if emulate else [])
-    args = parser.parse_args(argv)
-    check_options(args)
-    return args
+def _run_config(graph_file: Path, cluster_file: Path, plan_file: Path, model: str, runs: RunSettings,
+                emulate: bool) -> RunConfig:
+    """The settings of ``pipeplan run GRAPH CLUSTER PLAN --model MODEL ...``, checked as it checks them."""
+    return RunConfig(str(graph_file), str(cluster_file), str(plan_file), ModelRequest(model), steps=runs.steps,
+                     warmup=runs.warmup, timeout=runs.timeout, emulate=emulate).checked()
 
 
-def _run_once(args: argparse.Namespace, inputs: RunInputs, folder: Path, into: Measured) -> None:
-    """One run of ``args``'s plan; its median and peak appended to ``into`` (or its error)."""
+def _run_once(config: RunConfig, inputs: RunInputs, folder: Path, into: Measured) -> None:
+    """One run of ``config``'s plan; its median and peak appended to ``into`` (or its error)."""
     result_file = folder / "result.json"
     result_file.unlink(missing_ok=True)
     world = len(rank_of(inputs.plan))
     try:
-        launch_local(worker_args(args, result_file), world, folder, timeout=args.timeout,
+        launch_local(config.worker_argv(result_file), world, folder, timeout=config.timeout,
                      describe=lambda rank: f"rank {rank} of {world}")
     except WorkerError as exc:
         into.errors.append(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)

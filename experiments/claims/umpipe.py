@@ -22,7 +22,7 @@ from pipeplan.models.synthetic import synthetic_graph
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.views.figures import pyplot
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver
+from pipeplan.solver.solvers import get_solver
 
 PAPER = {"gpt1-14": (13.89, 11.09), "vgg16": (17.11, 7.96), "synthetic": (170.0, 100.0)}
 """Gains (%) over (GPipe, PipeDream) from the abstract; ``synthetic``: lower bounds."""

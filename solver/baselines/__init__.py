@@ -1,11 +1,12 @@
 """The published baselines: one module per method, all judged by the simulator.
 
-Importing this package registers the equal-split baselines ``even``,
-``deepspeed-uniform``, ``deepspeed-parameters``, ``pipedream``, ``dapple``, ``alpa``,
-``autopipe``, ``greedy-speed``, ``megatron`` and ``piper`` (:data:`BASELINES`), and the split baselines that
-start from the best of them, ``umpipe-local``, ``umpipe-dp`` and ``autopipe-slicing``
-(see each module's docstring for its source and its heterogeneous adaptation).
-:func:`best_baseline` gives the exact solvers their warm start.
+The equal-split baselines ``even``, ``deepspeed-uniform``, ``deepspeed-parameters``,
+``pipedream``, ``dapple``, ``alpa``, ``autopipe``, ``greedy-speed``, ``megatron`` and
+``piper`` (:data:`BASELINES`), and the split baselines that start from the best of
+them, ``umpipe-local``, ``umpipe-dp`` and ``autopipe-slicing`` (see each module's
+docstring for its source and its heterogeneous adaptation); each is a row of
+:data:`pipeplan.solver.solvers.SOLVERS`.  :func:`best_baseline` runs them all and keeps
+the fastest plan.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from pipeplan.solver.baselines.portfolio import BASELINES, best_baseline, fastes
 
 # Split-aware baselines (unequal microbatches on the best equal-split pipeline): they
 # return plans outside the equal-split search space, so they stay out of BASELINES.
-from pipeplan.solver.baselines import umpipe, slicing  # noqa: F401,I001
 from pipeplan.solver.baselines.slicing import AutoPipeSlicing
 from pipeplan.solver.baselines.umpipe import UmpipeDP, UmpipeLocal
 

@@ -27,9 +27,8 @@ import numpy as np
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
 from pipeplan.solver.evaluation.memory import StageMemory, group_peak_memory
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
 from pipeplan.solver.schedules.schedule import stage_actions
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.termination import TimeLimit, past
 
 T_MAX_GAP = 1e-6
 """Seconds: a ``t_max`` candidate this close to the last one tried is skipped, as in Alpa."""
@@ -75,7 +74,7 @@ TABLE_BYTES = 1 << 30
 (it grows as ``S L^2 U log U``: 128 layers on 128 devices would need 17 GB) is not tried."""
 
 
-def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: float) -> list[tuple[float, Proposal]]:
+def alpa_dp(problem: PlanningProblem, pool: list[str], deadline: TimeLimit) -> list[tuple[float, Proposal]]:
     """Alpa's ``t_max`` loop and inner DP on ``pool`` (all of it used).
 
     Returns ``(estimated latency, proposal)`` pairs, one per ``t_max`` that improved; none when
@@ -161,14 +160,13 @@ def _rebuild(arg: np.ndarray, sizes: list[int], pool: list[str], s: int, U: int)
     return tuple(bounds), tuple(groups)
 
 
-@register("alpa")
 class Alpa(Baseline):
     """Alpa's stage DP minimising ``sum + (M - 1) * max`` of stage latencies."""
 
     name = "alpa"
     source = "Alpa (OSDI'22) stage construction: DP minimising sum + (M-1)*max stage latency"
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         ranked = rank_devices(problem)
         D = len(ranked)
         pools = range(1, D + 1) if D <= 8 else sorted({1 << e for e in range(D.bit_length()) if 1 << e <= D} | {D})

@@ -29,8 +29,7 @@ import numpy as np
 from pipeplan.solver.baselines.common import (Baseline, Bounds, Groups, Proposal, StageModel, bounds_from_cuts,
                                      finalize, rank_devices, split_groups)
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.termination import TimeLimit, past
 
 
 def balanced_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[int]:
@@ -82,7 +81,7 @@ def _moves(bounds: Bounds, critical: int) -> list[Bounds]:
     return out
 
 
-def critical_search(problem: PlanningProblem, bounds: Bounds, groups: Groups, deadline: float) -> Bounds:
+def critical_search(problem: PlanningProblem, bounds: Bounds, groups: Groups, deadline: TimeLimit) -> Bounds:
     """AutoPipe's heuristic search from ``bounds``: the best bounds found by critical-stage moves."""
     judged = finalize(problem, bounds, groups)
     best_time = judged.result.iteration_time if judged else float("inf")
@@ -105,14 +104,13 @@ def critical_search(problem: PlanningProblem, bounds: Bounds, groups: Groups, de
     return best
 
 
-@register("autopipe")
 class AutoPipe(Baseline):
     """Balanced min-max DP seed plus AutoPipe's critical-stage block moves."""
 
     name = "autopipe"
     source = "AutoPipe (CLUSTER'22), Merak autopipe.cpp: balanced DP + critical-stage search"
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         model = StageModel(problem)
         ranked = rank_devices(problem)
         speeds_all = [problem.cluster.device_index[d].speed for d in ranked]

@@ -11,7 +11,6 @@ cost model only decides *which* plans are proposed, never how they are scored.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -21,7 +20,8 @@ from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.evaluation.simulator import PlanCosts, Simulation, plan_costs, run_programs
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 
 Bounds = tuple[tuple[int, int], ...]
 """Half-open layer ranges of the stages, in order."""
@@ -185,27 +185,23 @@ def finalize(problem: PlanningProblem, bounds: Bounds, groups: Groups, cache: di
     return Judged(plan, run_programs(costs))
 
 
-class Baseline:
+class Baseline(Solver):
     """Base class: subclasses set ``name`` and ``source`` and implement :meth:`proposals`.
 
-    :meth:`solve` judges every proposal with the simulator and returns the fastest
+    :meth:`run` judges every proposal with the simulator and returns the fastest
     fitting plan with status ``feasible`` (a baseline proves nothing, so it never
     claims ``optimal`` and gives no lower bound), or ``infeasible`` when none fits.
+    It runs the method's whole search (no work budget); the clock is its only cap.
     """
 
-    name: str = "baseline"
-    """Registry name."""
-    source: str = ""
-    """Where the method comes from, one line."""
-
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
-        """Candidate pipelines in the order the method would consider them."""
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
+        """Candidate pipelines in the order the method would consider them (``deadline``: the solve's clock)."""
         raise NotImplementedError
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
         """Plan ``problem``; see the class docstring."""
-        start = time.perf_counter()
-        deadline = start + time_limit
+        deadline = clock
         best: Judged | None = None
         seen: set[Proposal] = set()
         trace: list[TracePoint] = []
@@ -217,13 +213,13 @@ class Baseline:
             judged = finalize(problem, *proposal)
             if judged is not None and (best is None or judged.result.iteration_time < best.result.iteration_time):
                 best = judged
-                trace.append(TracePoint(time.perf_counter() - start, best.result.iteration_time, None))
+                trace.append(TracePoint(clock.elapsed(), best.result.iteration_time, None))
             if past(deadline):
                 timed_out = True
                 break
         # A DP cut short by the deadline yields nothing: that is a timeout, not infeasibility.
         timed_out = timed_out or past(deadline)
-        wall = time.perf_counter() - start
+        wall = clock.elapsed()
         details = {"proposals": len(seen), "stopped_by_time_limit": timed_out}
         if best is None:
             why = "time limit reached before any proposal fitted" if timed_out else \

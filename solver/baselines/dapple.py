@@ -25,8 +25,7 @@ from typing import Callable, Iterator
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.termination import TimeLimit, past
 
 Policy = Callable[[list[list[str]], frozenset[str], int], "list[str] | None"]
 
@@ -92,7 +91,7 @@ POLICIES: dict[str, Policy] = {"fresh-first": fresh_first, "append-first": appen
 """DAPPLE's device-allocation strategies by name."""
 
 
-def dapple_dp(problem: PlanningProblem, policy: Policy, deadline: float) -> list[tuple[float, Proposal]]:
+def dapple_dp(problem: PlanningProblem, policy: Policy, deadline: TimeLimit) -> list[tuple[float, Proposal]]:
     """DAPPLE's DP under one placement policy: ``(block time, proposal)`` per device count.
 
     ``best[(k, j, m)]`` holds ``(block time, occupancy, previous key, group)`` for the
@@ -146,14 +145,13 @@ def _rebuild(best: dict, key: tuple[int, int, int]) -> Proposal:
     return tuple(bounds[::-1]), tuple(groups[::-1])
 
 
-@register("dapple")
 class Dapple(Baseline):
     """DAPPLE's DP under FreshFirst, AppendFirst and ScatterFirst placement."""
 
     name = "dapple"
     source = "DAPPLE (PPoPP'21) HPGO planner: block-time DP with Fresh/Append/Scatter-First placement"
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         for policy in POLICIES.values():
             for _, proposal in dapple_dp(problem, policy, deadline):
                 yield proposal

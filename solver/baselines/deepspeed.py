@@ -22,9 +22,8 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, bounds_from_cuts, rank_devices, split_groups
-from pipeplan.solver.baselines.interleaved import InterleavedForm
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import TimeLimit
 
 
 def partition_uniform(num_items: int, num_parts: int) -> list[int]:
@@ -94,7 +93,7 @@ def partition_balanced(weights: Sequence[float], num_parts: int) -> list[int]:
     return parts[::-1]
 
 
-class _DeepSpeed(InterleavedForm, Baseline):
+class _DeepSpeed(Baseline):
     """Shared PP x DP grid of both DeepSpeed partition methods."""
 
     def cuts(self, problem: PlanningProblem, stages: int) -> list[int]:
@@ -110,7 +109,7 @@ class _DeepSpeed(InterleavedForm, Baseline):
         for r in sorted(widths):
             yield split_groups(ranked, [r] * groups)
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         ranked = rank_devices(problem)
         for stages in range(1, problem.stage_limit + 1):
             bounds = bounds_from_cuts(self.cuts(problem, stages))
@@ -121,7 +120,6 @@ class _DeepSpeed(InterleavedForm, Baseline):
                 yield bounds, split_groups(ranked, [r] * stages)
 
 
-@register("deepspeed-uniform")
 class DeepSpeedUniform(_DeepSpeed):
     """DeepSpeed ``partition_method="uniform"``: equal layer counts."""
 
@@ -132,7 +130,6 @@ class DeepSpeedUniform(_DeepSpeed):
         return partition_uniform(len(problem.graph), stages)
 
 
-@register("deepspeed-parameters")
 class DeepSpeedParameters(_DeepSpeed):
     """DeepSpeed ``partition_method="parameters"``: balanced parameter bytes."""
 

@@ -20,9 +20,8 @@ from typing import Iterator
 import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, bounds_from_cuts, rank_devices, split_groups
-from pipeplan.solver.baselines.interleaved import InterleavedForm
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import TimeLimit
 
 
 def even_cuts(num_layers: int, num_stages: int) -> list[int]:
@@ -58,14 +57,13 @@ def even_cuts(num_layers: int, num_stages: int) -> list[int]:
     return [0] + np.cumsum(sizes).tolist()
 
 
-@register("even")
-class EvenSplit(InterleavedForm, Baseline):
+class EvenSplit(Baseline):
     """Even layer split, one device per stage (GPipe / torchtitan default)."""
 
     name = "even"
     source = "GPipe (NeurIPS'19) / torchtitan default: equal layer counts per stage"
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         ranked = rank_devices(problem)
         for stages in range(1, problem.stage_limit + 1):
             yield bounds_from_cuts(even_cuts(len(problem.graph), stages)), split_groups(ranked, [1] * stages)

@@ -19,7 +19,7 @@ import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, bounds_from_cuts, rank_devices
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import TimeLimit
 
 
 def proportional_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[int]:
@@ -50,14 +50,13 @@ def proportional_cuts(work: Sequence[float], speeds: Sequence[float]) -> list[in
     return cuts
 
 
-@register("greedy-speed")
 class GreedySpeed(Baseline):
     """Greedy: heavier stages on faster devices, proportional to speed."""
 
     name = "greedy-speed"
     source = "greedy heterogeneous split: each stage's work proportional to its device's speed"
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         model = StageModel(problem)
         ranked = rank_devices(problem)
         index = problem.cluster.device_index

@@ -35,9 +35,8 @@ from typing import Iterator
 
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.baselines.common import Baseline, Bounds, Groups, Proposal, split_groups
-from pipeplan.solver.baselines.interleaved import InterleavedForm
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import TimeLimit
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
 
@@ -107,8 +106,7 @@ def megatron_bounds(graph: LayerGraph, stages: int) -> Bounds | None:
     return tuple(zip(cuts[:-1], cuts[1:]))
 
 
-@register("megatron")
-class Megatron(InterleavedForm, Baseline):
+class Megatron(Baseline):
     """Megatron-LM's even split of transformer blocks, ranks in order."""
 
     name = "megatron"
@@ -122,7 +120,7 @@ class Megatron(InterleavedForm, Baseline):
         for d in range(1, len(devices) // groups + 1) if problem.allow_replication else [1]:
             yield split_groups(devices, [d] * groups)
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         devices = [d.id for d in problem.cluster.devices]
         for stages in range(1, problem.stage_limit + 1):
             bounds = megatron_bounds(problem.graph, stages)

@@ -27,8 +27,7 @@ import numpy as np
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.termination import TimeLimit, past
 
 
 class _Vectors:
@@ -69,7 +68,7 @@ class _Vectors:
         return 2 * (pr.microbatches * c.lat([left], group) + pr.global_batch * self.cut[i] / rate)
 
 
-def pipedream_dp(problem: PlanningProblem, deadline: float) -> list[tuple[float, Proposal]]:
+def pipedream_dp(problem: PlanningProblem, deadline: TimeLimit) -> list[tuple[float, Proposal]]:
     """PipeDream's DP: ``(estimated bottleneck, proposal)`` for every reachable device count.
 
     With ``max_stages`` binding, the table gains a stage-count dimension so that every
@@ -126,13 +125,12 @@ def _rebuild(back: np.ndarray, ranked: list[str], k: int, j: int, m: int) -> Pro
     return tuple(bounds[::-1]), tuple(groups[::-1])
 
 
-@register("pipedream")
 class PipeDream(Baseline):
     """PipeDream's min-bottleneck DP over stages and replication."""
 
     name = "pipedream"
     source = "PipeDream (SOSP'19) optimizer: DP minimising the slowest (replicated) stage"
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         for _, proposal in pipedream_dp(problem, deadline):
             yield proposal

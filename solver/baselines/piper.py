@@ -46,8 +46,7 @@ from typing import Iterator
 
 from pipeplan.solver.baselines.common import Baseline, Proposal, StageModel, rank_devices, split_groups
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.termination import TimeLimit, past
 
 
 @dataclass(frozen=True)
@@ -151,15 +150,15 @@ class PiperChoice:
     """Data-parallel degree of each stage."""
 
 
-def piper_dp(problem: PlanningProblem, deadline: float = math.inf) -> PiperChoice | None:
+def piper_dp(problem: PlanningProblem, deadline: TimeLimit | None = None) -> PiperChoice | None:
     """Piper's DP over suffixes, data-parallel degrees and device sums.
 
     Parameters
     ----------
     problem : PlanningProblem
         The problem.
-    deadline : float
-        ``time.perf_counter()`` value after which the DP gives up.
+    deadline : TimeLimit, optional
+        The clock after which the DP gives up (default: none).
 
     Returns
     -------
@@ -172,6 +171,7 @@ def piper_dp(problem: PlanningProblem, deadline: float = math.inf) -> PiperChoic
     >>> piper_dp(problem).degrees  # doctest: +SKIP
     (1, 1)
     """
+    deadline = deadline if deadline is not None else TimeLimit(math.inf)
     view = PiperView(problem)
     L, top, degrees = len(problem.graph), view.max_devices, view.degrees()
     counting = problem.stage_limit < min(L, top)
@@ -208,14 +208,13 @@ def piper_dp(problem: PlanningProblem, deadline: float = math.inf) -> PiperChoic
     return PiperChoice(value, tuple(bounds), tuple(degs))
 
 
-@register("piper")
 class Piper(Baseline):
     """Piper's DP over layer ranges and data-parallel degrees (no tensor parallelism)."""
 
     name = "piper"
     source = "Piper (NeurIPS'21) algo.cpp: DP over downsets and data-parallel degrees with its memory bound"
 
-    def proposals(self, problem: PlanningProblem, deadline: float, seed: int) -> Iterator[Proposal]:
+    def proposals(self, problem: PlanningProblem, deadline: TimeLimit, seed: int) -> Iterator[Proposal]:
         choice = piper_dp(problem, deadline)
         if choice is not None:
             yield choice.bounds, split_groups(rank_devices(problem), choice.degrees)

@@ -1,15 +1,11 @@
 """The equal-split baselines as one portfolio: each run with a share of the time, the fastest kept.
 
-Importing this module registers the equal-split baselines, cheapest first
-(:data:`BASELINES`); :func:`best_baseline` gives the exact solvers their warm start.
+:data:`BASELINES` lists the equal-split baselines, cheapest first; :func:`best_baseline`
+runs them all and keeps the fastest plan.
 """
 
 from __future__ import annotations
 
-import time
-
-# Import order is registration order (what ``pipeplan compare`` lists): cheapest first.
-from pipeplan.solver.baselines import even, megatron, deepspeed, greedy_speed, autopipe, pipedream, dapple, piper, alpa  # noqa: F401,I001
 from pipeplan.solver.baselines.alpa import Alpa
 from pipeplan.solver.baselines.autopipe import AutoPipe
 from pipeplan.solver.baselines.dapple import Dapple
@@ -21,13 +17,15 @@ from pipeplan.solver.baselines.pipedream import PipeDream
 from pipeplan.solver.baselines.piper import Piper
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.core.termination import TimeLimit
 
 BASELINES = (EvenSplit, Megatron, DeepSpeedUniform, DeepSpeedParameters, GreedySpeed, AutoPipe, PipeDream, Dapple, Piper,
              Alpa)
 """Every baseline class, cheapest first (the order :func:`best_baseline` runs them)."""
 
 
-def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float = 10.0) -> SolverResult | None:
+def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float = 10.0,
+                  within: TimeLimit | None = None) -> SolverResult | None:
     """The best fitting plan over all baselines, or ``None`` if none fits.
 
     Each baseline gets an equal share of what is left of ``time_limit``, cheapest
@@ -41,6 +39,8 @@ def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float 
         Passed to every baseline.
     time_limit : float
         Seconds for all baselines together.
+    within : TimeLimit, optional
+        The clock of the solve this is part of (its record notes what cut a baseline short).
 
     Returns
     -------
@@ -51,7 +51,7 @@ def best_baseline(problem: PlanningProblem, *, seed: int = 0, time_limit: float 
     --------
     >>> best_baseline(problem)  # doctest: +SKIP
     """
-    return fastest(run_baselines(problem, seed=seed, time_limit=time_limit))
+    return fastest(run_baselines(problem, seed=seed, time_limit=time_limit, within=within))
 
 
 def fastest(results: list[SolverResult]) -> SolverResult | None:
@@ -60,11 +60,12 @@ def fastest(results: list[SolverResult]) -> SolverResult | None:
     return min(solved, key=lambda r: r.iteration_time) if solved else None
 
 
-def run_baselines(problem: PlanningProblem, *, seed: int = 0, time_limit: float = 10.0) -> list[SolverResult]:
+def run_baselines(problem: PlanningProblem, *, seed: int = 0, time_limit: float = 10.0,
+                  within: TimeLimit | None = None) -> list[SolverResult]:
     """Every baseline's result, each with an equal share of what is left of ``time_limit`` (see :func:`best_baseline`)."""
-    end = time.perf_counter() + time_limit
+    clock = TimeLimit(time_limit)
     results = []
     for n, cls in enumerate(BASELINES):
-        share = max(0.0, end - time.perf_counter()) / (len(BASELINES) - n)
-        results.append(cls().solve(problem, time_limit=share, seed=seed))
+        share = clock.left() / (len(BASELINES) - n)
+        results.append(cls().solve(problem, time_limit=share, seed=seed, within=within))
     return results

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pipeplan.solver.baselines.umpipe import Split, _SplitBaseline
 from pipeplan.solver.formats.plan import Plan, equal_split
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.termination import TimeLimit
 
 
 def sliced(split: Split, k: int) -> Split:
@@ -35,14 +35,13 @@ def sliced(split: Split, k: int) -> Split:
     return tuple(out)
 
 
-@register("autopipe-slicing")
 class AutoPipeSlicing(_SplitBaseline):
     """Halve the first ``k`` microbatches; ``k`` chosen by simulation."""
 
     name = "autopipe-slicing"
     source = "AutoPipe (CLUSTER'22) micro-batch slicing, reconstructed (papers.md §2.3)"
 
-    def options(self, problem: PlanningProblem, base: Plan, deadline: float) -> list[list[Split]]:
+    def options(self, problem: PlanningProblem, base: Plan, deadline: TimeLimit) -> list[list[Split]]:
         # Every allowed count m is a starting point: slicing k of m equal microbatches gives
         # m + k, so with at most K microbatches the sliced schedules start from m = K - k.
         out = []

@@ -23,7 +23,6 @@ than that baseline.
 from __future__ import annotations
 
 import math
-import time
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -32,9 +31,9 @@ from pipeplan.solver.baselines.portfolio import fastest, run_baselines
 from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate
 from pipeplan.solver.formats.plan import Plan, Stage, equal_split
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import register
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 
 Split = tuple[int, ...]
 """Microbatch sizes of one stage."""
@@ -80,35 +79,34 @@ def stage_estimate(problem: PlanningProblem, plan: Plan, s: int, m: int) -> floa
     return (m + len(plan.stages) - 1) * (tf + tb)
 
 
-def _base(problem: PlanningProblem, seed: int, time_limit: float) -> tuple[SolverResult | None, bool]:
+def _base(problem: PlanningProblem, seed: int, time_limit: float, within: TimeLimit) -> tuple[SolverResult | None, bool]:
     """The best equal-split baseline, and whether any baseline was cut short by its share of the time."""
-    results = run_baselines(problem, seed=seed, time_limit=time_limit)
-    return fastest(results), any(r.details.get("stopped_by_time_limit") for r in results)
+    results = run_baselines(problem, seed=seed, time_limit=time_limit, within=within)
+    return fastest(results), any(r.details["stopped_by_time_limit"] for r in results)
 
 
-class _SplitBaseline:
+class _SplitBaseline(Solver):
     """Shared solve loop: best equal-split pipeline, then :meth:`options` judged by the simulator."""
 
-    name = "split-baseline"
-    source = ""
+    chooses_splits = True
 
-    def options(self, problem: PlanningProblem, base: Plan, deadline: float) -> list[list[Split]]:
+    def options(self, problem: PlanningProblem, base: Plan, deadline: TimeLimit) -> list[list[Split]]:
         raise NotImplementedError
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0) -> SolverResult:
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
         """Plan ``problem``: status ``feasible``, no bound (a heuristic proves nothing)."""
-        start = time.perf_counter()
-        base, cut = _base(problem, seed, 0.5 * time_limit)
+        base, cut = _base(problem, seed, 0.5 * clock.seconds, clock)
         if base is None:
             return SolverResult(self.name, "timeout-no-solution" if cut else "infeasible", None, None, None,
-                                time.perf_counter() - start, seed,
+                                clock.elapsed(), seed,
                                 message="no equal-split baseline plan fits to start from",
                                 details={"stopped_by_time_limit": cut})
-        options = self.options(problem, base.plan, start + time_limit)
+        options = self.options(problem, base.plan, clock)
         plan, best, evaluated = judge_splits(problem, base.plan, options)
-        wall = time.perf_counter() - start
+        wall = clock.elapsed()
         # cut short anywhere (a baseline, or the options at the deadline): the plan depends on the machine's speed
-        cut = cut or past(start + time_limit)
+        cut = cut or past(clock)
         trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, best, None))
         return SolverResult(self.name, "feasible", plan, best, None, wall, seed, trace,
                             "time limit reached; best split so far" if cut else "",
@@ -116,14 +114,13 @@ class _SplitBaseline:
                              "evaluated": evaluated, "stopped_by_time_limit": cut})
 
 
-@register("umpipe-local")
 class UmpipeLocal(_SplitBaseline):
     """UMPIPE's local greedy: each stage picks its own best microbatch size."""
 
     name = "umpipe-local"
     source = "UMPIPE (TPDS'25) local greedy baseline, reconstructed (papers.md §1.3)"
 
-    def options(self, problem: PlanningProblem, base: Plan, deadline: float) -> list[list[Split]]:
+    def options(self, problem: PlanningProblem, base: Plan, deadline: TimeLimit) -> list[list[Split]]:
         counts = problem.split_counts
         picks = [min(counts, key=lambda m: (stage_estimate(problem, base, s, m), m))
                  for s in range(len(base.stages))]
@@ -151,7 +148,6 @@ def candidate_splits(problem: PlanningProblem) -> list[Split]:
     return list(dict.fromkeys(out))
 
 
-@register("umpipe-dp")
 class UmpipeDP(_SplitBaseline):
     """UMPIPE's global greedy-based DP: stage by stage, a beam of prefixes ranked by simulation."""
 
@@ -162,7 +158,7 @@ class UmpipeDP(_SplitBaseline):
         self.beam = beam
         """DP states kept per stage."""
 
-    def options(self, problem: PlanningProblem, base: Plan, deadline: float) -> list[list[Split]]:
+    def options(self, problem: PlanningProblem, base: Plan, deadline: TimeLimit) -> list[list[Split]]:
         choices = candidate_splits(problem)
         stages = len(base.stages)
         shared = [[sp] * stages for sp in choices]  # one split for every stage: in every search space

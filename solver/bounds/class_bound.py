@@ -343,7 +343,7 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     True
     """
     floor = work_bound(problem)
-    if problem.free_sizes or problem.is_v2 or (clock is not None and clock.expired()):
+    if problem.free_sizes or problem.needs.several_stages or (clock is not None and clock.expired()):
         return floor
     types = stage_types(problem, clock)
     if types is None:

@@ -12,6 +12,7 @@ fits alone, the whole model's state against the memory of the devices is checked
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult
@@ -158,15 +159,39 @@ def tightest_constraint(problem: PlanningProblem) -> str:
     return memory_verdict(problem)[1]
 
 
-def memory_verdict(problem: PlanningProblem) -> tuple[bool, str]:
-    """``(proved, sentence)``: whether the memory bounds rule out every plan, and the tightest one in words."""
+@dataclass(frozen=True)
+class MemoryVerdict:
+    """What the memory bounds say of a problem (:func:`memory_bound_verdict`)."""
+
+    proved: bool
+    """Whether they rule out every plan."""
+    sentence: str
+    """The tightest constraint, in words."""
+    kind: str
+    """Which bound: ``"layer"`` (a layer fits no device group alone), ``"state"`` (the model's
+    state exceeds the largest devices a plan may use), ``"stages"`` (the layers need more stages
+    than a plan may have) or ``"none"`` (every bound fits: only an exact solver can tell)."""
+
+
+def memory_bound_verdict(problem: PlanningProblem) -> MemoryVerdict:
+    """Whether the memory bounds rule out every plan, which one, and the tightest one in words.
+
+    The whole-model bounds (``state``, ``stages``) count a stage per device; the ``layer``
+    bound holds whatever the schedule.
+    """
     memories = sorted((d.memory for d in problem.cluster.devices), reverse=True)
     verdicts = [_layer_verdict(problem, i, memories) for i in range(len(problem.graph))]
     worst = max(range(len(verdicts)), key=lambda i: (verdicts[i][0], -i))
     ratio, r, need = verdicts[worst]
     if ratio > 1 + PROOF_TOL:
-        return True, _layer_text(problem, worst, r, need, memories)
+        return MemoryVerdict(True, _layer_text(problem, worst, r, need, memories), "layer")
     return _model_verdict(problem, memories)
+
+
+def memory_verdict(problem: PlanningProblem) -> tuple[bool, str]:
+    """``(proved, sentence)``: whether the memory bounds rule out every plan, and the tightest one in words."""
+    verdict = memory_bound_verdict(problem)
+    return verdict.proved, verdict.sentence
 
 
 def _layer_text(problem: PlanningProblem, i: int, r: int, need: float, memories: list[float]) -> str:
@@ -220,37 +245,38 @@ def fewest_stages(problem: PlanningProblem) -> tuple[int, tuple[int, int, float]
     return count, overflow
 
 
-def _model_verdict(problem: PlanningProblem, memories: list[float]) -> tuple[bool, str]:
+def _model_verdict(problem: PlanningProblem, memories: list[float]) -> MemoryVerdict:
     k = problem.stage_limit
     state = problem.state_factor * sum(l.params for l in problem.graph.layers)
     room = sum(memories[:k])
     # Every parameter byte's state sits on some stage's devices; activations are left
     # out, so this is a bound any plan must meet.
     if exceeds(state, room):
-        return True, (f"the model's training state alone needs {format_bytes(state)} (state factor "
-                f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} largest "
-                f"device(s) hold {format_bytes(room)} together")
+        return MemoryVerdict(True, (f"the model's training state alone needs {format_bytes(state)} (state factor "
+                                    f"{problem.state_factor:g}); a plan has at most {k} stage(s), and the {k} "
+                                    f"largest device(s) hold {format_bytes(room)} together"), "state")
     n = largest_microbatch(problem)
     stages, overflow = fewest_stages(problem)
     if stages > k and overflow is not None:
         lo, hi, need = overflow
         names = problem.graph.layers
-        return True, (f"the layers need at least {stages} stages, as every device of a stage holds the training state "
-                f"of all its layers and its share of their activations: layers '{names[lo].name}' to "
-                f"'{names[hi - 1].name}' together already need {format_bytes(need)} at microbatch {n}, more "
-                f"than the largest device's {format_bytes(memories[0])}; a plan has at most {k} stage(s) "
-                f"({_stage_limit_cause(problem)})")
+        return MemoryVerdict(True, (f"the layers need at least {stages} stages, as every device of a stage holds the "
+                                    f"training state of all its layers and its share of their activations: layers "
+                                    f"'{names[lo].name}' to '{names[hi - 1].name}' together already need "
+                                    f"{format_bytes(need)} at microbatch {n}, more than the largest device's "
+                                    f"{format_bytes(memories[0])}; a plan has at most {k} stage(s) "
+                                    f"({_stage_limit_cause(problem)})"), "stages")
     # Only the exact solvers can decide this case; the sentence says what they weighed,
     # without a sum that would suggest the plan fits (activations are spread over replicas).
     acts = n * sum(l.act for l in problem.graph.layers)
     in_flight = "all of them under GPipe" if problem.schedule == "gpipe" else \
         "under 1F1B, one per later stage plus one, up to the microbatch count"
-    return False, (f"every layer fits on a device alone, and the model's training state "
-                   f"({format_bytes(state)}) fits the {k} largest devices' {format_bytes(room)} taken "
-                   f"together, but no split into at most {k} contiguous stages fits device by device: "
-                   f"each replica holds its stage's whole training state and its share of the activations "
-                   f"of every microbatch in flight on the stage ({in_flight}; {format_bytes(acts)} per "
-                   f"microbatch of {n} for the whole model)")
+    return MemoryVerdict(False, (f"every layer fits on a device alone, and the model's training state "
+                                 f"({format_bytes(state)}) fits the {k} largest devices' {format_bytes(room)} taken "
+                                 f"together, but no split into at most {k} contiguous stages fits device by device: "
+                                 f"each replica holds its stage's whole training state and its share of the "
+                                 f"activations of every microbatch in flight on the stage ({in_flight}; "
+                                 f"{format_bytes(acts)} per microbatch of {n} for the whole model)"), "none")
 
 
 UNPROVED = "that does not prove that no plan fits (ilp and cpsat decide it)"

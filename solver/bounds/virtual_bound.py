@@ -56,9 +56,6 @@ from dataclasses import dataclass
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.space.virtual_space import Candidate, stage_groups
 
-SPLIT_BACKWARD = ("interleaved-zb", "zbv")
-"""Schedules whose backward is an ``I`` and a later ``W`` (spec 7.2)."""
-
 
 @dataclass(frozen=True)
 class StageTimes:
@@ -91,7 +88,7 @@ class Bounder:
         self.problem = problem
         self.speed = {d.id: d.speed for d in problem.cluster.devices}
         self.memory = {d.id: d.memory for d in problem.cluster.devices}
-        self.split_backward = problem.schedule in SPLIT_BACKWARD
+        self.split_backward = problem.needs.split_backward
         self.zeros = tuple(0.0 for _ in problem.split)
         self._stages: dict = {}
         self._sends: dict = {}

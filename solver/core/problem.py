@@ -10,18 +10,23 @@ from typing import Sequence
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.formats.plan import MAX_SAMPLES, Plan, Stage, equal_split
-from pipeplan.solver.schedules.schedule import NAMED_V2
+from pipeplan.solver.schedules.needs import NEEDS, ScheduleNeeds
 from pipeplan.solver.evaluation.simulator import Simulation, simulate
 
 
-V2_NAMED = NAMED_V2
-"""The named version-2 schedules (spec 7.2)."""
+PLANNED_SCHEDULES = tuple(NEEDS)
+"""Every schedule a solver can be asked to plan for (``custom`` programs are not planned)."""
 
-VIRTUAL_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "looped-bfs")
+VIRTUAL_SCHEDULES = tuple(name for name, needs in NEEDS.items() if needs.stages_per_group is None)
 """Schedules whose stages per group ``v`` is a choice (``virtual_stages``)."""
 
-PLANNED_SCHEDULES = ("gpipe", "1f1b") + V2_NAMED
-"""Every schedule a solver can be asked to plan for (``custom`` programs are not planned)."""
+PIPELINES, SPLITS, VIRTUAL = "pipelines", "splits", "virtual stages"
+SPACES = (PIPELINES, SPLITS, VIRTUAL)
+"""The search spaces a problem may lie in (:attr:`PlanningProblem.space`), each planned by its own
+algorithms (:mod:`pipeplan.solver.solvers`): ``pipelines`` (one stage per device group, ``M``
+equal microbatches), ``splits`` (one stage per group, microbatch sizes chosen: ``auto`` or
+``per_stage``) and ``virtual stages`` (device groups holding several stages: the interleaved,
+looped and zero-bubble schedules, ``M`` equal microbatches)."""
 
 MAX_DEVICES = 4096
 """Most devices a planning problem may have: the largest clusters the solvers are measured
@@ -155,18 +160,36 @@ class PlanningProblem:
         if v is not None and v < 1:
             raise ValueError(f"virtual_stages must be positive, got {v}")
         if v is not None and self.schedule not in VIRTUAL_SCHEDULES:
-            fixed = 2 if self.schedule == "zbv" else 1
+            fixed = self.needs.stages_per_group
             if v != fixed:
                 raise ValueError(f"{self.schedule} has {fixed} stage(s) per device group, got virtual_stages {v}; "
                                  f"--virtual-stages applies to {', '.join(VIRTUAL_SCHEDULES)}")
-        if self.schedule in V2_NAMED and self.per_stage:
+        if self.needs.several_stages and self.per_stage:
             raise ValueError(f"{self.schedule} splits every stage alike (spec 7.2: all stages share one "
                              f"microbatches list), so per-stage splits do not apply; drop --per-stage")
 
     @property
-    def is_v2(self) -> bool:
-        """Whether the schedule is a version-2 one (device groups with several stages, spec 7)."""
-        return self.schedule in V2_NAMED
+    def needs(self) -> ScheduleNeeds:
+        """What the schedule needs of a plan (:data:`pipeplan.solver.schedules.needs.NEEDS`)."""
+        return NEEDS[self.schedule]
+
+    @property
+    def space(self) -> str:
+        """The search space the problem lies in (one of :data:`SPACES`): from the schedule's needs and the split.
+
+        Examples
+        --------
+        >>> from pipeplan.models.graph import Layer, LayerGraph
+        >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+        >>> g = LayerGraph.chain("g", [Layer("a", (0, 1), (0, 2), 4, 8, 16)] * 2)
+        >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 1, 1e9),))
+        >>> [PlanningProblem(g, c, 8, 4, schedule=s, auto_microbatches=a).space
+        ...  for s, a in (("1f1b", False), ("1f1b", True), ("zbv", False))]
+        ['pipelines', 'splits', 'virtual stages']
+        """
+        if self.needs.several_stages:
+            return VIRTUAL
+        return SPLITS if self.free_sizes else PIPELINES
 
     def equal_split_problem(self) -> "PlanningProblem":
         """The same problem with the split fixed to ``microbatches`` equal microbatches."""
@@ -198,9 +221,9 @@ class PlanningProblem:
 
     @property
     def stage_limit(self) -> int:
-        """Most stages a plan may have: bounded by layers, devices (version 1) and ``max_stages``."""
-        # version 2: a group holds several stages, so devices do not bound the stages
-        limit = len(self.graph) if self.is_v2 else min(len(self.graph), len(self.cluster.devices))
+        """Most stages a plan may have: bounded by layers, devices (one stage per group) and ``max_stages``."""
+        # a group holding several stages: devices do not bound the stages
+        limit = len(self.graph) if self.needs.several_stages else min(len(self.graph), len(self.cluster.devices))
         return limit if self.max_stages is None else min(limit, self.max_stages)
 
     def make_plan(self, bounds: Sequence[tuple[int, int]], devices: Sequence[Sequence[str]],

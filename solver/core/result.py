@@ -57,6 +57,15 @@ class SolverResult:
     budget: float | None = None
     """The work budget it ran with (in the solver's ``budget_unit``), or ``None`` for a
     solver without one (it runs its whole search)."""
+    algorithm: str = ""
+    """The algorithm that ran (:attr:`pipeplan.solver.core.algorithm.Solver.name`): the solver's own
+    name, or the one its search space runs (``cpsat`` on ``zbv`` runs ``virtual-bnb``)."""
+    plan_by: str = ""
+    """What found the plan: the algorithm itself or one of its phases (``group-search``,
+    ``configuration walk``, a baseline, ...); empty without a plan."""
+    bound_by: str = ""
+    """What proved the lower bound (``class bound``, ``configuration walk``, ``cpsat model``,
+    ``virtual-bnb``, ...); empty without a bound."""
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
@@ -83,6 +92,9 @@ class SolverResult:
             "seed": self.seed,
             "stopped_by": self.stopped_by,
             "budget": self.budget,
+            "algorithm": self.algorithm,
+            "plan_by": self.plan_by,
+            "bound_by": self.bound_by,
             "message": self.message,
             "trace": [[p.time, p.incumbent, p.bound] for p in self.trace],
             **({"details": self.details} if self.details else {}),

@@ -9,9 +9,12 @@ Three things may end a search early, and a result must say which did
   depends on the machine's speed and load;
 - an interrupt (SIGINT / SIGTERM under :func:`interruptible`): the user stopped it.
 
-Every wall-clock check that fires inside a :func:`watch` block is noted in that block's
-:class:`Watch` (nested blocks all see it), so a solver that calls others, or runs timed
-phases, can tell whether *any* clock cut its work short.
+What cut a solve's work short is kept in one :class:`Stops` record, which the solve's
+clock and budget carry and every clock and budget made from them share
+(:meth:`TimeLimit.within`, :meth:`TimeLimit.phase`, :meth:`TimeLimit.nested`).  A
+solve's record (``stopped_by``) is read from it, so a solver that runs phases, or
+other solvers, can tell whether *any* clock cut its work short: the record is passed
+down with the clock, never read from ambient state.
 """
 
 from __future__ import annotations
@@ -21,7 +24,6 @@ import os
 import signal
 import threading
 import time
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -33,18 +35,54 @@ wall-clock cap cut it: machine-dependent), ``interrupt`` (SIGINT / SIGTERM)."""
 REPRODUCIBLE = ("proved", "complete", "budget")
 """The reasons under which the same inputs, seed and budget give the same plan on any machine."""
 
+KINDS = ("time", "interrupt", "budget")
+"""What may cut work short (:meth:`Stops.note`)."""
 
-# --------------------------------------------------------------------------- watches
+
+# --------------------------------------------------------------------------- what stopped work
 @dataclass
-class Watch:
-    """What cut the work of one solve short (filled by the checks below)."""
+class Stops:
+    """What cut the work of one solve (or one phase of it) short.
+
+    Filled by the checks of the clocks and budgets that carry it; a record made for a
+    part of the work (:meth:`nested`, :meth:`phase`) passes what it notes on to its parent.
+
+    Examples
+    --------
+    >>> solve = Stops()
+    >>> phase = solve.phase()
+    >>> phase.note("budget"); phase.note("time")
+    >>> phase.budget_spent, solve.budget_spent, solve.time_cut
+    (True, False, True)
+    """
 
     time_cut: bool = False
-    """A wall-clock check fired inside the block."""
+    """A wall-clock check fired."""
     interrupted: bool = False
-    """An interrupt was seen inside the block."""
+    """An interrupt was seen."""
     budget_spent: bool = False
-    """A work budget ran out inside the block."""
+    """A work budget ran out."""
+    parent: "Stops | None" = field(default=None, repr=False, compare=False)
+    """The record of the work this is part of, or ``None``."""
+    passes_budget: bool = True
+    """Whether a budget running out here also counts for :attr:`parent` (``False`` for a phase
+    with a budget of its own: its running out ends the phase, not the solve)."""
+
+    def note(self, kind: str) -> None:
+        """Record that ``kind`` (one of :data:`KINDS`) stopped some work, here and in the parents it reaches."""
+        if kind not in KINDS:
+            raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+        setattr(self, {"time": "time_cut", "interrupt": "interrupted", "budget": "budget_spent"}[kind], True)
+        if self.parent is not None and (kind != "budget" or self.passes_budget):
+            self.parent.note(kind)
+
+    def nested(self) -> "Stops":
+        """A record for work inside this one (another solver run as a phase): everything it notes reaches this one."""
+        return Stops(parent=self)
+
+    def phase(self) -> "Stops":
+        """A record for a phase with a budget of its own: its clock and interrupts reach this one, its budget does not."""
+        return Stops(parent=self, passes_budget=False)
 
     def stopped_by(self, proved: bool = False) -> str:
         """The reason to record: the interrupt first, then the clock, then the budget.
@@ -60,61 +98,6 @@ class Watch:
         return "budget" if self.budget_spent else "complete"
 
 
-_WATCHES: ContextVar[tuple[Watch, ...]] = ContextVar("pipeplan_watches", default=())
-
-
-@contextlib.contextmanager
-def watch() -> Iterator[Watch]:
-    """Collect, in the yielded :class:`Watch`, every clock, budget and interrupt stop inside the block.
-
-    Examples
-    --------
-    >>> with watch() as w:
-    ...     TimeLimit(0.0).expired()
-    True
-    >>> w.stopped_by()
-    'time'
-    """
-    w = Watch()
-    token = _WATCHES.set(_WATCHES.get() + (w,))
-    try:
-        yield w
-    finally:
-        _WATCHES.reset(token)
-
-
-@contextlib.contextmanager
-def phase_watch() -> Iterator[Watch]:
-    """Like :func:`watch`, but what stops work inside reaches only this watch, not the enclosing ones.
-
-    For a phase with a budget of its own: its budget running out ends the phase, not the
-    solve, so the caller passes on only what should reach the solve's record (the clock,
-    an interrupt).
-
-    Examples
-    --------
-    >>> with watch() as outer:
-    ...     with phase_watch() as phase:
-    ...         WorkBudget(1).spend(2)
-    False
-    >>> phase.budget_spent, outer.budget_spent
-    (True, False)
-    """
-    w = Watch()
-    token = _WATCHES.set((w,))
-    try:
-        yield w
-    finally:
-        _WATCHES.reset(token)
-
-
-def note(kind: str) -> None:
-    """Tell every open :func:`watch` that ``kind`` (``"time"``, ``"interrupt"``, ``"budget"``) stopped some work."""
-    attr = {"time": "time_cut", "interrupt": "interrupted", "budget": "budget_spent"}[kind]
-    for w in _WATCHES.get():
-        setattr(w, attr, True)
-
-
 # --------------------------------------------------------------------------- interrupts
 _INTERRUPT = threading.Event()
 _STOPPERS: list[Callable[[], None]] = []
@@ -122,11 +105,8 @@ _STOPPERS_LOCK = threading.Lock()
 
 
 def interrupted() -> bool:
-    """Whether an interrupt was requested (and notes it in the open watches)."""
-    if _INTERRUPT.is_set():
-        note("interrupt")
-        return True
-    return False
+    """Whether an interrupt was requested (a clock that sees it notes it in its :class:`Stops`)."""
+    return _INTERRUPT.is_set()
 
 
 RESTOP_AFTER = (0.1, 0.3, 0.7)
@@ -236,19 +216,25 @@ def _wake_on_signal(read_end: int) -> None:
 class TimeLimit:
     """Stop after ``seconds`` of wall time from :meth:`start` (or creation), or at an interrupt.
 
-    An expiry seen by :meth:`expired` or :meth:`remaining` is noted in the open watches.
+    An expiry or interrupt seen by :meth:`expired` or :meth:`remaining` is noted in
+    :attr:`stops`, the record of the solve the clock belongs to.
 
     Examples
     --------
     >>> t = TimeLimit(10.0)
     >>> t.expired()
     False
+    >>> cap = t.within(0.0)  # a cap of its own, noted in the same record
+    >>> cap.expired(), t.stops.time_cut
+    (True, True)
     """
 
     seconds: float
     """The wall-time cap."""
     started: float = field(default_factory=time.perf_counter)
     """``time.perf_counter()`` at the start."""
+    stops: Stops = field(default_factory=Stops, repr=False, compare=False)
+    """Where a cut or an interrupt this clock sees is noted."""
 
     def start(self) -> "TimeLimit":
         self.started = time.perf_counter()
@@ -258,51 +244,69 @@ class TimeLimit:
         """Seconds since the start."""
         return time.perf_counter() - self.started
 
+    def left(self) -> float:
+        """Seconds left (never negative), noting nothing: for sharing out what is left, not for stopping."""
+        return max(0.0, self.seconds - self.elapsed())
+
     def remaining(self) -> float:
         """Seconds left (never negative; 0 after an interrupt)."""
         if interrupted():
+            self.stops.note("interrupt")
             return 0.0
         left = self.seconds - self.elapsed()
         if left <= 0:
-            note("time")
+            self.stops.note("time")
         return max(0.0, left)
 
-    def expired(self) -> bool:
+    def expired(self, margin: float = 0.0) -> bool:
+        """Whether the cap (less ``margin`` seconds) has passed, or an interrupt came."""
         if interrupted():
+            self.stops.note("interrupt")
             return True
-        if self.elapsed() >= self.seconds:
-            note("time")
+        if self.elapsed() >= self.seconds - margin:
+            self.stops.note("time")
             return True
         return False
 
+    def within(self, seconds: float) -> "TimeLimit":
+        """A cap of ``seconds`` from now for a part of the work, whose cuts count as this clock's."""
+        return TimeLimit(seconds, stops=self.stops)
 
-def past(deadline: float) -> bool:
-    """Whether ``time.perf_counter()`` passed ``deadline`` or an interrupt came (noted in the watches)."""
-    if interrupted():
-        return True
-    if time.perf_counter() >= deadline:
-        note("time")
-        return True
-    return False
+    def phase(self, seconds: float) -> "TimeLimit":
+        """A cap of ``seconds`` from now for a phase with a budget of its own (:meth:`Stops.phase`)."""
+        return TimeLimit(seconds, stops=self.stops.phase())
+
+    def nested(self, seconds: float) -> "TimeLimit":
+        """A cap of ``seconds`` from now for another solve run inside this one (:meth:`Stops.nested`)."""
+        return TimeLimit(seconds, stops=self.stops.nested())
+
+
+def past(clock: TimeLimit) -> bool:
+    """Whether ``clock`` has run out or an interrupt came (noted in its record): ``clock.expired()``."""
+    return clock.expired()
 
 
 @dataclass
 class WorkBudget:
     """Stop after ``units`` of counted work (what a unit is, each solver says).
 
+    Running out is noted in :attr:`stops`.
+
     Examples
     --------
     >>> b = WorkBudget(3)
     >>> [b.spend() for _ in range(4)]
     [True, True, True, False]
-    >>> b.exhausted(), b.spent
-    (True, 3.0)
+    >>> b.exhausted(), b.spent, b.stops.budget_spent
+    (True, 3.0, True)
     """
 
     units: float
     """The budget."""
     spent: float = 0.0
     """Units used so far."""
+    stops: Stops = field(default_factory=Stops, repr=False, compare=False)
+    """Where running out is noted."""
 
     def __post_init__(self) -> None:
         if not self.units > 0:
@@ -315,13 +319,13 @@ class WorkBudget:
     def spend(self, units: float = 1.0) -> bool:
         """Take ``units`` if that many are left; ``False`` (and noted) when the budget cannot pay."""
         if self.spent + units > self.units + 1e-12:
-            note("budget")
+            self.stops.note("budget")
             return False
         self.spent += units
         return True
 
     def exhausted(self) -> bool:
         if self.left() <= 1e-12:
-            note("budget")
+            self.stops.note("budget")
             return True
         return False

@@ -3,9 +3,9 @@
 The plan is checked against the problem first (:func:`load_warm_start`): a plan for
 another batch, schedule or device set, or outside the problem's switches, is refused
 with one line naming the rule, never silently changed.  A solver that takes a
-``warm_start`` (``nsga`` seeds its population with it) gets it; for every other one the
-registry keeps the earlier plan when it is faster than the solver's own
-(:func:`keep_better`), so a warm-started result is never worse than its start.
+``warm_start`` (``nsga`` seeds its population with it) gets it; for every other one
+:meth:`pipeplan.solver.core.algorithm.Solver.solve` keeps the earlier plan when it is faster
+than the solver's own (:func:`keep_better`), so a warm-started result is never worse than its start.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pipeplan.solver.core.result import SolverResult
 
 
 def load_warm_start(path: str, problem: PlanningProblem) -> Plan:
-    """The plan in ``path``, checked to be a fitting plan of ``problem``'s search space.
+    """The plan in ``path``, checked to be a fitting plan of ``problem``'s search space (:func:`check_warm_start`).
 
     Parameters
     ----------
@@ -35,30 +35,51 @@ def load_warm_start(path: str, problem: PlanningProblem) -> Plan:
     Raises
     ------
     InputError
-        When the file is not a valid plan of ``problem``'s graph and cluster, has another
-        batch or schedule, lies outside the problem's switches (stages, replication,
-        recompute, microbatches) or does not fit in memory.
+        When the file is not a valid plan of ``problem``'s graph and cluster, or fails
+        :func:`check_warm_start`.
 
     Examples
     --------
     >>> plan = load_warm_start("best.plan.json", problem)  # doctest: +SKIP
     """
-    plan = load_plan(path, problem.graph, problem.cluster)
-    plan.refuse_tensor_parallel(path, "a solver's warm start")
+    return check_warm_start(load_plan(path, problem.graph, problem.cluster), problem, path)
+
+
+def check_warm_start(plan: Plan, problem: PlanningProblem, where: str) -> Plan:
+    """``plan``, checked to be a fitting plan of ``problem``'s search space.
+
+    Parameters
+    ----------
+    plan : Plan
+        A valid plan of the problem's graph and cluster.
+    problem : PlanningProblem
+        The problem to start from it.
+    where : str
+        What the error names as the plan's source (its file).
+
+    Raises
+    ------
+    InputError
+        When the plan has another batch or schedule, lies outside the problem's switches
+        (stages, replication, recompute, microbatches) or does not fit in memory, or uses
+        tensor parallelism or ZeRO, which no solver plans yet.
+    """
+    plan.refuse_tensor_parallel(where, "a solver's warm start")
     if plan.global_batch != problem.global_batch:
-        raise InputError(path, "global_batch", f"the plan is for a batch of {plan.global_batch} samples, the problem "
-                                               f"has --batch {problem.global_batch}; plan again or give its batch")
+        raise InputError(where, "global_batch", f"the plan is for a batch of {plan.global_batch} samples, the "
+                                                f"problem has --batch {problem.global_batch}; plan again or give "
+                                                f"its batch")
     if plan.schedule != problem.schedule:
-        raise InputError(path, "schedule", f"the plan uses {plan.schedule!r}, the problem --schedule "
-                                           f"{problem.schedule!r}")
+        raise InputError(where, "schedule", f"the plan uses {plan.schedule!r}, the problem --schedule "
+                                            f"{problem.schedule!r}")
     inside = problem.in_split_space(plan) if problem.free_sizes else problem.in_search_space(plan)
     if not inside:
-        raise InputError(path, "stages", f"the plan lies outside this problem's search space ({_switches(problem)}); "
-                                         f"give the options it was made with")
+        raise InputError(where, "stages", f"the plan lies outside this problem's search space "
+                                          f"({_switches(problem)}); give the options it was made with")
     verdict = problem.evaluate(plan)
     if not verdict.fits:
-        raise InputError(path, "stages", "the plan does not fit in memory on this cluster (pipeplan simulate "
-                                         "shows which device overflows)")
+        raise InputError(where, "stages", "the plan does not fit in memory on this cluster (pipeplan simulate "
+                                          "shows which device overflows)")
     return plan
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol, Sequence
 
 from pipeplan.solver.space.arcs import ExactData
+from pipeplan.solver.core.termination import WorkBudget
 
 
 @dataclass(frozen=True)
@@ -141,6 +142,13 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
 
 class LowerBoundModel(Protocol):
     """What a backend (MILP or CP-SAT) offers the cut loop."""
+
+    budget: WorkBudget | None
+    """Its work budget over all the solves of the loop, or ``None`` (it runs on the clock alone)."""
+
+    def hint(self, arc_ids: Sequence[int]) -> None:
+        """Warm-start the next solve from a configuration (a backend without hints ignores it)."""
+        ...
 
     def solve(self, cutoff: float, time_limit: float) -> tuple[str, list[int] | None, float | None]:
         """Minimise the bound subject to ``T <= cutoff``.

@@ -16,26 +16,21 @@ hint; :func:`pipeplan.solver.exact.solve.solve_exact` runs the cut loop.
 from __future__ import annotations
 
 import math
-import time
-from dataclasses import asdict, replace
 from typing import Sequence
 
 import numpy as np
 from ortools.sat.python import cp_model
 
-from pipeplan.solver.exact.cpsat_run import solve_counted
-from pipeplan.solver.splits.cpsat_split import optimize_splits
-from pipeplan.solver.splits.equal_splits import fastest, solve_equal_splits
-from pipeplan.solver.space.arcs import ExactData
+from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.core.termination import Stops, TimeLimit, WorkBudget
 from pipeplan.solver.exact.bound_model import model_rows
-from pipeplan.solver.exact.solve import solve_exact
-from pipeplan.solver.exact.work import budget_work, exact_work
-from pipeplan.solver.splits.joint_split import solve_joint
-from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
-from pipeplan.solver.core.registry import register
-from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.core.termination import WorkBudget
-from pipeplan.solver.portfolio import solve_v2_exact
+from pipeplan.solver.exact.cpsat_run import solve_counted
+from pipeplan.solver.exact.phases import ExactPhases
+from pipeplan.solver.exact.solve import refuse_free_sizes, solve_exact
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.space.arcs import ExactData
 
 DEFAULT_BUDGET = 120.0
 """CP-SAT deterministic seconds per solve of ``cpsat`` (all its CP-SAT calls together)."""
@@ -47,10 +42,13 @@ RESOLUTION = 1e7
 class CpSatModel:
     """The lower-bound model in CP-SAT, times in integer units of ``unit`` seconds."""
 
-    def __init__(self, data: ExactData, seed: int = 0, workers: int = 1, budget: WorkBudget | None = None) -> None:
+    def __init__(self, data: ExactData, seed: int = 0, workers: int = 1, budget: WorkBudget | None = None,
+                 stops: Stops | None = None) -> None:
         self.seed, self.workers = seed, workers
         self.budget = budget
         """CP-SAT deterministic seconds for all the solves of the cut loop, or ``None`` (the clock only)."""
+        self.stops = stops if stops is not None else Stops()
+        """Where what cut a solve short is noted (the solve's record)."""
         tab = data.table
         reference = max(float(tab["busy_path"].max()) if len(data) else 0.0, data.static_bound, 1e-12)
         self.unit = reference / RESOLUTION
@@ -111,7 +109,7 @@ class CpSatModel:
         solver.parameters.num_workers = self.workers
         solver.parameters.relative_gap_limit = 0.0
         solver.parameters.absolute_gap_limit = 0.0
-        code = solve_counted(solver, self.model, time_limit=time_limit, budget=self.budget)
+        code = solve_counted(solver, self.model, time_limit=time_limit, budget=self.budget, stops=self.stops)
         if code == cp_model.INFEASIBLE:
             return "infeasible", None, None
         bound = solver.best_objective_bound * self.unit
@@ -122,71 +120,47 @@ class CpSatModel:
         return "unknown", None, bound
 
 
-@register("cpsat")
-class CpSatSolver:
-    """Exact planner: a CP-SAT lower-bound model iterated with no-good cuts."""
+class CpSatSolver(Solver):
+    """Exact planner: a CP-SAT lower-bound model iterated with no-good cuts.
+
+    ``phases`` are the phases run around the model (:class:`pipeplan.solver.exact.phases.ExactPhases`;
+    by default the class bound and the walk alone, :mod:`pipeplan.solver.portfolio` lists what
+    the registered ``cpsat`` runs).
+    """
 
     name = "cpsat"
     source = "pipeplan: CP-SAT bound model + simulation + no-good cuts (OR-Tools)"
-
-    budget_unit = "CP-SAT deterministic seconds (version-2 schedules: simulations)"
+    budget_unit = "CP-SAT deterministic seconds"
     default_budget = DEFAULT_BUDGET
     proves = True
-    schedules = PLANNED_SCHEDULES
 
-    def __init__(self, workers: int = 1, enumerate_first: bool = True) -> None:
+    def __init__(self, workers: int = 1, enumerate_first: bool = True, phases: ExactPhases = ExactPhases()) -> None:
         self.workers = workers
         self.enumerate_first = enumerate_first
         """Walk the configurations before the model (:mod:`pipeplan.solver.exact.enumeration`); off: the model loop only."""
+        self.phases = phases
+        """The phases run around the model, with their counted budgets."""
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
-              budget: float | None = None) -> SolverResult:
+    def check(self, problem: PlanningProblem) -> None:
+        """As :meth:`Solver.check`, and refuse microbatch sizes as decisions (``cpsat-joint`` plans those).
+
+        Raises
+        ------
+        InputError
+            With ``auto_microbatches`` or ``per_stage``.
+        """
+        super().check(problem)
+        refuse_free_sizes(self.name, problem)
+
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
         """Plan ``problem`` exactly; see :mod:`pipeplan.solver.exact.solve` for the method and its proof.
 
-        ``budget``: CP-SAT deterministic seconds for all its CP-SAT solves (default
-        :data:`DEFAULT_BUDGET`).  With ``auto_microbatches`` or ``per_stage`` the splits are
-        decisions too: see :meth:`solve_splits`.  A version-2 schedule goes to
-        :func:`pipeplan.solver.portfolio.solve_v2_exact` (``budget``: simulations).
+        ``budget``: CP-SAT deterministic seconds for all its CP-SAT solves; it also scales every
+        phase's counted budget by itself over :data:`DEFAULT_BUDGET`.
         """
-        if problem.is_v2:
-            return solve_v2_exact(self.name, problem, time_limit, seed, budget)
-        work = WorkBudget(budget or DEFAULT_BUDGET)
-        phases = budget_work(budget, DEFAULT_BUDGET)  # --budget scales every phase alike
-        with exact_work(phases):  # for the exact solves the split search runs
-            if problem.auto_microbatches or problem.per_stage:
-                return self.solve_splits(problem, time_limit=time_limit, seed=seed, budget=work)
-            return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers, work),
-                               time_limit=time_limit, seed=seed, details={"workers": self.workers, "work": asdict(phases)},
-                               enumerate_first=self.enumerate_first, work=phases)
-
-    def solve_splits(self, problem: PlanningProblem, *, time_limit: float, seed: int,
-                     budget: WorkBudget | None = None) -> SolverResult:
-        """Pipelines and microbatch splits together.
-
-        Small instances: the exact branch and bound of :mod:`pipeplan.solver.splits.joint_split`
-        (``optimal`` when proved over every pipeline and split).  Larger ones: the
-        decomposition of :mod:`pipeplan.solver.splits.cpsat_split`, the best equal-split plan of this
-        solver (its own count in half the time, other counts in what that leaves: see
-        :func:`pipeplan.solver.splits.equal_splits.solve_equal_splits`) with its split then chosen by
-        CP-SAT; that is reported ``feasible`` with no lower bound, since the bound it
-        proves covers one pipeline only.
-        """
-        start = time.perf_counter()
-        joint = solve_joint(problem, name=self.name, time_limit=time_limit, seed=seed, budget=budget)
-        if joint is not None:
-            return joint
-        equal = solve_equal_splits(self, problem, time_limit=0.5 * time_limit, seed=seed)
-        base, seeded = fastest(equal.values()), time.perf_counter() - start
-        if base.plan is None:
-            return replace(base, wall_time=time.perf_counter() - start)
-        left = max(0.5, time_limit - (time.perf_counter() - start))
-        search = optimize_splits(problem, base.plan, time_limit=left, seed=seed, workers=self.workers, budget=budget)
-        wall = time.perf_counter() - start
-        details = {"method": "decomposition: exact equal-split pipeline, then CP-SAT over its splits",
-                   "equal_split_status": base.status, "equal_split_time": base.iteration_time,
-                   "equal_splits": {m: [r.status, r.iteration_time] for m, r in equal.items()},
-                   "split_status": search.status, "split_lower_bound": search.lower_bound}
-        trace = (TracePoint(seeded, base.iteration_time, None), TracePoint(wall, search.iteration_time, None))
-        return SolverResult(self.name, "feasible", search.plan, search.iteration_time, None, wall, seed, trace,
-                            "too many pipelines for the joint proof; the split is optimised for one pipeline",
-                            details)
+        phases = self.phases.scaled(budget.units / DEFAULT_BUDGET)  # --budget scales every phase alike
+        return solve_exact(problem, self.name, lambda data: CpSatModel(data, seed, self.workers, budget, clock.stops),
+                           clock=clock, seed=seed, phases=phases,
+                           details={"workers": self.workers, "work": phases.counts()},
+                           enumerate_first=self.enumerate_first)

@@ -4,22 +4,22 @@ CP-SAT's ``max_deterministic_time`` is its own work count: with a fixed number o
 workers and seed, a solve ended by it returns the same answer on any machine, while one
 ended by ``max_time_in_seconds`` does not.  :func:`solve_counted` takes the first from a
 :class:`~pipeplan.solver.core.termination.WorkBudget` (and spends what the solve used), keeps
-the second as the cap, stops the search at an interrupt, and notes in the open watches
-which of them ended it.
+the second as the cap, stops the search at an interrupt, and notes in the solve's record
+(:class:`~pipeplan.solver.core.termination.Stops`) which of them ended it.
 """
 
 from __future__ import annotations
 
 from ortools.sat.python import cp_model
 
-from pipeplan.solver.core.termination import WorkBudget, interrupted, note, on_interrupt
+from pipeplan.solver.core.termination import Stops, WorkBudget, interrupted, on_interrupt
 
 NOT_CUT = (cp_model.OPTIMAL, cp_model.INFEASIBLE, cp_model.MODEL_INVALID)
 """Statuses of a solve that ran to its end (nothing stopped it)."""
 
 
 def solve_counted(solver: cp_model.CpSolver, model: cp_model.CpModel, *, time_limit: float,
-                  budget: WorkBudget | None = None) -> int:
+                  budget: WorkBudget | None = None, stops: Stops | None = None) -> int:
     """``solver.solve(model)`` within ``time_limit`` seconds and what is left of ``budget`` (deterministic seconds).
 
     Parameters
@@ -32,6 +32,8 @@ def solve_counted(solver: cp_model.CpSolver, model: cp_model.CpModel, *, time_li
         The wall-clock cap (at least 0.01 s is given).
     budget : WorkBudget, optional
         Deterministic seconds; what the solve used is spent from it.
+    stops : Stops, optional
+        Where what ended the solve is noted (the solve's record; default: the budget's, else none).
 
     Returns
     -------
@@ -47,11 +49,12 @@ def solve_counted(solver: cp_model.CpSolver, model: cp_model.CpModel, *, time_li
     used = solver.deterministic_time
     if budget is not None:
         budget.spend(min(used, budget.left()))
+    stops = stops if stops is not None else budget.stops if budget is not None else Stops()
     if code not in NOT_CUT:
         if interrupted():
-            pass  # noted by interrupted()
+            stops.note("interrupt")
         elif budget is not None and budget.left() <= 1e-6 * max(1.0, budget.units):
-            note("budget")
+            stops.note("budget")
         else:
-            note("time")
+            stops.note("time")
     return code

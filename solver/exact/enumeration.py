@@ -81,7 +81,7 @@ import numpy as np
 from pipeplan.solver.space.arcs import ExactData
 from pipeplan.solver.bounds.terms import config_lower_bound, optimistic_time
 from pipeplan.solver.exact.search import Search, evaluate
-from pipeplan.solver.core.termination import TimeLimit, WorkBudget, note
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget
 
 CHECK_EVERY = 64
 """Prefixes expanded between two looks at the clock."""
@@ -159,8 +159,8 @@ class _Walk:
     def __init__(self, data: ExactData, search: Search, clock: TimeLimit, budget: WorkBudget | None = None,
                  cells: WorkBudget | None = None) -> None:
         self.data, self.search, self.clock = data, search, clock
-        self.budget = budget or WorkBudget(DEFAULT_PREFIXES)
-        self.cells = cells or WorkBudget(DEFAULT_TABLE_CELLS)
+        self.budget = budget or WorkBudget(DEFAULT_PREFIXES, stops=clock.stops)
+        self.cells = cells or WorkBudget(DEFAULT_TABLE_CELLS, stops=clock.stops)
         problem = data.problem
         self.L = len(problem.graph)
         self.capped = problem.schedule == "1f1b" and data.max_tau < data.stage_limit - 1
@@ -547,11 +547,11 @@ def enumerate_configurations(data: ExactData, search: Search, clock: TimeLimit,
     if not len(data):
         return EnumerationResult(True, math.inf, 0, 0)
     entries = shift_entries(data)
-    cells = cells or WorkBudget(DEFAULT_TABLE_CELLS)
+    cells = cells or WorkBudget(DEFAULT_TABLE_CELLS, stops=clock.stops)
     if entries > MAX_SHIFT_ENTRIES or not cells.spend(entries):  # memory, or the table budget (noted)
         return EnumerationResult(False, search.bound, 0, 0, 0, skipped=True)
     if entries * SHIFT_SECONDS_PER_ENTRY > clock.remaining():  # the cap binds before the walk starts
-        note("time")
+        clock.stops.note("time")
         return EnumerationResult(False, search.bound, 0, 0, 0, skipped=True)
     result = _Walk(data, search, clock, budget, cells).run()
     return replace(result, table_cells=result.table_cells + entries)

@@ -19,21 +19,19 @@ import math
 import os
 import sys
 import time
-from dataclasses import asdict
 from typing import Sequence
 
 import pulp
 
-from pipeplan.models.errors import InputError
-from pipeplan.solver.space.arcs import ExactData
-from pipeplan.solver.exact.bound_model import SIGNED_AUX, model_rows
-from pipeplan.solver.exact.solve import solve_exact
-from pipeplan.solver.exact.work import budget_work
-from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult
-from pipeplan.solver.core.termination import WorkBudget, note, on_interrupt
-from pipeplan.solver.portfolio import solve_v2_exact
+from pipeplan.solver.core.termination import Stops, TimeLimit, WorkBudget, on_interrupt
+from pipeplan.solver.exact.bound_model import SIGNED_AUX, model_rows
+from pipeplan.solver.exact.phases import ExactPhases
+from pipeplan.solver.exact.solve import refuse_free_sizes, solve_exact
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.space.arcs import ExactData
 
 DEFAULT_NODES = 200_000
 """HiGHS branch-and-bound nodes per ``ilp`` solve (all its MILP solves together)."""
@@ -71,10 +69,12 @@ class MilpModel:
     """The lower-bound model in PuLP, times scaled by ``unit`` seconds."""
 
     def __init__(self, data: ExactData, backend: str = "highs", seed: int = 0,
-                 budget: WorkBudget | None = None) -> None:
+                 budget: WorkBudget | None = None, stops: Stops | None = None) -> None:
         self.backend, self.seed = backend, seed
         self.budget = budget
         """HiGHS branch-and-bound nodes for all the solves of the cut loop (HiGHS only), or ``None``."""
+        self.stops = stops if stops is not None else Stops()
+        """Where what cut a solve short is noted (the solve's record)."""
         self.unit = max(data.static_bound, 1e-12)  # scale times to about 1 for the solver's tolerances
         self.prob = pulp.LpProblem("pipeplan_bound", pulp.LpMinimize)
         # x[i]: candidate stage (arc) i is in the configuration
@@ -106,6 +106,9 @@ class MilpModel:
             signed = name.startswith(SIGNED_AUX)
             self.aux[name] = pulp.LpVariable(name, lowBound=None if signed else 0)
         return self.aux[name]
+
+    def hint(self, arc_ids: Sequence[int]) -> None:
+        """No warm start: the cut loop's cutoff already holds the incumbent's time."""
 
     def exclude(self, arc_ids: Sequence[int]) -> None:
         self.cuts += 1
@@ -190,9 +193,8 @@ class MilpModel:
             return "feasible", chosen, bound
         return "unknown", None, bound
 
-    @staticmethod
-    def _run(h) -> None:
-        """``h.run()``, cancelled at an interrupt; notes in the open watches what cut it short (HiGHS's own model status)."""
+    def _run(self, h) -> None:
+        """``h.run()``, cancelled at an interrupt; notes in :attr:`stops` what cut it short (HiGHS's own model status)."""
         import highspy
 
         with on_interrupt(h.cancelSolve):
@@ -201,7 +203,7 @@ class MilpModel:
                highspy.HighsModelStatus.kSolutionLimit: "budget", highspy.HighsModelStatus.kIterationLimit: "budget"}
         reason = cut.get(h.getModelStatus())
         if reason is not None:
-            note(reason)
+            self.stops.note(reason)
 
     def _solve_cbc(self, limit: float):
         solver = pulp.PULP_CBC_CMD(msg=False, timeLimit=limit, gapRel=0.0, threads=1,
@@ -212,55 +214,58 @@ class MilpModel:
             return "optimal", self._chosen(), self.T.value() * self.unit
         if status == pulp.LpStatusInfeasible or sol == pulp.LpSolutionInfeasible:
             return "infeasible", None, None
-        note("time")  # neither proved nor refuted: CBC's only limit is the clock
+        self.stops.note("time")  # neither proved nor refuted: CBC's only limit is the clock
         if sol == pulp.LpSolutionIntegerFeasible:
             return "feasible", self._chosen(), None  # CBC via PuLP does not return its bound
         return "unknown", None, None
 
 
-@register("ilp")
-class IlpSolver:
-    """Exact planner: a MILP lower-bound model iterated with no-good cuts (HiGHS or CBC)."""
+class IlpSolver(Solver):
+    """Exact planner: a MILP lower-bound model iterated with no-good cuts (HiGHS or CBC).
+
+    ``phases`` are the phases run around the model (:class:`pipeplan.solver.exact.phases.ExactPhases`;
+    by default the class bound and the walk alone, :mod:`pipeplan.solver.portfolio` lists what
+    the registered ``ilp`` runs).
+    """
 
     name = "ilp"
     source = "pipeplan: MILP bound model + simulation + no-good cuts (PuLP, HiGHS/CBC)"
-
-    budget_unit = "HiGHS branch-and-bound nodes (version-2 schedules: simulations)"
+    budget_unit = "HiGHS branch-and-bound nodes"
     default_budget = DEFAULT_NODES
     proves = True
-    schedules = PLANNED_SCHEDULES
+    settings = ("backend",)
 
-    def __init__(self, backend: str = "highs", enumerate_first: bool = True) -> None:
+    def __init__(self, backend: str = "highs", enumerate_first: bool = True, phases: ExactPhases = ExactPhases()) -> None:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
         self.enumerate_first = enumerate_first
         """Walk the configurations before the model (:mod:`pipeplan.solver.exact.enumeration`); off: the model loop only."""
+        self.phases = phases
+        """The phases run around the model, with their counted budgets."""
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
-              budget: float | None = None) -> SolverResult:
-        """Plan ``problem`` exactly; see :mod:`pipeplan.solver.exact.solve` for the method and its proof.
-
-        ``budget``: HiGHS branch-and-bound nodes over all the MILP solves (default
-        :data:`DEFAULT_NODES`; CBC takes no budget, only the time limit).
-
-        A version-2 schedule goes to :func:`pipeplan.solver.portfolio.solve_v2_exact` (``budget``:
-        simulations, default :data:`pipeplan.solver.exact.virtual_search.DEFAULT_SIMULATIONS`).
+    def check(self, problem: PlanningProblem) -> None:
+        """As :meth:`Solver.check`, and refuse microbatch sizes as decisions (the MILP plans ``M`` equal ones).
 
         Raises
         ------
         InputError
-            With ``auto_microbatches`` or ``per_stage``: the MILP plans equal
-            microbatches only (use ``cpsat``, ``cpsat-split`` or ``nsga``).
+            With ``auto_microbatches`` or ``per_stage``.
         """
-        if problem.is_v2:
-            return solve_v2_exact(self.name, problem, time_limit, seed, budget)
-        if problem.auto_microbatches or problem.per_stage:
-            raise InputError("-", "--solver", "ilp plans M equal microbatches only; for --microbatches auto "
-                                              "or --per-stage use cpsat (exact), cpsat-split or nsga")
-        work = WorkBudget(budget or DEFAULT_NODES) if self.backend == "highs" else None
-        phases = budget_work(budget, DEFAULT_NODES)  # --budget scales every phase alike (CBC: only them)
-        return solve_exact(problem, self.name, lambda data: MilpModel(data, self.backend, seed, work),
-                           time_limit=time_limit, seed=seed, details={"backend": self.backend, "work": asdict(phases)},
-                           enumerate_first=self.enumerate_first, build_seconds_per_arc=BUILD_SECONDS_PER_ARC,
-                           work=phases)
+        super().check(problem)
+        refuse_free_sizes(self.name, problem)
+
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
+        """Plan ``problem`` exactly; see :mod:`pipeplan.solver.exact.solve` for the method and its proof.
+
+        ``budget``: HiGHS branch-and-bound nodes over all the MILP solves (CBC takes no budget,
+        only the time limit); it also scales every phase's counted budget by itself over
+        :data:`DEFAULT_NODES`.
+        """
+        work = budget if self.backend == "highs" else None
+        phases = self.phases.scaled(budget.units / DEFAULT_NODES)  # --budget scales every phase alike (CBC: only them)
+        return solve_exact(problem, self.name, lambda data: MilpModel(data, self.backend, seed, work, clock.stops),
+                           clock=clock, seed=seed, phases=phases,
+                           details={"backend": self.backend, "work": phases.counts()},
+                           enumerate_first=self.enumerate_first, build_seconds_per_arc=BUILD_SECONDS_PER_ARC)

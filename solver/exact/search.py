@@ -31,7 +31,7 @@ cutoff."""
 
 @dataclass
 class Search:
-    """The cut loop's state: incumbent, bounds, trace."""
+    """The cut loop's state: incumbent, bounds, trace, and which phase found each."""
 
     problem: PlanningProblem
     clock: TimeLimit
@@ -40,19 +40,29 @@ class Search:
     bound: float = 0.0
     pool: float = math.inf
     trace: list[TracePoint] = field(default_factory=list)
+    phase: str = ""
+    """The phase running now: what :meth:`offer` and :meth:`raise_bound` credit unless told otherwise."""
+    plan_by: str = ""
+    """The phase that found the incumbent."""
+    bound_by: str = ""
+    """The phase that proved the bound."""
 
-    def offer(self, plan: Plan) -> None:
+    def offer(self, plan: Plan, by: str | None = None) -> None:
+        """Simulate ``plan``; it becomes the incumbent when it fits and is faster (credited to ``by``, else :attr:`phase`)."""
         if not self.problem.in_search_space(plan):
             return
         sim = simulate(plan, self.problem.graph, self.problem.cluster, validate=False)
         if sim.fits and sim.iteration_time < self.best_time:
             self.best_plan, self.best_time = plan, sim.iteration_time
+            self.plan_by = by or self.phase
             self.record()
 
-    def raise_bound(self, value: float) -> None:
+    def raise_bound(self, value: float, by: str | None = None) -> None:
+        """Raise the bound to ``value`` (capped by the incumbent and the pool), credited to ``by``, else :attr:`phase`."""
         value = min(value, self.best_time, self.pool)
         if value > self.bound:
             self.bound = value
+            self.bound_by = by or self.phase
             self.record()
 
     def record(self) -> None:

@@ -15,14 +15,16 @@ on (:mod:`pipeplan.solver.space.stage_options`); the candidate stages (:mod:`pip
 and their table (:mod:`pipeplan.solver.exact.data`); the bounds
 (:mod:`pipeplan.solver.bounds.terms`) and the model made of them (:mod:`pipeplan.solver.exact.bound_model`);
 placements (:mod:`pipeplan.solver.space.placements`); the search state
-(:mod:`pipeplan.solver.exact.search`); and the plans of other solvers
-(:mod:`pipeplan.solver.exact.incumbents`).  This module runs the loop: :func:`solve_exact`.
+(:mod:`pipeplan.solver.exact.search`); and the phases that run around the model
+(:mod:`pipeplan.solver.exact.phases`, passed in: :mod:`pipeplan.solver.portfolio` lists
+those of the registered solvers).  This module runs the loop: :func:`solve_exact`.
 
 Work, not time
 --------------
-Every phase stops on counted work (:class:`ExactWork`, and the model's own budget), so a
-solve gives the same plan and record on any machine; the time limit is only a cap over
-all of them, and when it cuts a phase the open watch notes it (``stopped_by: time``).
+Every phase stops on counted work (:class:`pipeplan.solver.exact.phases.ExactPhases`, and
+the model's own budget), so a solve gives the same plan and record on any machine; the
+time limit is only a cap over all of them, and when it cuts a phase the solve's clock
+notes it (``stopped_by: time``).
 
 Exactness of the loop
 ---------------------
@@ -41,20 +43,18 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from pipeplan.models.errors import InputError
 from pipeplan.solver.space.arcs import ExactData
 from pipeplan.solver.exact.bound_model import LowerBoundModel
-from pipeplan.solver.bounds.class_bound import class_bound
 from pipeplan.solver.exact.enumeration import enumerate_configurations
 from pipeplan.solver.exact.data import build_data
-from pipeplan.solver.exact.work import ExactWork, current_work
-from pipeplan.solver.heuristics.group_search import group_search
-from pipeplan.solver.exact.incumbents import improve_with_ga, offer_fast_plans, warm_start_plans
+from pipeplan.solver.exact.phases import ExactPhases, Phase
 from pipeplan.solver.bounds.infeasibility import tightest_constraint
 from pipeplan.solver.space.placements import plan_config
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.exact.search import Search, evaluate
-from pipeplan.solver.core.termination import TimeLimit, WorkBudget, note
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget
 
 MODEL_TOL = 1e-7
 """Relative amount a model solver's optimum is lowered by before it counts as a bound: a MILP
@@ -74,13 +74,22 @@ BUILD_OVERRUN_SECONDS = 0.5
 """Overrun of the time left that a model build may cause (so small models, built in milliseconds,
 are built as before whatever the machine's speed)."""
 
-CLASS_BOUND_SHARE = 0.2
-"""Most of the time limit :func:`pipeplan.solver.bounds.class_bound.class_bound` may take (it runs a fixed number of
-steps, about 2 s at 256 to 4,096 devices; the share only cuts it short under short limits)."""
-
 CBC_RESERVE = 0.3
-"""Share of the time limit a model solver without a work budget (CBC) leaves to the slow baselines
-and NSGA-II: its cut loop runs on the clock alone (so its record says ``time`` unless proved)."""
+"""Share of the time limit a model solver without a work budget (CBC) leaves to the late incumbents
+and the improvement phases: its cut loop runs on the clock alone (so its record says ``time`` unless proved)."""
+
+
+def refuse_free_sizes(name: str, problem: PlanningProblem) -> None:
+    """Refuse a problem whose microbatch sizes are decisions: the exact models plan ``M`` equal microbatches.
+
+    Raises
+    ------
+    InputError
+        With ``auto_microbatches`` or ``per_stage``, in one line.
+    """
+    if problem.free_sizes:
+        raise InputError("-", "--solver", f"{name} plans M equal microbatches only; for --microbatches auto or "
+                                          f"--per-stage use a solver that chooses the splits (pipeplan plan --help)")
 
 
 def _infeasible_message(data: ExactData) -> str:
@@ -97,55 +106,62 @@ def _result(name, search: Search, data: ExactData, clock: TimeLimit, seed, statu
             return SolverResult(name, "infeasible", None, None, None, clock.elapsed(), seed, tuple(search.trace),
                                 _infeasible_message(data), details)
         return SolverResult(name, "timeout-no-solution", None, None, search.bound or None, clock.elapsed(), seed,
-                            tuple(search.trace), "time limit reached before a fitting plan was found", details)
+                            tuple(search.trace), "time limit reached before a fitting plan was found", details,
+                            bound_by=search.bound_by if search.bound else "")
     proved = search.proved()  # up to OPT_TOL: the bound stays the proved one (see OPT_TOL)
     search.record()
     message = "" if proved else "time limit reached; the gap is not closed"
     return SolverResult(name, "optimal" if proved else "feasible", search.best_plan, search.best_time,
-                        search.bound, clock.elapsed(), seed, tuple(search.trace), message, details)
+                        search.bound, clock.elapsed(), seed, tuple(search.trace), message, details,
+                        plan_by=search.plan_by, bound_by=search.bound_by)
+
+
+def _run_phases(phases: tuple[Phase, ...], problem: PlanningProblem, search: Search, clock: TimeLimit, seed: int,
+                details: dict) -> None:
+    """Run ``phases`` in order, each credited for what it finds; their facts go to ``details``."""
+    for phase in phases:
+        search.phase = phase.name
+        details.update(phase.run(problem, search, clock, seed))
 
 
 def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[ExactData], LowerBoundModel], *,
-                time_limit: float, seed: int, details: dict | None = None, enumerate_first: bool = True,
-                build_seconds_per_arc: float = BUILD_SECONDS_PER_ARC, work: ExactWork | None = None) -> SolverResult:
-    """Run the configuration walk, then the cut loop described in the module docstring; report the result.
+                clock: TimeLimit, seed: int, phases: ExactPhases, details: dict | None = None,
+                enumerate_first: bool = True, build_seconds_per_arc: float = BUILD_SECONDS_PER_ARC) -> SolverResult:
+    """Run the phases, the configuration walk, then the cut loop described in the module docstring; report the result.
 
-    Every phase runs its counted ``work`` (:class:`ExactWork`; the model's own budget is held by
-    ``make_model``'s model); ``time_limit`` is only the cap over all of them.  With
-    ``enumerate_first`` (the default) :func:`pipeplan.solver.exact.enumeration.enumerate_configurations`
-    first walks the configurations directly; when it finishes, the incumbent is proved optimal
-    without the model.  Otherwise the model's cut loop goes on from the improved incumbent,
-    unless the model is too large (:data:`MAX_MODEL_ARCS`), or its build, which no clock can
-    interrupt (``build_seconds_per_arc``), would outlast the cap.
+    Every phase runs its counted budget (``phases``; the model's own budget is held by
+    ``make_model``'s model); ``clock`` is only the cap over all of them.  The bound phases run
+    first, then the incumbent phases.  With ``enumerate_first`` (the default)
+    :func:`pipeplan.solver.exact.enumeration.enumerate_configurations` then walks the
+    configurations directly; when it finishes, the incumbent is proved optimal without the
+    model.  Otherwise the model's cut loop goes on from the improved incumbent, unless the model
+    is too large (:data:`MAX_MODEL_ARCS`), or its build, which no clock can interrupt
+    (``build_seconds_per_arc``), would outlast the cap.  The late incumbent phases run when
+    the model cannot settle the problem, and the improvement phases after an unproved one.
+    The record names the phases that found the plan (``plan_by``) and the bound (``bound_by``).
     """
-    work = work or current_work()
     details = dict(details or {})
-    clock = TimeLimit(time_limit).start()
     search = Search(problem, clock)
-    # first: at scale the plans' phases spend the whole clock; its steps are counted, the share caps short limits
-    bound_clock = TimeLimit(CLASS_BOUND_SHARE * time_limit).start()
-    search.raise_bound(class_bound(problem, bound_clock))
-    if bound_clock.expired():
-        note("time")  # the cap cut the bound's counted steps: the bound depends on the machine
-    # group-search next, with what is left of the limit and its own counted budget: uncut by the
-    # clock, its plans are those the ``group-search`` solver returns, so the exact solvers are never worse
-    heuristic = group_search(problem, clock.remaining(), evaluations=work.patterns)
-    details["group_search_stopped_by_time_limit"] = heuristic.stopped_by_time
-    for judged in heuristic.plans:
-        search.offer(judged.plan)
-    offer_fast_plans(problem, search, seed, clock, work.greedy_after_fit)
-    # The slow DP baselines too: an exact solver must never return a plan worse than a
-    # baseline would, even when the model does not reach a solution.  They run after the
-    # model when it is built (a proof makes them moot).
+    # first the bounds: at scale the plans' phases spend the whole clock; their steps are counted
+    _run_phases(phases.bound, problem, search, clock, seed, details)
+    # then the incumbents, each with its own counted budget: uncut by the clock, their plans are those
+    # the solvers they run return, so the exact solvers are never worse than those
+    _run_phases(phases.incumbents, problem, search, clock, seed, details)
+    # The slow incumbents too: an exact solver must never return a plan worse than such a search
+    # would, even when the model does not reach a solution.  They run after the model when it is
+    # built (a proof makes them moot).
     slow_done = False
 
     def run_slow() -> None:
         nonlocal slow_done
         if not slow_done:
             slow_done = True
-            for slow_plan in warm_start_plans(problem, seed, clock, slow=True):
-                search.offer(slow_plan)
+            _run_phases(phases.late_incumbents, problem, search, clock, seed, details)
 
+    def improve() -> None:
+        _run_phases(phases.improvement, problem, search, clock, seed, details)
+
+    search.phase = "static bound"
     data = build_data(problem, search.cutoff(), clock)
     too_big = len(data) > MAX_MODEL_ARCS  # no model; the configuration walk may still run
     if not data.complete or (too_big and not enumerate_first):
@@ -156,19 +172,21 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     if not data.complete or clock.expired() or (too_big and not enumerate_first):
         run_slow()
         # out of time, or a model too large to build: only the model-free bound holds
-        search.raise_bound(data.static_bound)
-        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
+        search.raise_bound(data.static_bound, by="static bound")
+        improve()
         return _result(name, search, data, clock, seed, "unknown", 0, 0, details)
-    search.raise_bound(data.static_bound if len(data) else search.best_time)
+    search.raise_bound(data.static_bound if len(data) else search.best_time, by="static bound")
     L = len(problem.graph)
     if not (data.table["lo"] == 0).any() or not (data.table["hi"] == L).any():
         # no candidate stage can start or end the pipeline below the cutoff
-        search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf)
+        search.raise_bound(search.cutoff() if search.best_plan is not None else math.inf, by="candidate stages")
         if not search.proved():
             run_slow()
         return _result(name, search, data, clock, seed, "infeasible", 0, 0, details)
     if enumerate_first:
-        walk = enumerate_configurations(data, search, clock, WorkBudget(work.prefixes), WorkBudget(work.table_cells))
+        search.phase = phases.walk.name
+        walk = enumerate_configurations(data, search, clock, WorkBudget(phases.walk.prefixes, stops=clock.stops),
+                                        WorkBudget(phases.walk.table_cells, stops=clock.stops))
         details.update(enumeration="complete" if walk.complete else "skipped" if walk.skipped else "stopped",
                        enumeration_prefixes=walk.prefixes,
                        enumeration_leaves=walk.leaves, enumeration_passes=walk.passes,
@@ -184,21 +202,22 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
     if too_big or clock.remaining() <= build:
         # no model: too big to build, or the build would outlast the cap; the walk's bound stands
         if not too_big:
-            note("time")
+            clock.stops.note("time")
         run_slow()
-        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
+        improve()
         return _result(name, search, data, clock, seed, "model not built", 0, 0, details)
+    search.phase = f"{name} model"
     model = make_model(data)
-    # a model without a work budget (CBC) runs on the clock: leave the slow baselines and NSGA-II a share
-    reserve = CBC_RESERVE * time_limit if getattr(model, "budget", None) is None else 0.0
+    # a model without a work budget (CBC) runs on the clock: leave the late incumbents and improvement a share
+    reserve = CBC_RESERVE * clock.seconds if model.budget is None else 0.0
     iterations = cuts = 0
     hint = plan_config(data, search.best_plan) if search.best_plan is not None else None
-    if hint is not None and hasattr(model, "hint"):
+    if hint is not None:
         model.hint(hint)
     status = "unknown"
     while not search.proved():
         if clock.remaining() <= reserve:
-            note("time")
+            clock.stops.note("time")
             break
         iterations += 1
         status, arc_ids, model_bound = model.solve(search.cutoff(), clock.remaining() - reserve)
@@ -215,5 +234,5 @@ def solve_exact(problem: PlanningProblem, name: str, make_model: Callable[[Exact
         cuts += 1
     if not search.proved():
         run_slow()
-        improve_with_ga(problem, search, clock, seed, work.ga_rounds, work.ga_generations)
+        improve()
     return _result(name, search, data, clock, seed, status, iterations, cuts, details)

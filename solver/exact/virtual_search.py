@@ -1,8 +1,10 @@
-"""Planning for a version-2 schedule: a best-first search over candidates, proved by the bounds.
+"""``virtual-bnb``: a best-first search over the candidates of a version-2 schedule, proved by the bounds.
 
-Used by ``ilp`` and ``cpsat`` for ``interleaved-1f1b``, ``interleaved-zb``,
-``looped-bfs`` and ``zbv`` (their MILP and CP-SAT models describe one stage per device)
-and, on a restricted space, by ``group-search``.
+The exact algorithm for ``interleaved-1f1b``, ``interleaved-zb``, ``looped-bfs`` and
+``zbv`` (:class:`VirtualBnB`; ``ilp`` and ``cpsat`` run it for those schedules, as their
+MILP and CP-SAT models describe one stage per device group, and their records say so).
+On a restricted space :func:`solve_v2` is also ``group-search``'s version-2 form, and over
+a baseline's proposals its interleaved form.
 
 Method.  Every candidate of :mod:`pipeplan.solver.space.virtual_space` without recompute (``v``,
 device groups, stage boundaries) gets its lower bound
@@ -31,17 +33,19 @@ from __future__ import annotations
 
 import heapq
 import math
-import time
+from dataclasses import dataclass, replace
 from typing import Callable
 
+from pipeplan.models.errors import InputError
+from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.evaluation.simulator import Simulation
-from pipeplan.solver.core.termination import WorkBudget, past
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.bounds.virtual_bound import Bounder, space_bound
-from pipeplan.solver.space.virtual_space import (Candidate, boundary_choices, candidates, empty_space, flags_exhaustive,
-                                      group_choices, recompute_variants, to_plan)
+from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, boundary_choices, candidates, empty_space,
+                                                flags_exhaustive, group_choices, recompute_variants, to_plan)
 
 MAX_CANDIDATES = 40_000
 """Most candidates listed and bounded; a larger space is not proved (its bound is the cluster-wide one)."""
@@ -54,7 +58,7 @@ BOUND_TOL = 1e-9
 add the same durations in different orders, so their roundings differ by about 1e-15."""
 
 
-def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: float
+def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: TimeLimit
           ) -> tuple[list[tuple[float, tuple[int, int], Candidate]], bool]:
     """``(bound, order, candidate)`` for each candidate without recompute that may fit, as a heap; and whether
     all were listed."""
@@ -69,7 +73,7 @@ def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, dea
     return pool, True
 
 
-def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: int,
+def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int,
              budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
              proves: bool = True, evaluate: Callable[[Plan], Simulation] | None = None,
              incumbent: tuple[Plan, float] | None = None) -> SolverResult:
@@ -81,12 +85,12 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
         A problem whose schedule is a named version-2 one, with ``M`` equal microbatches.
     name : str
         The solver's name, for the record.
-    time_limit : float
-        Wall-clock cap in seconds (``stopped_by: time`` when it cuts the search).
+    clock : TimeLimit
+        The wall-clock cap (``stopped_by: time`` when it cuts the search).
     seed : int
         Recorded; the search itself is deterministic.
     budget : WorkBudget, optional
-        Simulations (default :data:`DEFAULT_SIMULATIONS`).
+        Simulations (default :data:`DEFAULT_SIMULATIONS`, noted in ``clock``'s record when spent).
     boundaries : callable
         ``boundaries(layers, stages)``: the stage ranges to try (all by default).
     groupings : callable
@@ -103,9 +107,8 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     SolverResult
         ``optimal`` only when proved; the bound is valid over the whole space.
     """
-    started = time.perf_counter()
-    deadline = started + time_limit
-    budget = budget or WorkBudget(DEFAULT_SIMULATIONS)
+    deadline = clock
+    budget = budget or WorkBudget(DEFAULT_SIMULATIONS, stops=clock.stops)
     evaluate = evaluate or problem.evaluate
     bounder = Bounder(problem)
     pool, listed = _pool(problem, bounder, boundaries, groupings, deadline)
@@ -132,8 +135,8 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
             continue
         if result.iteration_time < best_time:
             best, best_time = to_plan(problem, candidate), result.iteration_time
-            trace.append(TracePoint(time.perf_counter() - started, best_time, None))
-    wall = time.perf_counter() - started
+            trace.append(TracePoint(clock.elapsed(), best_time, None))
+    wall = clock.elapsed()
     details = {"method": "best-first search over v, device groups, boundaries and recompute, pruned by "
                          "the version-2 bounds", "candidates": listed_count, "listed_all": listed,
                "simulations": simulated, "budget_unit": "simulations", "finished": finished}
@@ -155,3 +158,68 @@ def solve_v2(problem: PlanningProblem, name: str, *, time_limit: float, seed: in
     why = "the search space was too large to list (or its recompute flags)" if not listed else \
         "the search stopped before the bounds met the incumbent" if proves else "a restricted search proves nothing"
     return SolverResult(name, "feasible", best, best_time, bound, wall, seed, tuple(trace), why, details)
+
+
+@dataclass(frozen=True)
+class StartPhase:
+    """A search run before :class:`VirtualBnB`'s own, for its incumbent, on a share of the budget."""
+
+    solver: Solver
+    """The search (over the same problem; its plan must lie in the space)."""
+    share: float
+    """Most of the simulation budget it may spend (the rest is the best-first search's)."""
+
+
+class VirtualBnB(VirtualSolver):
+    """``virtual-bnb``: the best-first search of the module docstring, from the plans of its start phases.
+
+    The phases (:class:`StartPhase`, listed by :mod:`pipeplan.solver.portfolio`) are split by
+    counted simulations, never by the clock, so the plan does not depend on the machine's
+    speed; the time limit caps them all (``stopped_by: time`` when it cuts any).  The
+    record's ``plan_by`` names the phase that found the plan; ``bound_by`` is this search.
+    """
+
+    name = "virtual-bnb"
+    source = ("pipeplan: best-first search over v, device groups, stage boundaries and recompute, pruned and "
+              "proved by the version-2 bounds")
+    proves = True
+    budget_unit = "simulations"
+    default_budget = DEFAULT_SIMULATIONS
+
+    def __init__(self, start: tuple[StartPhase, ...] = ()) -> None:
+        self.start = start
+        """The phases run first for an incumbent, in order."""
+
+    def check(self, problem: PlanningProblem) -> None:
+        """As :meth:`VirtualSolver.check`, and refuse ``auto_microbatches``.
+
+        Raises
+        ------
+        InputError
+            With ``auto_microbatches``: the search plans ``M`` equal microbatches.
+        """
+        super().check(problem)
+        if problem.auto_microbatches:
+            raise InputError("-", "--microbatches", f"{self.name} plans {problem.schedule} for M equal microbatches "
+                                                    f"only (every stage splits alike); give a number instead of auto")
+
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
+        """The start phases, each on its share of ``budget``, then the search over the whole space from their best plan."""
+        total, spent = budget.units, 0
+        incumbent, plan_by, ran = None, self.name, []
+        for phase in self.start:
+            # the phase spending its share is not the solve's stop: its clock and interrupts are
+            within = clock.phase(clock.seconds)
+            found = phase.solver.solve(problem, time_limit=clock.seconds, seed=seed,
+                                       budget=max(1.0, phase.share * total), within=within)
+            spent += found.details["simulations"]
+            ran.append([phase.solver.name, found.status, found.iteration_time])
+            if found.plan is not None and (incumbent is None or found.iteration_time < incumbent[1]):
+                incumbent, plan_by = (found.plan, found.iteration_time), phase.solver.name
+        work = WorkBudget(max(1.0, total - spent), stops=clock.stops)
+        full = solve_v2(problem, self.name, clock=clock, seed=seed, budget=work, incumbent=incumbent)
+        details = dict(full.details, simulations=full.details["simulations"] + spent, start_phases=ran)
+        improved = incumbent is None or full.plan is not incumbent[0]
+        return replace(full, wall_time=clock.elapsed(), details=details,
+                       plan_by=self.name if improved else plan_by)

@@ -51,7 +51,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
-import time
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
@@ -63,13 +62,13 @@ from pipeplan.solver.space.device_classes import DeviceClass, device_classes
 from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
 from pipeplan.solver.evaluation.memory import range_peak_memory, settle_borderline, stash_points
 from pipeplan.solver.bounds.path_floor import StageTerms, path_floor, stage_terms
-from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.schedules.schedule import Action, stage_actions
 from pipeplan.solver.evaluation.simulator import GroupCost, PlanCosts, StageLinks
-from pipeplan.solver.core.termination import past
-from pipeplan.solver.portfolio import solve_v2_heuristic
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
+from pipeplan.solver.formats.plan import Plan
 
 EVALUATIONS = 400
 """Patterns built and simulated, best estimate first."""
@@ -476,7 +475,7 @@ def _judge_all(problem: PlanningProblem, costs: _Costs, proposals: Sequence[tupl
 
 
 def _build_patterns(problem: PlanningProblem, costs: _Costs, ranked: Sequence[tuple[float, int, tuple[Block, ...]]],
-                    keep: int, deadline: float, on_best: Callable[[float], None]
+                    keep: int, deadline: TimeLimit, on_best: Callable[[float], None]
                     ) -> tuple[list[tuple[float, int, tuple[Bounds, Groups]]], bool]:
     """Build and time the ranked patterns, best estimate first: ``(time, rank, proposal)`` sorted, and whether time ran out.
 
@@ -548,7 +547,7 @@ class _GroupTable:
                          self.problem.global_batch)
 
 
-def refine(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
+def refine(problem: PlanningProblem, judged: Judged, deadline: TimeLimit, costs: "_Costs | None" = None) -> Judged:
     """Move single stage boundaries by :data:`MOVES` layers while the simulated time improves.
 
     Sweeps the boundaries in order, keeping every move that helps, until a whole sweep
@@ -666,7 +665,7 @@ def _reshaped_bounds(problem: PlanningProblem, costs: _Costs, stages: Stages, gr
                  + [b for b, _ in stages[len(stages) - kept_after:]])
 
 
-def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_Costs | None" = None) -> Judged:
+def reshape(problem: PlanningProblem, judged: Judged, deadline: TimeLimit, costs: "_Costs | None" = None) -> Judged:
     """Change the plan's shape one step at a time (:func:`reshapes`) while the simulated time improves.
 
     Every shape one step away is split (:func:`_reshaped_bounds`) and simulated; the
@@ -702,7 +701,7 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: float, costs: "_
     return best
 
 
-def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluations: int = EVALUATIONS,
+def group_search(problem: PlanningProblem, clock: TimeLimit, *, evaluations: int = EVALUATIONS,
                  refine_top: int = REFINE, reshape_top: int = RESHAPE) -> GroupSearchRun:
     """Search pipelines of equal replica groups (see the module docstring).
 
@@ -710,8 +709,8 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     ----------
     problem : PlanningProblem
         The problem (its equal split is used; the plans are in every solver's space).
-    time_limit : float
-        Seconds; the search stops early when it runs out.
+    clock : TimeLimit
+        The cap; the search stops early when it runs out (noted in its record).
     evaluations, refine_top, reshape_top : int
         Patterns built, plans refined and plans reshaped (the budget that makes the result
         machine-independent).
@@ -723,11 +722,10 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
 
     Examples
     --------
-    >>> run = group_search(problem, time_limit=5.0)  # doctest: +SKIP
+    >>> run = group_search(problem, TimeLimit(5.0))  # doctest: +SKIP
     >>> run.plans[0].result.iteration_time  # doctest: +SKIP
     """
-    start = time.perf_counter()
-    deadline = start + time_limit
+    deadline = clock
     classes = _classes(problem)
     costs = _Costs(problem, classes)
     ranked, stopped = [], False
@@ -740,7 +738,7 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
     trace: list[TracePoint] = []
     built, cut = _build_patterns(
         problem, costs, ranked[:evaluations], refine_top, deadline,
-        lambda t: trace.append(TracePoint(time.perf_counter() - start, t, None)))
+        lambda t: trace.append(TracePoint(clock.elapsed(), t, None)))
     stopped = stopped or cut
     refined = []
     for _, _, proposal in built[:refine_top]:
@@ -751,7 +749,7 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
             continue
         better = refine(problem, judged, deadline, costs)
         if better.result.iteration_time < min((r.result.iteration_time for r in refined), default=math.inf):
-            trace.append(TracePoint(time.perf_counter() - start, better.result.iteration_time, None))
+            trace.append(TracePoint(clock.elapsed(), better.result.iteration_time, None))
         refined.append(better)
     refined.sort(key=lambda j: j.result.iteration_time)
     incumbent = refined[0].result.iteration_time if refined else math.inf
@@ -762,35 +760,26 @@ def group_search(problem: PlanningProblem, time_limit: float = 60.0, *, evaluati
         refined[k] = reshape(problem, judged, deadline, costs)
         if refined[k].result.iteration_time < incumbent:
             incumbent = refined[k].result.iteration_time
-            trace.append(TracePoint(time.perf_counter() - start, incumbent, None))
+            trace.append(TracePoint(clock.elapsed(), incumbent, None))
     stopped = stopped or past(deadline)
     refined.sort(key=lambda j: j.result.iteration_time)
     return GroupSearchRun(tuple(refined), len(ranked), len(built), stopped, tuple(trace))
 
 
-@register("group-search")
-class GroupSearch:
+class GroupSearch(Solver):
     """Pipelines of equal replica groups: ranked patterns, balanced splits, refined boundaries."""
 
     name = "group-search"
     source = ("pipeplan's own heuristic: server-aligned replica groups per device class "
               "(AutoPipe-H's server-aware mapping, Hippie's pipeline + data parallelism)")
-
-    budget_unit = "patterns built (version-2 schedules: simulations)"
+    budget_unit = "patterns built"
     default_budget = EVALUATIONS
-    schedules = PLANNED_SCHEDULES
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
-              budget: float | None = None) -> SolverResult:
-        """Plan ``problem``; status ``feasible`` (no proof), or ``infeasible`` when no pattern fits.
-
-        A version-2 schedule goes to :func:`pipeplan.solver.portfolio.solve_v2_heuristic`.
-        """
-        if problem.is_v2:
-            return solve_v2_heuristic(problem, self.name, time_limit=time_limit, seed=seed, budget=budget)
-        start = time.perf_counter()
-        run = group_search(problem, time_limit, evaluations=int(budget or EVALUATIONS))
-        wall = time.perf_counter() - start
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
+        """Plan ``problem``; status ``feasible`` (no proof), or ``infeasible`` when no pattern fits."""
+        run = group_search(problem, clock, evaluations=int(budget.units))
+        wall = clock.elapsed()
         details = {"patterns": run.patterns, "evaluated": run.evaluated, "stopped_by_time_limit": run.stopped_by_time}
         if not run.plans:
             why = ("time limit reached before any pattern fitted" if run.stopped_by_time

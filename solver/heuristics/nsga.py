@@ -19,17 +19,17 @@ a device, flips recompute, moves samples between microbatches, or splits / merge
 Objectives (pymoo :class:`~pymoo.core.problem.Problem`, evaluated a population at a
 time by the batched simulator): iteration time and peak memory (largest per-device
 peak, bytes); one inequality constraint, the worst relative memory overuse (``<= 0``
-fits).  The population is seeded with the equal-split baselines, the split baselines
-and exact plans when the registry has them.  The search stops after ``generations``
-(same seed, same plan) or at the time limit, whichever comes first.
+fits).  The population is seeded with the plans its caller gives (:class:`Nsga`'s
+``seeding``; the registered ``nsga`` is seeded by :func:`pipeplan.solver.portfolio.nsga_seeds`:
+group-search, the baselines and the exact solvers' proved plans).  The search stops
+after ``generations`` (same seed, same plan) or at the time limit, whichever comes first.
 """
 
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import numpy as np
 from pymoo.algorithms.moo.nsga2 import NSGA2
@@ -42,27 +42,22 @@ from pymoo.util.nds.non_dominated_sorting import NonDominatedSorting
 
 from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate
 from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
-from pipeplan.solver.formats.plan import Plan, Stage, equal_split
-from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
-from pipeplan.solver.core.registry import register
+from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.core.termination import TimeLimit, note, watch
-from pipeplan.solver.heuristics.virtual_nsga import solve_v2_nsga
-from pipeplan.solver.core.warm_start import keep_better
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget
 
-__all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "run_nsga", "Nsga"]
+__all__ = ["Codec", "PlanProblem", "FrontPoint", "NsgaRun", "Seeding", "run_nsga", "Nsga"]
 
 MAX_POPULATION = 4096
 """Largest population: pymoo's duplicate check holds a population-squared distance matrix."""
 
 SEEDING_SHARE = 0.5
-"""Fraction of the time limit that caps the seeding, and each seeding solver in it (see :func:`seed_plans`):
-a cap over counted work, so only a machine slow enough to reach it changes the seeds.  At 64 layers x
-16 devices the exact seed's walk took 13 s on the loaded 2-core machine this was measured on."""
-
-SEEDING_PREFIXES = 20_000
-"""Prefixes the exact seeding solvers' configuration walk may expand (and they run no NSGA-II):
-their plans are used only when proved, and the walk proves the instances they prove within this."""
+"""Fraction of the time limit that caps the seeding, and each seeding solver in it (see
+:func:`pipeplan.solver.portfolio.nsga_seeds`): a cap over counted work, so only a machine slow enough
+to reach it changes the seeds.  At 64 layers x 16 devices the exact seed's walk took 13 s on the
+loaded 2-core machine this was measured on."""
 
 BIG = 1e30
 """Objective value of a deadlocking individual, and the clip of every time (pymoo needs finite numbers)."""
@@ -403,74 +398,12 @@ class NsgaRun:
                      if cut)
 
 
-def seed_plans(problem: PlanningProblem, *, seed: int, time_limit: float) -> list[tuple[str, Plan]]:
-    """Seeding plans: group-search, every equal-split and split baseline, and the exact solvers if registered.
+class Seeding(Protocol):
+    """Where a run's seed plans come from: ``seeding(problem, seed=, time_limit=, within=)`` -> ``[(name, plan)]``."""
 
-    Each seeding solver runs its own work budget with ``time_limit`` as its cap: the
-    same number for every one of them, never what is left of it, so that no solver's
-    search depends on how fast the ones before it ran.  The seeds then depend only on
-    the problem and the seed, unless a cap fires or ``time_limit`` passes before all
-    have run (the rest are skipped); the open :func:`~pipeplan.solver.core.termination.watch`
-    notes that, and the GA's record says ``stopped_by: time``.  An exact solver's plan
-    is used only when proved optimal (on larger instances the others seed it better), so
-    the exact ones run a smaller walk (:data:`SEEDING_PREFIXES`) and no NSGA-II.  The
-    baselines whose whole search would not fit the cap run only up to a problem size
-    (:func:`seeding_cells`), a count, so that no cap decides which seeds there are.
-    """
-    from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
-    from pipeplan.solver.exact.work import ExactWork, exact_work
-    from pipeplan.solver.core.registry import get_solver, solver_names
-
-    clock = TimeLimit(time_limit).start()
-    # (name, solver, problem, kind): kind "exact" needs a proof; "exact-equal" too, and one is enough
-    runs: list[tuple[str, object, PlanningProblem, str]] = []
-    if "group-search" in solver_names():  # equal replica groups: what large clusters want
-        runs.append(("group-search", get_solver("group-search"), problem.equal_split_problem(), "heuristic"))
-    cells = len(problem.graph) * len(problem.cluster.devices)
-    runs.extend((cls.name, cls(), problem, "heuristic") for cls in (*BASELINES, *SPLIT_BASELINES)
-                if cells <= seeding_cells(cls))
-    if "cpsat" in solver_names() and (problem.auto_microbatches or problem.per_stage):
-        # on small instances cpsat proves the best plan over every pipeline and split
-        runs.append(("cpsat", get_solver("cpsat"), problem, "exact"))
-    for name in ("cpsat", "ilp"):  # the largest count only: see solver.equal_splits for why not every count
-        if name in solver_names():
-            runs.append((name, get_solver(name), problem.equal_split_problem(), "exact-equal"))
-    out: list[tuple[str, Plan]] = []
-    for name, solver, sub, kind in runs:
-        if kind == "exact-equal" and any(k == "exact-equal" for _, _, k in out):
-            continue
-        if clock.expired():
-            break
-        try:
-            with exact_work(ExactWork(prefixes=SEEDING_PREFIXES, ga_rounds=0)):
-                result = solver.solve(sub, time_limit=time_limit, seed=seed)
-        except Exception:  # noqa: BLE001 - a failing or unfinished seed solver must not break the GA
-            continue
-        if result.plan is not None and (kind == "heuristic" or result.status == "optimal"):
-            out.append((name, result.plan, kind))
-    return [(name, plan) for name, plan, _ in out]
-
-
-def seeding_cells(cls: type) -> float:
-    """Largest layers x devices on which baseline ``cls`` seeds NSGA-II (``inf``: every size).
-
-    The equal-split baselines keep the sizes the exact search's incumbent uses them up to
-    (:data:`pipeplan.solver.exact.work.BASELINE_CELLS`).  A split baseline starts from the best
-    of every equal-split baseline, each given a share of its time (so the slowest decides
-    whether its clock cuts it): it seeds only where every equal-split baseline runs whole.
-
-    Examples
-    --------
-    >>> from pipeplan.solver.baselines import BASELINES, SPLIT_BASELINES
-    >>> seeding_cells(BASELINES[0]), seeding_cells(SPLIT_BASELINES[0])
-    (inf, 64)
-    """
-    from pipeplan.solver.baselines import SPLIT_BASELINES
-    from pipeplan.solver.exact.work import BASELINE_CELLS
-
-    if cls in SPLIT_BASELINES:
-        return min(BASELINE_CELLS.values())
-    return BASELINE_CELLS.get(cls.__name__, math.inf)
+    def __call__(self, problem: PlanningProblem, *, seed: int, time_limit: float,
+                 within: TimeLimit) -> list[tuple[str, Plan]]:
+        """Named fitting plans of ``problem``, found within ``time_limit`` seconds (cuts noted in ``within``)."""
 
 
 def _to_plan(problem: PlanningProblem, cand: Candidate) -> Plan:
@@ -479,9 +412,8 @@ def _to_plan(problem: PlanningProblem, cand: Candidate) -> Plan:
                                         zip(cand.bounds, cand.groups, cand.splits, cand.recompute)))
 
 
-def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int = 48, seed: int = 0,
-             time_limit: float = 60.0, seeds: Sequence[tuple[str, Plan]] | None = None,
-             first_seeds: Sequence[tuple[str, Plan]] = ()) -> NsgaRun:
+def run_nsga(problem: PlanningProblem, clock: TimeLimit, *, generations: int = 60, population: int = 48,
+             seed: int = 0, seeds: Sequence[tuple[str, Plan]] = (), seeding_cut: bool = False) -> NsgaRun:
     """NSGA-II on ``problem``; see the module docstring.
 
     Parameters
@@ -490,27 +422,20 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
         The problem (``per_stage``, ``split_counts`` shape chromosome B).
     generations, population : int
         NSGA-II's generation count and population size.
+    clock : TimeLimit
+        The cap (the generations are the budget); every generation run is noted in its
+        record as a budget spent.
     seed : int
         Seeds pymoo's random state (same seed, same run, when ``generations`` ends it).
-    time_limit : float
-        Wall seconds, seeding included: a cap (the generations are the budget).
-    seeds : sequence of (name, Plan), optional
-        Seed plans (default: :func:`seed_plans`, run inside ``time_limit``).
-    first_seeds : sequence of (name, Plan)
-        Plans put before the seeds (a warm start): with ``seeds=None`` the population then
-        holds them and :func:`seed_plans`' plans.
+    seeds : sequence of (name, Plan)
+        Plans of the first population, in order (the rest is random).
+    seeding_cut : bool
+        Whether the clock cut the search for ``seeds`` short (recorded in the run).
 
     Returns
     -------
     NsgaRun
     """
-    clock = TimeLimit(time_limit).start()
-    seeding_cut = False
-    if seeds is None:
-        with watch() as seeding:  # nested: what it sees still reaches the caller's watches
-            seeds = seed_plans(problem, seed=seed, time_limit=SEEDING_SHARE * time_limit)
-        seeding_cut = seeding.time_cut
-    seeds = [*first_seeds, *seeds]
     codec = Codec(problem)
     pymoo_problem = PlanProblem(codec)
     genes = list(dict.fromkeys(codec.encode(p).tobytes() for _, p in seeds))
@@ -525,7 +450,7 @@ def run_nsga(problem: PlanningProblem, *, generations: int = 60, population: int
             break
         algorithm.next()
     if not stopped:
-        note("budget")  # every generation ran
+        clock.stops.note("budget")  # every generation ran
     elif genes and not pymoo_problem.archive:  # stopped before the first generation: the seeds are what was found
         pymoo_problem.evaluate(np.array([np.frombuffer(g, dtype=int) for g in genes]))
     front = _front(problem, codec, pymoo_problem.archive)
@@ -559,44 +484,47 @@ def _front(problem: PlanningProblem, codec: Codec, archive: dict) -> tuple[Front
     return tuple(points)
 
 
-@register("nsga")
-class Nsga:
+class Nsga(Solver):
     """NSGA-II (pymoo) with UMPIPE's two chromosomes; returns the fastest fitting plan."""
 
     name = "nsga"
     source = "NSGA-II (Deb et al. 2002, pymoo) with UMPIPE's (TPDS'25) dual chromosome"
+    budget_unit = "generations"
+    warm_start = True
+    chooses_splits = True
+    settings = ("generations", "population")
 
-    def __init__(self, *, generations: int = 60, population: int = 48) -> None:
+    def __init__(self, *, generations: int = 60, population: int = 48, seeding: Seeding | None = None) -> None:
         self.generations = generations
-        """Generations to run."""
+        """Generations to run (the default budget)."""
         self.population = population
         """Population size."""
-
-    budget_unit = "generations"
-    schedules = PLANNED_SCHEDULES
+        self.seeding = seeding
+        """Where the first population's plans come from (``None``: a warm start and random individuals only)."""
 
     @property
     def default_budget(self) -> int:
         """The generations run without ``budget``."""
         return self.generations
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
-              budget: float | None = None, warm_start: Plan | None = None) -> SolverResult:
-        """Plan ``problem``: status ``feasible`` (nothing is proved), no lower bound.
+    def front(self, problem: PlanningProblem, clock: TimeLimit, *, generations: int, seed: int,
+              warm_start: Plan | None = None) -> NsgaRun:
+        """The whole run: :attr:`seeding`'s plans (in :data:`SEEDING_SHARE` of ``clock``) after ``warm_start``, then the GA."""
+        seeds = [("warm-start", warm_start)] if warm_start is not None else []
+        seeding_cut = False
+        if self.seeding is not None:
+            # a record of its own, whose cuts still reach the clock's
+            seeding_clock = TimeLimit(clock.seconds, started=clock.started, stops=clock.stops.nested())
+            seeds += self.seeding(problem, seed=seed, time_limit=SEEDING_SHARE * clock.seconds, within=seeding_clock)
+            seeding_cut = seeding_clock.stops.time_cut
+        return run_nsga(problem, clock, generations=generations, population=self.population, seed=seed, seeds=seeds,
+                        seeding_cut=seeding_cut)
 
-        ``budget`` (generations) replaces :attr:`generations`; ``warm_start`` joins the seeds.
-        A version-2 schedule goes to :func:`pipeplan.solver.heuristics.virtual_nsga.solve_v2_nsga`, and a
-        ``warm_start`` is kept when it is faster than its plan.
-        """
-        if problem.is_v2:
-            result = solve_v2_nsga(problem, self.name, generations=int(budget or self.generations),
-                                   population=self.population, time_limit=time_limit, seed=seed)
-            return result if warm_start is None else keep_better(problem, result, warm_start)
-        start = time.perf_counter()
-        warm = [("warm-start", warm_start)] if warm_start is not None else []
-        run = run_nsga(problem, generations=int(budget or self.generations), population=self.population, seed=seed,
-                       time_limit=time_limit, first_seeds=warm)
-        wall = time.perf_counter() - start
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
+        """Plan ``problem``: status ``feasible`` (nothing is proved), no lower bound; ``warm_start`` joins the seeds."""
+        run = self.front(problem, clock, generations=int(budget.units), seed=seed, warm_start=warm_start)
+        wall = clock.elapsed()
         details = {"generations": run.generations, "evaluations": run.evaluations, "front_size": len(run.front),
                    "stopped_by_time_limit": bool(run.time_cut), "time_cut": list(run.time_cut),
                    "seeds": list(run.seeds)}

@@ -1,4 +1,7 @@
-"""The restricted version-2 space of ``group-search``: equal device groups, balanced virtual stages.
+"""``group-search-virtual``: ``group-search`` for the version-2 schedules, over a restricted space.
+
+What ``group-search`` runs for a schedule whose device groups hold several stages
+(:class:`VirtualGroupSearch`), and the start phase of ``virtual-bnb``.
 
 The space of :mod:`pipeplan.solver.space.virtual_space` restricted the way group-search restricts
 version 1: the ``R`` groups are consecutive slices of equal width ``r`` of the devices
@@ -6,9 +9,9 @@ ranked fastest first (:func:`equal_groupings`, so a group
 keeps a server's devices together), for every ``r`` up to ``D // R``; the ``S`` stages
 are the even split of the layers (torchtitan's) and the split that balances the
 per-sample work ``b_f + b_b`` (cut where the prefix sum first reaches ``j/S`` of the
-total).  Every ``v`` the schedule takes is tried, recompute where it makes a plan fit.
-:func:`pipeplan.solver.portfolio.solve_v2_heuristic` searches it; ``ilp`` and ``cpsat``
-search it first for their incumbent.
+total).  Every ``v`` the schedule takes is tried, recompute where it makes a plan fit, by the
+best-first search of :func:`pipeplan.solver.exact.virtual_search.solve_v2` (proving
+nothing: the space is a part of the whole).
 """
 
 from __future__ import annotations
@@ -19,7 +22,11 @@ from typing import Iterator
 
 from pipeplan.solver.baselines.common import Bounds, Groups, rank_devices, split_groups
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.space.virtual_space import even_bounds
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget
+from pipeplan.solver.exact.virtual_search import DEFAULT_SIMULATIONS, solve_v2
+from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.space.virtual_space import VirtualSolver, even_bounds
 
 
 def balanced_bounds(work: list[float], stages: int) -> Bounds | None:
@@ -60,3 +67,19 @@ def equal_groupings(problem: PlanningProblem, groups: int) -> Iterator[Groups]:
     widths = range(1, len(ranked) // groups + 1) if problem.allow_replication else range(1, 2)
     for r in widths:
         yield split_groups(ranked, [r] * groups)
+
+
+class VirtualGroupSearch(VirtualSolver):
+    """``group-search-virtual``: the restricted space of the module docstring, searched best first."""
+
+    name = "group-search-virtual"
+    source = ("pipeplan's group-search for groups holding several stages: equal-width groups of the ranked "
+              "devices, even and work-balanced virtual stages")
+    budget_unit = "simulations"
+    default_budget = DEFAULT_SIMULATIONS
+
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
+        """Plan ``problem`` over the restricted space (``feasible`` at best: it proves nothing)."""
+        return solve_v2(problem, self.name, clock=clock, seed=seed, budget=budget,
+                        boundaries=heuristic_boundaries(problem), groupings=equal_groupings, proves=False)

@@ -1,4 +1,6 @@
-"""``nsga`` for the version-2 schedules: NSGA-II (pymoo) over structures, stage boundaries and recompute.
+"""``nsga-virtual``: NSGA-II (pymoo) over structures, stage boundaries and recompute, for the version-2 schedules.
+
+What ``nsga`` runs for a schedule whose device groups hold several stages (:class:`VirtualNsga`).
 
 An individual is a vector of ``2L`` reals in ``[0, 1)``, decoded into a candidate of
 :mod:`pipeplan.solver.space.virtual_space`:
@@ -21,7 +23,6 @@ proves nothing: ``feasible``, no lower bound.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,10 +33,11 @@ from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
-from pipeplan.solver.core.termination import note, past
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.schedules.schedule import num_stages
 from pipeplan.solver.heuristics.virtual_groups import equal_groupings
-from pipeplan.solver.space.virtual_space import Candidate, even_bounds, group_counts, schedule_accepts, to_plan, virtual_choices
+from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, even_bounds, group_counts, schedule_accepts,
+                                                to_plan, virtual_choices)
 
 
 @dataclass(frozen=True)
@@ -115,11 +117,10 @@ class V2Problem(Problem):
         out["G"] = np.array([[0.0 if fits else 1.0] for _, _, fits in rows])
 
 
-def solve_v2_nsga(problem: PlanningProblem, name: str, *, generations: int, population: int, time_limit: float,
+def solve_v2_nsga(problem: PlanningProblem, name: str, *, generations: int, population: int, clock: TimeLimit,
                   seed: int) -> SolverResult:
-    """NSGA-II of the module docstring; the fastest fitting plan it simulated."""
-    start = time.perf_counter()
-    deadline = start + time_limit
+    """NSGA-II of the module docstring; the fastest fitting plan it simulated (every generation run: noted as a budget spent)."""
+    deadline = clock
     decoder = Decoder(problem)
     if not decoder.structures:
         return heuristic_no_plan(problem, name, f"no group count of {problem.schedule} fits the layers and "
@@ -137,9 +138,9 @@ def solve_v2_nsga(problem: PlanningProblem, name: str, *, generations: int, popu
             break
         algorithm.next()
     if not stopped:
-        note("budget")  # every generation ran
+        clock.stops.note("budget")  # every generation ran
     fitting = [(t, c) for c, (t, _, fits) in pymoo_problem.archive.items() if fits and math.isfinite(t)]
-    wall = time.perf_counter() - start
+    wall = clock.elapsed()
     details = {"generations": max(int(algorithm.n_gen or 1) - 1, 0), "evaluations": len(pymoo_problem.archive),
                "structures": len(decoder.structures), "stopped_by_time_limit": stopped}
     if not fitting:
@@ -149,3 +150,29 @@ def solve_v2_nsga(problem: PlanningProblem, name: str, *, generations: int, popu
     plan: Plan = to_plan(problem, best)
     return SolverResult(name, "feasible", plan, best_time, None, wall, seed, (TracePoint(wall, best_time, None),),
                         "time limit reached before the last generation" if stopped else "", details)
+
+
+class VirtualNsga(VirtualSolver):
+    """``nsga-virtual``: what ``nsga`` runs for the version-2 schedules; returns the fastest fitting plan."""
+
+    name = "nsga-virtual"
+    source = "NSGA-II (Deb et al. 2002, pymoo) over structures, random-key boundaries and recompute bits"
+    budget_unit = "generations"
+    settings = ("generations", "population")
+
+    def __init__(self, *, generations: int = 60, population: int = 48) -> None:
+        self.generations = generations
+        """Generations to run (the default budget)."""
+        self.population = population
+        """Population size."""
+
+    @property
+    def default_budget(self) -> int:
+        """The generations run without ``budget``."""
+        return self.generations
+
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
+        """Plan ``problem``: status ``feasible`` (nothing is proved), no lower bound."""
+        return solve_v2_nsga(problem, self.name, generations=int(budget.units), population=self.population,
+                             clock=clock, seed=seed)

@@ -20,6 +20,7 @@ from typing import Iterable
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.schedules.check import check_programs, programs_from_csv, programs_to_csv
+from pipeplan.solver.schedules.needs import NEEDS
 from pipeplan.solver.schedules.programs import (FORWARD, FULL_BACKWARD, GENERATORS, INPUT_BACKWARD, KINDS, NAMED_V2,
                                                 WEIGHT_BACKWARD, ZBV_STAGES_PER_GROUP, Action, check_counts,
                                                 format_action, parse_action)
@@ -31,8 +32,8 @@ __all__ = ["Action", "KINDS", "NAMED_V2", "ONE_STAGE_PER_GROUP", "SCHEDULES", "F
 SCHEDULES = ("gpipe", "1f1b", "custom") + NAMED_V2
 """Schedule names a plan may use (the last four only in a ``pipeplan.plan/2`` plan)."""
 
-ONE_STAGE_PER_GROUP = ("gpipe", "1f1b")
-"""Named schedules under which every device group holds exactly one stage."""
+ONE_STAGE_PER_GROUP = tuple(name for name, needs in NEEDS.items() if not needs.several_stages)
+"""Named schedules under which every group holds exactly one stage (``gpipe``, ``1f1b``)."""
 
 BACKWARD, INPUT, WEIGHT = FULL_BACKWARD, INPUT_BACKWARD, WEIGHT_BACKWARD
 

@@ -19,8 +19,11 @@ import itertools
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
+from pipeplan.models.errors import InputError
+from pipeplan.solver.core.algorithm import SEVERAL_STAGES_PER_GROUP, Solver
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.schedules.needs import NEEDS
 from pipeplan.solver.schedules.programs import check_counts
 from pipeplan.solver.schedules.schedule import num_stages, stage_group
 
@@ -49,7 +52,7 @@ def schedule_accepts(schedule: str, groups: int, microbatches: int) -> str:
     ''
     """
     try:
-        check_counts(schedule, groups, microbatches, 2 if schedule == "zbv" else 1)
+        check_counts(schedule, groups, microbatches, NEEDS[schedule].stages_per_group or 1)
     except ValueError as exc:
         return str(exc)
     return ""
@@ -58,11 +61,13 @@ def schedule_accepts(schedule: str, groups: int, microbatches: int) -> str:
 def virtual_choices(problem: PlanningProblem, groups: int) -> list[int]:
     """The ``v`` to try with ``groups`` groups: the problem's own, or with ``auto`` every ``v`` whose stages fit the layers.
 
-    ``zbv`` has ``v = 2``; a problem with ``virtual_stages`` set tries that one alone.
+    A schedule with a fixed count (``zbv``: ``v = 2``) tries that one; a problem with
+    ``virtual_stages`` set tries that one alone.
     """
     layers = len(problem.graph)
-    if problem.schedule == "zbv":
-        return [2] if 2 * groups <= layers else []
+    fixed = problem.needs.stages_per_group
+    if fixed is not None:
+        return [fixed] if fixed * groups <= layers else []
     if problem.virtual_stages is not None:
         return [problem.virtual_stages] if problem.virtual_stages * groups <= layers else []
     return [v for v in range(1, layers // groups + 1)]
@@ -150,7 +155,7 @@ def flags_exhaustive(problem: PlanningProblem) -> bool:
 def group_counts(problem: PlanningProblem) -> range:
     """``R`` values to try: 1 up to the devices, the layers (``S >= R``) and ``max_stages``."""
     devices, layers = len(problem.cluster.devices), len(problem.graph)
-    per_group = 2 if problem.schedule == "zbv" else 1
+    per_group = problem.needs.stages_per_group or 1  # the least stages a group holds
     top = min(devices, layers // per_group)
     if problem.max_stages is not None:
         top = min(top, problem.max_stages // per_group)
@@ -232,3 +237,26 @@ def empty_space(problem: PlanningProblem) -> str:
     return (f"no {problem.schedule} plan{v} exists for these options: every group count needs more stages than "
             f"the {len(problem.graph)} layers, or torch refuses M = {problem.microbatches} for it; use fewer "
             f"--virtual-stages or another --microbatches")
+
+
+class VirtualSolver(Solver):
+    """Base class of the algorithms that plan schedules whose device groups hold several stages.
+
+    Beyond :meth:`Solver.check` it refuses a problem whose space holds no plan at all
+    (:func:`empty_space`: the options rule every group count out), in one line.
+    """
+
+    schedules = SEVERAL_STAGES_PER_GROUP
+
+    def check(self, problem: PlanningProblem) -> None:
+        """Refuse another schedule, or a space with no plan (:func:`empty_space`).
+
+        Raises
+        ------
+        InputError
+            Naming ``--virtual-stages`` when it was given, else ``--schedule``.
+        """
+        super().check(problem)
+        empty = empty_space(problem)
+        if empty:
+            raise InputError("-", "--virtual-stages" if problem.virtual_stages else "--schedule", empty)

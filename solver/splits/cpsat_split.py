@@ -3,8 +3,9 @@
 Decomposition.  The joint model (stages, devices *and* splits) is too large beyond toy
 sizes, so the search is split in two: (1) the partition, device mapping and recompute
 flags are fixed, taken from the fastest equal-split plan of the baselines
-(:data:`pipeplan.solver.baselines.BASELINES`) or, when registered and successful, of
-``group-search`` and the exact solvers (``cpsat``, ``ilp``); (2) for that fixed pipeline a CP-SAT scheduling
+(:data:`pipeplan.solver.baselines.BASELINES`) and of the solvers its caller gives
+(the registered ``cpsat-split``: ``group-search`` and ``cpsat``, :mod:`pipeplan.solver.portfolio`);
+(2) for that fixed pipeline a CP-SAT scheduling
 model chooses the number of microbatches (within :attr:`PlanningProblem.split_counts`)
 and their sizes, one split shared by all stages or, with ``per_stage``, one per stage.
 
@@ -59,12 +60,12 @@ from pipeplan.solver.exact.cpsat_run import solve_counted
 from pipeplan.solver.splits.equal_splits import fastest, solve_equal_splits
 from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
 from pipeplan.solver.formats.plan import Plan, Stage, equal_split
+from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import get_solver, register, solver_names
 from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.schedules.schedule import FORWARD, stage_actions
 from pipeplan.solver.evaluation.simulator import Simulation, plan_costs, simulate
-from pipeplan.solver.core.termination import TimeLimit, WorkBudget, watch
+from pipeplan.solver.core.termination import Stops, TimeLimit, WorkBudget
 
 __all__ = ["SplitSearch", "optimize_splits", "base_plans", "CpSatSplit"]
 
@@ -107,7 +108,7 @@ def _ceil(x: float) -> int:
 
 
 def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float = 30.0, seed: int = 0,
-                    workers: int = 1, budget: WorkBudget | None = None) -> SplitSearch:
+                    workers: int = 1, budget: WorkBudget | None = None, within: TimeLimit | None = None) -> SplitSearch:
     """Best microbatch count and sizes for the pipeline of ``base`` (stages, devices, recompute fixed).
 
     Parameters
@@ -127,6 +128,8 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
     budget : WorkBudget, optional
         CP-SAT deterministic seconds (spent by the solve); with it, a solve not cut by
         ``time_limit`` gives the same split on any machine.
+    within : TimeLimit, optional
+        The clock of the solve this is part of: its record notes what cut CP-SAT short.
 
     Returns
     -------
@@ -153,7 +156,8 @@ def optimize_splits(problem: PlanningProblem, base: Plan, *, time_limit: float =
     solver.parameters.random_seed = seed
     if workers == 1:  # the split-first depth-first search (see ``_SplitModel.build``)
         solver.parameters.search_branching = solver.parameters.SearchBranching.FIXED_SEARCH
-    status = solve_counted(solver, builder.model, time_limit=max(0.1, time_limit), budget=budget)
+    status = solve_counted(solver, builder.model, time_limit=max(0.1, time_limit), budget=budget,
+                           stops=within.stops if within is not None else Stops())
     cp_status = solver.status_name(status)
     best_plan, best_time = base, base_result.iteration_time
     bound = None
@@ -383,55 +387,49 @@ class _SplitModel:
 
 
 # --------------------------------------------------------------------------- the solver
-def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int,
-               use_exact: bool = True) -> list[tuple[str, SolverResult]]:
-    """Fitting equal-split plans to start from: the best baseline, ``group-search`` and exact solvers if registered.
+def base_plans(problem: PlanningProblem, *, time_limit: float, seed: int, heuristics: tuple[Solver, ...] = (),
+               exact: Solver | None = None, within: TimeLimit | None = None) -> list[tuple[str, SolverResult]]:
+    """Fitting equal-split plans to start from: the best baseline, then ``heuristics``' and ``exact``'s.
 
     Every search runs on its own counted work (the baselines their whole search, the
     others their default budgets), each with what is left of ``time_limit`` as its cap,
     never a share of it: the plans found depend on the problem and the seed, unless the
-    cap fires, which the open watches note.  ``group-search`` and the exact solvers
-    (``cpsat``, ``ilp``; not with ``use_exact=False``) are tried when the registry has
-    them; one that fails or finds nothing is skipped.  Sorted fastest first.
+    cap fires, which ``within``'s record notes.  The ``heuristics`` run on the problem's
+    own equal split, ``exact`` on every count worth trying
+    (:func:`pipeplan.solver.splits.equal_splits.solve_equal_splits`).  Sorted fastest first.
     """
-    clock = TimeLimit(time_limit).start()
+    clock = within.within(time_limit) if within is not None else TimeLimit(time_limit)
     found: list[tuple[str, SolverResult]] = []
     baselines = []
     for cls in BASELINES:
         if clock.expired():
             break
-        baselines.append(cls().solve(problem, time_limit=clock.remaining(), seed=seed))
+        baselines.append(cls().solve(problem, time_limit=clock.remaining(), seed=seed, within=clock))
     baseline = fastest_baseline(baselines)
     if baseline is not None:
         found.append((baseline.name, baseline))
-    if use_exact and "group-search" in solver_names() and not clock.expired():  # the large clusters' plans
-        grouped = get_solver("group-search").solve(problem.equal_split_problem(), time_limit=clock.remaining(),
-                                                   seed=seed)
-        if grouped.plan is not None:
-            found.append((grouped.name, grouped))
-    for name in ("cpsat", "ilp") if use_exact else ():
-        if name not in solver_names() or clock.expired():
-            continue
-        try:  # every count worth trying with auto: see solver.equal_splits
-            result = fastest(solve_equal_splits(get_solver(name), problem, time_limit=clock.remaining(),
-                                                seed=seed).values())
-        except Exception:  # an exact solver under construction must not break this one
-            continue
-        if result.plan is not None and result.iteration_time is not None:
-            found.append((name, result))
+    for solver in heuristics:  # group-search: the large clusters' plans
+        if clock.expired():
             break
+        result = solver.solve(problem.equal_split_problem(), time_limit=clock.remaining(), seed=seed, within=clock)
+        if result.plan is not None:
+            found.append((solver.name, result))
+    if exact is not None and not clock.expired():
+        result = fastest(solve_equal_splits(exact, problem, time_limit=clock.remaining(), seed=seed,
+                                            within=clock).values())
+        if result.plan is not None and result.iteration_time is not None:
+            found.append((exact.name, result))
     return sorted(found, key=lambda item: item[1].iteration_time)
 
 
-def _warm_split(problem: PlanningProblem, base: Plan, deadline: float) -> Plan:
+def _warm_split(problem: PlanningProblem, base: Plan, deadline: TimeLimit) -> Plan:
     """``base`` with the best split the ``umpipe-dp`` and ``autopipe-slicing`` candidates give (``deadline``: a cap)."""
     options = UmpipeDP().options(problem, base, deadline) + AutoPipeSlicing().options(problem, base, deadline)
     return judge_splits(problem, base, options)[0]
 
 
-@register("cpsat-split")
-class CpSatSplit:
-    """Fixed pipeline from the baselines / exact solvers, then CP-SAT over microbatch splits.
+class CpSatSplit(Solver):
+    """Fixed pipeline from the baselines and the solvers given, then CP-SAT over microbatch splits.
 
     ``status`` is ``feasible`` (the partition and mapping are not optimised jointly);
     ``details`` carries ``split_status`` (``optimal`` when the split search proved
@@ -440,42 +438,46 @@ class CpSatSplit:
 
     name = "cpsat-split"
     source = "UMPIPE (TPDS'25) unequal microbatches, solved exactly with a CP-SAT scheduling model"
-
-    def __init__(self, *, workers: int = 1, use_exact: bool = True) -> None:
-        self.workers = workers
-        """CP-SAT workers (1 keeps same seed, same plan)."""
-        self.use_exact = use_exact
-        """Try registered exact solvers for the starting pipeline."""
-
     budget_unit = "CP-SAT deterministic seconds"
     default_budget = DEFAULT_BUDGET
+    chooses_splits = True
 
-    def solve(self, problem: PlanningProblem, *, time_limit: float = 60.0, seed: int = 0,
-              budget: float | None = None) -> SolverResult:
+    def __init__(self, *, workers: int = 1, heuristics: tuple[Solver, ...] = (), exact: Solver | None = None) -> None:
+        self.workers = workers
+        """CP-SAT workers (1 keeps same seed, same plan)."""
+        self.heuristics = heuristics
+        """Solvers whose equal-split plans may start the split search (beyond the baselines)."""
+        self.exact = exact
+        """An exact solver whose equal-split plans, at every count worth trying, may start it."""
+
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
         """Plan ``problem``; see the class and module docstrings (``budget``: of the split search).
 
         Every phase (the base plans, the warm split, the split search) ends on counted work;
-        ``time_limit`` caps them all together, and only when it fires (``stopped_by: time``)
+        ``clock`` caps them all together, and only when it fires (``stopped_by: time``)
         may the plan differ between an idle and a loaded machine.
         """
-        start = time.perf_counter()
-        with watch() as based:
-            bases = base_plans(problem, time_limit=time_limit, seed=seed, use_exact=self.use_exact)
+        based = _part(clock)
+        bases = base_plans(problem, time_limit=clock.left(), seed=seed, heuristics=self.heuristics, exact=self.exact,
+                           within=based)
+        based = based.stops
         if not bases:
-            wall = time.perf_counter() - start
+            wall = clock.elapsed()
             why = ("time limit reached before a base plan was found" if based.time_cut
                    else "no baseline plan fits to start the split search from")
             return heuristic_no_plan(problem, self.name, why, wall, seed,
                                      details={"stopped_by_time_limit": based.time_cut})
         source, base = bases[0]
-        warm = _warm_split(problem, base.plan, start + time_limit)  # the split baselines' best: hint and fallback
-        left = time_limit - (time.perf_counter() - start)
-        if left <= 0:  # the limit went on the base plans: no split model is built past it
-            return self._unsearched(problem, source, base, warm, time.perf_counter() - start, seed)
-        with watch() as searched:
-            search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers,
-                                     budget=WorkBudget(budget or self.default_budget))
-        wall = time.perf_counter() - start
+        warm = _warm_split(problem, base.plan, clock)  # the split baselines' best: hint and fallback
+        if clock.expired():  # the limit went on the base plans: no split model is built past it (noted as a cut)
+            return self._unsearched(problem, source, base, warm, clock.elapsed(), seed)
+        left = clock.left()
+        searching = _part(clock)
+        search = optimize_splits(problem, warm, time_limit=left, seed=seed, workers=self.workers, budget=budget,
+                                 within=searching)
+        searched = searching.stops
+        wall = clock.elapsed()
         details = {"base_solver": source, "base_iteration_time": base.iteration_time,
                    "split_status": search.status, "split_lower_bound": search.lower_bound, **search.details}
         trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, search.iteration_time, None))
@@ -495,3 +497,7 @@ class CpSatSplit:
         trace = (TracePoint(0.0, base.iteration_time, None), TracePoint(wall, took, None))
         return SolverResult(self.name, "feasible", plan, took, None, wall, seed, trace,
                             "split search not run: the time limit was spent on the base plans", details)
+
+def _part(clock: TimeLimit) -> TimeLimit:
+    """``clock`` with a record of its own for one part of the solve, whose cuts still reach ``clock``'s."""
+    return TimeLimit(clock.seconds, started=clock.started, stops=clock.stops.nested())

@@ -12,25 +12,24 @@ with the time limit only as a cap.
 
 from __future__ import annotations
 
-import time
 from typing import Iterable
 
+from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.registry import Solver
 from pipeplan.solver.core.result import SolverResult
-from pipeplan.solver.core.termination import past
+from pipeplan.solver.core.termination import TimeLimit
 
 
-def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: float,
-                       seed: int) -> dict[int, SolverResult]:
+def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: float, seed: int,
+                       within: TimeLimit | None = None) -> dict[int, SolverResult]:
     """``solver`` on the equal-split problems of ``problem``: its own count first, then every other one.
 
     Every count is solved on the solver's own counted work (its default budget), each with
     what is left of ``time_limit`` as its cap, never a share of it: a count's solve then
     does not depend on how fast the ones before it ran, and the same problem and seed give
     the same results on an idle and a loaded machine.  Only the cap can change that: a
-    solve it cuts, or the counts skipped once it has passed, are noted in the open watches
-    (``stopped_by: time``).  A count after the first whose solve raises is skipped.
+    solve it cuts, or the counts skipped once it has passed, are noted in ``within``'s
+    record (``stopped_by: time``).
 
     Parameters
     ----------
@@ -42,23 +41,21 @@ def solve_equal_splits(solver: Solver, problem: PlanningProblem, *, time_limit: 
         Seconds for all the counts together: a cap.
     seed : int
         Passed to every solve.
+    within : TimeLimit, optional
+        The clock of the solve this is part of: its record notes what cut a count short.
 
     Returns
     -------
     dict of int to SolverResult
-        Microbatch count -> result for each count solved (one whose solve raised is
-        left out), the problem's own count first.
+        Microbatch count -> result for each count solved, the problem's own count first.
     """
-    deadline = time.perf_counter() + time_limit
+    clock = within.within(time_limit) if within is not None else TimeLimit(time_limit)
     first, *others = problem.equal_split_problems()
-    results = {first.microbatches: solver.solve(first, time_limit=time_limit, seed=seed)}
+    results = {first.microbatches: solver.solve(first, time_limit=time_limit, seed=seed, within=clock)}
     for sub in others:
-        if past(deadline):  # noted: the counts left out depend on the machine's speed
+        if clock.expired():  # noted: the counts left out depend on the machine's speed
             break
-        try:
-            results[sub.microbatches] = solver.solve(sub, time_limit=deadline - time.perf_counter(), seed=seed)
-        except Exception:  # noqa: BLE001 - a probe must not lose the counts already solved
-            continue
+        results[sub.microbatches] = solver.solve(sub, time_limit=clock.remaining(), seed=seed, within=clock)
     return results
 
 

@@ -1,6 +1,7 @@
 """Exact joint search over pipelines *and* microbatch splits, for small instances.
 
-``cpsat`` with ``auto_microbatches`` or ``per_stage`` must find the best plan over every
+``cpsat`` with ``auto_microbatches`` or ``per_stage`` runs ``cpsat-joint`` (:class:`CpSatJoint`):
+it must find the best plan over every
 partition, device mapping, recompute choice *and* split.  The split model of
 :mod:`pipeplan.solver.splits.cpsat_split` is exact for one fixed pipeline, so this module wraps it in a
 branch and bound over pipelines:
@@ -21,17 +22,21 @@ optimality or pruned by its bound.  When there are too many pipelines to enumera
 from __future__ import annotations
 
 import math
-import time
+from dataclasses import replace
 from itertools import combinations, product
 from typing import Iterator, Sequence
 
+from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.exact.cpsat import DEFAULT_BUDGET, CpSatSolver
+from pipeplan.solver.exact.phases import ExactPhases
 from pipeplan.solver.splits.cpsat_split import optimize_splits
+from pipeplan.solver.splits.equal_splits import fastest, solve_equal_splits
 from pipeplan.solver.bounds.infeasibility import exceeds
 from pipeplan.solver.formats.plan import Plan, Stage, equal_split
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.evaluation.simulator import simulate
-from pipeplan.solver.core.termination import WorkBudget, interrupted, note
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget, interrupted
 
 MAX_PIPELINES = 4000
 """Most pipelines the joint search enumerates before handing over to the decomposition."""
@@ -163,7 +168,7 @@ def _start_plan(problem: PlanningProblem, pipeline: Pipeline) -> Plan | None:
     return None
 
 
-def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed: int = 0,
+def solve_joint(problem: PlanningProblem, *, name: str, clock: TimeLimit, seed: int = 0,
                 budget: WorkBudget | None = None) -> SolverResult | None:
     """Best plan over pipelines and splits, by branch and bound; ``None`` if too large.
 
@@ -173,8 +178,8 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
         With ``auto_microbatches`` and/or ``per_stage``.
     name : str
         The solver name to put in the record.
-    time_limit : float
-        Seconds for the whole search.
+    clock : TimeLimit
+        The cap of the whole search (what cuts it short is noted in its record).
     seed : int
         CP-SAT's seed (one worker: same seed, same plan).
     budget : WorkBudget, optional
@@ -187,7 +192,6 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
         ``optimal`` when every pipeline was solved or pruned; else ``feasible`` with the
         smallest bound of what is left; ``None`` when the pipelines are too many.
     """
-    start = time.perf_counter()
     found = pipelines(problem)
     if found is None:
         return None
@@ -202,12 +206,14 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
         if bound >= best_time * (1 - 1e-9):
             settled_bounds.append(bound)  # the least bound of this and every later pipeline
             break  # none of them can beat the incumbent by more than 1e-9
-        left = time_limit - (time.perf_counter() - start)
+        left = clock.left()
         if left <= 0.05 or interrupted() or (budget is not None and budget.exhausted()):
             open_bounds.extend(b for b, _ in order[position:])
             timed_out = True
+            if interrupted():
+                clock.stops.note("interrupt")
             if left <= 0.05:
-                note("time")
+                clock.stops.note("time")
             break
         if not fits_some_split(problem, found[i]):
             continue  # settled: no split fits it
@@ -216,7 +222,7 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
             open_bounds.append(bound)  # no fitting start: not searched, so not settled
             unstarted += 1
             continue
-        search = optimize_splits(problem, base, time_limit=left, seed=seed, budget=budget)
+        search = optimize_splits(problem, base, time_limit=left, seed=seed, budget=budget, within=clock)
         solved += 1
         if search.status != "optimal":
             open_bounds.append(max(bound, search.lower_bound or 0.0))
@@ -224,8 +230,8 @@ def solve_joint(problem: PlanningProblem, *, name: str, time_limit: float, seed:
             settled_bounds.append(max(bound, search.lower_bound))
         if search.iteration_time < best_time:
             best_plan, best_time = search.plan, search.iteration_time
-            trace.append(TracePoint(time.perf_counter() - start, best_time, None))
-    wall = time.perf_counter() - start
+            trace.append(TracePoint(clock.elapsed(), best_time, None))
+    wall = clock.elapsed()
     details = {"pipelines": len(found), "split_searches": solved, "unsettled": len(open_bounds),
                "unstarted": unstarted}
     why = _unsettled_reason(len(open_bounds), unstarted, timed_out)
@@ -254,3 +260,57 @@ def _unsettled_reason(open_count: int, unstarted: int, timed_out: bool) -> str:
         parts.append(f"{unstarted} pipelines fit some split by the memory bound but no equal split, which "
                      f"their split search needs to start from")
     return "; ".join(parts)
+
+
+class CpSatJoint(Solver):
+    """``cpsat-joint``: pipelines and microbatch splits together; what ``cpsat`` runs when the splits are decisions.
+
+    Small instances: the exact branch and bound of :func:`solve_joint` (``optimal`` when proved
+    over every pipeline and split).  Larger ones: the decomposition of
+    :mod:`pipeplan.solver.splits.cpsat_split`, the best equal-split plan of ``cpsat`` (its own
+    count in half the time, other counts in what that leaves: see
+    :func:`pipeplan.solver.splits.equal_splits.solve_equal_splits`) with its split then chosen
+    by CP-SAT; that is reported ``feasible`` with no lower bound, since the bound it proves
+    covers one pipeline only.  ``phases`` are those of the equal-split ``cpsat`` solves.
+    """
+
+    name = "cpsat-joint"
+    source = ("pipeplan: branch and bound over pipelines, each split solved by the CP-SAT scheduling model "
+              "(UMPIPE's unequal microbatches, proved); beyond 4,000 pipelines the exact equal-split plan, "
+              "then CP-SAT over its split")
+    budget_unit = "CP-SAT deterministic seconds"
+    default_budget = DEFAULT_BUDGET
+    proves = True
+    chooses_splits = True
+
+    def __init__(self, workers: int = 1, phases: ExactPhases = ExactPhases()) -> None:
+        self.workers = workers
+        """CP-SAT workers (1 keeps same seed, same plan)."""
+        self.phases = phases
+        """The phases of the equal-split ``cpsat`` solves of the decomposition."""
+
+    def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
+            warm_start: Plan | None) -> SolverResult:
+        """Plan ``problem`` (see the class docstring); ``budget`` is shared by every CP-SAT split search
+        and scales the equal-split solves' phases by itself over :data:`pipeplan.solver.exact.cpsat.DEFAULT_BUDGET`."""
+        joint = solve_joint(problem, name=self.name, clock=clock, seed=seed, budget=budget)
+        if joint is not None:
+            return joint
+        time_limit = clock.seconds
+        equal_solver = CpSatSolver(self.workers, phases=self.phases.scaled(budget.units / DEFAULT_BUDGET))
+        equal = solve_equal_splits(equal_solver, problem, time_limit=0.5 * time_limit, seed=seed, within=clock)
+        base, seeded = fastest(equal.values()), clock.elapsed()
+        if base.plan is None:
+            return replace(base, name=self.name, wall_time=clock.elapsed())
+        left = max(0.5, time_limit - clock.elapsed())
+        search = optimize_splits(problem, base.plan, time_limit=left, seed=seed, workers=self.workers, budget=budget,
+                                 within=clock)
+        wall = clock.elapsed()
+        details = {"method": "decomposition: exact equal-split pipeline, then CP-SAT over its splits",
+                   "equal_split_status": base.status, "equal_split_time": base.iteration_time,
+                   "equal_splits": {m: [r.status, r.iteration_time] for m, r in equal.items()},
+                   "split_status": search.status, "split_lower_bound": search.lower_bound}
+        trace = (TracePoint(seeded, base.iteration_time, None), TracePoint(wall, search.iteration_time, None))
+        return SolverResult(self.name, "feasible", search.plan, search.iteration_time, None, wall, seed, trace,
+                            "too many pipelines for the joint proof; the split is optimised for one pipeline",
+                            details)
