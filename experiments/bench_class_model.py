@@ -56,7 +56,7 @@ def run_child(devices: int, time_limit: float, upper: float) -> dict:
     problem = problem_of(devices)
     gs_plan = None
     if devices == 64:  # the issue's instance is in no bench_scale file: group-search gives its incumbent
-        from pipeplan.solver.core.registry import get_solver
+        from pipeplan.solver.solvers import get_solver
         gs_plan = get_solver("group-search").solve(problem, time_limit=time_limit, seed=0).iteration_time
         upper = min(upper, gs_plan) if gs_plan else upper
     start = time.perf_counter()
@@ -75,7 +75,7 @@ def path_tightness(devices: int, time_limit: float) -> dict:
     """How close the path terms come to a good plan's time: group-search's plan, simulated and bounded by
     :func:`pipeplan.solver.bounds.class_paths.path_bound` over its own durations (``--paths``)."""
     from pipeplan.solver.bounds.class_paths import path_bound, stage_durations
-    from pipeplan.solver.core.registry import get_solver
+    from pipeplan.solver.solvers import get_solver
     from pipeplan.solver.evaluation.simulator import plan_costs
     problem = problem_of(devices)
     plan = get_solver("group-search").solve(problem, time_limit=time_limit, seed=0).plan

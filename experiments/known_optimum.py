@@ -79,6 +79,7 @@ from pipeplan.solver.evaluation.simulator import plan_costs
 from pipeplan.solver.evaluation.memory import StageMemory, program_stash_peak
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.schedules.schedule import ONE_STAGE_PER_GROUP
 from pipeplan.solver.space.arcs import tau_ops
 from pipeplan.solver.space.class_stages import q_classes
 from pipeplan.solver.space.device_classes import device_classes
@@ -177,7 +178,7 @@ def check_symmetric(problem: PlanningProblem) -> None:
     classes = device_classes(problem.cluster)
     if any(a.memory < b.memory for a, b in zip(classes, classes[1:])):
         raise ValueError("a faster class has less memory")
-    if problem.is_v2 or problem.free_sizes:
+    if problem.schedule not in ONE_STAGE_PER_GROUP or problem.free_sizes:
         raise ValueError("version-1 equal-split problems only")
 
 
@@ -468,7 +469,7 @@ def _stdout_to_stderr():
 
 def run_child(devices: int, generations: int, solver: str, time_limit: float, **shape) -> dict:
     """One solver on the family's instance (:func:`known_problem` with ``shape``) in this process (the child's side)."""
-    from pipeplan.solver.core.registry import get_solver, solver_names
+    from pipeplan.solver.solvers import get_solver, solver_names
     solver_names()
     problem = known_problem(devices, generations=generations, **shape)
     start = time.perf_counter()

@@ -19,7 +19,7 @@ from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.space.class_placement import place, split_layers
 from pipeplan.solver.space.class_stages import SINGLE, SPREAD, q_classes, server_kinds, stage_types
 from pipeplan.solver.space.device_classes import device_classes
-from tests.test_exact import REL, brute_force, random_problem
+from helpers import REL, brute_force, sized_problem as random_problem
 
 
 def _random_plan(seed: int):

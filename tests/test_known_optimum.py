@@ -14,7 +14,7 @@ from pipeplan.solver.bounds.class_bound import class_bound
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.exact.class_model import build_position_model, solve_position_model
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
-from tests.test_exact import REL, brute_force
+from helpers import REL, brute_force
 
 
 def symmetric_problem(seed: int) -> PlanningProblem:
@@ -100,7 +100,7 @@ group-search take under a second on each (group-search's plan is 6.8 % above the
 @pytest.fixture(scope="module")
 def small_members():
     """Each small member with its optimum and group-search's plan (shared by the tests below)."""
-    from pipeplan.solver.core.registry import get_solver
+    from pipeplan.solver.solvers import get_solver
     members = []
     for devices, generations, layers, microbatches, fast in SMALL_MEMBERS:
         problem = known_problem(devices, layers=layers, microbatches=microbatches, samples=4,

@@ -40,6 +40,7 @@ from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.evaluation.memory import stash_points
 from pipeplan.solver.space.arcs import tau_ops
+from pipeplan.solver.schedules.schedule import ONE_STAGE_PER_GROUP
 from pipeplan.solver.space.class_stages import SINGLE, SPREAD, ServerKind, StageType, server_kinds, stage_types
 from pipeplan.solver.space.device_classes import DeviceClass, device_classes
 
@@ -238,7 +239,7 @@ def build_position_model(problem: PlanningProblem, upper: float = math.inf,
     positions : int, optional
         ``K``, explicit positions (default ``min(M - 1, stage limit, DEFAULT_POSITIONS)``, at least 1).
     """
-    if problem.is_v2 or problem.free_sizes:
+    if problem.schedule not in ONE_STAGE_PER_GROUP or problem.free_sizes:
         raise ValueError("the position model describes version-1 plans with equal microbatches (gpipe or 1f1b)")
     start = time.perf_counter()
     graph = problem.graph
