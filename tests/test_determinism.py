@@ -240,7 +240,14 @@ class TestExactSolverUnderLoad:
         assert idle["record"]["stopped_by"] in REPRODUCIBLE, idle["record"]
         # the guarantee: the same record, unless the record says the cap cut the loaded solve
         # (a machine many times slower than its 20 s allow; a share of the clock cut phases silently)
-        assert loaded == idle or loaded["record"]["stopped_by"] == "time", loaded["record"]
+        if loaded["record"]["stopped_by"] == "proved":
+            # a proof is the same on every machine; the record of how the work got there (which
+            # phase proved it, how far the walk went before a later phase closed the gap) may differ
+            same = ("status", "iteration_time", "lower_bound")
+            assert loaded["plan"] == idle["plan"], loaded["record"]
+            assert [loaded["record"][k] for k in same] == [idle["record"][k] for k in same], loaded["record"]
+        else:
+            assert loaded == idle or loaded["record"]["stopped_by"] == "time", loaded["record"]
 
 
 SMALL_BUDGET = DEFAULT_BUDGET / 10_000
