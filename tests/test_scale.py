@@ -12,10 +12,12 @@ from conftest import cpu_past
 LIMIT = 1.0
 """The short limit of the test (seconds)."""
 
-GRACE = 0.1 * LIMIT + 1.0
-"""CPU seconds allowed past the limit: 10 % of it, plus one second for the steps no clock can split
-(one simulation of a 1,024-device plan with 32 microbatches, one numpy table of a DP row).  Counted
-in this process's CPU time, which a busy machine does not stretch as it stretches the wall clock."""
+GRACE = 0.1 * LIMIT + 2.0
+"""CPU seconds allowed past the limit: 10 % of it, plus two seconds for the steps no clock can split
+(group-search's pattern build, 0.8 CPU s idle at 1,024 devices; one simulation of a 1,024-device plan
+with 32 microbatches; one numpy table of a DP row).  Counted in this process's CPU time, which a busy
+machine stretches far less than the wall clock.  Measured on 2026-12-02: ``ilp`` 0.32-0.40 CPU s past
+the limit idle, 1.88 with two busy loops and the suite's two workers on the 2 cores."""
 
 
 GENERATION = 2.5
