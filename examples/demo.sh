@@ -55,9 +55,12 @@ echo "== 5. version-2 schedules: plan gpt-tiny for every schedule (GPipe to ZB-V
     --steps 4 --verify
 echo
 echo "== 6. export the gpt-tiny plan to torch.distributed.pipelining, torchtitan, DeepSpeed and Megatron-LM"
-for target in torch torchtitan deepspeed megatron; do
+for target in torch deepspeed megatron; do
     "$PIPEPLAN" export out/gpt-tiny.plan.json --to $target --graph out/gpt-tiny.graph.json -o out/export-$target
 done
+# torchtitan's own debug model has 6 layers, gpt-tiny 4: the config in examples/titan_configs.py matches it
+PYTHONPATH="$EX${PYTHONPATH:+:$PYTHONPATH}" "$PIPEPLAN" export out/gpt-tiny.plan.json --to torchtitan \
+    --torchtitan-model titan_configs:llama3_4_layers --graph out/gpt-tiny.graph.json -o out/export-torchtitan
 echo "-- train it with torch: (cd out/export-torch && torchrun --standalone --nproc-per-node=2 train.py --steps 4)"
 echo
 echo "pictures: out/hetero.gantt.png out/compare.png out/best.gantt.png out/gpt-tiny.run.png out/gpt-tiny.auto.gantt.png;"

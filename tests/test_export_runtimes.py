@@ -35,7 +35,7 @@ MYMODEL_ARGS = ("dim=16", "vocab=64", "seq=8")
 """examples/mymodel.py small: a user model with a head tied to its embedding and a skip from the embedding to it."""
 STEPS = 3
 LOSS_TOLERANCE = 1e-5
-DATA = Path(__file__).resolve().parent / "data" / "runtimes"
+DATA = Path(__file__).resolve().parent.parent / "examples"  # titan_configs.py, which the demo uses too
 TORCHTITAN_02 = ROOT / ".venv" / "torchtitan-0.2"
 
 
@@ -240,7 +240,7 @@ TITAN_PLANS = {
     "zbv": ("zbv", [(0, 2, ["a"], [2] * 4), (2, 3, ["b"], [2] * 4), (3, 4, ["b"], [2] * 4), (4, 6, ["a"], [2] * 4)]),
 }
 TITAN_MODEL = "titan_configs:llama3_4_layers"
-"""torchtitan's llama3 debug model with gpt-tiny's 4 decoder layers (tests/data/runtimes/titan_configs.py)."""
+"""torchtitan's llama3 debug model with gpt-tiny's 4 decoder layers (examples/titan_configs.py)."""
 
 
 @pytest.fixture(scope="module")
