@@ -134,7 +134,7 @@ PLACEMENTS = ("one", "v", "looped")
 
 
 def placement_groups(placement: str, groups: int) -> list[int]:
-    """The group of each stage."""
+    """The group of each stage: ``one`` stage per group, ``v`` (stages g and 2R-1-g), ``looped`` (s mod R, two each)."""
     if placement == "one":
         return list(range(groups))
     if placement == "v":

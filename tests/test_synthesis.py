@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.experiments.bench_synthesis import PLACEMENTS, placement_groups
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan, Stage
@@ -27,17 +28,6 @@ from pipeplan.solver.schedules.synthesis import (ListRule, ProgramDeadlock, Sche
                                                  fixed_programs, list_rules, list_schedule, minimal_limits,
                                                  program_strings, schedule_instance, sequential_programs,
                                                  split_backwards, synthesize, warmup_limits)
-
-PLACEMENTS = ("one", "v", "looped")
-
-
-def placement_groups(placement: str, groups: int) -> list[int]:
-    """The group of each stage: ``one`` stage per group, ``v`` (stages g and 2R-1-g), ``looped`` (s mod R, two each)."""
-    if placement == "one":
-        return list(range(groups))
-    if placement == "v":
-        return list(range(groups)) + list(range(groups - 1, -1, -1))
-    return [s % groups for s in range(2 * groups)]
 
 
 def composition(rng: random.Random, total: int, parts: int) -> tuple[int, ...]:
