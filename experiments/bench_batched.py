@@ -33,7 +33,7 @@ from pipeplan.solver.evaluation.batched import BatchSimulator, Candidate, timeli
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan, Stage
 from pipeplan.solver.evaluation.simulator import simulate
-from pipeplan.solver.schedules.schedule import stage_group
+from pipeplan.solver.schedules.schedule import schedule_for, stage_group
 
 
 def instance(stages: int, layers_per_stage: int = 4) -> tuple[LayerGraph, Cluster]:
@@ -56,7 +56,7 @@ def population(graph: LayerGraph, stages: int, microbatches: int, size: int, see
     """
     rng = np.random.default_rng(seed)
     layers, batch = len(graph), 4 * microbatches
-    if schedule in ("gpipe", "1f1b"):
+    if schedule_for(schedule).one_stage_per_group:
         groups = tuple((f"g{s}",) for s in range(stages))
         groups = ((groups[0][0], f"g{stages}"),) + groups[1:]
     else:

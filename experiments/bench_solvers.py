@@ -40,6 +40,7 @@ from pipeplan.models.graph import Layer, LayerGraph  # noqa: E402
 from pipeplan.solver.formats.cluster import Cluster, Device, Link  # noqa: E402
 from pipeplan.solver.core.problem import PlanningProblem  # noqa: E402
 from pipeplan.solver.exact.ilp import quiet_stdout  # noqa: E402
+from pipeplan.solver.schedules.schedule import schedule_for  # noqa: E402
 from pipeplan.solver.solvers import get_solver, solver_names  # noqa: E402
 
 LAYERS = (16, 32, 64, 96, 128)
@@ -56,7 +57,7 @@ SCHEDULE_CASES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interlea
 """``(schedule, v)`` pairs the schedule columns (and ``bench_schedules``) compare; ``v`` is the
 stages per device group, fixed at 1 for ``gpipe``/``1f1b`` and 2 for ``zbv``."""
 
-VIRTUAL_SCHEDULES = ("interleaved-1f1b", "interleaved-zb", "looped-bfs")
+VIRTUAL_SCHEDULES = tuple(name for name, _ in SCHEDULE_CASES if schedule_for(name).stages_per_group is None)
 """Schedules whose stages per group ``v`` is a choice."""
 
 
@@ -112,7 +113,7 @@ def parse_schedules(text: str) -> list[tuple[str, int]]:
     cases = []
     for item in text.split(","):
         schedule, _, v = item.strip().partition(":")
-        fixed = 2 if schedule == "zbv" else 1
+        fixed = schedule_for(schedule).stages_per_group if schedule in names else None
         if schedule not in names or (v and schedule not in VIRTUAL_SCHEDULES and int(v) != fixed):
             raise SystemExit(f"error: --schedules: {item}: give one of {', '.join(sorted(names))}, "
                              f"with :v only for {', '.join(VIRTUAL_SCHEDULES)}")
@@ -128,7 +129,7 @@ def schedule_problem(layers: int, devices: int, schedule: str, virtual: int) -> 
     ValueError, TypeError
         Where :class:`PlanningProblem` does not take the schedule or ``virtual_stages``.
     """
-    extra = {"virtual_stages": virtual} if schedule not in ("gpipe", "1f1b") else {}
+    extra = {"virtual_stages": virtual} if schedule_for(schedule).several_stages else {}
     return PlanningProblem(chain_graph(layers), two_type_cluster(devices), global_batch=64, microbatches=8,
                            schedule=schedule, **extra)
 

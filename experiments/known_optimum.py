@@ -79,7 +79,6 @@ from pipeplan.solver.evaluation.simulator import plan_costs
 from pipeplan.solver.evaluation.memory import StageMemory, program_stash_peak
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.formats.plan import Plan
-from pipeplan.solver.schedules.schedule import ONE_STAGE_PER_GROUP
 from pipeplan.solver.space.arcs import tau_ops
 from pipeplan.solver.space.class_stages import q_classes
 from pipeplan.solver.space.device_classes import device_classes
@@ -178,7 +177,7 @@ def check_symmetric(problem: PlanningProblem) -> None:
     classes = device_classes(problem.cluster)
     if any(a.memory < b.memory for a, b in zip(classes, classes[1:])):
         raise ValueError("a faster class has less memory")
-    if problem.schedule not in ONE_STAGE_PER_GROUP or problem.free_sizes:
+    if problem.needs.several_stages or problem.free_sizes:
         raise ValueError("version-1 equal-split problems only")
 
 
@@ -254,7 +253,7 @@ def class_optimum(problem: PlanningProblem, upper: float = math.inf, node_limit:
     bw, lat = cluster.network.bandwidth, cluster.network.latency
     speeds = [c.speed for c in classes]
     nested = [sum(c.count for c in classes if c.speed >= v) for v in speeds]
-    one_f_one_b = problem.schedule == "1f1b"
+    one_f_one_b = problem.needs.warmup_per_later_stage
     flags = (False, True) if problem.allow_recompute else (False,)
     kinds: list[Kind] = []
     for c, cls in enumerate(classes):

@@ -6,9 +6,9 @@ ones; ``tests/test_imports.py`` holds this):
 =============  ==========================================================================
 sub-package    holds
 =============  ==========================================================================
-schedules      schedules as data: actions (``"2I3"``), the programs each named schedule
-               generates, their checks and torch's CSV format; what each schedule
-               needs of a plan (``needs.py``)
+schedules      schedules as classes looked up by name (``schedule_for``): what each
+               needs of a plan, the programs it generates and their checks; actions
+               (``"2I3"``) and torch's CSV format
 formats        what files hold: clusters (and the catalog and units they are built
                from), plans
 evaluation     what a plan costs: the exact simulator (spec sections 4, 5 and 7), its

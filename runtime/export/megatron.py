@@ -126,7 +126,7 @@ def check_interleaved(plan: Plan, file: str = "-") -> None:
     ...
     pipeplan.models.errors.InputError: p.json: stages[0].microbatches: 3 microbatches on 2 pipeline ranks: ...
     """
-    if plan.schedule != "interleaved-1f1b":
+    if plan.schedule != "interleaved-1f1b":  # Megatron-LM's own interleaved schedule is this one (its table)
         return
     groups, m = len(plan.groups), len(plan.stages[0].microbatches)
     if groups == len(plan.stages):

@@ -19,7 +19,7 @@ from typing import Callable
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.formats.plan import Plan, Stage
-from pipeplan.solver.schedules.schedule import NAMED_V2, group_programs, stage_group
+from pipeplan.solver.schedules.schedule import NAMED_V2, group_programs, schedule_for, stage_group
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,8 @@ def placement(plan: Plan) -> str | None:
 
 
 _SAME_PLACEMENT = {"one": "1f1b", "loop": "interleaved-1f1b", "v": "zbv"}
-"""The schedule that runs a placement, for the nearest plan."""
+"""The schedule that runs a placement, for the nearest plan: the exporters' choice among the schedules of one
+placement (several classes share ``"loop"``), so a table of names rather than a schedule attribute."""
 
 
 def _fallback(plan: Plan, target: Target) -> str | None:
@@ -215,7 +216,7 @@ def _split(plan: Plan, target: Target, file: str, approximate: bool, changes: li
     if bad is None:
         return plan
     s, st = bad
-    custom = plan.schedule == "custom"
+    custom = plan.schedule_class.from_plan
     schedule = _fallback(plan, target) if custom else plan.schedule
     m = equal_count_near(plan.global_batch, r, len(first), _count_rule(schedule or "custom", plan))
     error = InputError(file, f"stages[{s}].microbatches", f"stage {s} {_split_problem(st, first, r)}: "
@@ -248,7 +249,8 @@ def _split(plan: Plan, target: Target, file: str, approximate: bool, changes: li
 
 def _count_rule(schedule: str, plan: Plan) -> Callable[[int], bool]:
     """Whether ``schedule`` runs ``m`` microbatches on the plan's groups (torch refuses some counts)."""
-    if schedule not in NAMED_V2:
+    named = schedule_for(schedule)
+    if named.one_stage_per_group or named.from_plan:  # any count runs; the multi-stage ones refuse some (torch)
         return lambda m: True
     groups, virtual = len(plan.groups), plan.virtual
 

@@ -4,13 +4,15 @@
 from __future__ import annotations
 
 from pipeplan.runtime.export.rules import Target
-from pipeplan.solver.schedules.schedule import NAMED_V2
+from pipeplan.solver.schedules.schedule import NAMED_V2, SCHEDULES
 
-TORCH = Target("torch", "torch.distributed.pipelining", ("gpipe", "1f1b", "custom") + NAMED_V2, "", True)
+# Each target's schedules are its own list, keyed by our names: what that runtime runs is a fact of its code,
+# not an attribute of the schedule (torch and torchtitan run every one, Megatron-LM and DeepSpeed a few).
+TORCH = Target("torch", "torch.distributed.pipelining", SCHEDULES, "", True)
 """Schedule1F1B, ScheduleGPipe, the four multi-stage classes, or a compute-only CSV; a
 checkpoint wrapper per stage."""
 
-TORCHTITAN = Target("torchtitan", "torchtitan", ("gpipe", "1f1b", "custom") + NAMED_V2, "", False,
+TORCHTITAN = Target("torchtitan", "torchtitan", SCHEDULES, "", False,
                     "has one [activation_checkpoint] mode for every block")
 """``[parallelism]`` keys; one activation-checkpoint policy."""
 

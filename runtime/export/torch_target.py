@@ -36,7 +36,8 @@ EXPORT_FORMAT = "pipeplan.torch-export/2"
 TORCH_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "interleaved-1f1b": "ScheduleInterleaved1F1B",
                  "interleaved-zb": "ScheduleInterleavedZeroBubble", "looped-bfs": "ScheduleLoopedBFS",
                  "zbv": "ScheduleZBVZeroBubble"}
-"""The torch 2.13 class of each named plan schedule (the programs of spec 7.2 are theirs)."""
+"""The torch 2.13 class of each named plan schedule (the programs of spec 7.2 are theirs): the target's names
+for its own classes, kept here with the exporter rather than on our schedule classes."""
 
 
 def crossing(graph: LayerGraph, cut_after: int) -> list[int]:
@@ -64,7 +65,8 @@ def torch_schedule(plan: Plan) -> str:
     'ScheduleZBVZeroBubble'
     """
     m = len(plan.stages[0].microbatches)
-    if plan.schedule == "custom" or (plan.schedule == "1f1b" and m < len(plan.stages)):
+    # torch's Schedule1F1B (its own class, keyed by our name in TORCH_CLASSES) refuses fewer microbatches than stages
+    if plan.schedule_class.from_plan or (plan.schedule == "1f1b" and m < len(plan.stages)):
         return "csv"
     return TORCH_CLASSES[plan.schedule]
 

@@ -61,7 +61,8 @@ from pipeplan.solver.formats.plan import Plan
 
 SCHEDULE_NAMES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved-1f1b": "Interleaved1F1B",
                   "interleaved-zb": "InterleavedZeroBubble", "looped-bfs": "LoopedBFS", "zbv": "ZBVZeroBubble"}
-"""torchtitan's names (torch's ``get_schedule_class``) of the plan schedules it runs by name."""
+"""torchtitan's names (torch's ``get_schedule_class``) of the plan schedules it runs by name: the target's own
+table, so it stays keyed by our names rather than being an attribute of our schedule classes."""
 
 CSV_PLACEMENT_NAMES = {"loop": "Interleaved1F1B", "v": "ZBVZeroBubble"}
 """The schedule name that makes torchtitan place a CSV's stages as the plan does (``loop`` or ``v`` style)."""

@@ -95,7 +95,7 @@ class PiperView:
 
     def in_flight(self, s: int, d: int) -> int:
         """Microbatches a stage of degree ``d`` stashes with ``s`` devices at and after it."""
-        return self.problem.microbatches if self.problem.schedule == "gpipe" else math.ceil(s / d)
+        return self.problem.microbatches if self.problem.needs.forwards_first else math.ceil(s / d)
 
 
 def stage_estimate(view: PiperView, lo: int, hi: int, d: int, s: int) -> tuple[float, bool] | None:

@@ -202,7 +202,8 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
             bw, lat = _link_bounds(problem, c.speed, r)
             ar = np.where(PAR > 0, 2 * (r - 1) * (lat + PAR / (r * bw)), 0.0) if r > 1 else np.zeros_like(PAR)
             # w_max of term d: 0 for the last stage, else min(L - hi, M); suffix sums of q past it
-            w = np.where(last, 0, np.minimum(L - hi, M)) if problem.schedule == "1f1b" else np.full_like(hi, M)
+            w = np.where(last, 0, np.minimum(L - hi, M)) if problem.needs.warmup_per_later_stage \
+                else np.full_like(hi, M)
             q_after = np.concatenate((np.cumsum(q[::-1])[::-1], [0.0]))  # q_after[k] = sum_{j >= k} q_j
             late_n, late_q = np.maximum(M - 1 - w, 0), q_after[np.minimum(w + 1, M)]
             v = c.speed
@@ -212,7 +213,7 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
                 f_min = (AF + BF * qm) / v
                 u = f_min + (AB + BB * qm) / v + (f_min if rc else 0.0)
                 tf0 = (AF + BF * q[0]) / v
-                crit = f_all + b_all if problem.schedule == "gpipe" else tf0 + b_all + (late_n * AF + BF * late_q) / v
+                crit = f_all + b_all if problem.needs.forwards_first else tf0 + b_all + (late_n * AF + BF * late_q) / v
                 peak = problem.state_factor * PAR + _stash_peak(problem, q, last, INP, ACT, rc)
                 fits = peak <= c.memory * (1 + ROUNDING_MARGIN)
                 rows["stage_time"].append(np.where(fits, f_all + b_all + ar, np.inf))
@@ -239,7 +240,7 @@ def _stash_peak(problem: PlanningProblem, q: np.ndarray, last: np.ndarray, input
             return np.max(np.outer(inputs, points[:, 0]) + np.outer(act, points[:, 1]), axis=1)
         return act * points[:, 0].max()
 
-    if problem.schedule == "gpipe":
+    if problem.needs.forwards_first:
         return peak(0)
     return np.where(last, peak(0), peak(min(1, M)))
 

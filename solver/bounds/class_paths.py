@@ -95,7 +95,7 @@ import math
 from typing import Sequence
 
 from pipeplan.solver.evaluation.simulator import PlanCosts
-from pipeplan.solver.schedules.schedule import FORWARD
+from pipeplan.solver.schedules.schedule import FORWARD, schedule_for
 from pipeplan.solver.space.arcs import tau_ops
 
 __all__ = ["path_bound", "pipeline_time", "stage_durations"]
@@ -279,19 +279,20 @@ def path_bound(schedule: str, fwd: Sequence[Sequence[float]], bwd: Sequence[Sequ
     heads = [fwd[j][0] + cut[j][0] for j in range(S)]
     tails = [bwd[j][-1] + cut[j][-1] for j in range(S)]
     busy = [sum(fwd[j]) + sum(bwd[j]) for j in range(S)]
+    one_f_one_b = schedule_for(schedule).warmup_per_later_stage
     best = 0.0
     for p in range(S):
-        w = min(S - 1 - p, M) if schedule == "1f1b" else M
+        w = min(S - 1 - p, M) if one_f_one_b else M
         head = sum(heads[:p])
         best = max(best, head + busy[p] + allreduce[p], head + busy[p] + sum(tails[:p]))
         after = sum(passes[p + 1:])
-        if schedule == "1f1b":
+        if one_f_one_b:
             crit = busy[p] - sum(fwd[p][1:min(w, M - 1) + 1])
         else:
             crit = busy[p]
         core = crit + 2 * t_min[p] + after
         cores = [core]
-        if schedule == "1f1b" and w <= M - 2:
+        if one_f_one_b and w <= M - 2:
             skipped = sum(fwd[p][1:w + 1]) + sum(bwd[p][M - w - 1:M - 1])
             cores.append(busy[p] - skipped + 4 * t_min[p] + 2 * after)
         for e in range(p + 1):

@@ -269,7 +269,7 @@ def _model_verdict(problem: PlanningProblem, memories: list[float]) -> MemoryVer
     # Only the exact solvers can decide this case; the sentence says what they weighed,
     # without a sum that would suggest the plan fits (activations are spread over replicas).
     acts = n * sum(l.act for l in problem.graph.layers)
-    in_flight = "all of them under GPipe" if problem.schedule == "gpipe" else \
+    in_flight = "all of them under GPipe" if problem.needs.forwards_first else \
         "under 1F1B, one per later stage plus one, up to the microbatch count"
     return MemoryVerdict(False, (f"every layer fits on a device alone, and the model's training state "
                                  f"({format_bytes(state)}) fits the {k} largest devices' {format_bytes(room)} taken "

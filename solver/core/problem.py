@@ -10,7 +10,8 @@ from typing import Sequence
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.formats.plan import MAX_SAMPLES, Plan, Stage, equal_split
-from pipeplan.solver.schedules.needs import NEEDS, ScheduleNeeds
+from pipeplan.solver.schedules.needs import NEEDS
+from pipeplan.solver.schedules.schedule import SCHEDULE_CLASSES, Schedule
 from pipeplan.solver.evaluation.simulator import Simulation, simulate
 
 
@@ -135,7 +136,7 @@ class PlanningProblem:
                              f"each microbatch needs at least one sample")
         if self.schedule not in PLANNED_SCHEDULES:
             why = ("custom programs come from a plan file (simulate it); solvers plan the named schedules"
-                   if self.schedule == "custom" else "unknown schedule")
+                   if self.schedule in SCHEDULE_CLASSES else "unknown schedule")
             raise ValueError(f"schedule must be one of {', '.join(PLANNED_SCHEDULES)}, got {self.schedule!r}: {why}")
         self._check_virtual()
         if not 0 <= self.state_factor < math.inf:
@@ -159,8 +160,8 @@ class PlanningProblem:
         v = self.virtual_stages
         if v is not None and v < 1:
             raise ValueError(f"virtual_stages must be positive, got {v}")
-        if v is not None and self.schedule not in VIRTUAL_SCHEDULES:
-            fixed = self.needs.stages_per_group
+        fixed = self.needs.stages_per_group
+        if v is not None and fixed is not None:
             if v != fixed:
                 raise ValueError(f"{self.schedule} has {fixed} stage(s) per device group, got virtual_stages {v}; "
                                  f"--virtual-stages applies to {', '.join(VIRTUAL_SCHEDULES)}")
@@ -169,8 +170,9 @@ class PlanningProblem:
                              f"microbatches list), so per-stage splits do not apply; drop --per-stage")
 
     @property
-    def needs(self) -> ScheduleNeeds:
-        """What the schedule needs of a plan (:data:`pipeplan.solver.schedules.needs.NEEDS`)."""
+    def needs(self) -> type[Schedule]:
+        """The schedule's class, which says what it needs of a plan (:data:`pipeplan.solver.schedules.needs.NEEDS`):
+        ``stages_per_group``, ``split_backward``, ``several_stages``, ``forwards_first``, ..."""
         return NEEDS[self.schedule]
 
     @property

@@ -86,7 +86,7 @@ class Candidate:
         if plan.uses_v3:
             raise ValueError("a candidate holds no tensor-parallel degree, ZeRO level or state split; "
                              "simulate this plan with simulate()")
-        programs = tuple(tuple(p) for p in plan.actions()) if plan.schedule == "custom" else None
+        programs = tuple(tuple(p) for p in plan.actions()) if plan.schedule_class.from_plan else None
         return cls(tuple(st.layers for st in plan.stages), tuple(st.devices for st in plan.stages),
                    tuple(st.recompute for st in plan.stages), tuple(st.microbatches for st in plan.stages), programs)
 

@@ -379,7 +379,7 @@ def plan_wiring(plan: "Plan", file: str = "-") -> Wiring:
     sizes = tuple(tuple(st.microbatches) for st in plan.stages)
     by_stage = plan.programs_by_stage
     ops = (tuple(None if st.ops is None else tuple(st.ops) for st in plan.stages)
-           if by_stage and plan.schedule == "custom" else None)
+           if by_stage and plan.schedule_class.from_plan else None)
     programs = None if plan.custom_programs is None else tuple(tuple(p) for p in plan.custom_programs)
     key = (plan.schedule, programs, ops, stage_groups, sizes)
     found = _WIRINGS.get(key)

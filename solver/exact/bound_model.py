@@ -74,9 +74,9 @@ def model_rows(data: ExactData) -> tuple[list[CountRow], list[TimeRow]]:
         ends.setdefault((hi[i], tau[i]), []).append(i)
         by_lo[lo[i]].append(i)
         by_hi[hi[i]].append(i)
-    capped = data.problem.schedule == "1f1b" and data.max_tau < data.stage_limit - 1
+    capped = data.problem.needs.warmup_per_later_stage and data.max_tau < data.stage_limit - 1
     for b in range(1, L):
-        if data.problem.schedule == "gpipe":
+        if data.problem.needs.forwards_first:
             rows.append(_balance(ends.get((b, 0), []), starts.get((b, 0), [])))
             continue
         for label in range(0, data.max_tau + 1):

@@ -40,7 +40,6 @@ from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.evaluation.memory import stash_points
 from pipeplan.solver.space.arcs import tau_ops
-from pipeplan.solver.schedules.schedule import ONE_STAGE_PER_GROUP
 from pipeplan.solver.space.class_stages import SINGLE, SPREAD, ServerKind, StageType, server_kinds, stage_types
 from pipeplan.solver.space.device_classes import DeviceClass, device_classes
 
@@ -239,7 +238,7 @@ def build_position_model(problem: PlanningProblem, upper: float = math.inf,
     positions : int, optional
         ``K``, explicit positions (default ``min(M - 1, stage limit, DEFAULT_POSITIONS)``, at least 1).
     """
-    if problem.schedule not in ONE_STAGE_PER_GROUP or problem.free_sizes:
+    if problem.needs.several_stages or problem.free_sizes:
         raise ValueError("the position model describes version-1 plans with equal microbatches (gpipe or 1f1b)")
     start = time.perf_counter()
     graph = problem.graph
@@ -258,7 +257,7 @@ def build_position_model(problem: PlanningProblem, upper: float = math.inf,
     cut_min = min((graph.cut_bytes(c) for c in range(L - 1)), default=0.0)
     input_min = min(graph.stage_input_bytes(x) for x in range(L))
     terms = [_scaled(type_terms(problem, classes, kinds, t, cut_min), scale) for t in types]
-    one_f_one_b = problem.schedule == "1f1b"
+    one_f_one_b = problem.needs.warmup_per_later_stage
     every_layer_has_params = bool(np.all(layer_attr[:, 4] > 0))
 
     m = _Model()

@@ -124,7 +124,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
     V = sum(d.speed for d in cluster.devices)
     r_max = devices if problem.allow_replication else 1
     q_best = -(-n_min // r_max)
-    max_tau = min(K - 1, M) if problem.schedule == "1f1b" else 0
+    max_tau = min(K - 1, M) if problem.needs.warmup_per_later_stage else 0
     sf = problem.state_factor
     # per-layer prefix sums
     P_af, P_bf = _prefix([l.fwd[0] for l in layers]), _prefix([l.fwd[1] for l in layers])
@@ -149,7 +149,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
     after_pass = u_layer[L] - u_layer[hi_all]
     w_layer = _prefix([M * (l.fwd[0] + l.bwd[0]) + problem.global_batch * (l.fwd[1] + l.bwd[1]) for l in layers])
     rest_work = w_layer[L] - (w_layer[hi_all] - w_layer[lo_all])
-    if problem.schedule == "gpipe":
+    if problem.needs.forwards_first:
         tau_of = [np.zeros_like(lo_all)]
         tau_ok = [np.ones_like(last)]
     else:  # a stage followed by tau stages needs tau layers after it; tau = 0 only for the last stage
@@ -206,7 +206,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
                 fits &= ~plain_fits.get(key, np.zeros_like(fits))  # dominated: the same devices without recompute fit
             else:
                 plain_fits[key] = fits
-            if problem.schedule == "gpipe":
+            if problem.needs.forwards_first:
                 critical = busy
             else:
                 w = min(t, M)
@@ -228,7 +228,7 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
             # term 2d: the pivot's path to F_{M-1}, which then runs on to a later stage's all-reduce
             f_last = (AF + BF * ql) / v
             chain = f_last + send(n_last)
-            end_ar = f_last + (b_last if problem.schedule == "1f1b" else bwd_sum) + ar + 2 * send(n_min)
+            end_ar = f_last + (b_last if problem.needs.warmup_per_later_stage else bwd_sum) + ar + 2 * send(n_min)
             if twice:  # F_0, microbatch 0's round trip (own cut here, the rest in R_l), B_0 .. F_{M-1}
                 pivot_fwd = critical2 - b_last - f_last + 2 * send(n_min)
                 standalone = np.maximum(standalone, head_min + pivot_fwd + end_ar + 2 * after_pass)

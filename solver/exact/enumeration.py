@@ -163,7 +163,7 @@ class _Walk:
         self.cells = cells or WorkBudget(DEFAULT_TABLE_CELLS, stops=clock.stops)
         problem = data.problem
         self.L = len(problem.graph)
-        self.capped = problem.schedule == "1f1b" and data.max_tau < data.stage_limit - 1
+        self.capped = problem.needs.warmup_per_later_stage and data.max_tau < data.stage_limit - 1
         caps = np.array([c.count for c in data.classes], dtype=np.int64)
         self.size = int(np.prod(caps + 1))
         strides = np.ones(len(caps), dtype=np.int64)

@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.jsonio import MAX_EXACT_INT, Reader, check_integer, load_json
-from pipeplan.solver.schedules.schedule import (NAMED_V2, ONE_STAGE_PER_GROUP, SCHEDULES, Action, check_programs,
-                                                check_stage_ops, format_action, group_programs, num_stages,
-                                                stage_actions, stage_group)
+from pipeplan.solver.schedules.schedule import (NAMED_V2, SCHEDULE_CLASSES, SCHEDULES, Action, Schedule,
+                                                check_programs, check_stage_ops, format_action, schedule_for,
+                                                stage_actions)
 
 if TYPE_CHECKING:
     from pipeplan.models.graph import LayerGraph
@@ -223,7 +223,8 @@ class Plan:
         ['schedule zbv', 'stages 0 and 1 share device group 0']
         """
         found = []
-        if self.schedule in NAMED_V2:
+        named = SCHEDULE_CLASSES.get(self.schedule)  # None for an unknown name, which validate() reports
+        if named is not None and named.format_version >= 2:
             found.append(f"schedule {self.schedule}")
         owner: dict[int, int] = {}
         for s, g in enumerate(self.stage_groups):
@@ -254,7 +255,18 @@ class Plan:
         Each group then holds one stage, and errors in its programs are reported where
         the plan writes them, at ``stages[s].ops[i]``.
         """
-        return self.custom_programs is None and self.schedule not in NAMED_V2
+        return self.custom_programs is None and not _generates_group_programs(self.schedule)
+
+    @property
+    def schedule_class(self) -> type[Schedule]:
+        """The class of the plan's schedule (:func:`~pipeplan.solver.schedules.schedule.schedule_for`).
+
+        Raises
+        ------
+        ValueError
+            For an unknown name (:meth:`validate` reports it at ``schedule``).
+        """
+        return schedule_for(self.schedule)
 
     def actions(self, file: str = "-") -> list[list[Action]]:
         """Every group's program as :class:`~pipeplan.solver.schedules.schedule.Action` s, generated or read.
@@ -267,14 +279,14 @@ class Plan:
         if self.custom_programs is not None:
             return check_programs([list(p) for p in self.custom_programs], self.stage_groups,
                                   [len(st.microbatches) for st in self.stages], file, "programs")
-        if self.schedule in NAMED_V2:
+        named = self.schedule_class
+        if _generates_group_programs(self.schedule):
             try:
-                return group_programs(self.schedule, len(self.groups), len(self.stages[0].microbatches),
-                                      self.virtual)
+                return named.programs(len(self.groups), len(self.stages[0].microbatches), self.virtual)
             except ValueError as exc:
                 raise InputError(file, "stages[0].microbatches", str(exc)) from None
         count = len(self.stages)
-        if self.schedule == "custom":
+        if named.from_plan:
             return [check_stage_ops(list(st.ops or ()), s, len(st.microbatches), file, f"stages[{s}].ops")
                     for s, st in enumerate(self.stages)]
         return [list(stage_actions(self.schedule, len(st.microbatches), s, count)) for s, st in enumerate(self.stages)]
@@ -332,16 +344,17 @@ class Plan:
         self._check_state(file)
         for s, st in enumerate(self.stages):
             self._check_split(st, s, file)
-        if self.custom_programs is not None and self.schedule != "custom":
+        named = self.schedule_class
+        if self.custom_programs is not None and not named.from_plan:
             raise InputError(file, "programs", f"programs are read only under \"schedule\": \"custom\"; "
                                                f"{self.schedule} generates its own (remove \"programs\")")
-        if self.schedule in ONE_STAGE_PER_GROUP:
+        if named.one_stage_per_group:
             self._check_one_stage_per_group(file, f"under {self.schedule}")
-        elif self.schedule in NAMED_V2:
+        elif not named.from_plan:
             self._check_named_v2(file)
         elif self.custom_programs is None:
             self._check_one_stage_per_group(file, "in a custom plan without \"programs\"")
-        if self.schedule == "custom":
+        if named.from_plan:
             self._check_custom(file)
         else:
             for s, st in enumerate(self.stages):
@@ -374,14 +387,16 @@ class Plan:
     def _check_named_v2(self, file: str) -> None:
         """Stage count, groups and splits as the named schedule lays them out; then its programs."""
         groups, count = len(self.groups), len(self.stages)
-        expected = num_stages(self.schedule, groups, 2 if self.schedule == "zbv" else max(1, count // groups))
-        if count != expected or (self.schedule != "zbv" and count % groups):
-            shape = "2R" if self.schedule == "zbv" else "a multiple v*R of the group count R"
+        named = self.schedule_class
+        fixed = named.stages_per_group
+        expected = named.num_stages(groups, fixed or max(1, count // groups))
+        if count != expected or (fixed is None and count % groups):
+            shape = f"{fixed}R" if fixed is not None else "a multiple v*R of the group count R"
             raise InputError(file, "stages", f"{self.schedule} runs {shape} stages; this plan has {count} stages on "
                                              f"{groups} device groups")
         actual = self.stage_groups
         for s in range(count):
-            want = stage_group(self.schedule, s, groups)
+            want = named.stage_group(s, groups)
             if actual[s] != want:
                 holder = next(t for t in range(count) if actual[t] == want)
                 raise InputError(file, f"stages[{s}].devices",
@@ -400,7 +415,7 @@ class Plan:
     def _check_named_ops(self, st: Stage, s: int, file: str) -> None:
         """An op list on a gpipe/1f1b stage must be the one the schedule generates (it is not read)."""
         where = f"stages[{s}].ops"
-        if self.schedule in NAMED_V2:
+        if self.schedule_class.several_stages:
             raise InputError(file, where, f"{self.schedule} generates every group's program, so per-stage ops are "
                                           f"not read; remove them, or use \"schedule\": \"custom\" with \"programs\"")
         given = check_stage_ops(list(st.ops or ()), s, len(st.microbatches), file, where)
@@ -540,11 +555,12 @@ class Plan:
         schedule = top.string("schedule")
         if schedule not in SCHEDULES:
             raise top.fail("schedule", f"unknown schedule {schedule!r}; valid: {', '.join(SCHEDULES)}")
-        if not version2 and schedule in NAMED_V2:
+        if not version2 and schedule_for(schedule).format_version > 1:
             raise top.fail("schedule", f"{schedule} is a version-2 schedule; a {PLAN_FORMAT} plan runs gpipe, "
                                        f"1f1b or custom (write \"format\": \"{PLAN_FORMAT_V2}\")")
         programs = _read_programs(top, file) if version2 and top.has("programs") else None
-        stages = tuple(_read_stage(item, file, f"stages[{i}]", schedule == "custom" and programs is None, version3)
+        stages = tuple(_read_stage(item, file, f"stages[{i}]", schedule_for(schedule).from_plan and programs is None,
+                                   version3)
                        for i, item in enumerate(top.array("stages", nonempty=True)))
         batch = top.integer("global_batch", minimum=1, maximum=MAX_SAMPLES)
         known = _PLAN_FIELDS_V3 if version3 else _PLAN_FIELDS_V2 if version2 else _PLAN_FIELDS
@@ -693,3 +709,9 @@ def equal_split(batch: int, m: int) -> tuple[int, ...]:
     q, rem = divmod(batch, m)
     return tuple(q + 1 if k < rem else q for k in range(m))
 
+
+def _generates_group_programs(schedule: str) -> bool:
+    """Whether ``schedule`` names a schedule that generates every group's program, a group holding several stages
+    (:data:`~pipeplan.solver.schedules.schedule.NAMED_V2`); ``False`` for an unknown name, which validation reports."""
+    named = SCHEDULE_CLASSES.get(schedule)
+    return named is not None and named.several_stages and not named.from_plan

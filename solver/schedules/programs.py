@@ -1,31 +1,27 @@
-"""Group programs of the version-2 named schedules (spec section 7.2).
+"""Actions and the program generators of the multi-stage schedules (spec section 7.2).
 
 A *program* is the list of actions one device group runs, one at a time, in list
 order.  An action is written as torch.distributed.pipelining writes it,
 ``<stage><kind><microbatch>``: ``"3I5"`` is the input-gradient backward of
-microbatch 5 of stage 3.  The four generators here build each group's program as
+microbatch 5 of stage 3.  The three generators here build each group's program as
 torch 2.13 builds each rank's ``_calculate_single_rank_operations`` for
 ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
 ``ScheduleLoopedBFS`` and ``ScheduleZBVZeroBubble``, with the idle slots (torch's
-``None`` entries) dropped; group ``g`` is torch's rank ``g``.  They refuse, with a
-one-line ``ValueError``, every combination torch's constructors refuse.
+``None`` entries) dropped; group ``g`` is torch's rank ``g``.  They take counts
+already checked: the schedule classes of :mod:`pipeplan.solver.schedules.schedule`
+check them (``Schedule.check_counts``) before they call a generator, and refuse,
+with a one-line ``ValueError``, every combination torch's constructors refuse.
 """
 
 from __future__ import annotations
 
 import re
 from collections import defaultdict
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 FORWARD, FULL_BACKWARD, INPUT_BACKWARD, WEIGHT_BACKWARD = "F", "B", "I", "W"
 KINDS = (FORWARD, FULL_BACKWARD, INPUT_BACKWARD, WEIGHT_BACKWARD)
 """Action kinds: forward, whole backward, input-gradient backward, weight-gradient backward."""
-
-NAMED_V2 = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
-"""The named schedules whose groups may hold several stages."""
-
-ZBV_STAGES_PER_GROUP = 2
-"""ZB-V holds exactly two stages (chunk 0 and chunk 1) on every group."""
 
 
 class Action(NamedTuple):
@@ -82,40 +78,6 @@ def format_action(action: Action) -> str:
     return f"{action.stage}{action.kind}{action.microbatch}"
 
 
-def check_counts(schedule: str, groups: int, microbatches: int, virtual: int) -> None:
-    """Refuse what torch's constructor for ``schedule`` refuses.
-
-    Raises
-    ------
-    ValueError
-        For fewer than one group, microbatch or stage per group; for ``zbv`` with a
-        ``virtual`` other than 2 (1, the default, is read as "not given"); for the
-        interleaved schedules when ``microbatches`` is not a multiple of
-        ``rounds = max(1, microbatches // groups)``.
-    """
-    for name, value in (("groups", groups), ("microbatches", microbatches), ("virtual", virtual)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{schedule} needs {name} >= 1 (an integer), got {value!r}")
-    if schedule == "zbv" and virtual not in (1, ZBV_STAGES_PER_GROUP):
-        raise ValueError(f"zbv holds exactly {ZBV_STAGES_PER_GROUP} stages per group, got virtual = {virtual}; "
-                         f"use virtual = {ZBV_STAGES_PER_GROUP}, or interleaved-1f1b for {virtual} stages per group")
-    if schedule in ("interleaved-1f1b", "interleaved-zb"):
-        rounds = max(1, microbatches // groups)
-        if microbatches % rounds:
-            raise ValueError(f"{schedule} needs the microbatch count to be a multiple of rounds = "
-                             f"max(1, m // R) = {rounds}; m = {microbatches} with R = {groups} groups is not: "
-                             f"use m = {_nearest_valid_m(microbatches, groups)}")
-
-
-def _nearest_valid_m(m: int, groups: int) -> str:
-    """The closest microbatch counts below and above ``m`` that the interleaved schedules accept."""
-    def valid(k: int) -> bool:
-        return k >= 1 and k % max(1, k // groups) == 0
-    below = next(k for k in range(m - 1, 0, -1) if valid(k))  # k <= groups is always valid
-    above = next(k for k in range(m + 1, 2 * m + groups) if valid(k))
-    return f"{below} or {above}"
-
-
 def interleaved_programs(groups: int, microbatches: int, virtual: int, zero_bubble: bool) -> list[list[Action]]:
     """Every group's program under interleaved 1F1B or interleaved zero bubble (ZB1P).
 
@@ -139,18 +101,14 @@ def interleaved_programs(groups: int, microbatches: int, virtual: int, zero_bubb
     list of list of Action
         Program ``g`` for each group ``g``.
 
-    Raises
-    ------
-    ValueError
-        If ``m`` is not a multiple of the rounds (see :func:`check_counts`).
+    ``m`` must be a multiple of the rounds (checked by
+    :meth:`pipeplan.solver.schedules.schedule.Interleaved1F1B.check_counts`).
 
     Examples
     --------
     >>> [format_action(a) for a in interleaved_programs(2, 2, 2, zero_bubble=False)[1]]
     ['1F0', '1F1', '3F0', '3B0', '3F1', '3B1', '1B0', '1B1']
     """
-    name = "interleaved-zb" if zero_bubble else "interleaved-1f1b"
-    check_counts(name, groups, microbatches, virtual)
     return [_interleaved_group(g, groups, microbatches, virtual, zero_bubble) for g in range(groups)]
 
 
@@ -217,17 +175,11 @@ def looped_bfs_programs(groups: int, microbatches: int, virtual: int) -> list[li
     list of list of Action
         Program ``g`` for each group ``g``, ``2*v*m`` actions each.
 
-    Raises
-    ------
-    ValueError
-        If a count is below 1.
-
     Examples
     --------
     >>> [format_action(a) for a in looped_bfs_programs(2, 2, 2)[0]]
     ['0F0', '0F1', '2F0', '2F1', '2B1', '2B0', '0B1', '0B0']
     """
-    check_counts("looped-bfs", groups, microbatches, virtual)
     programs = []
     for g in range(groups):
         stages = range(g, groups * virtual, groups)
@@ -237,7 +189,7 @@ def looped_bfs_programs(groups: int, microbatches: int, virtual: int) -> list[li
     return programs
 
 
-def zbv_programs(groups: int, microbatches: int, virtual: int = ZBV_STAGES_PER_GROUP) -> list[list[Action]]:
+def zbv_programs(groups: int, microbatches: int) -> list[list[Action]]:
     """Every group's program under ZB-V (the V-shaped zero-bubble schedule).
 
     Group ``g`` holds chunk 0, stage ``g``, and chunk 1, stage ``2R-1-g``.  The
@@ -249,8 +201,6 @@ def zbv_programs(groups: int, microbatches: int, virtual: int = ZBV_STAGES_PER_G
     ----------
     groups, microbatches : int
         ``R`` and ``m``.
-    virtual : int, optional
-        Stages per group: 2 (1 is read as "not given" and means 2 as well).
 
     Returns
     -------
@@ -258,17 +208,11 @@ def zbv_programs(groups: int, microbatches: int, virtual: int = ZBV_STAGES_PER_G
         Program ``g`` for each group ``g``: ``F``, ``I`` and ``W`` of microbatches
         ``0 .. m-1`` of its two stages.
 
-    Raises
-    ------
-    ValueError
-        If ``virtual`` is neither 1 nor 2, or a count is below 1.
-
     Examples
     --------
     >>> [format_action(a) for a in zbv_programs(1, 2)[0]]
     ['0F0', '1F0', '1I0', '1W0', '0F1', '0I0', '0W0', '1F1', '1I1', '1W1', '0I1', '0W1']
     """
-    check_counts("zbv", groups, microbatches, virtual)
     return [[a for a in _zbv_group(g, groups, max(2 * groups - 1, microbatches)) if a.microbatch < microbatches]
             for g in range(groups)]
 
@@ -305,10 +249,20 @@ def _zbv_group(g: int, groups: int, n: int) -> list[Action]:
     return program
 
 
-GENERATORS: dict[str, Callable[[int, int, int], list[list[Action]]]] = {
-    "interleaved-1f1b": lambda r, m, v: interleaved_programs(r, m, v, zero_bubble=False),
-    "interleaved-zb": lambda r, m, v: interleaved_programs(r, m, v, zero_bubble=True),
-    "looped-bfs": looped_bfs_programs,
-    "zbv": zbv_programs,
-}
-"""Each named version-2 schedule's generator, called as ``(groups, microbatches, virtual)``."""
+def stage_program(stage: int, microbatches: int, warmup: int) -> list[Action]:
+    """The program of a stage that has its device group to itself: ``warmup`` forwards, then pairs, then the drain.
+
+    After the warm-up, each further forward is followed by the backward of the
+    oldest microbatch in flight; the remaining backwards close the program.  GPipe
+    is ``warmup = m``; 1F1B is ``warmup = min(S-1-s, m)``.
+
+    Examples
+    --------
+    >>> [format_action(a) for a in stage_program(0, 3, 1)]
+    ['0F0', '0F1', '0B0', '0F2', '0B1', '0B2']
+    """
+    program = [Action(stage, FORWARD, k) for k in range(warmup)]
+    for i in range(microbatches - warmup):
+        program += [Action(stage, FORWARD, warmup + i), Action(stage, FULL_BACKWARD, i)]
+    program += [Action(stage, FULL_BACKWARD, k) for k in range(max(microbatches - warmup, 0), microbatches)]
+    return program

@@ -35,9 +35,10 @@ from dataclasses import dataclass, field, replace
 from itertools import accumulate
 from typing import Any, Iterable, Protocol, Sequence
 
-from pipeplan.solver.schedules.programs import (FORWARD, FULL_BACKWARD, INPUT_BACKWARD, NAMED_V2, WEIGHT_BACKWARD,
-                                                Action, check_counts, format_action)
-from pipeplan.solver.schedules.schedule import group_programs, stage_actions, stage_group
+from pipeplan.solver.schedules.programs import (FORWARD, FULL_BACKWARD, INPUT_BACKWARD, WEIGHT_BACKWARD, Action,
+                                                format_action)
+from pipeplan.solver.schedules.schedule import (NAMED_V2, ONE_STAGE_PER_GROUP, group_programs, schedule_for,
+                                                stage_actions, stage_group)
 
 __all__ = ["StageCosts", "Boundary", "GroupCosts", "ScheduleInstance", "schedule_instance", "Timeline",
            "ProgramDeadlock", "evaluate", "custom_plan", "program_strings", "fixed_programs",
@@ -573,21 +574,20 @@ def fixed_programs(instance: ScheduleInstance) -> dict[str, Programs]:
     placement = instance.placement
     found: dict[str, Programs] = {}
     if placement == tuple(range(count)):
-        for name in ("gpipe", "1f1b"):
+        for name in ONE_STAGE_PER_GROUP:
             found[name] = tuple(stage_actions(name, st.count, s, count) for s, st in enumerate(instance.stages))
     if not instance.equal_splits:
         return found
     m = instance.stages[0].count
     for name in NAMED_V2:
-        virtual = 2 if name == "zbv" else count // groups
-        if name != "zbv" and count % groups:
+        cls = schedule_for(name)
+        virtual = cls.stages_per_group or count // groups
+        if count != virtual * groups:
             continue
-        if name == "zbv" and count != 2 * groups:
-            continue
-        if any(stage_group(name, s, groups) != placement[s] for s in range(count)):
+        if any(cls.stage_group(s, groups) != placement[s] for s in range(count)):
             continue
         try:
-            check_counts(name, groups, m, virtual)
+            cls.check_counts(groups, m, virtual)
         except ValueError:
             continue
         found[name] = tuple(tuple(p) for p in group_programs(name, groups, m, virtual))

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipeplan.solver.space.device_classes import DeviceClass
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.schedules.schedule import stage_actions
+from pipeplan.solver.schedules.schedule import schedule_for, stage_actions
 from pipeplan.solver.space.stage_options import Option
 
 
@@ -119,4 +119,4 @@ def two_round_trips(schedule: str, m: int, tau: int) -> bool:
     Under 1F1B with ``w = tau <= M - 2`` warm-up forwards, ``F_{w+1} .. F_{M-1}`` follow
     ``B_0``; under GPipe, or with ``w >= M - 1``, every forward precedes ``B_0``.
     """
-    return schedule == "1f1b" and tau <= m - 2
+    return schedule_for(schedule).warmup_per_later_stage and tau <= m - 2

@@ -24,8 +24,7 @@ from pipeplan.solver.core.algorithm import SEVERAL_STAGES_PER_GROUP, Solver
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.schedules.needs import NEEDS
-from pipeplan.solver.schedules.programs import check_counts
-from pipeplan.solver.schedules.schedule import num_stages, stage_group
+from pipeplan.solver.schedules.schedule import check_counts, num_stages, stage_group
 
 @dataclass(frozen=True)
 class Candidate:

@@ -140,7 +140,7 @@ def fits_some_split(problem: PlanningProblem, pipeline: Pipeline) -> bool:
     for s, ((lo, hi), group, recompute) in enumerate(zip(*pipeline)):
         r = len(group)
         q_big, every = -(-largest // r), -(-problem.global_batch // r)
-        in_flight = every if problem.schedule == "gpipe" or top <= stages - s else min(every, stages - s)
+        in_flight = every if problem.needs.forwards_first or top <= stages - s else min(every, stages - s)
         act, inp = graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo)
         stash = max(q_big * (inp + act), in_flight * inp + act) if recompute else max(q_big, in_flight) * act
         need = problem.state_factor * graph.range_sum("params", lo, hi) + stash
