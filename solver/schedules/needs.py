@@ -20,8 +20,5 @@ from __future__ import annotations
 
 from pipeplan.solver.schedules.schedule import SCHEDULE_CLASSES, Schedule
 
-ScheduleNeeds = type[Schedule]
-"""What one named schedule needs of a plan: its class (``stages_per_group``, ``split_backward``, ...)."""
-
 NEEDS: dict[str, type[Schedule]] = {name: cls for name, cls in SCHEDULE_CLASSES.items() if cls.planned}
 """Every schedule a solver plans (``custom`` programs come from a plan file and are not planned)."""
