@@ -21,7 +21,7 @@ from pipeplan.solver.bounds.infeasibility import format_bytes, heuristic_no_plan
 from pipeplan.solver.core.algorithm import ONE_STAGE_PER_GROUP
 from pipeplan.solver.core.problem import PIPELINES
 from pipeplan.solver.core.termination import TimeLimit, interruptible
-from pipeplan.solver.schedules.schedule import schedule_for
+from pipeplan.solver.schedules.schedule import SCHEDULE_CLASSES
 
 if TYPE_CHECKING:  # pymoo: imported where the search runs, not while the parser is built
     from pipeplan.solver.heuristics.nsga import NsgaRun
@@ -82,7 +82,8 @@ def run_pareto(args: argparse.Namespace) -> int:
     check_outputs(args, args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
-    if schedule_for(args.schedule).several_stages:
+    named = SCHEDULE_CLASSES.get(args.schedule)  # None for "auto", which may pick a several-stage schedule
+    if named is None or named.several_stages:
         raise InputError("-", "--schedule", f"pareto writes the front of nsga's search over "
                                             f"{' and '.join(ONE_STAGE_PER_GROUP)} plans only; plan {args.schedule} "
                                             f"with pipeplan plan --solver nsga (or cpsat, ilp, group-search)")
