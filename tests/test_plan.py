@@ -9,6 +9,7 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.formats.plan import PLAN_FORMAT, PLAN_FORMAT_V2, Plan, Stage, equal_split, load_plan
+from pipeplan.solver.schedules.schedule import schedule_for
 
 EXAMPLE = "examples/interleaved.plan.json"
 GRAPH, CLUSTER = "examples/gpt-tiny.graph.json", "examples/cpu-pair.cluster.json"
@@ -278,6 +279,21 @@ class TestStageActions:
     def test_each_stage_in_its_groups_order(self, schedule, layout, expected):
         plan = Plan.from_dict(v2(schedule, tuple(layout), (1, 1)), "p.json")
         assert [[f"{a.stage}{a.kind}{a.microbatch}" for a in actions] for actions in plan.stage_actions()] == expected
+
+
+class TestScheduleClass:
+    @pytest.mark.parametrize("schedule, layout", [("1f1b", "ab"), ("zbv", "abba"), ("custom", "ab")])
+    def test_the_plan_names_its_class(self, schedule, layout):
+        plan = Plan.from_dict(v2(schedule, tuple(layout), (1, 1)) if schedule != "custom" else
+                              _per_stage_ops(["F0", "B0"], ["F0", "B0"]), "p.json")
+        assert plan.schedule_class is schedule_for(schedule) and plan.schedule_class.name == schedule
+
+    def test_an_unknown_name_is_refused_where_the_plan_writes_it(self):
+        data = base()
+        data["schedule"] = "pipedream"
+        with pytest.raises(InputError) as info:
+            Plan.from_dict(data, "p.json")
+        assert info.value.where == "schedule" and "unknown schedule 'pipedream'; valid: gpipe" in info.value.what
 
 
 class TestRoundTrip:

@@ -280,7 +280,7 @@ class Plan:
             return check_programs([list(p) for p in self.custom_programs], self.stage_groups,
                                   [len(st.microbatches) for st in self.stages], file, "programs")
         named = self.schedule_class
-        if _generates_group_programs(self.schedule):
+        if named.several_stages and not named.from_plan:
             try:
                 return named.programs(len(self.groups), len(self.stages[0].microbatches), self.virtual)
             except ValueError as exc:

@@ -482,7 +482,7 @@ def group_programs(schedule: str, groups: int, microbatches: int, virtual: int =
     >>> [format_action(a) for a in group_programs("interleaved-zb", 2, 2, 2)[1]]
     ['1F0', '1F1', '3F0', '3I0', '3F1', '3I1', '3W0', '1I0', '3W1', '1I1', '1W0', '1W1']
     """
-    return schedule_for(schedule).programs(groups, microbatches, virtual)
+    return [list(program) for program in _generated(schedule_for(schedule), groups, microbatches, virtual)]
 
 
 def check_stage_ops(texts: Iterable[object], stage: int, m: int, file: str, where: str) -> list[Action]:
