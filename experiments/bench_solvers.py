@@ -57,7 +57,8 @@ SCHEDULE_CASES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interlea
 """``(schedule, v)`` pairs the schedule columns (and ``bench_schedules``) compare; ``v`` is the
 stages per device group, fixed at 1 for ``gpipe``/``1f1b`` and 2 for ``zbv``."""
 
-VIRTUAL_SCHEDULES = tuple(name for name, _ in SCHEDULE_CASES if schedule_for(name).stages_per_group is None)
+VIRTUAL_SCHEDULES = tuple(dict.fromkeys(name for name, _ in SCHEDULE_CASES
+                                        if schedule_for(name).stages_per_group is None))
 """Schedules whose stages per group ``v`` is a choice."""
 
 
