@@ -206,3 +206,171 @@ def _own_programs(plan: Plan, split_backward: bool) -> tuple[tuple[Action, ...],
     if any(a.kind not in (FORWARD, FULL_BACKWARD) for p in own for a in p):
         return None
     return own
+
+
+# --------------------------------------------------------------------------- partitions searched jointly
+DEFAULT_EVALUATIONS = 120
+"""Partitions the joint search (:func:`search_partitions`) synthesizes programs for by default.  On the six
+shapes of ``experiments/bench_synthesis.py`` the boundary walk from the fixed schedules' plans ends within
+it (docs/schedules.md, section ``adaptive``)."""
+
+
+def partition_key(plan: Plan) -> tuple:
+    """What a plan's programs depend on: its stages (layers, devices, splits, recompute, tensor parallelism, ZeRO)."""
+    return tuple((st.layers, st.devices, st.microbatches, st.recompute, st.tensor_parallel, st.zero)
+                 for st in plan.stages)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One partition the joint search synthesized programs for."""
+
+    plan: Plan
+    """The ``custom`` plan the list scheduler built for it."""
+    iteration_time: float
+    """Its iteration time (the list scheduler's, the simulator's arithmetic)."""
+    origin: str
+    """Where the partition comes from: ``"<schedule>"`` (that schedule's plan) or ``"<schedule> + k moves"``."""
+
+
+def neighbours(plan: Plan, allow_recompute: bool = True) -> list[Plan]:
+    """The partitions one move away: a stage boundary moved by one layer, or one stage's recompute switched.
+
+    Every stage keeps at least one layer; devices, groups and splits are kept, so every
+    neighbour holds the same stages per group as ``plan``.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import Stage
+    >>> p = Plan("g", "c", 4, 4.0, "custom", (Stage((0, 2), ("a",), (2, 2)), Stage((2, 4), ("b",), (2, 2))))
+    >>> [[st.layers for st in n.stages] for n in neighbours(p, allow_recompute=False)]
+    [[(0, 1), (1, 4)], [(0, 3), (3, 4)]]
+    """
+    stages = list(plan.stages)
+    out = []
+    for c in range(1, len(stages)):
+        for step in (-1, 1):
+            cut = stages[c].layers[0] + step
+            if not stages[c - 1].layers[0] < cut < stages[c].layers[1]:
+                continue
+            moved = list(stages)
+            moved[c - 1] = replace(stages[c - 1], layers=(stages[c - 1].layers[0], cut), ops=None)
+            moved[c] = replace(stages[c], layers=(cut, stages[c].layers[1]), ops=None)
+            out.append(replace(plan, stages=tuple(moved), extra={}))
+    if allow_recompute:
+        for s, st in enumerate(stages):
+            switched = list(stages)
+            switched[s] = replace(st, recompute=not st.recompute)
+            out.append(replace(plan, stages=tuple(switched), extra={}))
+    return out
+
+
+@dataclass(frozen=True)
+class PartitionSearch:
+    """What :func:`search_partitions` found."""
+
+    best: Scored | None
+    """The fastest fitting partition with its synthesized programs, or ``None`` when none fits."""
+    seeds: tuple[Scored | None, ...]
+    """Each seed's synthesized result, in the order given (``None`` where none fits, or the work ran out first)."""
+    evaluations: int
+    """Partitions synthesized (the counted work)."""
+    stopped_by: str
+    """``"complete"`` (no move improves the best partitions), ``"budget"`` (the evaluations ran out) or ``"time"``."""
+
+
+def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster: Cluster, *,
+                      evaluations: int = DEFAULT_EVALUATIONS, memory_fraction: float = 1.0,
+                      allow_recompute: bool = True, deadline: float | None = None,
+                      valid=None) -> PartitionSearch:
+    """The fastest partition found with synthesized programs, from ``seeds`` and their neighbours.
+
+    Every seed partition (deduplicated) gets list-scheduled programs
+    (:func:`~pipeplan.solver.schedules.synthesis.synthesize`); then, from the fastest
+    seeds first, a first-improvement walk over :func:`neighbours` moves to a neighbour
+    whose synthesized time is shorter, until no move improves or ``evaluations``
+    partitions have been synthesized.  The result depends on the seeds, the budget
+    and the instance only (ties: the first found); ``deadline`` (a ``time.perf_counter``
+    value) is a cap whose hitting ``stopped_by`` reports.
+
+    Parameters
+    ----------
+    seeds : list of (str, Plan)
+        Where each partition comes from (a schedule's name) and the plan.
+    graph, cluster
+        What the plans run on.
+    evaluations : int
+        Most partitions synthesized (the seeds included).
+    memory_fraction : float
+        Each group's cap as a share of its device memory (:func:`synthesize_plan`).
+    allow_recompute : bool
+        Whether a move may switch a stage's recompute.
+    deadline : float, optional
+        ``time.perf_counter()`` value past which no partition is started.
+    valid : callable, optional
+        ``valid(plan) -> bool``: a neighbour outside the planning problem's switches is skipped.
+    """
+    seen: dict[tuple, Scored | None] = {}
+    count = 0
+    stopped = "complete"
+
+    def score(origin: str, plan: Plan) -> Scored | None:
+        nonlocal count
+        key = partition_key(plan)
+        if key in seen:
+            return seen[key]
+        count += 1
+        try:
+            instance = schedule_instance(plan, graph, cluster, memory_fraction=memory_fraction)
+            syn = synthesize(instance)
+        except (ProgramDeadlock, ValueError):
+            seen[key] = None
+            return None
+        made = Scored(custom_plan(replace(plan, extra={}), syn.programs), syn.iteration_time, origin) \
+            if syn.fits else None
+        seen[key] = made
+        return made
+
+    def out_of_work() -> str:
+        if count >= evaluations:
+            return "budget"
+        if deadline is not None and time.perf_counter() > deadline:
+            return "time"
+        return ""
+
+    scored: list[Scored] = []
+    per_seed: list[Scored | None] = []
+    for origin, plan in seeds:
+        if partition_key(plan) not in seen and (stop := out_of_work()):
+            stopped = stop
+            per_seed.append(None)
+            continue
+        made = score(origin, plan)
+        per_seed.append(made)
+        if made is not None and all(made is not s for s in scored):
+            scored.append(made)
+    best = min(scored, key=lambda s: s.iteration_time, default=None)
+    order = sorted(range(len(scored)), key=lambda i: (scored[i].iteration_time, i))
+    for i in order:
+        if stopped != "complete":
+            break
+        current, moves = scored[i], 0
+        improved = True
+        while improved and stopped == "complete":
+            improved = False
+            for cand in neighbours(current.plan, allow_recompute):
+                if valid is not None and not valid(cand):
+                    continue
+                if partition_key(cand) in seen:
+                    continue
+                if (stop := out_of_work()):
+                    stopped = stop
+                    break
+                origin = current.origin.split(" + ")[0]
+                made = score(f"{origin} + {moves + 1} moves", cand)
+                if made is not None and made.iteration_time < current.iteration_time:
+                    current, moves, improved = made, moves + 1, True
+                    break
+        if best is None or current.iteration_time < best.iteration_time:
+            best = current
+    return PartitionSearch(best, tuple(per_seed), count, stopped)
