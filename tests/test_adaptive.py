@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from pipeplan import cmd_plan
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
-from pipeplan.solver.core.problem import PLANNED_SCHEDULES
+from pipeplan.solver.core.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES
 from pipeplan.solver.core.schedule_synthesis import neighbours, search_partitions
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import load_cluster
@@ -116,11 +116,13 @@ class TestAutoNeverWorse:
     @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(seed=st.integers(0, 10_000), solver=st.sampled_from(["even", "megatron"]))
     def test_auto_at_most_each_schedule_alone(self, seed, solver):
+        """With every v, and with one stage per group for the schedules whose v is a choice."""
         graph, cluster, batch, m = _instance(seed)
         auto = plan(graph, cluster, batch=batch, microbatches=m, solver=solver, schedule="auto", adaptive=CHEAP)
-        for schedule in PLANNED_SCHEDULES:
+        for schedule, v in [(s, None) for s in PLANNED_SCHEDULES] + [(s, 1) for s in VIRTUAL_SCHEDULES]:
             try:
-                alone = plan(graph, cluster, batch=batch, microbatches=m, solver=solver, schedule=schedule)
+                alone = plan(graph, cluster, batch=batch, microbatches=m, solver=solver, schedule=schedule,
+                             virtual_stages=v)
             except (InputError, ValueError):  # the solver or the options rule the schedule out
                 continue
             if alone.plan is not None:
