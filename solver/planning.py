@@ -554,13 +554,17 @@ def plan_adaptive(outcomes: Sequence[Outcome], solver: str, *, time_limit: float
 
 
 def with_adaptive(done: Planned, schedules: Sequence[str], *, time_limit: float, seed: int,
-                  options: AdaptiveOptions | None) -> Planned:
+                  options: AdaptiveOptions | None, solvers: Sequence[str] = ()) -> Planned:
     """``done`` with an :data:`ADAPTIVE` outcome per solver when ``schedules`` name it, and only the outcomes
-    of the schedules named (the seeds' own outcomes are in the adaptive record's ``details``)."""
+    of the schedules named (the seeds' own outcomes are in the adaptive record's ``details``).
+
+    A solver of ``solvers`` that planned none of the named schedules (it refused every one)
+    cannot plan :data:`ADAPTIVE`: it is skipped, the reason said in :attr:`Planned.skipped`.
+    """
     if ADAPTIVE not in schedules:
         return done
-    names = list(dict.fromkeys(o.result.name for o in done.outcomes))
-    adaptive = []
+    names = list(dict.fromkeys([*solvers, *(o.result.name for o in done.outcomes)]))
+    adaptive, refused = [], []
     for name in names:
         if interrupted():
             break
@@ -568,9 +572,13 @@ def with_adaptive(done: Planned, schedules: Sequence[str], *, time_limit: float,
                              options=options or AdaptiveOptions())
         if made is not None:
             adaptive.append(made)
+            continue
+        why = "; ".join(dict.fromkeys(s.reason for s in done.skipped if s.solver == name)) or "no schedule planned"
+        refused.append(Skipped(ADAPTIVE, name, f"{name} does not plan adaptive: it starts from the solver's plans of "
+                                               f"the named schedules, and {name} plans none of them here ({why})"))
     kept = tuple(o for o in done.outcomes if o.problem.schedule in schedules) + tuple(adaptive)
     problems = tuple(p for p in done.problems if p.schedule in schedules) or done.problems[:1]
-    skipped = tuple(s for s in done.skipped if s.schedule in schedules or not s.solver)
+    skipped = tuple(s for s in done.skipped if s.schedule in schedules or not s.solver) + tuple(refused)
     return Planned(problems, kept, skipped, done.not_run)
 
 
@@ -593,7 +601,11 @@ def plan_problems(problems: Sequence[PlanningProblem], solver: str, *, time_limi
     done = solve_each(problems, [chosen], time_limit=time_limit, seed=seed, budget=budget, warm_start=warm_start,
                       skip_refusals=len(problems) > 1 or bool(skipped), on_solve=on_solve)
     done = Planned(done.problems, done.outcomes, (*skipped, *done.skipped), done.not_run)
-    return with_adaptive(done, names, time_limit=time_limit, seed=seed, options=adaptive)
+    done = with_adaptive(done, names, time_limit=time_limit, seed=seed, options=adaptive, solvers=[chosen.name])
+    refused = [s for s in done.skipped if s.schedule == ADAPTIVE and s.solver]
+    if names == [ADAPTIVE] and refused and not done.outcomes:
+        raise InputError("-", "--schedule", refused[0].reason)
+    return done
 
 
 def plan(graph: LayerGraph, cluster: Cluster, *, batch: int, microbatches: int | str, solver: str = "cpsat",
@@ -679,7 +691,8 @@ def compare_problems(problems: Sequence[PlanningProblem], solvers: Sequence[str]
                       skip_refusals=len(problems) > 1 or bool(skipped) or len(chosen) > 1, on_solve=on_solve)
     done = Planned(done.problems, done.outcomes, (*skipped, *done.skipped), done.not_run)
     names = list(schedules) if schedules is not None else [p.schedule for p in problems]
-    return with_adaptive(done, names, time_limit=time_limit, seed=seed, options=adaptive)
+    return with_adaptive(done, names, time_limit=time_limit, seed=seed, options=adaptive,
+                         solvers=[c.name for c in chosen])
 
 
 def compare(graph: LayerGraph, cluster: Cluster, *, batch: int, microbatches: int | str,

@@ -226,3 +226,11 @@ class TestCli:
         assert rc == 2 and not out.exists()
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and flag in err
+
+    def test_a_solver_planning_no_seed_refuses(self, tmp_path, capsys):
+        out = tmp_path / "a.json"
+        rc = run(["plan", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "auto", "--schedule", "adaptive",
+                  "--solver", "ilp", "-o", str(out)])
+        err = capsys.readouterr().err
+        assert rc == 2 and not out.exists()
+        assert "ilp does not plan adaptive" in err and "M equal microbatches only" in err

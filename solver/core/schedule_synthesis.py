@@ -230,7 +230,7 @@ class Scored:
     iteration_time: float
     """Its iteration time (the list scheduler's, the simulator's arithmetic)."""
     origin: str
-    """Where the partition comes from: ``"<schedule>"`` (that schedule's plan) or ``"<schedule> + k moves"``."""
+    """Where the partition comes from: ``"<schedule>"`` (that schedule's plan) or ``"<schedule> + k moves"`` (its neighbour ``k`` moves away)."""
 
 
 def neighbours(plan: Plan, allow_recompute: bool = True) -> list[Plan]:
@@ -367,7 +367,7 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
                     stopped = stop
                     break
                 origin = current.origin.split(" + ")[0]
-                made = score(f"{origin} + {moves + 1} moves", cand)
+                made = score(f"{origin} + {moves + 1} move{'s' if moves else ''}", cand)
                 if made is not None and made.iteration_time < current.iteration_time:
                     current, moves, improved = made, moves + 1, True
                     break
