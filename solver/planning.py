@@ -12,8 +12,8 @@ Examples
 >>> from pipeplan.solver.formats.cluster import load_cluster
 >>> graph, cluster = load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json")
 >>> done = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="auto")
->>> [o.problem.schedule for o in done.outcomes][:3], done.best.problem.schedule in PLANNED_SCHEDULES
-(['gpipe', '1f1b', 'interleaved-1f1b'], True)
+>>> [o.schedule for o in done.outcomes][:3], done.outcomes[-1].schedule, done.plan.schedule
+(['gpipe', '1f1b', 'interleaved-1f1b'], 'adaptive', 'custom')
 """
 
 from __future__ import annotations
@@ -413,7 +413,7 @@ def relabelled(plan: Plan, problem: PlanningProblem) -> Plan | None:
     >>> graph, cluster = load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json")
     >>> one = problem_for(graph, cluster, batch=8, microbatches=4, schedule="1f1b")
     >>> zb = problem_for(graph, cluster, batch=8, microbatches=4, schedule="interleaved-zb")
-    >>> made = one.make_plan([(0, 4), (4, 8)], [("gpu0",), ("gpu1",)])
+    >>> made = one.make_plan([(0, 4), (4, 8)], [("g0",), ("g1",)])
     >>> relabelled(made, zb).schedule
     'interleaved-zb'
     """
