@@ -289,9 +289,11 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
     (:func:`~pipeplan.solver.schedules.synthesis.synthesize`); then, from the fastest
     seeds first, a first-improvement walk over :func:`neighbours` moves to a neighbour
     whose synthesized time is shorter, until no move improves or ``evaluations``
-    partitions have been synthesized.  The result depends on the seeds, the budget
-    and the instance only (ties: the first found); ``deadline`` (a ``time.perf_counter``
-    value) is a cap whose hitting ``stopped_by`` reports.
+    partitions have been synthesized.  A seed's own programs are a candidate on its
+    partition, and the first seed is always synthesized, so with the seeds fastest first
+    the result is never slower than any seed.  The result depends on the seeds, the
+    budget and the instance only (ties: the first found); ``deadline`` (a
+    ``time.perf_counter`` value) is a cap whose hitting ``stopped_by`` reports.
 
     Parameters
     ----------
@@ -326,8 +328,17 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
         except (ProgramDeadlock, ValueError):
             seen[key] = None
             return None
-        made = Scored(custom_plan(replace(plan, extra={}), syn.programs), syn.iteration_time, origin) \
-            if syn.fits else None
+        programs, timeline = syn.programs, syn.timeline
+        own = _own_programs(plan, True) if plan.schedule != "custom" else None
+        if own is not None:  # a seed's own programs: the result is never slower than the seed
+            try:
+                mine = evaluate(instance, own)
+            except ProgramDeadlock:
+                mine = None
+            if mine is not None and mine.fits and (not timeline.fits or mine.iteration_time < timeline.iteration_time):
+                programs, timeline = own, mine
+        made = Scored(custom_plan(replace(plan, extra={}), programs), timeline.iteration_time, origin) \
+            if timeline.fits else None
         seen[key] = made
         return made
 
@@ -341,7 +352,8 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
     scored: list[Scored] = []
     per_seed: list[Scored | None] = []
     for origin, plan in seeds:
-        if partition_key(plan) not in seen and (stop := out_of_work()):
+        # the first seed is always synthesized: the result is then never slower than it
+        if per_seed and partition_key(plan) not in seen and (stop := out_of_work()):
             stopped = stop
             per_seed.append(None)
             continue
