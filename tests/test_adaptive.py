@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -18,8 +19,10 @@ from pipeplan.solver.core.schedule_synthesis import neighbours, search_partition
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.formats.plan import load_plan
-from pipeplan.solver.planning import (ADAPTIVE, COVERED, AdaptiveOptions, plan, relabelled, schedules_for,
-                                      with_memory_fraction)
+from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.planning import (ADAPTIVE, COVERED, AdaptiveOptions, _with_one_stage_per_group, plan,
+                                      relabelled, schedules_for, with_memory_fraction)
+from pipeplan.solver.solvers import get_solver
 from helpers import REL, sized_problem
 
 GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"
@@ -128,6 +131,10 @@ class TestAutoNeverWorse:
             if alone.plan is not None:
                 assert auto.plan is not None
                 assert auto.record.iteration_time <= alone.record.iteration_time * (1 + REL), schedule
+        adaptive = next(o.result for o in auto.outcomes if o.schedule == ADAPTIVE)
+        for o in auto.outcomes:
+            if o.result.plan is not None:
+                assert adaptive.iteration_time <= o.result.iteration_time * (1 + REL), o.schedule
 
     @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(seed=st.integers(0, 10_000))
@@ -145,6 +152,25 @@ class TestAutoNeverWorse:
             if made is not None:
                 t = simulate(made, graph, cluster).iteration_time
                 assert by[schedule].result.iteration_time <= t * (1 + REL)
+
+
+class TestOneStagePerGroup:
+    def test_the_v1_solve_replaces_a_slower_result(self, chain8):
+        graph, cluster = chain8
+        problem = plan(graph, cluster, batch=8, microbatches=4, solver="even",
+                       schedule="interleaved-zb").problems[0]
+        nothing = SolverResult("even", "timeout-no-solution", None, None, None, 0.5, 0)
+        kept = _with_one_stage_per_group(get_solver("even"), problem, nothing, time_limit=10, seed=0, budget=None)
+        assert kept.plan is not None and kept.status == "feasible" and "v=1" in kept.message
+        assert set(Counter(kept.plan.stage_groups).values()) == {1} and kept.wall_time >= 0.5
+
+    def test_a_fixed_v_is_left_alone(self, chain8):
+        graph, cluster = chain8
+        problem = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="interleaved-zb",
+                       virtual_stages=2).problems[0]
+        nothing = SolverResult("even", "timeout-no-solution", None, None, None, 0.5, 0)
+        assert _with_one_stage_per_group(get_solver("even"), problem, nothing, time_limit=10, seed=0,
+                                         budget=None) is nothing
 
 
 class TestRelabelled:
