@@ -260,3 +260,26 @@ class TestCli:
         err = capsys.readouterr().err
         assert rc == 2 and not out.exists()
         assert "ilp does not plan adaptive" in err and "M equal microbatches only" in err
+
+
+class TestParetoAdaptive:
+    def test_front_of_synthesized_schedules(self, tmp_path, capsys):
+        from pipeplan import cmd_pareto
+
+        parser = argparse.ArgumentParser(prog="pipeplan")
+        cmd_pareto.register(parser.add_subparsers(dest="command", required=True))
+        out = tmp_path / "front.json"
+        args = parser.parse_args(["pareto", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule",
+                                  "adaptive", "--generations", "2", "--population", "8", "-o", str(out)])
+        assert args.func(args) == 0
+        points = json.loads(out.read_text())["points"]
+        assert any(p["plan"]["schedule"] == "custom" for p in points)
+        graph, cluster = load_graph(GRAPH), load_cluster(CLUSTER)
+        for a, b in zip(points, points[1:]):  # fastest first, each next one smaller
+            assert a["iteration_time"] <= b["iteration_time"] and a["peak_memory"] > b["peak_memory"]
+        for p in points:
+            (tmp_path / "p.json").write_text(json.dumps(p["plan"]))
+            sim = simulate(load_plan(str(tmp_path / "p.json"), graph, cluster), graph, cluster)
+            assert sim.iteration_time == pytest.approx(p["iteration_time"], rel=REL)
+            assert max(sim.peak_memory) == pytest.approx(p["peak_memory"], rel=REL)
+        assert "programs synthesized" in capsys.readouterr().out

@@ -386,3 +386,58 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
         if best is None or current.iteration_time < best.iteration_time:
             best = current
     return PartitionSearch(best, tuple(per_seed), count, stopped)
+
+
+# --------------------------------------------------------------------------- the time-memory trade-off
+DEFAULT_FRONT_STEPS = 8
+"""Caps tried per partition by :func:`memory_front` (each below the previous program's peak)."""
+
+
+def memory_front(plan: Plan, graph: LayerGraph, cluster: Cluster, *, steps: int = DEFAULT_FRONT_STEPS,
+                 memory_fraction: float = 1.0) -> list[tuple[float, float, Plan]]:
+    """Synthesized programs of ``plan``'s partition at falling memory caps: ``(time, peak, custom plan)`` each.
+
+    The first programs are the list scheduler's under each group's cap; each next run caps
+    every group just below the previous programs' largest per-device peak, so the
+    synthesizer trades time for memory, until no program fits or ``steps`` runs are done.
+    The peaks are the simulator's (largest per-device peak of the group programs).
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import load_plan
+    >>> from pipeplan.models.graph import load_graph
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> graph, cluster = load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json")
+    >>> front = memory_front(load_plan("examples/hetero.plan.json", graph, cluster), graph, cluster)
+    >>> all(a[0] <= b[0] and a[1] > b[1] for a, b in zip(front, front[1:]))
+    True
+    """
+    points: list[tuple[float, float, Plan]] = []
+    caps = None
+    for _ in range(steps):
+        instance = schedule_instance(plan, graph, cluster, memory_fraction=memory_fraction, memory_caps=caps)
+        syn = synthesize(instance)
+        if not syn.fits:
+            break
+        made = custom_plan(replace(plan, extra={}), syn.programs)
+        sim = simulate(made, graph, cluster, validate=False)
+        peak = max(sim.peak_memory)
+        points.append((sim.iteration_time, peak, made))
+        below = peak * (1 - 1e-6)
+        caps = [min(g.cap, below) for g in instance.groups]
+    return non_dominated(points)
+
+
+def non_dominated(points: list[tuple[float, float, Plan]]) -> list[tuple[float, float, Plan]]:
+    """The points no other is at least as fast and as small as (one of equals), fastest first.
+
+    Examples
+    --------
+    >>> [p[:2] for p in non_dominated([(2.0, 5.0, None), (1.0, 9.0, None), (3.0, 5.0, None), (2.0, 4.0, None)])]
+    [(1.0, 9.0), (2.0, 4.0)]
+    """
+    kept: list[tuple[float, float, Plan]] = []
+    for point in sorted(points, key=lambda p: (p[0], p[1])):
+        if not kept or point[1] < kept[-1][1]:
+            kept.append(point)
+    return kept
