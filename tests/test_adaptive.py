@@ -263,23 +263,21 @@ class TestCli:
 
 
 class TestParetoAdaptive:
-    def test_front_of_synthesized_schedules(self, tmp_path, capsys):
-        from pipeplan import cmd_pareto
+    def test_front_of_synthesized_schedules(self, chain8):
+        """nsga's front (here one 1F1B plan, without nsga's seeding) with its partition's programs synthesized."""
+        from pipeplan.cmd_pareto import synthesized_front
+        from pipeplan.solver.heuristics.nsga import FrontPoint, NsgaRun
 
-        parser = argparse.ArgumentParser(prog="pipeplan")
-        cmd_pareto.register(parser.add_subparsers(dest="command", required=True))
-        out = tmp_path / "front.json"
-        args = parser.parse_args(["pareto", GRAPH, CLUSTER, "--batch", "8", "--microbatches", "4", "--schedule",
-                                  "adaptive", "--generations", "2", "--population", "8", "-o", str(out)])
-        assert args.func(args) == 0
-        points = json.loads(out.read_text())["points"]
-        assert any(p["plan"]["schedule"] == "custom" for p in points)
-        graph, cluster = load_graph(GRAPH), load_cluster(CLUSTER)
+        graph, cluster = chain8
+        done = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="1f1b")
+        sim = simulate(done.plan, graph, cluster)
+        start = NsgaRun((FrontPoint(done.plan, sim.iteration_time, max(sim.peak_memory)),), 0, 0, False, ())
+        points = synthesized_front(start, done.problems[0]).front
+        assert any(p.plan.schedule == "custom" for p in points)
         for a, b in zip(points, points[1:]):  # fastest first, each next one smaller
-            assert a["iteration_time"] <= b["iteration_time"] and a["peak_memory"] > b["peak_memory"]
+            assert a.iteration_time <= b.iteration_time and a.peak_memory > b.peak_memory
+        assert points[0].iteration_time <= sim.iteration_time  # never slower than the plan it started from
         for p in points:
-            (tmp_path / "p.json").write_text(json.dumps(p["plan"]))
-            sim = simulate(load_plan(str(tmp_path / "p.json"), graph, cluster), graph, cluster)
-            assert sim.iteration_time == pytest.approx(p["iteration_time"], rel=REL)
-            assert max(sim.peak_memory) == pytest.approx(p["peak_memory"], rel=REL)
-        assert "programs synthesized" in capsys.readouterr().out
+            again = simulate(p.plan, graph, cluster)
+            assert again.iteration_time == pytest.approx(p.iteration_time, rel=REL)
+            assert max(again.peak_memory) == pytest.approx(p.peak_memory, rel=REL)
