@@ -441,8 +441,9 @@ def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     save_png(fig, path)
 
 
-def compare_title(problems: list[PlanningProblem]) -> str:
-    """The graph, cluster, batch, microbatch choice and schedules of a comparison.
+def compare_title(problems: list[PlanningProblem], schedules: list[str] | None = None) -> str:
+    """The graph, cluster, batch, microbatch choice and schedules of a comparison (``schedules``: the names
+    requested, when not the problems' own, as with ``adaptive``).
 
     Examples
     --------
@@ -461,7 +462,7 @@ def compare_title(problems: list[PlanningProblem]) -> str:
     if first.per_stage:
         split += ", per stage"
     return (f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, {split}, "
-            f"{', '.join(p.schedule for p in problems)}")
+            f"{', '.join(schedules or [p.schedule for p in problems])}")
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -492,7 +493,7 @@ def run_compare(args: argparse.Namespace) -> int:
     if done.best is None:
         return no_plan(done.no_plan)
     rows = finite_rows(done.rows())
-    title = compare_title(problems)
+    title = compare_title(problems, schedules)
     if args.json:
         print(json.dumps(rows))
     else:
