@@ -1,4 +1,6 @@
-"""Programs built for a plan's own partition (``pipeplan synthesize``, :func:`pipeplan.synthesize`).
+"""Programs built for a plan's own partition (``pipeplan synthesize``, :func:`pipeplan.synthesize`), partitions
+searched with them (``--schedule adaptive``, :func:`search_partitions`), and their time-memory front
+(:func:`memory_front`).
 
 A plan fixes a partition (stages, device groups, splits, recompute) and a schedule.
 :func:`synthesize_plan` keeps the partition and replaces the schedule by ``custom``
@@ -32,7 +34,9 @@ from pipeplan.solver.schedules.programs import FORWARD, FULL_BACKWARD, Action
 from pipeplan.solver.schedules.synthesis import (ProgramDeadlock, ScheduleInstance, custom_plan, evaluate,
                                                  schedule_instance, split_backwards, synthesize)
 
-__all__ = ["SynthesizedPlan", "synthesize_plan", "order_lower_bound", "DEFAULT_WORK", "RECORD_FIELDS"]
+__all__ = ["SynthesizedPlan", "synthesize_plan", "order_lower_bound", "DEFAULT_WORK", "RECORD_FIELDS",
+           "DEFAULT_EVALUATIONS", "partition_key", "Scored", "neighbours", "PartitionSearch", "search_partitions",
+           "DEFAULT_FRONT_STEPS", "memory_front", "non_dominated"]
 
 DEFAULT_WORK = 30.0
 """CP-SAT deterministic seconds the exact order model may use by default.  The proofs of
