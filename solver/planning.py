@@ -491,7 +491,7 @@ def plan_adaptive(outcomes: Sequence[Outcome], solver: str, *, time_limit: float
 
     The seeds are ``solver``'s plans for the named schedules (``outcomes``, each the
     solve the schedule alone gets).  Every seed partition gets list-scheduled programs,
-    then a walk moves stage boundaries and recompute flags while the synthesized time
+    then a walk moves stage boundaries, recompute flags and groups' devices while the synthesized time
     falls (:func:`~pipeplan.solver.core.schedule_synthesis.search_partitions`, at most
     ``options.evaluations`` partitions), and the fastest partition's programs are polished
     by the exact order model (``options.work`` deterministic seconds, capped by what is

@@ -40,7 +40,7 @@ def planned(chain8):
     """``even`` on chain8 / two-servers, ``auto`` with the exact polish at a small work limit."""
     graph, cluster = chain8
     return plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="auto", time_limit=30,
-                adaptive=AdaptiveOptions(evaluations=40, work=2.0))
+                adaptive=AdaptiveOptions(evaluations=20, work=2.0))
 
 
 class TestSchedulesFor:
@@ -76,7 +76,7 @@ class TestPlanAdaptive:
         assert ("proved optimal for this partition" in result.message) == (record["status"] == "optimal")
         assert "not proved best" in result.message  # the proof covers the order, never the partition
         assert result.plan.extra["synthesis"] == record
-        assert result.details["partitions"]["evaluations"] <= 40
+        assert result.details["partitions"]["evaluations"] <= 20
         again = simulate(result.plan, *chain8)  # validated and timed by the simulator
         assert again.iteration_time == pytest.approx(result.iteration_time, rel=REL) and again.fits
 
@@ -84,7 +84,7 @@ class TestPlanAdaptive:
         """Counted work: the adaptive plan alone is the one auto finds (the seeds are the same solves)."""
         graph, cluster = chain8
         alone = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="adaptive", time_limit=30,
-                     adaptive=AdaptiveOptions(evaluations=40, work=2.0))
+                     adaptive=AdaptiveOptions(evaluations=20, work=2.0))
         assert [o.schedule for o in alone.outcomes] == [ADAPTIVE]
         inside = next(o for o in planned.outcomes if o.schedule == ADAPTIVE).result
         assert alone.plan.to_dict()["stages"] == inside.plan.to_dict()["stages"]

@@ -238,17 +238,19 @@ class Scored:
 
 
 def neighbours(plan: Plan, allow_recompute: bool = True) -> list[Plan]:
-    """The partitions one move away: a stage boundary moved by one layer, or one stage's recompute switched.
+    """The partitions one move away: a stage boundary moved by one layer, one stage's recompute switched,
+    or two device groups' devices swapped.
 
-    Every stage keeps at least one layer; devices, groups and splits are kept, so every
-    neighbour holds the same stages per group as ``plan``.
+    Every stage keeps at least one layer; the stages per group and the splits are kept.
+    Swapping moves every stage of one group onto the other's devices and back, which
+    matters on unequal devices and links.
 
     Examples
     --------
     >>> from pipeplan.solver.formats.plan import Stage
     >>> p = Plan("g", "c", 4, 4.0, "custom", (Stage((0, 2), ("a",), (2, 2)), Stage((2, 4), ("b",), (2, 2))))
-    >>> [[st.layers for st in n.stages] for n in neighbours(p, allow_recompute=False)]
-    [[(0, 1), (1, 4)], [(0, 3), (3, 4)]]
+    >>> [[(st.layers, st.devices) for st in n.stages] for n in neighbours(p, allow_recompute=False)]
+    [[((0, 1), ('a',)), ((1, 4), ('b',))], [((0, 3), ('a',)), ((3, 4), ('b',))], [((0, 2), ('b',)), ((2, 4), ('a',))]]
     """
     stages = list(plan.stages)
     out = []
@@ -266,6 +268,12 @@ def neighbours(plan: Plan, allow_recompute: bool = True) -> list[Plan]:
             switched = list(stages)
             switched[s] = replace(st, recompute=not st.recompute)
             out.append(replace(plan, stages=tuple(switched), extra={}))
+    groups = list(dict.fromkeys(st.devices for st in stages))
+    for i in range(len(groups)):
+        for j in range(i + 1, len(groups)):
+            swap = {groups[i]: groups[j], groups[j]: groups[i]}
+            out.append(replace(plan, stages=tuple(replace(st, devices=swap.get(st.devices, st.devices))
+                                                  for st in stages), extra={}))
     return out
 
 
@@ -285,8 +293,7 @@ class PartitionSearch:
 
 def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster: Cluster, *,
                       evaluations: int = DEFAULT_EVALUATIONS, memory_fraction: float = 1.0,
-                      allow_recompute: bool = True, deadline: float | None = None,
-                      valid=None) -> PartitionSearch:
+                      allow_recompute: bool = True, deadline: float | None = None) -> PartitionSearch:
     """The fastest partition found with synthesized programs, from ``seeds`` and their neighbours.
 
     Every seed partition (deduplicated) gets list-scheduled programs
@@ -313,8 +320,6 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
         Whether a move may switch a stage's recompute.
     deadline : float, optional
         ``time.perf_counter()`` value past which no partition is started.
-    valid : callable, optional
-        ``valid(plan) -> bool``: a neighbour outside the planning problem's switches is skipped.
     """
     seen: dict[tuple, Scored | None] = {}
     count = 0
@@ -375,8 +380,6 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
         while improved and stopped == "complete":
             improved = False
             for cand in neighbours(current.plan, allow_recompute):
-                if valid is not None and not valid(cand):
-                    continue
                 if partition_key(cand) in seen:
                     continue
                 if (stop := out_of_work()):
