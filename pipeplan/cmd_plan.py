@@ -60,8 +60,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--memory-fraction", type=float, default=1.0, metavar="F",
                    help="plan within F x each device's memory, 0 < F <= 1, for headroom (default 1)")
     p.add_argument("--adaptive-evaluations", type=int, default=None, metavar="N",
-                   help="adaptive: most partitions the list scheduler builds programs for (default "
-                        "120)")
+                   help="adaptive: most partitions the list scheduler builds programs for (default 120)")
     p.add_argument("--order-work", type=float, default=None, metavar="S",
                    help="adaptive: CP-SAT deterministic seconds of the exact order model on the final partition "
                         "(default 30)")
@@ -104,7 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--solvers", metavar="A,B,...",
                    help="only these solvers (default: every one that plans one of the schedules)")
     c.add_argument("--schedules", metavar="A,B,...",
-                   help=f"compare these schedules (or 'all': {', '.join(PLANNED_SCHEDULES)}, adaptive) instead of --schedule; "
+                   help=f"compare these schedules (or 'all': {', '.join(PLANNED_SCHEDULES)}, adaptive) instead of "
+                        f"--schedule; "
                         f"the table has a row per schedule and solver, the fastest fitting plan is the best")
     c.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     c.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")

@@ -261,6 +261,14 @@ class TestCli:
         assert rc == 2 and not out.exists()
         assert "ilp does not plan adaptive" in err and "M equal microbatches only" in err
 
+    def test_help_states_the_defaults(self):
+        from pipeplan.solver.core.schedule_synthesis import DEFAULT_EVALUATIONS, DEFAULT_WORK
+
+        parser = argparse.ArgumentParser(prog="pipeplan")
+        cmd_plan.register(parser.add_subparsers(dest="command", required=True))
+        text = " ".join(parser._subparsers._group_actions[0].choices["plan"].format_help().split())
+        assert f"(default {DEFAULT_EVALUATIONS})" in text and f"(default {DEFAULT_WORK:g})" in text
+
 
 class TestParetoAdaptive:
     def test_front_of_synthesized_schedules(self, chain8):
