@@ -1,0 +1,82 @@
+"""Run several exported torch folders, and pipeplan's own workers on the same plans, in one torchrun launch.
+
+    torchrun --standalone --nproc-per-node=N torchrun_folders.py JOBS.json
+
+JOBS.json is a list of jobs, each run by every worker in turn (every job's plan needs N
+processes):
+
+- ``{"train": FOLDER, "argv": [...]}``: a folder that ``pipeplan export --to torch`` wrote;
+  its ``train.py`` is loaded as a module and its ``main`` called with ``argv``, as
+  ``torchrun ... train.py ARGV`` run from that folder would.
+- ``{"pipeplan": [...]}``: ``python -m pipeplan.runtime.worker ARGS`` (the workers ``pipeplan
+  run`` starts, as they run under torchrun across machines); give it ``--result FILE``.
+
+Rank 0 prints ``job <index>`` before each job's lines (a folder's ``step <k> loss <value>``).
+Each job joins and leaves the process group itself, so the jobs run one after the other and
+the launch's start-up (torch's import, the rendezvous) is paid once for all of them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+INIT_PROCESS_GROUP = dist.init_process_group
+
+
+def init_under_prefix(prefix: str):
+    """``dist.init_process_group`` whose keys in torchrun's store start with ``prefix``.
+
+    A process group made after ``destroy_process_group`` takes the same name, so its gloo
+    rendezvous would read the addresses the previous job's ranks left in the store.
+    """
+
+    def init(backend=None, **kwargs):
+        store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+                              timeout=kwargs.get("timeout") or dist.constants.default_pg_timeout)
+        kwargs.setdefault("rank", int(os.environ["RANK"]))
+        kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
+        return INIT_PROCESS_GROUP(backend, store=dist.PrefixStore(prefix, store), **kwargs)
+
+    return init
+
+
+def train_folder(folder: Path, index: int, argv: list[str]) -> int:
+    spec = importlib.util.spec_from_file_location(f"exported_train_{index}", folder / "train.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
+
+
+def run_job(index: int, job: dict) -> int:
+    dist.init_process_group = init_under_prefix(f"job{index}/")
+    threads = torch.get_num_threads()
+    try:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"job {index}", flush=True)
+        if "train" in job:
+            return train_folder(Path(job["train"]), index, job["argv"])
+        from pipeplan.runtime import worker
+
+        return worker.main(job["pipeplan"])
+    finally:
+        torch.set_num_threads(threads)  # pipeplan's worker takes one thread; train.py keeps torchrun's
+
+
+def main() -> int:
+    jobs = json.loads(Path(sys.argv[1]).read_text())
+    for index, job in enumerate(jobs):
+        status = run_job(index, job)
+        if status:
+            return status
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
