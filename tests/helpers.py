@@ -601,11 +601,13 @@ def cpu_cluster_file(folder, n: int) -> str:
     return str(path)
 
 
-def torchrun_jobs(jobs: list[dict], processes: int, folder, timeout: float = 900.0) -> dict[int, list[str]]:
+def torchrun_jobs(jobs: list[dict], processes: int, folder, timeout: float = 900.0,
+                  env: dict[str, str] | None = None) -> dict[int, list[str]]:
     """Run ``jobs`` (see tests/data/torchrun_folders.py) in one ``torchrun --nproc-per-node=processes``.
 
-    Returns, per index of a ``train`` job, the lines rank 0 printed for it; a failed launch
-    fails the test with the launch's last error lines.
+    Returns, per job's index, the lines printed while it ran (every rank's); a failed
+    launch fails the test with the launch's last error lines.  ``env``: variables to set
+    (``None``: to remove).
     """
     import json
     import os
@@ -616,7 +618,8 @@ def torchrun_jobs(jobs: list[dict], processes: int, folder, timeout: float = 900
     launcher = Path(__file__).resolve().parent / "data" / "torchrun_folders.py"
     jobs_file = folder / "jobs.json"
     jobs_file.write_text(json.dumps(jobs))
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    env = {key: value for key, value in {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+                                         **(env or {})}.items() if value is not None}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
                            f"--nproc-per-node={processes}", str(launcher), str(jobs_file)],
                           cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)

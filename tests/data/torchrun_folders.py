@@ -5,7 +5,8 @@
 JOBS.json is a list of jobs, each run by every worker in turn (every job's plan needs N
 processes):
 
-- ``{"train": FOLDER, "argv": [...]}``: a folder that ``pipeplan export --to torch`` wrote;
+- ``{"train": FOLDER, "argv": [...]}``: a folder that ``pipeplan export --to torch`` (or
+  ``--to deepspeed``) wrote;
   its ``train.py`` is loaded as a module and its ``main`` called with ``argv``, as
   ``torchrun ... train.py ARGV`` run from that folder would.
 - ``{"pipeplan": [...]}``: ``python -m pipeplan.runtime.worker ARGS`` (the workers ``pipeplan
@@ -37,12 +38,16 @@ def init_under_prefix(prefix: str):
     rendezvous would read the addresses the previous job's ranks left in the store.
     """
 
-    def init(backend=None, **kwargs):
+    def init(backend=None, init_method=None, timeout=None, world_size=-1, rank=-1, **kwargs):
+        if init_method not in (None, "env://"):
+            raise ValueError(f"a job's process group comes from torchrun's environment, not {init_method!r}")
+        timeout = timeout or dist.constants.default_pg_timeout
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                              timeout=kwargs.get("timeout") or dist.constants.default_pg_timeout)
-        kwargs.setdefault("rank", int(os.environ["RANK"]))
-        kwargs.setdefault("world_size", int(os.environ["WORLD_SIZE"]))
-        return INIT_PROCESS_GROUP(backend, store=dist.PrefixStore(prefix, store), **kwargs)
+                              timeout=timeout)
+        return INIT_PROCESS_GROUP(backend, store=dist.PrefixStore(prefix, store), timeout=timeout,
+                                  rank=int(os.environ["RANK"]) if rank in (None, -1) else rank,
+                                  world_size=int(os.environ["WORLD_SIZE"]) if world_size in (None, -1) else world_size,
+                                  **kwargs)
 
     return init
 
