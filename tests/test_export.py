@@ -680,34 +680,35 @@ def torchrun_runs(tmp_path_factory) -> dict[str, dict]:
     """Per plan of :data:`TORCHRUN_PLANS`: the losses its exported ``train.py`` printed under torchrun
     (``exported``), those of pipeplan's workers on the same plan (``pipeplan_run``) and one process's.
 
-    The plans that take the same number of processes share one torchrun launch
-    (tests/data/torchrun_folders.py): every exported folder in turn, each followed by the
-    workers that ``pipeplan run`` starts (``pipeplan.runtime.worker``, as under torchrun
-    across machines), so the processes start once per size, not three times per plan.
+    Every plan runs in one torchrun launch (tests/data/torchrun_folders.py): each exported
+    folder in turn, followed by the workers that ``pipeplan run`` starts
+    (``pipeplan.runtime.worker``, as under torchrun across machines), each on as many of the
+    launch's processes as its plan takes, so the processes start once, not three times per plan.
     """
     root = tmp_path_factory.mktemp("torchrun")
-    sizes: dict[int, list[tuple[str, Path]]] = {}
+    plans = []
     for name, make in TORCHRUN_PLANS.items():
         p = make()
         processes = sum(len(group) for group in p.groups)
         plan_file = root / f"{name}.plan.json"
         plan_file.write_text(json.dumps({**p.to_dict(), "graph": gpt_graph().name, "cluster": f"cpu-{processes}"}))
         assert main(["export", str(plan_file), "--to", "torch", "--graph", GPT, "-o", str(root / name)]) == 0
-        sizes.setdefault(processes, []).append((name, plan_file))
-    runs: dict[str, dict] = {}
+        plans.append((processes, name, plan_file))
+    plans.sort(key=lambda item: -item[0])  # a launch's idle ranks wait in the next job: the largest first
+    jobs = []
+    for processes, name, plan_file in plans:
+        jobs.append({"train": str(root / name), "argv": ["--model", "gpt-tiny", "--steps", str(STEPS)],
+                     "processes": processes})
+        jobs.append({"pipeplan": [GPT, cpu_cluster_file(root, processes), str(plan_file), "--model", "gpt-tiny",
+                                  "--steps", str(STEPS), "--result", str(root / f"{name}.result.json")],
+                     "processes": processes})
+    printed = torchrun_jobs(jobs, plans[0][0], root)
     reference = reference_losses(8)
-    for processes, plans in sizes.items():
-        cluster = cpu_cluster_file(root, processes)
-        jobs = []
-        for name, plan_file in plans:
-            jobs.append({"train": str(root / name), "argv": ["--model", "gpt-tiny", "--steps", str(STEPS)]})
-            jobs.append({"pipeplan": [GPT, cluster, str(plan_file), "--model", "gpt-tiny", "--steps", str(STEPS),
-                                      "--result", str(root / f"{name}.result.json")]})
-        printed = torchrun_jobs(jobs, processes, root)
-        for k, (name, _) in enumerate(plans):
-            ranks = json.loads((root / f"{name}.result.json").read_text())["ranks"]
-            runs[name] = {"exported": step_losses_printed(printed[2 * k], STEPS), "pipeplan_run": step_losses(ranks),
-                          "one_process": reference}
+    runs: dict[str, dict] = {}
+    for k, (_, name, _) in enumerate(plans):
+        ranks = json.loads((root / f"{name}.result.json").read_text())["ranks"]
+        runs[name] = {"exported": step_losses_printed(printed[2 * k], STEPS), "pipeplan_run": step_losses(ranks),
+                      "one_process": reference}
     return runs
 
 

@@ -2,8 +2,9 @@
 
     torchrun --standalone --nproc-per-node=N torchrun_folders.py JOBS.json
 
-JOBS.json is a list of jobs, each run by every worker in turn (every job's plan needs N
-processes):
+JOBS.json is a list of jobs, run in turn; a job's ``"processes": P`` (default N) runs it on
+ranks 0 .. P-1 as a world of P processes, the other ranks going on to the next job (and
+waiting there for these: put the jobs of the most processes first).  A job is
 
 - ``{"train": FOLDER, "argv": [...]}``: a folder that ``pipeplan export --to torch`` (or
   ``--to deepspeed``) wrote;
@@ -60,8 +61,13 @@ def train_folder(folder: Path, index: int, argv: list[str]) -> int:
 
 
 def run_job(index: int, job: dict) -> int:
+    """Run ``job`` on this rank; a rank at or above the job's ``processes`` has no part in it."""
+    processes = job.get("processes", int(os.environ["WORLD_SIZE"]))
+    if int(os.environ["RANK"]) >= processes:
+        return 0
     dist.init_process_group = init_under_prefix(f"job{index}/")
-    threads = torch.get_num_threads()
+    threads, saved = torch.get_num_threads(), {key: os.environ[key] for key in ("WORLD_SIZE", "LOCAL_WORLD_SIZE")}
+    os.environ.update(WORLD_SIZE=str(processes), LOCAL_WORLD_SIZE=str(processes))
     try:
         if os.environ.get("RANK", "0") == "0":
             print(f"job {index}", flush=True)
@@ -72,6 +78,7 @@ def run_job(index: int, job: dict) -> int:
         return worker.main(job["pipeplan"])
     finally:
         torch.set_num_threads(threads)  # pipeplan's worker takes one thread; train.py keeps torchrun's
+        os.environ.update(saved)
 
 
 def main() -> int:
