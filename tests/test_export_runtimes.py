@@ -4,7 +4,7 @@ plan's (virtual) stages from them, and torchtitan loads its config and splits it
 
 The runtimes come from pyproject.toml's ``runtimes`` group, which ``make test`` installs (torchtitan's
 previous release 0.2 beside it, under ``.venv/torchtitan-0.2``).  The multi-process DeepSpeed runs, and
-pipeplan's own workers on the same plans, happen once for the module, one torchrun launch per plan
+pipeplan's own workers on the same plans, happen once for the module, in one torchrun launch
 (``deepspeed_runs``).
 """
 
@@ -84,17 +84,17 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
     """Per plan of :data:`DEEPSPEED_PLANS`: the plan, the losses DeepSpeed printed, every rank's
     ``rank ... layers ...`` line, ``pipeplan run``'s losses and the one-process losses.
 
-    Each plan takes one torchrun launch (tests/data/torchrun_folders.py): for the plans of
-    :data:`PIPEPLAN_RUN` first the workers that ``pipeplan run`` starts
-    (``pipeplan.runtime.worker``, as under torchrun across machines), then the exported
-    DeepSpeed ``train.py`` in the same processes.
+    The plans run in one torchrun launch (tests/data/torchrun_folders.py), each on as many of
+    its processes as the plan takes: for the plans of :data:`PIPEPLAN_RUN` first the workers
+    that ``pipeplan run`` starts (``pipeplan.runtime.worker``, as under torchrun across
+    machines), then every exported DeepSpeed ``train.py``.
     """
     require("deepspeed")
     folder = tmp_path_factory.mktemp("deepspeed")
     graphs = {"gpt-tiny": GPT, "mymodel": str(folder / "mymodel.graph.json")}
     cli("profile", MYMODEL, *[w for a in MYMODEL_ARGS for w in ("--model-arg", a)], "--analytic",
         "-o", graphs["mymodel"])
-    runs = {}
+    runs, jobs = {}, []
     for name, (model, stages) in DEEPSPEED_PLANS.items():
         p = plan(stages, batch=8, schedule="1f1b")
         processes = sum(len(st.devices) for st in p.stages)
@@ -105,23 +105,27 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
                    ["--model", MYMODEL, *[w for a in MYMODEL_ARGS for w in ("--model-arg", a)]])
         cli("export", plan_file, "--to", "deepspeed", "--graph", graphs[model], "-o", str(folder / name))
         result = folder / f"{name}.result.json"
-        jobs = [{"pipeplan": [graphs[model], cpu_cluster_file(folder, processes), plan_file, *options,
-                              "--steps", str(STEPS), "--result", str(result)]}] if name in PIPEPLAN_RUN else []
-        jobs.append({"train": str(folder / name), "argv": ["--steps", str(STEPS), *options]})
-        launch = folder / f"{name}.launch"
-        launch.mkdir()
-        out = "\n".join(torchrun_jobs(jobs, processes, launch, env=DEEPSPEED_ENV)[len(jobs) - 1])
+        if name in PIPEPLAN_RUN:
+            jobs.append({"pipeplan": [graphs[model], cpu_cluster_file(folder, processes), plan_file, *options,
+                                      "--steps", str(STEPS), "--result", str(result)], "processes": processes})
+        train = {"train": str(folder / name), "argv": ["--steps", str(STEPS), *options], "processes": processes}
+        jobs.append(train)
         request = ModelRequest(options[1], MYMODEL_ARGS if model == "mymodel" else ())
         reference: list[float] = []
         reference_parameters(request, steps=STEPS, global_batch=8, lr=0.05, seed=0, dtype=torch.float32,
                              seq_len=16 if model == "gpt-tiny" else None, on_loss=reference.append)
-        runs[name] = {"plan": p, "stdout": out,
-                      "steps": [int(m.group(1)) for m in STEP_LINE.finditer(out)],
-                      "losses": [float(m.group(2)) for m in STEP_LINE.finditer(out)],
-                      "ranks": sorted(m.groups() for m in RANK_LINE.finditer(out)),
-                      "pipeplan_run": (step_losses(json.loads(result.read_text())["ranks"])
-                                       if name in PIPEPLAN_RUN else None),
+        runs[name] = {"plan": p, "job": train, "result": result if name in PIPEPLAN_RUN else None,
                       "one_process": reference}
+    jobs.sort(key=lambda job: -job["processes"])  # a launch's idle ranks wait in the next job: the largest first
+    printed = torchrun_jobs(jobs, jobs[0]["processes"], folder, env=DEEPSPEED_ENV)
+    for run in runs.values():
+        out = "\n".join(printed[next(k for k, job in enumerate(jobs) if job is run["job"])])
+        del run["job"]
+        result = run.pop("result")
+        run.update(stdout=out, steps=[int(m.group(1)) for m in STEP_LINE.finditer(out)],
+                   losses=[float(m.group(2)) for m in STEP_LINE.finditer(out)],
+                   ranks=sorted(m.groups() for m in RANK_LINE.finditer(out)),
+                   pipeplan_run=None if result is None else step_losses(json.loads(result.read_text())["ranks"]))
     return runs
 
 

@@ -54,10 +54,19 @@ def init_under_prefix(prefix: str):
 
 
 def train_folder(folder: Path, index: int, argv: list[str]) -> int:
+    """``folder``'s ``train.py`` ``main(argv)``; the modules it imported from its folder are forgotten
+    after it (the next folder's ``pipeline_module`` is another file of the same name)."""
     spec = importlib.util.spec_from_file_location(f"exported_train_{index}", folder / "train.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.main(argv)
+    try:
+        spec.loader.exec_module(module)
+        return module.main(argv)
+    finally:
+        for name, loaded in list(sys.modules.items()):
+            if Path(getattr(loaded, "__file__", None) or "/").resolve().parent == folder:
+                del sys.modules[name]
+        while str(folder) in sys.path:
+            sys.path.remove(str(folder))
 
 
 def run_job(index: int, job: dict) -> int:
@@ -72,7 +81,7 @@ def run_job(index: int, job: dict) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"job {index}", flush=True)
         if "train" in job:
-            return train_folder(Path(job["train"]), index, job["argv"])
+            return train_folder(Path(job["train"]).resolve(), index, job["argv"])
         from pipeplan.runtime import worker
 
         return worker.main(job["pipeplan"])
