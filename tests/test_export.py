@@ -697,8 +697,9 @@ def torchrun_runs(tmp_path_factory) -> dict[str, dict]:
     plans.sort(key=lambda item: -item[0])  # a launch's idle ranks wait in the next job: the largest first
     jobs = []
     for processes, name, plan_file in plans:
-        jobs.append({"train": str(root / name), "argv": ["--model", "gpt-tiny", "--steps", str(STEPS)],
-                     "processes": processes})
+        # --timeout: a job's ranks wait in its rendezvous for those still finishing the job before
+        jobs.append({"train": str(root / name), "argv": ["--model", "gpt-tiny", "--steps", str(STEPS),
+                                                          "--timeout", "600"], "processes": processes})
         jobs.append({"pipeplan": [GPT, cpu_cluster_file(root, processes), str(plan_file), "--model", "gpt-tiny",
                                   "--steps", str(STEPS), "--result", str(root / f"{name}.result.json")],
                      "processes": processes})
