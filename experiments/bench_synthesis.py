@@ -27,9 +27,17 @@ them under tight caps) and on the six shapes' proportional partitions; reported,
 far the best of the ``fast`` set and of the fixed schedules alone are from the best of
 everything (``synthesis_rules.json``).
 
+Part 4 (``--plan SOLVER``), planning: ``pipeplan.plan(..., schedule="auto")`` with one
+solver on the six shapes (batch 32 in 8 microbatches), each named schedule's plan against
+the ``adaptive`` plan (partitions searched with synthesized programs, the exact order
+model polishing the last one with ``--work`` deterministic seconds); reported per
+instance: every schedule's time, the adaptive time, where its partition came from, the
+order's status and the wall time (``synthesis_plan.json`` and ``.md``).
+
 Usage::
 
     python -m pipeplan.experiments.bench_synthesis [--quick] [--work 60] [--out experiments/results]
+    python -m pipeplan.experiments.bench_synthesis --plan even [--time-limit 20] [--work 5]
     python -m pipeplan.experiments.bench_synthesis --proofs [--work 60]
     python -m pipeplan.experiments.bench_synthesis --rules 60
 
@@ -374,6 +382,49 @@ def rule_coverage(count: int, seed: int) -> dict:
     return {"summary": summary, "table": table}
 
 
+def bench_plan(solver: str, time_limit: float, work: float, only: list[int] | None) -> list[dict]:
+    """Part 4: every named schedule's plan and the adaptive plan of ``solver`` on the six shapes (``auto``)."""
+    from pipeplan.solver.planning import ADAPTIVE, AdaptiveOptions, plan
+
+    rows = []
+    for i, inst in enumerate(instances(), 1):
+        if only and i not in only:
+            continue
+        start = time.perf_counter()
+        done = plan(inst.graph, inst.cluster, batch=BATCH, microbatches=MICROBATCHES, solver=solver, schedule="auto",
+                    time_limit=time_limit, adaptive=AdaptiveOptions(work=work))
+        wall = time.perf_counter() - start
+        named = {o.schedule: o.result.iteration_time for o in done.outcomes if o.schedule != ADAPTIVE}
+        adaptive = next((o.result for o in done.outcomes if o.schedule == ADAPTIVE), None)
+        if adaptive is not None and adaptive.plan is not None:  # the simulator is the judge
+            assert simulate(adaptive.plan, inst.graph, inst.cluster).iteration_time == adaptive.iteration_time
+        synthesis = adaptive.details.get("synthesis", {}) if adaptive is not None else {}
+        rows.append({"instance": inst.name, "solver": solver, "named": named,
+                     "adaptive": adaptive.iteration_time if adaptive is not None else None,
+                     "origin": adaptive.details.get("partitions", {}).get("origin") if adaptive is not None else None,
+                     "evaluations": adaptive.details.get("partitions", {}).get("evaluations")
+                     if adaptive is not None else None,
+                     "order": synthesis.get("algorithm"), "order_status": synthesis.get("status"),
+                     "order_gap": synthesis.get("gap"), "order_stopped_by": synthesis.get("stopped_by"),
+                     "stopped_by": adaptive.stopped_by if adaptive is not None else None,
+                     "best": done.best.schedule if done.best is not None else None, "wall": wall})
+        print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def plan_markdown(rows: list[dict]) -> str:
+    lines = ["| instance | best named schedule | adaptive | vs best named | partition from (partitions synthesized) | "
+             "order (status) | wall (s) |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        fits = {k: v for k, v in r["named"].items() if v is not None}
+        name = min(fits, key=fits.get) if fits else None
+        best = f"{_ms(fits[name])} ms ({name})" if name else "none fits"
+        ratio = f"{100 * (r['adaptive'] / fits[name] - 1):+.1f} %" if name and r["adaptive"] else "-"
+        lines.append(f"| {r['instance']} | {best} | {_ms(r['adaptive'])} ms | {ratio} | {r['origin']} "
+                     f"({r['evaluations']}) | {r['order']} ({r['order_status']}) | {r['wall']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
 def _ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:.2f}"
 
@@ -409,9 +460,18 @@ def main(argv: list[str] | None = None) -> int:
                              "synthesis_proofs.json and .md")
     parser.add_argument("--rules", type=int, metavar="N",
                         help="part 3 only: the list scheduler's rules on N random partitions and the six shapes")
+    parser.add_argument("--plan", metavar="SOLVER",
+                        help="part 4 only: pipeplan.plan with SOLVER, schedule auto (adaptive included)")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="part 4: seconds per solve, a cap")
     args = parser.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.plan:
+        rows = bench_plan(args.plan, args.time_limit, args.work, args.only)
+        atomic_write_text(out / "synthesis_plan.json", json.dumps(rows, indent=1) + "\n")
+        atomic_write_text(out / "synthesis_plan.md", plan_markdown(rows))
+        print(plan_markdown(rows))
+        return 0
     if args.rules:
         coverage = rule_coverage(args.rules, seed=0)
         atomic_write_text(out / "synthesis_rules.json", json.dumps(coverage, indent=1) + "\n")

@@ -110,8 +110,9 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
     solver : str
         A registered solver (``cpsat``, ``ilp``, ``group-search``, ``nsga``, a baseline, ...).
     schedule : str or sequence of str
-        A named schedule (``"1f1b"``, ``"zbv"``, ...), several, or ``"auto"`` for every one:
-        the fastest fitting plan of all is returned, and every schedule's record kept.
+        A named schedule (``"1f1b"``, ``"zbv"``, ...), ``"adaptive"`` (partitions searched with
+        synthesized programs: a ``custom`` plan), several, or ``"auto"`` for every one (adaptive
+        included): the fastest fitting plan of all is returned, and every schedule's record kept.
     time_limit : float
         Seconds the solver may take (per schedule).
     seed : int
@@ -125,7 +126,8 @@ def plan(graph: "LayerGraph | str", cluster: "Cluster | str", *, batch: int, mic
     **options
         Further :class:`~pipeplan.solver.core.problem.PlanningProblem` fields
         (``virtual_stages``, ``state_factor``, ``allow_replication``, ``max_stages``,
-        ``max_microbatches``, ``per_stage``, ...).
+        ``max_microbatches``, ``per_stage``, ...); ``memory_fraction`` (plan within that share of
+        each device's memory) and ``adaptive`` (a :class:`pipeplan.solver.planning.AdaptiveOptions`).
 
     Returns
     -------

@@ -1,5 +1,9 @@
 """``pipeplan pareto``: the time / memory Pareto front of the ``nsga`` planner.
 
+With ``--schedule adaptive`` each partition of nsga's 1F1B front also gets synthesized
+programs at falling memory caps, and the front holds the non-dominated plans of both
+(``custom`` plans among them).
+
 Runs NSGA-II (``solver/heuristics/nsga.py``) and writes every non-dominated fitting plan with its
 iteration time and peak memory as one JSON file (``pipeplan.pareto/1``), and with
 ``--plot`` a scatter plot of the front.  Exit status 3 when no plan comes back (the
@@ -72,6 +76,24 @@ def _plot(path: str, run: NsgaRun, title: str) -> None:
     save_png(fig, path)
 
 
+def synthesized_front(run: NsgaRun, problem) -> NsgaRun:
+    """``run`` with its front replaced by synthesized schedules (``pareto --schedule adaptive``).
+
+    Each partition of nsga's front gets list-scheduled programs at falling memory caps
+    (:func:`pipeplan.solver.core.schedule_synthesis.memory_front`); the non-dominated
+    ``custom`` plans of them all, with nsga's own plans, make the front.
+    """
+    from dataclasses import replace
+
+    from pipeplan.solver.core.schedule_synthesis import memory_front, non_dominated
+    from pipeplan.solver.heuristics.nsga import FrontPoint
+
+    points = [(pt.iteration_time, pt.peak_memory, pt.plan) for pt in run.front]
+    for pt in run.front:
+        points += memory_front(pt.plan, problem.graph, problem.cluster)
+    return replace(run, front=tuple(FrontPoint(plan, t, m) for t, m, plan in non_dominated(points)))
+
+
 def run_pareto(args: argparse.Namespace) -> int:
     """``pipeplan pareto``: run NSGA-II and write the front."""
     # pymoo and OR-Tools: imported where the search runs, not while the parser is built
@@ -82,17 +104,20 @@ def run_pareto(args: argparse.Namespace) -> int:
     check_outputs(args, args.output, args.plot, inputs={"graph": args.graph, "cluster": args.cluster})
     if args.backend is not None:
         raise InputError("-", "--backend", "chooses the MILP solver of ilp; pareto runs nsga only: drop it")
+    synthesized = args.schedule == "adaptive"  # nsga's 1F1B front, each partition's programs synthesized
     named = SCHEDULE_CLASSES.get(args.schedule)  # None for "auto", which may pick a several-stage schedule
-    if named is None or named.several_stages:
+    if not synthesized and (named is None or named.several_stages):
         raise InputError("-", "--schedule", f"pareto writes the front of nsga's search over "
                                             f"{' and '.join(ONE_STAGE_PER_GROUP)} plans only; plan {args.schedule} "
                                             f"with pipeplan plan --solver nsga (or cpsat, ilp, group-search)")
-    problem = problem_from_args(args)
+    problem = problem_from_args(args, "1f1b" if synthesized else None)
     nsga = get_solver("nsga", population=args.population).algorithms[PIPELINES]
     generations = int(args.budget) if args.budget is not None else args.generations or nsga.generations
     clock = TimeLimit(args.time_limit)
     with interruptible():
         run = nsga.front(problem, clock, generations=generations, seed=args.seed)
+    if synthesized:
+        run = synthesized_front(run, problem)
     seen = clock.stops
     # every clock check of the run is its seeding's or its generations' (run.time_cut says which)
     stopped_by = seen.stopped_by() if seen.interrupted or seen.time_cut or run.time_cut else "budget"
@@ -110,7 +135,7 @@ def run_pareto(args: argparse.Namespace) -> int:
         _plot(args.plot, run, f"{problem.graph.name} on {problem.cluster.name}: batch {problem.global_batch}")
     best = run.front[0]
     why = f" ({time_cut_message(run)})" if stopped_by == "time" and run.time_cut else ""
-    print(f"nsga: {len(run.front)} non-dominated plans, fastest {best.iteration_time * 1e3:.4f} ms "
+    print(f"nsga{', programs synthesized' if synthesized else ''}: {len(run.front)} non-dominated plans, fastest {best.iteration_time * 1e3:.4f} ms "
           f"(peak {format_bytes(best.peak_memory, 2)}), {run.generations} of {generations} generations, "
           f"stopped by {stopped_by}{why} -> {args.output}")
     return 0

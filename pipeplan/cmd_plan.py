@@ -53,9 +53,17 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--population", type=int, default=None, metavar="P", help="nsga: population (default 48)")
     p.add_argument("--backend", choices=("highs", "cbc"), default=None,
                    help="ilp: the MILP solver (default highs, in-process)")
-    p.add_argument("--schedule", choices=PLANNED_SCHEDULES + ("auto",), default="1f1b", metavar="NAME",
-                   help=f"pipeline schedule: {', '.join(PLANNED_SCHEDULES)}, or auto (plan: each one, the fastest "
-                        f"that fits is written; default 1f1b)")
+    p.add_argument("--schedule", choices=PLANNED_SCHEDULES + ("adaptive", "auto"), default="1f1b", metavar="NAME",
+                   help=f"pipeline schedule: {', '.join(PLANNED_SCHEDULES)}; adaptive (partitions searched with "
+                        f"programs synthesized for each, written as a custom plan); or auto (plan: each one, "
+                        f"adaptive included, the fastest that fits is written; default 1f1b)")
+    p.add_argument("--memory-fraction", type=float, default=1.0, metavar="F",
+                   help="plan within F x each device's memory, 0 < F <= 1, for headroom (default 1)")
+    p.add_argument("--adaptive-evaluations", type=int, default=None, metavar="N",
+                   help="adaptive: most partitions the list scheduler builds programs for (default 120)")
+    p.add_argument("--order-work", type=float, default=None, metavar="S",
+                   help="adaptive: CP-SAT deterministic seconds of the exact order model on the final partition "
+                        "(default 30)")
     p.add_argument("--virtual-stages", type=_virtual, default=None, metavar="V|auto",
                    help="stages per device group for interleaved-1f1b, interleaved-zb and looped-bfs "
                         "(default auto: every V that fits); zbv has 2")
@@ -95,7 +103,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     c.add_argument("--solvers", metavar="A,B,...",
                    help="only these solvers (default: every one that plans one of the schedules)")
     c.add_argument("--schedules", metavar="A,B,...",
-                   help=f"compare these schedules (or 'all': {', '.join(PLANNED_SCHEDULES)}) instead of --schedule; "
+                   help=f"compare these schedules (or 'all': {', '.join(PLANNED_SCHEDULES)}, adaptive) instead of "
+                        f"--schedule; "
                         f"the table has a row per schedule and solver, the fastest fitting plan is the best")
     c.add_argument("--json", action="store_true", help="print a JSON list instead of the table")
     c.add_argument("--csv", metavar="OUT.csv", help="also write the rows as CSV")
@@ -154,6 +163,16 @@ def check_options(args: argparse.Namespace) -> None:
     if factor is not None and not 0 <= factor < float("inf"):
         raise InputError("-", "--state-factor", f"must be finite and >= 0 (bytes of state per parameter byte; "
                                                 f"4 for fp32 Adam), got {factor}")
+    fraction = getattr(args, "memory_fraction", None)
+    if fraction is not None and not 0 < fraction <= 1:
+        raise InputError("-", "--memory-fraction", f"must be in (0, 1] (the share of each device's memory plans may "
+                                                   f"use), got {fraction}")
+    evaluations = getattr(args, "adaptive_evaluations", None)
+    if evaluations is not None and evaluations < 1:
+        raise InputError("-", "--adaptive-evaluations", f"must be at least 1 partition, got {evaluations}")
+    work = getattr(args, "order_work", None)
+    if work is not None and not 0 < work < float("inf"):
+        raise InputError("-", "--order-work", f"must be positive finite deterministic seconds, got {work}")
     if getattr(args, "max_microbatches", None) is not None and getattr(args, "microbatches", "auto") != "auto":
         # with a fixed M every solver uses exactly M microbatches: a ceiling would be ignored
         raise InputError("-", "--max-microbatches", f"only applies with --microbatches auto (got --microbatches "
@@ -175,10 +194,11 @@ def problem_from_args(args: argparse.Namespace, schedule: str | None = None) -> 
     InputError
         On unreadable or invalid files or inconsistent numbers (``M > B``, ...).
     """
-    from pipeplan.solver.planning import problem_for
+    from pipeplan.solver.planning import problem_for, with_memory_fraction
 
     graph, cluster = _inputs(args)
     with _as_input_errors(args):
+        cluster = with_memory_fraction(cluster, getattr(args, "memory_fraction", 1.0))
         return problem_for(graph, cluster, schedule=schedule or args.schedule,
                            virtual_stages=getattr(args, "virtual_stages", None), **_problem_options(args))
 
@@ -196,6 +216,15 @@ def _problem_options(args: argparse.Namespace) -> dict[str, Any]:
             "allow_replication": not args.no_replication, "allow_recompute": not args.no_recompute,
             "max_stages": args.max_stages, "max_microbatches": getattr(args, "max_microbatches", None),
             "per_stage": getattr(args, "per_stage", False)}
+
+
+def adaptive_from_args(args: argparse.Namespace) -> Any:
+    """How ``adaptive`` searches (:class:`pipeplan.solver.planning.AdaptiveOptions`), from the options."""
+    from pipeplan.solver.planning import AdaptiveOptions
+
+    given = {key: value for key, value in (("evaluations", getattr(args, "adaptive_evaluations", None)),
+                                           ("work", getattr(args, "order_work", None))) if value is not None}
+    return AdaptiveOptions(memory_fraction=getattr(args, "memory_fraction", 1.0), **given)
 
 
 def _solver_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -304,7 +333,7 @@ def _problems(args: argparse.Namespace, schedules: list[str]) -> tuple[list[Plan
     graph, cluster = _inputs(args)
     with _as_input_errors(args):
         return problems_for(graph, cluster, schedules, virtual_stages=getattr(args, "virtual_stages", None),
-                            **_problem_options(args))
+                            memory_fraction=getattr(args, "memory_fraction", 1.0), **_problem_options(args))
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -324,7 +353,7 @@ def run_plan(args: argparse.Namespace) -> int:
     with _progress(len(problems)) as on_solve:
         done = plan_problems(problems, args.solver, time_limit=args.time_limit, seed=args.seed, budget=args.budget,
                              warm_start=warm, solver_options=_solver_options(args), skipped=skipped,
-                             on_solve=on_solve)
+                             on_solve=on_solve, schedules=schedules, adaptive=adaptive_from_args(args))
     _report(done)
     if done.best is None:
         return no_plan(done.no_plan)
@@ -334,7 +363,7 @@ def run_plan(args: argparse.Namespace) -> int:
         _print_table(finite_rows(done.rows(with_schedule=True)),
                      f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, M={first.microbatches}, "
                      f"{args.solver} on each schedule")
-    _write_plan(done.best.problem, done.best.result, args, named=several)
+    _write_plan(done.best.problem, done.best.result, args, named=several or done.best.schedule == "adaptive")
     return 0
 
 
@@ -412,8 +441,9 @@ def _write_plot(path: str, rows: list[dict[str, Any]], title: str) -> None:
     save_png(fig, path)
 
 
-def compare_title(problems: list[PlanningProblem]) -> str:
-    """The graph, cluster, batch, microbatch choice and schedules of a comparison.
+def compare_title(problems: list[PlanningProblem], schedules: list[str] | None = None) -> str:
+    """The graph, cluster, batch, microbatch choice and schedules of a comparison (``schedules``: the names
+    requested, when not the problems' own, as with ``adaptive``).
 
     Examples
     --------
@@ -432,7 +462,7 @@ def compare_title(problems: list[PlanningProblem]) -> str:
     if first.per_stage:
         split += ", per stage"
     return (f"{first.graph.name} on {first.cluster.name}: batch {first.global_batch}, {split}, "
-            f"{', '.join(p.schedule for p in problems)}")
+            f"{', '.join(schedules or [p.schedule for p in problems])}")
 
 
 def run_compare(args: argparse.Namespace) -> int:
@@ -457,12 +487,13 @@ def run_compare(args: argparse.Namespace) -> int:
     problems, skipped = _problems(args, schedules)
     with _progress(len(problems) * len(names or valid)) as on_solve:
         done = compare_problems(problems, names, time_limit=args.time_limit, seed=args.seed, budget=args.budget,
-                                solver_options=_solver_options(args), skipped=skipped, on_solve=on_solve)
+                                solver_options=_solver_options(args), skipped=skipped, on_solve=on_solve,
+                                schedules=schedules, adaptive=adaptive_from_args(args))
     _report(done)
     if done.best is None:
         return no_plan(done.no_plan)
     rows = finite_rows(done.rows())
-    title = compare_title(problems)
+    title = compare_title(problems, schedules)
     if args.json:
         print(json.dumps(rows))
     else:

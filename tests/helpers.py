@@ -580,3 +580,74 @@ def random_program_batch(seed: int):
                             rng.random() < 0.3) for s in range(stages))
         plans.append(Plan("g", "c", batch, 4.0, schedule, built, custom_programs=programs))
     return graph, cluster, plans
+
+
+# ---------------------------------------------------------------- exports and runs (test_export*, test_replay, ...)
+# What the export and replay tests share: a CPU cluster file for local processes, one torchrun
+# launch that runs several exported torch folders and pipeplan's workers on the same plans
+# (tests/data/torchrun_folders.py), and a rank record of measured spans.
+
+
+def cpu_cluster_file(folder, n: int) -> str:
+    """Write ``folder/cpu-<n>.cluster.json``: ``n`` CPU devices ``cpu0..`` on one server; its path."""
+    import json
+
+    path = folder / f"cpu-{n}.cluster.json"
+    path.write_text(json.dumps({
+        "format": "pipeplan.cluster/1", "name": f"cpu-{n}",
+        "servers": [{"id": "local", "bandwidth": 3.0e9, "latency": 6.0e-5}],
+        "network": {"bandwidth": 1.25e9, "latency": 1.0e-4},
+        "devices": [{"id": f"cpu{i}", "server": "local", "speed": 1.0, "memory": 4.0e9} for i in range(n)]}))
+    return str(path)
+
+
+def torchrun_jobs(jobs: list[dict], processes: int, folder, timeout: float = 900.0,
+                  env: dict[str, str] | None = None) -> dict[int, list[str]]:
+    """Run ``jobs`` (see tests/data/torchrun_folders.py) in one ``torchrun --nproc-per-node=processes``.
+
+    Returns, per job's index, the lines printed while it ran (every rank's); a failed
+    launch fails the test with the launch's last error lines.  ``env``: variables to set
+    (``None``: to remove).
+    """
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    launcher = Path(__file__).resolve().parent / "data" / "torchrun_folders.py"
+    jobs_file = folder / "jobs.json"
+    jobs_file.write_text(json.dumps(jobs))
+    env = {key: value for key, value in {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+                                         **(env or {})}.items() if value is not None}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                           f"--nproc-per-node={processes}", str(launcher), str(jobs_file)],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    printed: dict[int, list[str]] = {}
+    current = None
+    for line in proc.stdout.splitlines():
+        if line.startswith("job "):
+            current = printed.setdefault(int(line.split()[1]), [])
+        elif current is not None:
+            current.append(line)
+    return printed
+
+
+def step_losses_printed(lines: list[str], steps: int) -> list[float]:
+    """The losses of ``step <k> loss <value>`` lines, checked to be steps 0 .. steps-1 in order."""
+    found = [line.split() for line in lines if line.startswith("step ")]
+    assert [int(words[1]) for words in found] == list(range(steps)), lines
+    return [float(words[3]) for words in found]
+
+
+def rank(stage: int, steps: list[list[tuple[str, float]]]) -> dict:
+    """A rank record of ``pipeplan run`` whose steps run the given ``(label, seconds)`` spans back to back."""
+    records = []
+    for spans in steps:
+        events, t = [], 0.0
+        for label, seconds in spans:
+            events.append(["forward", label, t, t + seconds])
+            t += seconds
+        records.append({"events": events, "end": t})
+    return {"stage": stage, "steps": records}

@@ -20,7 +20,7 @@ from pipeplan.models.jsonio import dumps
 from pipeplan.runtime.calibrate import calibrated_cluster, charged_seconds, device_factors, run_factors
 from pipeplan.solver.formats.cluster import Cluster, load_cluster
 from pipeplan.solver.evaluation.simulator import simulate
-from test_replay import rank
+from helpers import rank
 from pipeplan.cmd_calibrate import _notes
 from test_runtime import CLUSTER, model_graph, pipeplan, write_plan
 

@@ -642,8 +642,9 @@ class TestSchedulesFromArgs:
         from pipeplan.cmd_plan import schedules_from_args
 
         assert schedules_from_args(argparse.Namespace(schedules="all", schedule="1f1b")) == \
-            ["gpipe", "1f1b", *V2]
-        assert schedules_from_args(argparse.Namespace(schedules=None, schedule="auto")) == ["gpipe", "1f1b", *V2]
+            ["gpipe", "1f1b", *V2, "adaptive"]
+        assert schedules_from_args(argparse.Namespace(schedules=None, schedule="auto")) == \
+            ["gpipe", "1f1b", *V2, "adaptive"]
         assert schedules_from_args(argparse.Namespace(schedules="zbv, 1f1b,zbv", schedule="1f1b")) == ["zbv", "1f1b"]
         with pytest.raises(InputError, match="unknown schedule 'zb'; valid: gpipe"):
             schedules_from_args(argparse.Namespace(schedules="1f1b,zb", schedule="1f1b"))

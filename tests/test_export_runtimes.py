@@ -4,7 +4,8 @@ plan's (virtual) stages from them, and torchtitan loads its config and splits it
 
 The runtimes come from pyproject.toml's ``runtimes`` group, which ``make test`` installs (torchtitan's
 previous release 0.2 beside it, under ``.venv/torchtitan-0.2``).  The multi-process DeepSpeed runs, and
-the ``pipeplan run`` of the same plans, happen once for the module (``deepspeed_runs``).
+pipeplan's own workers on the same plans, happen once for the module, in one torchrun launch
+(``deepspeed_runs``).
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import pytest
 import torch
 
 from conftest import EXAMPLES, ROOT, plan
+from helpers import cpu_cluster_file, torchrun_jobs
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import Layer, LayerGraph, load_graph
 from pipeplan.models.model_options import ModelRequest
 from pipeplan.runtime.export import export_plan
-from pipeplan.runtime.export.torchtitan import RELEASES, check_module_names
+from pipeplan.runtime.export.torchtitan import check_module_names
+from pipeplan.runtime.report import step_losses
 from pipeplan.runtime.verify import reference_parameters
 
 GPT = str(EXAMPLES / "gpt-tiny.graph.json")
@@ -51,14 +54,6 @@ def write_json(path: Path, value: dict) -> str:
     return str(path)
 
 
-def cluster_file(folder: Path, n: int) -> str:
-    return write_json(folder / f"cpu-{n}.cluster.json", {
-        "format": "pipeplan.cluster/1", "name": f"cpu-{n}",
-        "servers": [{"id": "local", "bandwidth": 3.0e9, "latency": 6.0e-5}],
-        "network": {"bandwidth": 1.25e9, "latency": 1.0e-4},
-        "devices": [{"id": f"cpu{i}", "server": "local", "speed": 1.0, "memory": 4.0e9} for i in range(n)]})
-
-
 def cli(*argv: str) -> None:
     from pipeplan.cli import main
 
@@ -73,7 +68,7 @@ DEEPSPEED_PLANS = {
     "mymodel-recompute": ("mymodel", [(0, 3, ["cpu0"], [2, 2, 2, 2], True), (3, 6, ["cpu1"], [2, 2, 2, 2], True)]),
 }
 PIPEPLAN_RUN = ("mymodel-recompute",)
-"""The plans also run with ``pipeplan run`` (processes are the cost of this module).  gpt-tiny's
+"""The plans also run with pipeplan's workers (processes are the cost of this module).  gpt-tiny's
 ``pipeplan run`` losses at this batch, seed and step count equal the one-process ones within 1e-5
 (tests/test_export.py, ``TestExportedTorchFolder``), so its DeepSpeed run is checked against those."""
 
@@ -81,35 +76,25 @@ PIPEPLAN_RUN = ("mymodel-recompute",)
 STEP_LINE = re.compile(r"\bstep (\d+) loss (-?[0-9.]+(?:e[-+]?\d+)?|nan|inf)")
 RANK_LINE = re.compile(r"\brank (\d+) stage (\d+) replica (\d+) layers (\d+) (\d+) parts (\[[^]]*\]) tied (\[[^]]*\])")
 """What train.py prints (searched anywhere in a line: the ranks share one stdout)."""
-
-
-def run_deepspeed(folder: Path, processes: int, model_options: list[str]) -> str:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
-    env.pop("PYTHONUNBUFFERED", None)  # each rank's lines leave in whole writes
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           f"--nproc-per-node={processes}", "train.py", "--steps", str(STEPS), *model_options],
-                          cwd=folder, env=env, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc.stdout
-
-
-def run_pipeplan(graph: str, cluster: str, plan_file: str, model_options: list[str]) -> list[float]:
-    proc = subprocess.run([sys.executable, "-m", "pipeplan", "run", graph, cluster, plan_file, *model_options,
-                           "--steps", str(STEPS), "--json"], cwd=ROOT, capture_output=True, text=True, timeout=400)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.splitlines()[-1])["losses"]
+DEEPSPEED_ENV = {"DS_ACCELERATOR": "cpu", "PYTHONUNBUFFERED": None}  # each rank's lines leave in whole writes
 
 
 @pytest.fixture(scope="module")
 def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
     """Per plan of :data:`DEEPSPEED_PLANS`: the plan, the losses DeepSpeed printed, every rank's
-    ``rank ... layers ...`` line, ``pipeplan run``'s losses and the one-process losses."""
+    ``rank ... layers ...`` line, ``pipeplan run``'s losses and the one-process losses.
+
+    The plans run in one torchrun launch (tests/data/torchrun_folders.py), each on as many of
+    its processes as the plan takes: for the plans of :data:`PIPEPLAN_RUN` first the workers
+    that ``pipeplan run`` starts (``pipeplan.runtime.worker``, as under torchrun across
+    machines), then every exported DeepSpeed ``train.py``.
+    """
     require("deepspeed")
     folder = tmp_path_factory.mktemp("deepspeed")
     graphs = {"gpt-tiny": GPT, "mymodel": str(folder / "mymodel.graph.json")}
     cli("profile", MYMODEL, *[w for a in MYMODEL_ARGS for w in ("--model-arg", a)], "--analytic",
         "-o", graphs["mymodel"])
-    runs = {}
+    runs, jobs = {}, []
     for name, (model, stages) in DEEPSPEED_PLANS.items():
         p = plan(stages, batch=8, schedule="1f1b")
         processes = sum(len(st.devices) for st in p.stages)
@@ -119,18 +104,28 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
         options = (["--model", "gpt-tiny"] if model == "gpt-tiny" else
                    ["--model", MYMODEL, *[w for a in MYMODEL_ARGS for w in ("--model-arg", a)]])
         cli("export", plan_file, "--to", "deepspeed", "--graph", graphs[model], "-o", str(folder / name))
-        out = run_deepspeed(folder / name, processes, options)
+        result = folder / f"{name}.result.json"
+        if name in PIPEPLAN_RUN:
+            jobs.append({"pipeplan": [graphs[model], cpu_cluster_file(folder, processes), plan_file, *options,
+                                      "--steps", str(STEPS), "--result", str(result)], "processes": processes})
+        train = {"train": str(folder / name), "argv": ["--steps", str(STEPS), *options], "processes": processes}
+        jobs.append(train)
         request = ModelRequest(options[1], MYMODEL_ARGS if model == "mymodel" else ())
         reference: list[float] = []
         reference_parameters(request, steps=STEPS, global_batch=8, lr=0.05, seed=0, dtype=torch.float32,
                              seq_len=16 if model == "gpt-tiny" else None, on_loss=reference.append)
-        runs[name] = {"plan": p, "stdout": out,
-                      "steps": [int(m.group(1)) for m in STEP_LINE.finditer(out)],
-                      "losses": [float(m.group(2)) for m in STEP_LINE.finditer(out)],
-                      "ranks": sorted(m.groups() for m in RANK_LINE.finditer(out)),
-                      "pipeplan_run": (run_pipeplan(graphs[model], cluster_file(folder, processes), plan_file, options)
-                                       if name in PIPEPLAN_RUN else None),
+        runs[name] = {"plan": p, "job": train, "result": result if name in PIPEPLAN_RUN else None,
                       "one_process": reference}
+    jobs.sort(key=lambda job: -job["processes"])  # a launch's idle ranks wait in the next job: the largest first
+    printed = torchrun_jobs(jobs, jobs[0]["processes"], folder, env=DEEPSPEED_ENV)
+    for run in runs.values():
+        out = "\n".join(printed[next(k for k, job in enumerate(jobs) if job is run["job"])])
+        del run["job"]
+        result = run.pop("result")
+        run.update(stdout=out, steps=[int(m.group(1)) for m in STEP_LINE.finditer(out)],
+                   losses=[float(m.group(2)) for m in STEP_LINE.finditer(out)],
+                   ranks=sorted(m.groups() for m in RANK_LINE.finditer(out)),
+                   pipeplan_run=None if result is None else step_losses(json.loads(result.read_text())["ranks"]))
     return runs
 
 

@@ -16,8 +16,11 @@ from pipeplan.experiments.bench_solvers import chain_graph, two_type_cluster
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.baselines.common import finalize
-from pipeplan.solver.heuristics.group_search import (MOVES, Block, _classes, _Costs, _reshaped_bounds, balanced_bounds, compute_floor, group_search, patterns, refine,
-                                 replica_groups, reshape, reshapes)
+from pipeplan.experiments.known_optimum import class_optimum, known_problem
+from pipeplan.solver.heuristics.group_search import (MOVES, Block, _classes, _Costs, _estimate, _reshaped_bounds,
+                                                     balanced_bounds, compute_floor, group_search, pattern_level,
+                                                     patterns, refine, replica_groups, reshape, reshapes,
+                                                     sweep_patterns)
 from pipeplan.solver.exact.cpsat import CpSatSolver
 from pipeplan.solver.exact.ilp import IlpSolver
 from pipeplan.solver.exact.phases import Walk
@@ -86,6 +89,50 @@ class TestPatterns:
         assert found and max(sum(b.stages for b in p) for p in found) == 3
 
 
+@pytest.fixture(scope="module")
+def four_generations():
+    """256 devices in four generations (docs/scale.md, "Where the gap is"): the patterns are thinned."""
+    return known_problem(256, generations=4)
+
+
+class TestPatternLevel:
+    def test_two_classes_keep_every_choice(self):
+        problem = bench_problem(16, 8)
+        assert pattern_level(problem, _classes(problem)) == 0
+
+    def test_four_generations_are_thinned(self, four_generations):
+        assert pattern_level(four_generations, _classes(four_generations)) == 2
+
+
+class TestSweepPatterns:
+    def test_reaches_a_stage_size_the_thinned_patterns_lack(self, four_generations):
+        """The optimum's shape: 4 stages of 8 fastest devices, then 4 of 16 devices of the second generation."""
+        problem = four_generations
+        classes = _classes(problem)
+        costs = _Costs(problem, classes)
+        thinned = list(patterns(problem, classes))
+        assert not any(b.cls == 1 and b.replicas == 16 for p in thinned for b in p)
+        found = sweep_patterns(problem, costs, [(Block(1, 8, 1), Block(0, 8, 4))])
+        target = (Block(0, 8, 4), Block(1, 16, 4))
+        assert target in found
+        assert found[target] == _estimate(problem, costs, target)
+        assert found[target] < min(_estimate(problem, costs, p) for p in thinned)
+
+    def test_every_pattern_fits_the_classes_and_the_stage_limit(self, four_generations):
+        problem = dataclasses.replace(four_generations, max_stages=5)
+        classes = _classes(problem)
+        found = sweep_patterns(problem, _Costs(problem, classes), [(Block(0, 8, 4),)])
+        assert found
+        for blocks in found:
+            assert sum(b.stages for b in blocks) <= 5
+            assert all(b.replicas * b.stages <= classes[b.cls].count for b in blocks)
+            assert len({b.cls for b in blocks}) == len(blocks)
+
+    def test_no_start_looks_at_nothing(self, four_generations):
+        classes = _classes(four_generations)
+        assert sweep_patterns(four_generations, _Costs(four_generations, classes), []) == {}
+
+
 def brute_min_max(prefixes: list[np.ndarray]) -> float:
     S, L = len(prefixes), len(prefixes[0]) - 1
     best = math.inf
@@ -130,6 +177,14 @@ class TestGroupSearch:
         run = group_search(problem, TimeLimit(30.0))
         assert not run.stopped_by_time
         assert run.plans[0].result.iteration_time == pytest.approx(exact.iteration_time, rel=1e-9)
+
+    def test_reaches_the_known_optimum_with_four_generations(self):
+        """1,024 devices in four generations: the optimum's 16- and 32-device stages come from the sweep."""
+        problem = known_problem(1024, generations=4)
+        optimum = class_optimum(problem)
+        run = group_search(problem, TimeLimit(600.0))
+        assert not run.stopped_by_time
+        assert run.plans[0].result.iteration_time == pytest.approx(optimum.time, rel=1e-9)
 
     def test_plans_fit_are_in_the_search_space_and_sorted(self):
         problem = bench_problem(32, 8)

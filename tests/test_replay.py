@@ -7,6 +7,7 @@ Layers take F = n and B = 2n seconds for n samples and links are instantaneous (
 import pytest
 
 from conftest import chain, cluster, plan
+from helpers import rank
 from pipeplan.runtime.replay import op_seconds, program_durations, program_recompute, replay
 from pipeplan.solver.evaluation.simulator import simulate
 
@@ -15,18 +16,6 @@ def two_stage_prediction():
     """Two stages, one layer each, GPipe, m = 2 microbatches of 1: predicted T = 9 (see test_simulator)."""
     p = plan([(0, 1, ["d0"], [1, 1]), (1, 2, ["d1"], [1, 1])], batch=2)
     return simulate(p, chain(2), cluster(2))
-
-
-def rank(stage: int, steps: list[list[tuple[str, float]]]) -> dict:
-    """A rank record whose steps run the given ``(label, seconds)`` spans back to back."""
-    records = []
-    for spans in steps:
-        events, t = [], 0.0
-        for label, seconds in spans:
-            events.append(["forward", label, t, t + seconds])
-            t += seconds
-        records.append({"events": events, "end": t})
-    return {"stage": stage, "steps": records}
 
 
 class TestOpSeconds:

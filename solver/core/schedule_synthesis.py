@@ -1,4 +1,6 @@
-"""Programs built for a plan's own partition (``pipeplan synthesize``, :func:`pipeplan.synthesize`).
+"""Programs built for a plan's own partition (``pipeplan synthesize``, :func:`pipeplan.synthesize`), partitions
+searched with them (``--schedule adaptive``, :func:`search_partitions`), and their time-memory front
+(:func:`memory_front`).
 
 A plan fixes a partition (stages, device groups, splits, recompute) and a schedule.
 :func:`synthesize_plan` keeps the partition and replaces the schedule by ``custom``
@@ -32,7 +34,9 @@ from pipeplan.solver.schedules.programs import FORWARD, FULL_BACKWARD, Action
 from pipeplan.solver.schedules.synthesis import (ProgramDeadlock, ScheduleInstance, custom_plan, evaluate,
                                                  schedule_instance, split_backwards, synthesize)
 
-__all__ = ["SynthesizedPlan", "synthesize_plan", "order_lower_bound", "DEFAULT_WORK", "RECORD_FIELDS"]
+__all__ = ["SynthesizedPlan", "synthesize_plan", "order_lower_bound", "DEFAULT_WORK", "RECORD_FIELDS",
+           "DEFAULT_EVALUATIONS", "partition_key", "Scored", "neighbours", "PartitionSearch", "search_partitions",
+           "DEFAULT_FRONT_STEPS", "memory_front", "non_dominated"]
 
 DEFAULT_WORK = 30.0
 """CP-SAT deterministic seconds the exact order model may use by default.  The proofs of
@@ -206,3 +210,241 @@ def _own_programs(plan: Plan, split_backward: bool) -> tuple[tuple[Action, ...],
     if any(a.kind not in (FORWARD, FULL_BACKWARD) for p in own for a in p):
         return None
     return own
+
+
+# --------------------------------------------------------------------------- partitions searched jointly
+DEFAULT_EVALUATIONS = 120
+"""Partitions the joint search (:func:`search_partitions`) synthesizes programs for by default.  On the six
+shapes of ``experiments/bench_synthesis.py`` the boundary walk from the fixed schedules' plans ends within
+it (docs/schedules.md, section ``adaptive``)."""
+
+
+def partition_key(plan: Plan) -> tuple:
+    """What a plan's programs depend on: its stages (layers, devices, splits, recompute, tensor parallelism, ZeRO)."""
+    return tuple((st.layers, st.devices, st.microbatches, st.recompute, st.tensor_parallel, st.zero)
+                 for st in plan.stages)
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One partition the joint search synthesized programs for."""
+
+    plan: Plan
+    """The ``custom`` plan the list scheduler built for it."""
+    iteration_time: float
+    """Its iteration time (the list scheduler's, the simulator's arithmetic)."""
+    origin: str
+    """Where the partition comes from: ``"<schedule>"`` (that schedule's plan) or ``"<schedule> + k moves"`` (its neighbour ``k`` moves away)."""
+
+
+def neighbours(plan: Plan, allow_recompute: bool = True) -> list[Plan]:
+    """The partitions one move away: a stage boundary moved by one layer, one stage's recompute switched,
+    or two device groups' devices swapped.
+
+    Every stage keeps at least one layer; the stages per group and the splits are kept.
+    Swapping moves every stage of one group onto the other's devices and back, which
+    matters on unequal devices and links.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import Stage
+    >>> p = Plan("g", "c", 4, 4.0, "custom", (Stage((0, 2), ("a",), (2, 2)), Stage((2, 4), ("b",), (2, 2))))
+    >>> [[(st.layers, st.devices) for st in n.stages] for n in neighbours(p, allow_recompute=False)]
+    [[((0, 1), ('a',)), ((1, 4), ('b',))], [((0, 3), ('a',)), ((3, 4), ('b',))], [((0, 2), ('b',)), ((2, 4), ('a',))]]
+    """
+    stages = list(plan.stages)
+    out = []
+    for c in range(1, len(stages)):
+        for step in (-1, 1):
+            cut = stages[c].layers[0] + step
+            if not stages[c - 1].layers[0] < cut < stages[c].layers[1]:
+                continue
+            moved = list(stages)
+            moved[c - 1] = replace(stages[c - 1], layers=(stages[c - 1].layers[0], cut), ops=None)
+            moved[c] = replace(stages[c], layers=(cut, stages[c].layers[1]), ops=None)
+            out.append(replace(plan, stages=tuple(moved), extra={}))
+    if allow_recompute:
+        for s, st in enumerate(stages):
+            switched = list(stages)
+            switched[s] = replace(st, recompute=not st.recompute)
+            out.append(replace(plan, stages=tuple(switched), extra={}))
+    groups = list(dict.fromkeys(st.devices for st in stages))
+    for i in range(len(groups)):
+        for j in range(i + 1, len(groups)):
+            swap = {groups[i]: groups[j], groups[j]: groups[i]}
+            out.append(replace(plan, stages=tuple(replace(st, devices=swap.get(st.devices, st.devices))
+                                                  for st in stages), extra={}))
+    return out
+
+
+@dataclass(frozen=True)
+class PartitionSearch:
+    """What :func:`search_partitions` found."""
+
+    best: Scored | None
+    """The fastest fitting partition with its synthesized programs, or ``None`` when none fits."""
+    seeds: tuple[Scored | None, ...]
+    """Each seed's synthesized result, in the order given (``None`` where none fits, or the work ran out first)."""
+    evaluations: int
+    """Partitions synthesized (the counted work)."""
+    stopped_by: str
+    """``"complete"`` (no move improves the best partitions), ``"budget"`` (the evaluations ran out) or ``"time"``."""
+
+
+def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster: Cluster, *,
+                      evaluations: int = DEFAULT_EVALUATIONS, memory_fraction: float = 1.0,
+                      allow_recompute: bool = True, deadline: float | None = None) -> PartitionSearch:
+    """The fastest partition found with synthesized programs, from ``seeds`` and their neighbours.
+
+    Every seed partition (deduplicated) gets list-scheduled programs
+    (:func:`~pipeplan.solver.schedules.synthesis.synthesize`); then, from the fastest
+    seeds first, a first-improvement walk over :func:`neighbours` moves to a neighbour
+    whose synthesized time is shorter, until no move improves or ``evaluations``
+    partitions have been synthesized.  A seed's own programs are a candidate on its
+    partition, and the first seed is always synthesized, so with the seeds fastest first
+    the result is never slower than any seed.  The result depends on the seeds, the
+    budget and the instance only (ties: the first found); ``deadline`` (a
+    ``time.perf_counter`` value) is a cap whose hitting ``stopped_by`` reports.
+
+    Parameters
+    ----------
+    seeds : list of (str, Plan)
+        Where each partition comes from (a schedule's name) and the plan.
+    graph, cluster
+        What the plans run on.
+    evaluations : int
+        Most partitions synthesized (the seeds included).
+    memory_fraction : float
+        Each group's cap as a share of its device memory (:func:`synthesize_plan`).
+    allow_recompute : bool
+        Whether a move may switch a stage's recompute.
+    deadline : float, optional
+        ``time.perf_counter()`` value past which no partition is started.
+    """
+    seen: dict[tuple, Scored | None] = {}
+    count = 0
+    stopped = "complete"
+
+    def score(origin: str, plan: Plan) -> Scored | None:
+        nonlocal count
+        key = partition_key(plan)
+        if key in seen:
+            return seen[key]
+        count += 1
+        try:
+            instance = schedule_instance(plan, graph, cluster, memory_fraction=memory_fraction)
+            syn = synthesize(instance)
+        except (ProgramDeadlock, ValueError):
+            seen[key] = None
+            return None
+        programs, timeline = syn.programs, syn.timeline
+        own = _own_programs(plan, True) if plan.schedule != "custom" else None
+        if own is not None:  # a seed's own programs: the result is never slower than the seed
+            try:
+                mine = evaluate(instance, own)
+            except ProgramDeadlock:
+                mine = None
+            if mine is not None and mine.fits and (not timeline.fits or mine.iteration_time < timeline.iteration_time):
+                programs, timeline = own, mine
+        made = Scored(custom_plan(replace(plan, extra={}), programs), timeline.iteration_time, origin) \
+            if timeline.fits else None
+        seen[key] = made
+        return made
+
+    def out_of_work() -> str:
+        if count >= evaluations:
+            return "budget"
+        if deadline is not None and time.perf_counter() > deadline:
+            return "time"
+        return ""
+
+    scored: list[Scored] = []
+    per_seed: list[Scored | None] = []
+    for origin, plan in seeds:
+        # the first seed is always synthesized: the result is then never slower than it
+        if per_seed and partition_key(plan) not in seen and (stop := out_of_work()):
+            stopped = stop
+            per_seed.append(None)
+            continue
+        made = score(origin, plan)
+        per_seed.append(made)
+        if made is not None and all(made is not s for s in scored):
+            scored.append(made)
+    best = min(scored, key=lambda s: s.iteration_time, default=None)
+    order = sorted(range(len(scored)), key=lambda i: (scored[i].iteration_time, i))
+    for i in order:
+        if stopped != "complete":
+            break
+        current, moves = scored[i], 0
+        improved = True
+        while improved and stopped == "complete":
+            improved = False
+            for cand in neighbours(current.plan, allow_recompute):
+                if partition_key(cand) in seen:
+                    continue
+                if (stop := out_of_work()):
+                    stopped = stop
+                    break
+                origin = current.origin.split(" + ")[0]
+                made = score(f"{origin} + {moves + 1} move{'s' if moves else ''}", cand)
+                if made is not None and made.iteration_time < current.iteration_time:
+                    current, moves, improved = made, moves + 1, True
+                    break
+        if best is None or current.iteration_time < best.iteration_time:
+            best = current
+    return PartitionSearch(best, tuple(per_seed), count, stopped)
+
+
+# --------------------------------------------------------------------------- the time-memory trade-off
+DEFAULT_FRONT_STEPS = 8
+"""Caps tried per partition by :func:`memory_front` (each below the previous program's peak)."""
+
+
+def memory_front(plan: Plan, graph: LayerGraph, cluster: Cluster, *, steps: int = DEFAULT_FRONT_STEPS,
+                 memory_fraction: float = 1.0) -> list[tuple[float, float, Plan]]:
+    """Synthesized programs of ``plan``'s partition at falling memory caps: ``(time, peak, custom plan)`` each.
+
+    The first programs are the list scheduler's under each group's cap; each next run caps
+    every group just below the previous programs' largest per-device peak, so the
+    synthesizer trades time for memory, until no program fits or ``steps`` runs are done.
+    The peaks are the simulator's (largest per-device peak of the group programs).
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import load_plan
+    >>> from pipeplan.models.graph import load_graph
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> graph, cluster = load_graph("examples/chain8.graph.json"), load_cluster("examples/two-servers.cluster.json")
+    >>> front = memory_front(load_plan("examples/hetero.plan.json", graph, cluster), graph, cluster)
+    >>> all(a[0] <= b[0] and a[1] > b[1] for a, b in zip(front, front[1:]))
+    True
+    """
+    points: list[tuple[float, float, Plan]] = []
+    caps = None
+    for _ in range(steps):
+        instance = schedule_instance(plan, graph, cluster, memory_fraction=memory_fraction, memory_caps=caps)
+        syn = synthesize(instance)
+        if not syn.fits:
+            break
+        made = custom_plan(replace(plan, extra={}), syn.programs)
+        sim = simulate(made, graph, cluster, validate=False)
+        peak = max(sim.peak_memory)
+        points.append((sim.iteration_time, peak, made))
+        below = peak * (1 - 1e-6)
+        caps = [min(g.cap, below) for g in instance.groups]
+    return non_dominated(points)
+
+
+def non_dominated(points: list[tuple[float, float, Plan]]) -> list[tuple[float, float, Plan]]:
+    """The points no other is at least as fast and as small as (one of equals), fastest first.
+
+    Examples
+    --------
+    >>> [p[:2] for p in non_dominated([(2.0, 5.0, None), (1.0, 9.0, None), (3.0, 5.0, None), (2.0, 4.0, None)])]
+    [(1.0, 9.0), (2.0, 4.0)]
+    """
+    kept: list[tuple[float, float, Plan]] = []
+    for point in sorted(points, key=lambda p: (p[0], p[1])):
+        if not kept or point[1] < kept[-1][1]:
+            kept.append(point)
+    return kept

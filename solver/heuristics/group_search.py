@@ -13,7 +13,10 @@ baselines and NSGA-II rarely find these plans.  This heuristic searches them dir
    class; ``n * r`` at most the class's devices, ``n`` every count up to 16, then powers
    of two and the most that fit); the classes' blocks in every order (fastest first and
    slowest first when there are more than three classes).  With many classes the
-   counts are thinned until at most :data:`PATTERN_LIMIT` combinations remain.
+   counts are thinned until at most :data:`PATTERN_LIMIT` combinations remain; a sweep
+   then changes one class's block at a time, over all of its choices, from the best
+   thinned patterns while the estimate improves (:func:`sweep_patterns`), and the
+   patterns it finds go through steps 2-5 as a smaller pool of their own, first.
 2. **Ranking.**  Each pattern gets a closed-form estimate: the bottleneck of a
    perfectly balanced split times ``(M + S - 1) / M`` (the pipeline's fill and drain),
    plus the exposed part of each stage's all-reduce.  Only the best
@@ -79,6 +82,18 @@ REFINE = 8
 PATTERN_LIMIT = 20000
 """Combinations of per-class blocks looked at (many device classes would give millions)."""
 
+SWEEP_STARTS = 16
+"""Thinned patterns :func:`sweep_patterns` starts from, the best of each set of classes used (four device generations in
+``experiments/known_optimum.py``: docs/scale.md, "Where the gap is")."""
+
+SWEEP_STEPS = 8
+"""Changes of one class's block made from each start by :func:`sweep_patterns` (fewer when none helps)."""
+
+SWEEP_SHARE = 4
+"""The swept patterns are searched as a pool of their own, before the thinned ones (so, within the
+budget, the sweep never costs a plan the thinned patterns give), with ``1 / SWEEP_SHARE`` of the
+builds and half the refined and reshaped plans (``bench_scale`` at 256 to 4,096 devices: docs/scale.md)."""
+
 RESHAPE = 4
 """Refined plans whose shape is then searched (:func:`reshape`)."""
 
@@ -94,8 +109,8 @@ BUILD_BATCH = 32
 REFINE_BATCH = 48
 """Boundary moves simulated together (:func:`refine`); the plans are those of one at a time."""
 
-__all__ = ["GroupSearch", "GroupSearchRun", "Block", "balanced_bounds", "compute_floor", "group_search", "patterns", "refine",
-           "replica_groups", "reshape", "reshapes"]
+__all__ = ["GroupSearch", "GroupSearchRun", "Block", "balanced_bounds", "compute_floor", "group_search", "pattern_level",
+           "patterns", "refine", "replica_groups", "reshape", "reshapes", "sweep_patterns"]
 
 
 @dataclass(frozen=True)
@@ -201,25 +216,84 @@ def _block_options(problem: PlanningProblem, classes: Sequence[DeviceClass], lev
     return uses
 
 
+def pattern_level(problem: PlanningProblem, classes: Sequence[DeviceClass]) -> int:
+    """How thinned the per-class choices of :func:`patterns` are: 0 (every choice) to 2.
+
+    The first level whose combinations number at most :data:`PATTERN_LIMIT`, else the last.
+    """
+    for level in range(2):
+        if math.prod(len(u) for u in _block_options(problem, classes, level)) <= PATTERN_LIMIT:
+            return level
+    return 2
+
+
+def _orders(blocks: Sequence[Block]) -> Iterator[tuple[Block, ...]]:
+    """The orders a pattern's blocks are tried in: all of them up to three blocks, else as given and reversed."""
+    orders = (itertools.permutations(blocks) if len(blocks) <= 3
+              else (tuple(blocks), tuple(reversed(blocks))))
+    return iter(dict.fromkeys(tuple(o) for o in orders))
+
+
 def patterns(problem: PlanningProblem, classes: Sequence[DeviceClass]) -> Iterator[tuple[Block, ...]]:
     """Pipelines of class blocks within the problem's stage limit (see the module docstring).
 
     With many device classes the combinations of blocks number in the millions: the
     stage counts (and at the last level the replica counts) tried per class are thinned
-    until at most :data:`PATTERN_LIMIT` combinations remain, and beyond that only the
-    first :data:`PATTERN_LIMIT` are looked at (slower classes are dropped first).
+    until at most :data:`PATTERN_LIMIT` combinations remain (:func:`pattern_level`), and
+    beyond that only the first :data:`PATTERN_LIMIT` are looked at (slower classes are
+    dropped first).  :func:`sweep_patterns` then searches the full choices around the best.
     """
-    for level in range(3):
-        uses = _block_options(problem, classes, level)
-        if math.prod(len(u) for u in uses) <= PATTERN_LIMIT:
-            break
+    uses = _block_options(problem, classes, pattern_level(problem, classes))
     for choice in itertools.islice(itertools.product(*uses), PATTERN_LIMIT):
         blocks = [b for b in choice if b is not None]
         if not blocks or sum(b.stages for b in blocks) > problem.stage_limit:
             continue
-        orders = (itertools.permutations(blocks) if len(blocks) <= 3
-                  else (tuple(blocks), tuple(reversed(blocks))))
-        yield from dict.fromkeys(tuple(o) for o in orders)
+        yield from _orders(blocks)
+
+
+def sweep_patterns(problem: PlanningProblem, costs: "_Costs", starts: Sequence[tuple[Block, ...]],
+                   clock: TimeLimit | None = None) -> dict[tuple[Block, ...], float]:
+    """Patterns near ``starts`` with every per-class choice open, and their estimates.
+
+    When :func:`patterns` thins the choices (many device classes), a stage of 16 to 64
+    devices of a middle class may be in no pattern at all.  From each start, every
+    change of one class's block to any of its unthinned blocks (:func:`_block_options`
+    at level 0) is estimated (:func:`_estimate`, over the orders of :func:`_orders`) and
+    the best change is made, while it improves the estimate and at most
+    :data:`SWEEP_STEPS` times.  Every pattern looked at is returned, so the builder
+    ranks them with the thinned ones.  The work is counted: at most
+    ``len(starts) * SWEEP_STEPS * sum(options per class)`` choices; ``clock``, when given,
+    ends it early (after a step), with what it found so far.
+    """
+    options = _block_options(problem, costs.classes, 0)
+    seen: dict[tuple[Block, ...], float] = {}
+
+    def best_order(choice: Sequence[Block | None]) -> float:
+        blocks = [b for b in choice if b is not None]
+        if not blocks or sum(b.stages for b in blocks) > problem.stage_limit:
+            return math.inf
+        best = math.inf
+        for order in _orders(blocks):
+            if order not in seen:
+                seen[order] = _estimate(problem, costs, order)
+            best = min(best, seen[order])
+        return best
+
+    for start in starts:
+        choice: list[Block | None] = [None] * len(costs.classes)
+        for b in start:
+            choice[b.cls] = b
+        value = best_order(choice)
+        for _ in range(SWEEP_STEPS):
+            if clock is not None and past(clock):
+                return seen
+            trials = [choice[:c] + [option] + choice[c + 1:] for c, class_options in enumerate(options)
+                      for option in class_options]
+            estimate, trial = min(((best_order(t), k) for k, t in enumerate(trials)), default=(math.inf, -1))
+            if estimate >= value:
+                break
+            choice, value = trials[trial], estimate
+    return seen
 
 
 class _Costs:
@@ -701,6 +775,21 @@ def reshape(problem: PlanningProblem, judged: Judged, deadline: TimeLimit, costs
     return best
 
 
+def _swept(problem: PlanningProblem, costs: "_Costs", ranked: Sequence[tuple[float, int, tuple[Block, ...]]],
+           clock: TimeLimit | None = None) -> list[tuple[float, int, tuple[Block, ...]]]:
+    """The patterns :func:`sweep_patterns` finds around the best of ``ranked`` that ``ranked`` lacks, best estimate first."""
+    best_per_set: dict[frozenset[int], tuple[Block, ...]] = {}
+    for guess, _, blocks in ranked:  # best first: a sweep changes one class at a time, so starts must differ in the
+        if math.isfinite(guess):     # classes they use (adding one class often needs another's stages given back)
+            best_per_set.setdefault(frozenset(b.cls for b in blocks), blocks)
+    starts = list(best_per_set.values())[:SWEEP_STARTS]
+    known = {blocks for _, _, blocks in ranked}
+    extra = [(guess, len(ranked) + k, blocks)
+             for k, (blocks, guess) in enumerate(sweep_patterns(problem, costs, starts, clock).items())
+             if blocks not in known]
+    return sorted(extra, key=lambda x: x[:2])
+
+
 def group_search(problem: PlanningProblem, clock: TimeLimit, *, evaluations: int = EVALUATIONS,
                  refine_top: int = REFINE, reshape_top: int = RESHAPE) -> GroupSearchRun:
     """Search pipelines of equal replica groups (see the module docstring).
@@ -725,45 +814,66 @@ def group_search(problem: PlanningProblem, clock: TimeLimit, *, evaluations: int
     >>> run = group_search(problem, TimeLimit(5.0))  # doctest: +SKIP
     >>> run.plans[0].result.iteration_time  # doctest: +SKIP
     """
-    deadline = clock
     classes = _classes(problem)
     costs = _Costs(problem, classes)
     ranked, stopped = [], False
     for k, p in enumerate(patterns(problem, classes)):
-        if k % 256 == 255 and past(deadline):  # many device classes: many patterns
+        if k % 256 == 255 and past(clock):  # many device classes: many patterns
             stopped = True
             break
         ranked.append((_estimate(problem, costs, p), k, p))
     ranked.sort(key=lambda x: x[:2])
     trace: list[TracePoint] = []
-    built, cut = _build_patterns(
-        problem, costs, ranked[:evaluations], refine_top, deadline,
-        lambda t: trace.append(TracePoint(clock.elapsed(), t, None)))
-    stopped = stopped or cut
+    pools = [(ranked, evaluations, refine_top, reshape_top)]
+    if pattern_level(problem, classes) > 0 and not stopped:  # the smaller swept pool first: under a clock, at
+        sweep_clock = clock.within(clock.left() / 2)          # 1,024 devices and more its plans are the better ones;
+        swept = _swept(problem, costs, ranked, sweep_clock)   # half the time left at most, so a short cap still builds
+        stopped = past(sweep_clock)
+        pools.insert(0, (swept, max(1, evaluations // SWEEP_SHARE), max(1, refine_top // 2), max(1, reshape_top // 2)))
+    plans, built = [], 0
+    for pool, builds, refines, reshapes_ in pools:
+        if past(clock):
+            stopped = True
+            break
+        found, count, cut = _search_pool(problem, costs, pool[:builds], refines, reshapes_, clock, trace)
+        plans.extend(found)
+        built += count
+        stopped = stopped or cut
+    plans.sort(key=lambda j: j.result.iteration_time)
+    return GroupSearchRun(tuple(plans), sum(len(pool) for pool, *_ in pools), built, stopped, tuple(trace))
+
+
+def _search_pool(problem: PlanningProblem, costs: "_Costs", ranked: Sequence[tuple[float, int, tuple[Block, ...]]],
+                 refine_top: int, reshape_top: int, clock: TimeLimit, trace: list[TracePoint]
+                 ) -> tuple[list[Judged], int, bool]:
+    """Build ``ranked``, refine the best ``refine_top`` and reshape the best ``reshape_top`` of those.
+
+    Returns the refined plans (fastest first), the patterns built and whether the clock cut
+    the work; ``trace`` hears every time better than all it holds.
+    """
+    def improves(t: float) -> None:
+        if not trace or t < trace[-1].incumbent:
+            trace.append(TracePoint(clock.elapsed(), t, None))
+
+    built, stopped = _build_patterns(problem, costs, ranked, refine_top, clock, improves)
     refined = []
     for _, _, proposal in built[:refine_top]:
         judged = finalize(problem, *proposal, costs.stage_cache)
-        if past(deadline):  # out of time: the built plans as they are
+        if past(clock):  # out of time: the built plans as they are
             stopped = True
             refined.append(judged)
             continue
-        better = refine(problem, judged, deadline, costs)
-        if better.result.iteration_time < min((r.result.iteration_time for r in refined), default=math.inf):
-            trace.append(TracePoint(clock.elapsed(), better.result.iteration_time, None))
-        refined.append(better)
+        refined.append(refine(problem, judged, clock, costs))
+        improves(refined[-1].result.iteration_time)
     refined.sort(key=lambda j: j.result.iteration_time)
-    incumbent = refined[0].result.iteration_time if refined else math.inf
     for k, judged in enumerate(refined[:reshape_top]):
-        if past(deadline):
+        if past(clock):
             stopped = True
             break
-        refined[k] = reshape(problem, judged, deadline, costs)
-        if refined[k].result.iteration_time < incumbent:
-            incumbent = refined[k].result.iteration_time
-            trace.append(TracePoint(clock.elapsed(), incumbent, None))
-    stopped = stopped or past(deadline)
+        refined[k] = reshape(problem, judged, clock, costs)
+        improves(refined[k].result.iteration_time)
     refined.sort(key=lambda j: j.result.iteration_time)
-    return GroupSearchRun(tuple(refined), len(ranked), len(built), stopped, tuple(trace))
+    return refined, len(built), stopped or past(clock)
 
 
 class GroupSearch(Solver):
