@@ -417,7 +417,7 @@ def relabelled(plan: Plan, problem: PlanningProblem) -> Plan | None:
     >>> relabelled(made, zb).schedule
     'interleaved-zb'
     """
-    if plan.schedule in (problem.schedule, "custom"):
+    if plan.schedule == problem.schedule or plan.schedule_class.from_plan:
         return None
     made = replace(plan, schedule=problem.schedule, custom_programs=None, extra={})
     per_group = set(Counter(made.stage_groups).values())

@@ -19,7 +19,7 @@ from typing import Callable
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.formats.plan import Plan, Stage
-from pipeplan.solver.schedules.schedule import NAMED_V2, group_programs, schedule_for, stage_group
+from pipeplan.solver.schedules.schedule import NAMED_V2, ZBV, group_programs, schedule_for
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ def placement(plan: Plan) -> str | None:
         return "one"
     if count % groups == 0 and all(g == s % groups for s, g in enumerate(stage_groups)):
         return "loop"
-    if count == 2 * groups and all(g == stage_group("zbv", s, groups) for s, g in enumerate(stage_groups)):
+    if count == 2 * groups and all(g == ZBV.stage_group(s, groups) for s, g in enumerate(stage_groups)):
         return "v"
     return None
 

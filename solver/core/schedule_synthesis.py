@@ -338,7 +338,7 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
             seen[key] = None
             return None
         programs, timeline = syn.programs, syn.timeline
-        own = _own_programs(plan, True) if plan.schedule != "custom" else None
+        own = None if plan.schedule_class.from_plan else _own_programs(plan, True)
         if own is not None:  # a seed's own programs: the result is never slower than the seed
             try:
                 mine = evaluate(instance, own)
