@@ -699,3 +699,32 @@ def rank_record(stage: int, steps: list[list[tuple[str, float]]]) -> dict:
             t += seconds
         records.append({"events": events, "end": t})
     return {"stage": stage, "steps": records}
+
+
+def run_shared(entry: dict, run_cli, monkeypatch, *more: str) -> tuple[int, str, str]:
+    """``pipeplan run`` in this process on a run of :func:`shared_launch`: ``(status, stdout, stderr)``.
+
+    ``entry``: the run's item of :func:`shared_launch`'s answer; ``more``: options the
+    launcher handles alone (``--json``, ``--trace``, ``--gantt``, ``--side-by-side``).  The
+    command loads and checks its files and options as always; its launch is replaced by
+    the run's result, after checking that the shared launch ran this very invocation's
+    workers.  Fails the test if the shared launch stopped before the run finished.
+    """
+    import copy
+    from pathlib import Path
+
+    import pytest
+
+    import pipeplan.cmd_run
+
+    if entry["result"] is None:
+        pytest.fail(f"the shared launch stopped before this run finished: {entry['error']}")
+
+    def launch(config, inputs):
+        assert config.worker_argv(Path(entry["result_file"])) == entry["argv"]
+        return copy.deepcopy(entry["result"])
+
+    argv = list(entry["argv"])
+    at = argv.index("--result")
+    monkeypatch.setattr(pipeplan.cmd_run, "launch", launch)
+    return run_cli("run", *argv[:at], *argv[at + 2:], *more)

@@ -20,7 +20,6 @@ command in this process.
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 import os
@@ -34,7 +33,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import RUN_CLUSTER as CLUSTER, RUN_LIMIT as LIMIT, model_graph, shared_launch, write_plan
+from helpers import RUN_CLUSTER as CLUSTER, RUN_LIMIT as LIMIT, model_graph, run_shared, shared_launch, write_plan
 from pipeplan.models.jsonio import dumps
 from pipeplan.runtime.calibrate import run_factors
 from pipeplan.runtime.gradsync import group_members, links
@@ -227,28 +226,9 @@ def launched(graphs, tmp_path_factory) -> dict[str, dict]:
 
 @pytest.fixture
 def shared_run(launched, run_cli, monkeypatch):
-    """``pipeplan run`` in this process on a run of the shared launch: ``(status, stdout, stderr)``.
-
-    ``shared_run(name, *more)``: the run's arguments and ``more`` (options the launcher
-    handles alone: ``--json``, ``--trace``, ``--gantt``, ``--side-by-side``).
-    """
-    import pipeplan.cmd_run
-
-    def run(name: str, *more: str) -> tuple[int, str, str]:
-        entry = launched[name]
-        if entry["result"] is None:
-            pytest.fail(f"the shared launch stopped before run {name} finished: {entry['error']}")
-
-        def launch(config, inputs):
-            # the launch ran this very invocation's workers
-            assert config.worker_argv(Path(entry["result_file"])) == entry["argv"]
-            return copy.deepcopy(entry["result"])
-
-        monkeypatch.setattr(pipeplan.cmd_run, "launch", launch)
-        return run_cli("run", *launched_argv[name], *more)
-
-    launched_argv = {name: _cli_argv(entry) for name, entry in launched.items()}
-    return run
+    """``shared_run(name, *more)``: ``pipeplan run`` in this process on that run of the shared launch
+    (:func:`helpers.run_shared`), ``(status, stdout, stderr)``."""
+    return lambda name, *more: run_shared(launched[name], run_cli, monkeypatch, *more)
 
 
 def _cli_argv(entry: dict) -> list[str]:
