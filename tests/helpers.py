@@ -589,8 +589,9 @@ RUN_CLUSTER = str(RUN_ROOT / "examples" / "two-servers.cluster.json")
 """Six devices g0..g5 on two servers."""
 RUN_LIMIT = 240
 """Seconds per ``pipeplan run`` subprocess, hard: a guard against a hang, far above what a run takes loaded."""
-SHARED_HANG = 120
-"""Seconds a process of a shared launch may go without progress (a hang guard, not a measurement)."""
+SHARED_HANG = 240
+"""Seconds a process of a shared launch may go without progress (a hang guard, not a measurement): between
+two runs a rank waits, without a beat, for rank 0 to verify the run before and set up the next."""
 
 
 def model_graph(name: str) -> LayerGraph:
@@ -665,14 +666,14 @@ def shared_launch(runs: dict[str, list[str]], folder) -> dict[str, dict]:
     """
     import json
 
-    from pipeplan.runtime.launch import WorkerError, free_port, launch_local
+    from pipeplan.runtime.launch import WorkerError, launch_local
 
     jobs = []
     for name, argv in runs.items():
         config = run_config(argv)
         result = folder / f"{name}.result.json"
-        jobs.append({"name": name, "world": plan_world(config.plan), "port": free_port(),
-                     "argv": config.worker_argv(result), "result": str(result)})
+        jobs.append({"name": name, "world": plan_world(config.plan), "argv": config.worker_argv(result),
+                     "result": str(result)})
     jobs.sort(key=lambda job: -job["world"])  # a rank leaves once no later run needs it
     (folder / "jobs.json").write_text(json.dumps(jobs))
     error = None
