@@ -111,7 +111,7 @@ def program_durations(ranks: list[dict], steps: list[int], group: int,
 
     Examples
     --------
-    See ``tests/test_runtime_v2.py``.
+    See ``tests/test_runtime.py``.
     """
     replicas = [(op_seconds(r, steps), stage_prefix(r)) for r in ranks if r.get("group", r["stage"]) == group]
     return tuple(max(action_seconds(seen, prefix, s, kind, k) for seen, prefix in replicas)
@@ -145,7 +145,7 @@ def replay(ranks: list[dict], steps: list[int], prediction: Simulation) -> Simul
 
     Examples
     --------
-    See ``tests/test_replay.py`` and ``tests/test_runtime_v2.py``.
+    See ``tests/test_replay.py`` and ``tests/test_runtime.py``.
     """
     groups = tuple(replace(cost, durations=program_durations(ranks, steps, g, list(cost.program)),
                            recompute=program_recompute(ranks, steps, g, list(cost.program)))

@@ -651,3 +651,140 @@ def rank(stage: int, steps: list[list[tuple[str, float]]]) -> dict:
             t += seconds
         records.append({"events": events, "end": t})
     return {"stage": stage, "steps": records}
+
+
+# ---------------------------------------------------------------- runtime: plan files and shared launches
+# (pipeplan run on tiny zoo models; tests/test_runtime.py, tests/test_calibrate.py)
+RUN_ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+RUN_CLUSTER = str(RUN_ROOT / "examples" / "two-servers.cluster.json")
+"""Six devices g0..g5 on two servers."""
+RUN_LIMIT = 240
+"""Seconds per ``pipeplan run`` subprocess, hard: a guard against a hang, far above what a run takes loaded."""
+SHARED_HANG = 240
+"""Seconds a process of a shared launch may go without progress (a hang guard, not a measurement): between
+two runs a rank waits, without a beat, for rank 0 to verify the run before and set up the next."""
+
+
+def model_graph(name: str) -> LayerGraph:
+    """A graph whose layers are the zoo model's units (costs made up, shapes real)."""
+    from pipeplan.models.zoo import build_model
+
+    model = build_model(name, device="meta")
+    x, _ = model.example_batch(1)
+    outs = model.forward(x)
+    layers = [Layer(u.name, (1e-4, 1e-5), (2e-4, 2e-5), 4.0 * sum(p.numel() for p in u.module.parameters()),
+                    4.0 * outs[i].numel(), 4.0 * outs[i].numel(), u.tied_to)
+              for i, u in enumerate(model.units)]
+    return LayerGraph(f"{name}-{len(layers)}", layers, model.edges(), float(model.input_bytes_per_sample))
+
+
+def write_plan(folder, stages: list[tuple], batch: int, schedule: str = "gpipe", name: str = "plan",
+               graph: str = "gpt-tiny-6") -> str:
+    """A plan file on the two-servers cluster; its path.
+
+    ``stages``: ``(lo, hi, devices, microbatches[, recompute[, ops]])``; ``graph``: the graph it names.
+    """
+    from pipeplan.models.jsonio import dumps
+
+    built = tuple(Stage((lo, hi), tuple(devs), tuple(split), *(rest[:1] or [False]),
+                        tuple(rest[1]) if len(rest) > 1 else None)
+                  for lo, hi, devs, split, *rest in stages)
+    path = folder / f"{name}.plan.json"
+    path.write_text(dumps(Plan(graph, "two-servers", batch, 4.0, schedule, built).to_dict()))
+    return str(path)
+
+
+def pipeplan(*argv: str, env: dict | None = None, timeout: float = RUN_LIMIT):
+    """``pipeplan ARGV`` as a subprocess in the project's root; the completed process."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pipeplan.cli", *argv], cwd=RUN_ROOT, capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def run_config(argv: list[str]):
+    """The checked :class:`~pipeplan.runtime.options.RunConfig` of ``pipeplan run ARGV``."""
+    import argparse
+
+    from pipeplan.runtime.options import RunConfig, add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    parser.add_argument("--force", action="store_true")
+    return RunConfig.from_args(parser.parse_known_args(argv)[0]).checked()
+
+
+def plan_world(plan_file: str) -> int:
+    """Processes a plan runs on: one per device it names."""
+    import json
+
+    with open(plan_file) as f:
+        return len({d for stage in json.load(f)["stages"] for d in stage["devices"]})
+
+
+def shared_launch(runs: dict[str, list[str]], folder) -> dict[str, dict]:
+    """Run the workers of several ``pipeplan run ARGV`` in one launch; what each run's rank 0 wrote.
+
+    ``runs`` maps a name to ``pipeplan run``'s arguments.  Every process runs, one run after
+    another, exactly the workers' command line ``pipeplan run`` would launch for that run
+    (:meth:`~pipeplan.runtime.options.RunConfig.worker_argv`), on as many ranks as the plan
+    has devices (``tests/data/run_plans.py``): starting Python and torch once per rank instead
+    of once per run.  Returns ``{name: {"argv": ..., "result": ..., "error": ...}}``: ``result``
+    is rank 0's result file (``None`` if the run did not finish), ``error`` the launcher's
+    message when a run failed or hung and stopped the launch (the runs after it did not run).
+    """
+    import json
+
+    from pipeplan.runtime.launch import WorkerError, launch_local
+
+    jobs = []
+    for name, argv in runs.items():
+        config = run_config(argv)
+        result = folder / f"{name}.result.json"
+        jobs.append({"name": name, "world": plan_world(config.plan), "argv": config.worker_argv(result),
+                     "result": str(result)})
+    jobs.sort(key=lambda job: -job["world"])  # a rank leaves once no later run needs it
+    (folder / "jobs.json").write_text(json.dumps(jobs))
+    error = None
+    try:
+        launch_local([str(folder / "jobs.json")], jobs[0]["world"], folder, timeout=SHARED_HANG,
+                     describe=lambda rank: f"rank {rank}", entry=[str(RUN_ROOT / "tests" / "data" / "run_plans.py")])
+    except WorkerError as exc:
+        error = f"{exc}\n{exc.log_tail}"
+    out = {}
+    for job in jobs:
+        path = __import__("pathlib").Path(job["result"])
+        out[job["name"]] = {"argv": job["argv"], "result_file": job["result"], "error": error,
+                            "result": json.loads(path.read_text()) if path.exists() else None}
+    return out
+
+
+def run_shared(entry: dict, run_cli, monkeypatch, *more: str) -> tuple[int, str, str]:
+    """``pipeplan run`` in this process on a run of :func:`shared_launch`: ``(status, stdout, stderr)``.
+
+    ``entry``: the run's item of :func:`shared_launch`'s answer; ``more``: options the
+    launcher handles alone (``--json``, ``--trace``, ``--gantt``, ``--side-by-side``).  The
+    command loads and checks its files and options as always; its launch is replaced by
+    the run's result, after checking that the shared launch ran this very invocation's
+    workers.  Fails the test if the shared launch stopped before the run finished.
+    """
+    import copy
+    from pathlib import Path
+
+    import pytest
+
+    import pipeplan.cmd_run
+
+    if entry["result"] is None:
+        pytest.fail(f"the shared launch stopped before this run finished: {entry['error']}")
+
+    def launch(config, inputs):
+        assert config.worker_argv(Path(entry["result_file"])) == entry["argv"]
+        return copy.deepcopy(entry["result"])
+
+    argv = list(entry["argv"])
+    at = argv.index("--result")
+    monkeypatch.setattr(pipeplan.cmd_run, "launch", launch)
+    return run_cli("run", *argv[:at], *argv[at + 2:], *more)

@@ -20,9 +20,8 @@ from pipeplan.models.jsonio import dumps
 from pipeplan.runtime.calibrate import calibrated_cluster, charged_seconds, device_factors, run_factors
 from pipeplan.solver.formats.cluster import Cluster, load_cluster
 from pipeplan.solver.evaluation.simulator import simulate
-from helpers import rank
 from pipeplan.cmd_calibrate import _notes
-from test_runtime import CLUSTER, model_graph, pipeplan, write_plan
+from helpers import RUN_CLUSTER as CLUSTER, model_graph, rank, write_plan
 
 
 def two_stage_ranks():
@@ -183,14 +182,14 @@ class TestCalibrateCommand:
         """Three processes: g0 and g1 (declared speed 1) replicate stage 0, g2 (0.45) runs stage 1."""
         graph, plan_file = probe
         out = tmp_path / "calibrated.json"
-        done = pipeplan("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", "--runs", "2",
-                        "--steps", "3", "--warmup", "1", "--json", "-o", str(out), timeout=120)
-        assert done.returncode == 0, done.stderr
-        summary = json.loads(done.stdout)
+        status, stdout, stderr = run_cli("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", "--runs", "2",
+                                         "--steps", "3", "--warmup", "1", "--json", "-o", str(out))
+        assert status == 0, stderr
+        summary = json.loads(stdout)
         before, after = load_cluster(CLUSTER), load_cluster(str(out))
         assert set(summary["factors"]) == {"g0", "g1", "g2"} and len(summary["run_factors"]) == 2
         assert summary["not_calibrated"] == ["g3", "g4", "g5"]
-        assert "warning:" in done.stderr and "g3, g4, g5" in done.stderr  # they keep the file's speeds
+        assert "warning:" in stderr and "g3, g4, g5" in stderr  # they keep the file's speeds
         for device, factor in summary["factors"].items():  # each the median of its runs
             assert factor == pytest.approx(statistics.median(run[device] for run in summary["run_factors"]))
         for b, a in zip(before.devices, after.devices):
@@ -225,26 +224,27 @@ class TestCalibrateCommand:
         status, _, err = run_cli("calibrate", graph, CLUSTER, plan_file, "--model", "unet", "-o", str(out))
         assert status == 2 and err.count("\n") == 1 and "Traceback" not in err and not out.exists()
 
-    def test_a_failed_probe_run_writes_nothing(self, probe, tmp_path):
+    def test_a_failed_probe_run_writes_nothing(self, probe, tmp_path, run_cli, monkeypatch):
         graph, plan_file = probe
         out = tmp_path / "calibrated.json"
-        done = pipeplan("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", "--steps", "2",
-                        "-o", str(out), env={"PIPEPLAN_FAULT": "1:1:raise"})
-        assert done.returncode == 1 and "rank 1" in done.stderr and "injected fault" in done.stderr
+        monkeypatch.setenv("PIPEPLAN_FAULT", "1:1:raise")
+        status, _, err = run_cli("calibrate", graph, CLUSTER, plan_file, "--model", "gpt-tiny", "--steps", "2",
+                                 "-o", str(out))
+        assert status == 1 and "rank 1" in err and "injected fault" in err
         assert not out.exists()
 
 
 class TestRunOnCalibratedCluster:
-    def test_emulating_a_calibrated_cluster_warns(self, tmp_path):
+    def test_emulating_a_calibrated_cluster_warns(self, tmp_path, run_cli):
         graph = tmp_path / "gpt-tiny.graph.json"
         graph.write_text(dumps(model_graph("gpt-tiny").to_dict()))
         plan_file = write_plan(tmp_path, [(0, 3, ["g0"], [2]), (3, 6, ["g1"], [2])], 2)
         calibrated = tmp_path / "calibrated.json"
         calibrated.write_text(dumps(calibrated_cluster(load_cluster(CLUSTER), {"g0": 1.1, "g1": 1.2}, {}).to_dict()))
-        done = pipeplan("run", str(graph), str(calibrated), plan_file, "--model", "gpt-tiny", "--steps", "1",
-                        "--emulate", "--json")
-        assert done.returncode == 0, done.stderr
-        assert "warning:" in done.stderr and "calibrat" in done.stderr and "Traceback" not in done.stderr
+        status, _, err = run_cli("run", str(graph), str(calibrated), plan_file, "--model", "gpt-tiny", "--steps", "1",
+                                 "--emulate", "--json")
+        assert status == 0, err
+        assert "warning:" in err and "calibrat" in err and "Traceback" not in err
 
 
 @st.composite

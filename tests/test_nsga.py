@@ -1,4 +1,9 @@
-"""nsga: valid fitting plans, a non-dominated front that simulates to its objectives, determinism."""
+"""nsga: valid fitting plans, a non-dominated front that simulates to its objectives, determinism.
+
+The portfolio's seeding of the gpt1 problem (seconds of CP-SAT and baselines) runs once
+(:func:`gpt_seeding`) for the tests that take its plans; that the seeding itself gives
+the same plans every time is ``tests/test_determinism.py``'s (``nsga`` and each seeding solver).
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,9 @@ import pytest
 
 from pipeplan.models.graph import load_graph
 from pipeplan.solver.formats.cluster import load_cluster
-from pipeplan.solver.heuristics.nsga import BIG, Codec, Nsga, run_nsga
+from pipeplan.solver.heuristics.nsga import BIG, SEEDING_SHARE, Codec, Nsga, run_nsga
 from pipeplan.solver.formats.plan import Plan
+from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.portfolio import nsga_seeds
@@ -34,6 +40,38 @@ def gpt_problem(per_stage=False) -> PlanningProblem:
                            microbatches=4, auto_microbatches=True, max_microbatches=8, per_stage=per_stage)
 
 
+SEED, LIMIT = 3, 200.0
+"""The seed and time limit of the gpt1 runs that share :func:`gpt_seeding`."""
+
+
+@pytest.fixture(scope="module")
+def gpt_seeding() -> tuple[list, list]:
+    """``nsga_seeds`` of :func:`gpt_problem` as ``nsga`` runs it at ``SEED``, ``LIMIT``: ``(seeds, calls)``.
+
+    ``calls``: ``(solver name, time_limit)`` of every :meth:`Solver.solve` the seeding made.
+    """
+    calls, real = [], Solver.solve
+
+    def recording(self, problem, *, time_limit=60.0, **kw):
+        calls.append((self.name, time_limit))
+        return real(self, problem, time_limit=time_limit, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Solver, "solve", recording)
+        seeds = nsga_seeds(gpt_problem(), seed=SEED, time_limit=SEEDING_SHARE * LIMIT, within=TimeLimit(10 * LIMIT))
+    return seeds, calls
+
+
+@pytest.fixture
+def shared_seeding(gpt_seeding):
+    """A ``seeding`` for :class:`Nsga` that hands out :func:`gpt_seeding`'s plans (for ``SEED`` and ``LIMIT`` only)."""
+    def seeding(problem, *, seed, time_limit, within):
+        assert (seed, time_limit) == (SEED, SEEDING_SHARE * LIMIT)
+        return list(gpt_seeding[0])
+
+    return seeding
+
+
 class TestCodec:
     @pytest.mark.parametrize("per_stage", [False, True])
     def test_repair_gives_valid_plans(self, per_stage):
@@ -53,9 +91,9 @@ class TestCodec:
 
 
 class TestRunNsga:
-    def test_front_non_dominated_and_simulates(self):
+    def test_front_non_dominated_and_simulates(self, gpt_seeding):
         problem = gpt_problem()
-        run = seeded_run(problem, generations=8, population=16, seed=1, time_limit=60)
+        run = run_nsga(problem, TimeLimit(60), generations=8, population=16, seed=1, seeds=gpt_seeding[0])
         assert run.front
         pts = [(p.iteration_time, p.peak_memory) for p in run.front]
         for a in pts:
@@ -80,10 +118,11 @@ class TestRunNsga:
 
 
 class TestNsga:
-    def test_same_seed_same_plan_and_not_worse_than_seeds(self):
+    def test_same_seed_same_plan_and_not_worse_than_seeds(self, shared_seeding):
+        # the same seeds (the seeding's own determinism: tests/test_determinism.py): the same GA run
         problem = gpt_problem()
-        a = Nsga(generations=5, population=12, seeding=nsga_seeds).solve(problem, time_limit=200, seed=3)
-        b = Nsga(generations=5, population=12, seeding=nsga_seeds).solve(problem, time_limit=200, seed=3)
+        a = Nsga(generations=5, population=12, seeding=shared_seeding).solve(problem, time_limit=LIMIT, seed=SEED)
+        b = Nsga(generations=5, population=12, seeding=shared_seeding).solve(problem, time_limit=LIMIT, seed=SEED)
         assert a.status == "feasible" and a.lower_bound is None
         assert a.plan == b.plan and a.iteration_time == b.iteration_time
         from pipeplan.solver.baselines import best_baseline
@@ -110,21 +149,12 @@ class TestNsga:
 
 
 class TestNsgaSeeds:
-    def test_group_search_first_and_every_seed_solver_the_same_cap(self, monkeypatch):
+    def test_group_search_first_and_every_seed_solver_the_same_cap(self, gpt_seeding):
         # a share of what is left would make each seed depend on how fast the earlier ones ran
-        from pipeplan.solver.core.algorithm import Solver
-
-        calls = []
-        real = Solver.solve
-
-        def recording(self, problem, *, time_limit=60.0, **kw):
-            calls.append((self.name, time_limit))
-            return real(self, problem, time_limit=time_limit, **kw)
-
-        monkeypatch.setattr(Solver, "solve", recording)
-        seeds = nsga_seeds(gpt_problem(), seed=0, time_limit=60.0, within=TimeLimit(600.0))
-        capped = [call for call in calls if call[1] == 60.0]  # the seeding solvers (what they run inside gets less)
-        assert capped[0] == ("group-search", 60.0) and ("cpsat-joint", 60.0) in capped and ("cpsat", 60.0) in capped
+        seeds, calls = gpt_seeding
+        cap = SEEDING_SHARE * LIMIT
+        capped = [call for call in calls if call[1] == cap]  # the seeding solvers (what they run inside gets less)
+        assert capped[0] == ("group-search", cap) and ("cpsat-joint", cap) in capped and ("cpsat", cap) in capped
         assert seeds[0][0] == "group-search"
         # 14 layers x 6 devices = 84 cells: above Alpa's 64 (and so the split baselines'), below Dapple's 256
         names = {name for name, _ in seeds}

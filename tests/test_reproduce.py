@@ -1,13 +1,21 @@
-"""``pipeplan reproduce``: the quick report's structure, and every number it shows is in results.json."""
+"""``pipeplan reproduce``: the quick report's structure, every number it shows is in results.json, and
+the plans it measures ran beside their predictions.
+
+The quick report runs once (:func:`quick`), its calls of
+:func:`pipeplan.experiments.claims.runs.measure_plans` recorded; ``tests/test_reproduce_runs.py``
+tests the rest of the measured cases' code.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
+import sys
 
 import pytest
 
-from pipeplan.experiments.claims import CLAIMS
+from pipeplan.experiments.claims import CLAIMS, runs as claim_runs
 from pipeplan.experiments.reproduce import report, select
 from pipeplan.experiments.claims.common import Row, Section
 
@@ -69,10 +77,35 @@ class TestReport:
         assert sec.shown == [1.5, 2.25]
 
 
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """``pipeplan reproduce --quick`` in this process: ``(status, stdout, folder, measured)``.
+
+    ``measured`` lists ``(args, kwargs, result)`` of every call of ``measure_plans`` the claims made.
+    """
+    from pipeplan.cli import main
+
+    out = tmp_path_factory.mktemp("reproduce") / "r"
+    measured, real = [], claim_runs.measure_plans
+
+    def recording(*args, **kwargs):
+        result = real(*args, **kwargs)
+        measured.append((args, kwargs, result))
+        return result
+
+    stdout = tmp_path_factory.mktemp("stdout") / "out.txt"
+    with pytest.MonkeyPatch.context() as mp:
+        for name, module in list(sys.modules.items()):
+            if name.startswith("pipeplan.experiments.claims.") and getattr(module, "measure_plans", None) is real:
+                mp.setattr(module, "measure_plans", recording)
+        with open(stdout, "w") as f, contextlib.redirect_stdout(f):
+            status = main(["reproduce", "--quick", "-o", str(out)])
+    return status, stdout.read_text(), out, measured
+
+
 class TestReproduceCommand:
-    def test_quick_report(self, run_cli, tmp_path):
-        out = tmp_path / "r"
-        status, stdout, _ = run_cli("reproduce", "--quick", "-o", str(out))
+    def test_quick_report(self, quick):
+        status, stdout, out, _ = quick
         assert status == 0 and "report.md" in stdout
         text = (out / "report.md").read_text()
         results = json.loads((out / "results.json").read_text())
@@ -97,3 +130,22 @@ class TestReproduceCommand:
         out.write_text("x")
         status, _, err = run_cli("reproduce", "--only", "exact", "-o", str(out))
         assert status == 2 and "is a file" in err and out.read_text() == "x"
+
+
+class TestMeasurePlans:
+    def test_runs_every_plan_beside_its_prediction(self, quick):
+        from pipeplan.runtime.report import without_step
+        from pipeplan.runtime.routing import rank_of
+        from pipeplan.solver.evaluation.simulator import simulate
+
+        measured = quick[3]
+        assert measured, "the quick report measures plans with the runtime"
+        for args, kwargs, out in measured:
+            plans, graph, cluster, _, runs = args[:5]
+            assert list(out) == list(plans)
+            for name, m in out.items():
+                assert m.processes == len(rank_of(plans[name])) and m.errors == [] and len(m.runs) == runs.repeats
+                assert all(t > 0 for t in m.runs) and m.peak > 0
+                prediction = simulate(plans[name], graph, cluster)
+                assert m.simulated == pytest.approx(without_step(prediction))
+                assert m.simulated_peak == pytest.approx(max(prediction.peak_memory))

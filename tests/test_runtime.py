@@ -1,8 +1,21 @@
 """The runtime: plans train exactly like one process; faults end cleanly; bad plans are refused.
 
-Every multi-process test runs ``pipeplan run`` as a subprocess under a hard timeout
-(2 to 4 workers, one torch thread each, a few float64 steps on tiny models).  Refusals,
-which must come before any process starts, run the command in this process.
+The runs that train to completion share one launch (:func:`helpers.shared_launch`): 4
+processes start Python and torch once and run, one after another, exactly the workers'
+command line ``pipeplan run`` launches for each run (2 to 4 ranks, one torch thread each,
+a few float64 steps on tiny models).  Each test then runs ``pipeplan run`` in this
+process with the launch replaced by its run's result, after checking that the launch ran
+the workers' command line of that very invocation: so the options are checked, the
+plan is loaded and validated, and the summary, trace, chart, warnings and verdict come
+out as from the command.  Version-2 plans (several stages per process, split backwards,
+local hand-overs) train gpt-tiny on 4 processes under every named multi-stage schedule
+and one custom program; their named schedules' programs are
+:func:`pipeplan.solver.schedules.schedule.group_programs`' (equal to torch's, tested there).
+
+Faults, a relative-path run and SIGTERM need launches of their own: they run
+``pipeplan run`` in this process (faults, relative paths) or as a subprocess (SIGTERM),
+each under a hard timeout.  Refusals, which must come before any process starts, run the
+command in this process.
 """
 
 from __future__ import annotations
@@ -11,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,33 +33,24 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeplan.models.graph import Layer, LayerGraph
+from helpers import RUN_CLUSTER as CLUSTER, RUN_LIMIT as LIMIT, model_graph, run_shared, shared_launch, write_plan
 from pipeplan.models.jsonio import dumps
-from pipeplan.models.zoo import build_model
+from pipeplan.runtime.calibrate import run_factors
+from pipeplan.runtime.gradsync import group_members, links
 from pipeplan.runtime.pieces import piece_seed
-from pipeplan.runtime.routing import cut_messages, grad_order, pieces, replica_split
+from pipeplan.runtime.replay import program_durations
+from pipeplan.runtime.routing import cut_messages, device_ranks, grad_order, pieces, rank_of, replica_split, stage_ranks
 from pipeplan.runtime.stage import Stage as RunStage
 from pipeplan.runtime.verify import forward_in_pieces, needs_pieces, plan_pieces, reference_parameters
+from pipeplan.models.zoo import build_model
+from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.formats.plan import Plan, Stage
+from pipeplan.solver.schedules.schedule import Action, format_action, group_programs, num_stages, stage_group
 
 ROOT = Path(__file__).resolve().parents[1]
-CLUSTER = str(ROOT / "examples" / "two-servers.cluster.json")
-LIMIT = 240
-"""Seconds per run, hard: a guard against a test that hangs, far above what a run takes on a loaded machine."""
 
 
 # ----------------------------------------------------------------- helpers
-def model_graph(name: str) -> LayerGraph:
-    """A graph whose layers are the zoo model's units (costs made up, shapes real)."""
-    model = build_model(name, device="meta")
-    x, _ = model.example_batch(1)
-    outs = model.forward(x)
-    layers = [Layer(u.name, (1e-4, 1e-5), (2e-4, 2e-5), 4.0 * sum(p.numel() for p in u.module.parameters()),
-                    4.0 * outs[i].numel(), 4.0 * outs[i].numel(), u.tied_to)
-              for i, u in enumerate(model.units)]
-    return LayerGraph(f"{name}-{len(layers)}", layers, model.edges(), float(model.input_bytes_per_sample))
-
-
 @pytest.fixture(scope="module")
 def graphs(tmp_path_factory) -> dict[str, str]:
     folder = tmp_path_factory.mktemp("graphs")
@@ -55,22 +60,6 @@ def graphs(tmp_path_factory) -> dict[str, str]:
         path.write_text(dumps(model_graph(name).to_dict()))
         paths[name] = str(path)
     return paths
-
-
-def write_plan(folder: Path, stages: list[tuple], batch: int, schedule: str = "gpipe", name: str = "plan",
-               graph: str = "gpt-tiny-6") -> str:
-    """``stages``: ``(lo, hi, devices, microbatches[, recompute[, ops]])``; ``graph``: the graph it names."""
-    built = tuple(Stage((lo, hi), tuple(devs), tuple(split), *(rest[:1] or [False]),
-                        tuple(rest[1]) if len(rest) > 1 else None)
-                  for lo, hi, devs, split, *rest in stages)
-    path = folder / f"{name}.plan.json"
-    path.write_text(dumps(Plan(graph, "two-servers", batch, 4.0, schedule, built).to_dict()))
-    return str(path)
-
-
-def pipeplan(*argv: str, env: dict | None = None, timeout: float = LIMIT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeplan.cli", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 @pytest.fixture
@@ -83,20 +72,6 @@ def refused(run_cli, monkeypatch):
         return status, err
 
     return run
-
-
-def run_verify(graph: str, plan: str, model: str, *extra: str) -> dict:
-    done = pipeplan("run", graph, CLUSTER, plan, "--model", model, "--steps", "2", "--warmup", "1",
-                    "--verify", "--json", "--timeout", "30", *extra)
-    assert done.returncode == 0, done.stderr
-    assert "warning:" not in done.stderr, done.stderr  # the test plans name their graph and cluster
-    summary = json.loads(done.stdout)
-    # float64 end to end (the loss too) agrees to rounding: far below the 1e-6 the check allows
-    assert summary["verified"] and summary["max_param_diff"] <= 1e-10, summary
-    assert summary["measured_iteration_time"] > 0 and summary["predicted_iteration_time"] > 0
-    assert math.isclose(summary["ratio"], summary["measured_iteration_time"] / summary["predicted_iteration_time"])
-    assert len(summary["peak_memory"]) == summary["processes"]
-    return summary
 
 
 def workers_alive(token: str) -> list[int]:
@@ -112,6 +87,162 @@ def workers_alive(token: str) -> list[int]:
             if token in cmdline and "pipeplan.runtime.worker" in cmdline and "zombie" not in state:
                 pids.append(int(entry.name))
     return pids
+
+
+def check_verified(summary: dict) -> dict:
+    """``pipeplan run --verify --json``'s summary of an exact run."""
+    # float64 end to end (the loss too) agrees to rounding: far below the 1e-6 the check allows
+    assert summary["verified"] and summary["max_param_diff"] <= 1e-10, summary
+    assert summary["measured_iteration_time"] > 0 and summary["predicted_iteration_time"] > 0
+    assert math.isclose(summary["ratio"], summary["measured_iteration_time"] / summary["predicted_iteration_time"])
+    assert len(summary["peak_memory"]) == summary["processes"]
+    return summary
+
+
+# ----------------------------------------------------------------- version-2 plans (several stages per process)
+CUTS = ((0, 1), (1, 2), (2, 3), (3, 4), (4, 5), (5, 6))
+
+
+def _stages(cuts, devices, splits, recompute=()) -> list[dict]:
+    return [{"layers": list(layers), "devices": list(devs), "microbatches": list(split), "recompute": s in recompute}
+            for s, (layers, devs, split) in enumerate(zip(cuts, devices, splits))]
+
+
+def named_case(schedule: str, groups: list[tuple[str, ...]], virtual: int, split: tuple[int, ...],
+               cuts, recompute=()) -> dict:
+    """A plan of ``schedule`` on ``groups`` (one microbatches list for all stages) and torch's programs."""
+    num = num_stages(schedule, len(groups), virtual)
+    devices = [groups[stage_group(schedule, s, len(groups))] for s in range(num)]
+    programs = group_programs(schedule, len(groups), len(split), virtual)
+    return {"name": schedule, "schedule": schedule, "global_batch": sum(split),
+            "stages": _stages(cuts, devices, [split] * num, recompute),
+            "programs": [[format_action(a) for a in program] for program in programs]}
+
+
+def custom_case() -> dict:
+    """Four stages on three groups; stages 1 and 2 share a replicated group but split the batch differently.
+
+    So some of their messages stay inside a process and others go to the other
+    replica of the same group; stages 1 and 2 split their backwards (one recomputing).
+    """
+    groups = [("g0",), ("g1", "g2"), ("g1", "g2"), ("g3",)]
+    splits = [(4, 4), (3, 5), (4, 4), (8,)]
+    programs = [["0F0", "0F1", "0B0", "0B1"],
+                ["1F0", "1F1", "2F0", "2F1", "2I0", "1I0", "2I1", "2W0", "1I1", "1W0", "2W1", "1W1"],
+                ["3F0", "3B0"]]
+    return {"name": "custom", "schedule": "custom", "global_batch": 8,
+            "stages": _stages(((0, 1), (1, 3), (3, 5), (5, 6)), groups, splits, recompute=(2,)),
+            "programs": programs}
+
+
+def cases() -> list[dict]:
+    """Every named multi-stage schedule and the custom program, on 4 processes, unequal microbatches."""
+    return [
+        # 3 groups (one of 2 replicas) x 2 stages each; a recomputing stage on the replicated group
+        named_case("interleaved-1f1b", [("g0", "g1"), ("g2",), ("g3",)], 2, (2, 1, 2, 1, 2, 1), CUTS, recompute=(3,)),
+        named_case("interleaved-zb", [("g0", "g1"), ("g2", "g3")], 2, (2, 1, 2, 1),
+                   ((0, 2), (2, 3), (3, 5), (5, 6)), recompute=(1,)),
+        named_case("looped-bfs", [("g0",), ("g1", "g2", "g3")], 3, (3, 2, 2), CUTS),
+        # the tied embedding (stage 0) and head (stage 3) on one replicated group
+        named_case("zbv", [("g0", "g1"), ("g2", "g3")], 2, (3, 1, 2, 2), ((0, 2), (2, 3), (3, 5), (5, 6)),
+                   recompute=(2,)),
+        custom_case(),
+    ]
+
+
+V2_SCHEDULES = ["interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv", "custom"]
+
+
+def case_plan(case: dict) -> Plan:
+    """The case as a ``pipeplan.plan/2`` plan (a custom one carries its programs)."""
+    stages = tuple(Stage(tuple(st["layers"]), tuple(st["devices"]), tuple(st["microbatches"]), st["recompute"])
+                   for st in case["stages"])
+    custom = tuple(tuple(program) for program in case["programs"]) if case["schedule"] == "custom" else None
+    return Plan("gpt-tiny-6", "two-servers", case["global_batch"], 4.0, case["schedule"], stages,
+                custom_programs=custom)
+
+
+# ----------------------------------------------------------------- the shared launch
+VERIFY = ("--steps", "2", "--warmup", "1", "--verify", "--timeout", "30")
+"""The options of the exact runs: two float64 steps, checked against one-process training."""
+
+
+def shared_runs(graphs: dict[str, str], folder: Path) -> dict[str, list[str]]:
+    """``pipeplan run``'s arguments of every run of the shared launch, by name (writes their plans)."""
+    names = {"gpt-tiny": "gpt-tiny-6", "unet": "unet-8", "vgg-tiny": "vgg-tiny-6"}  # the graphs' names
+
+    def run(name, model, stages, batch, schedule, *options):
+        plan = write_plan(folder, stages, batch, schedule, name=name, graph=names[model])
+        return [graphs[model], CLUSTER, plan, "--model", model, *(options or VERIFY)]
+
+    runs = {
+        "gpipe_tied": run("gpipe_tied", "gpt-tiny", [(0, 3, ["g0"], [2, 2, 2]), (3, 6, ["g1"], [2, 2, 2])], 6,
+                          "gpipe"),
+        "1f1b_unequal": run("1f1b_unequal", "gpt-tiny", [(0, 2, ["g0"], [3, 5]), (2, 4, ["g1"], [2, 2, 1, 3]),
+                                                             (4, 6, ["g2"], [2, 2, 2, 2])], 8, "1f1b"),
+        "custom_v1": run("custom_v1", "gpt-tiny",
+                         [(0, 4, ["g0"], [2, 2, 2], False, ["F0", "F1", "B0", "F2", "B1", "B2"]),
+                          (4, 6, ["g1"], [3, 3], False, ["F0", "B0", "F1", "B1"])], 6, "custom"),
+        "recompute_replication": run("recompute_replication", "gpt-tiny",
+                                     [(0, 2, ["g0"], [4, 4], True), (2, 5, ["g2", "g3"], [3, 2, 3], True),
+                                      (5, 6, ["g1"], [1, 7])], 8, "gpipe"),
+        "uneven_last": run("uneven_last", "gpt-tiny", [(0, 3, ["g0"], [6]), (3, 6, ["g1"], [5, 1])], 6, "gpipe"),
+        "diverged": run("diverged", "gpt-tiny", [(0, 3, ["g0"], [3, 3]), (3, 6, ["g1"], [3, 3])], 6, "gpipe",
+                        "--steps", "3", "--warmup", "1", "--verify", "--timeout", "30", "--lr", "1e10"),
+        "unet_skips": run("unet_skips", "unet", [(0, 2, ["g0"], [2, 2]), (2, 5, ["g1"], [1, 3]),
+                                                       (5, 8, ["g2"], [2, 2])], 4, "gpipe"),
+        "unet_replication": run("unet_replication", "unet", [(0, 3, ["g0"], [2, 1, 1], False),
+                                                                   (3, 8, ["g2", "g3"], [3, 1], True)], 4, "1f1b"),
+        "vgg_gpipe": run("vgg_gpipe", "vgg-tiny", [(0, 3, ["g0", "g1"], [3, 1, 1], True),
+                                                        (3, 6, ["g2"], [1, 2, 2], True)], 5, "gpipe"),
+        "vgg_1f1b": run("vgg_1f1b", "vgg-tiny", [(0, 4, ["g0"], [2, 2, 1]), (4, 6, ["g2", "g3"], [2, 2, 1], True)],
+                        5, "1f1b"),
+        "emulated": run("emulated", "gpt-tiny", [(0, 3, ["g0"], [2, 2]), (3, 6, ["g2"], [2, 2])], 4, "1f1b",
+                        "--steps", "3", "--warmup", "1", "--emulate"),
+    }
+    for transport in ("tcp", "dist"):
+        # Stage 0's replicas split 3 as 2+1 and 1 as 1+0; the tied embedding lives on 3 ranks.
+        runs[f"replication_{transport}"] = run(
+            f"replication_{transport}", "gpt-tiny", [(0, 3, ["g0", "g1"], [3, 3, 1]), (3, 6, ["g2"], [4, 3])], 7,
+            "1f1b", *VERIFY, "--transport", transport)
+    elsewhere = Path(run("elsewhere", "gpt-tiny", [(0, 6, ["g0"], [2, 2])], 4, "gpipe")[2])
+    elsewhere.write_text(elsewhere.read_text().replace('"two-servers"', '"elsewhere"')
+                         .replace('"gpt-tiny-6"', '"gpt-huge"'))
+    runs["elsewhere"] = [graphs["gpt-tiny"], CLUSTER, str(elsewhere), "--model", "gpt-tiny", "--steps", "2", "--warmup", "1",
+                         "--timeout", "30"]
+    for case in cases():
+        plan = folder / f"v2-{case['name']}.plan.json"
+        plan.write_text(dumps(case_plan(case).to_dict()))
+        runs[f"v2-{case['name']}"] = [graphs["gpt-tiny"], CLUSTER, str(plan), "--model", "gpt-tiny", *VERIFY]
+    return runs
+
+
+@pytest.fixture(scope="module")
+def launched(graphs, tmp_path_factory) -> dict[str, dict]:
+    """Every shared run, launched once (:func:`helpers.shared_launch`)."""
+    folder = tmp_path_factory.mktemp("shared")
+    return shared_launch(shared_runs(graphs, folder), folder)
+
+
+@pytest.fixture
+def shared_run(launched, run_cli, monkeypatch):
+    """``shared_run(name, *more)``: ``pipeplan run`` in this process on that run of the shared launch
+    (:func:`helpers.run_shared`), ``(status, stdout, stderr)``."""
+    return lambda name, *more: run_shared(launched[name], run_cli, monkeypatch, *more)
+
+
+def _cli_argv(entry: dict) -> list[str]:
+    """``pipeplan run``'s arguments back from the workers' command line (less ``--result``)."""
+    argv = list(entry["argv"])
+    at = argv.index("--result")
+    return argv[:at] + argv[at + 2:]
+
+
+def verified(shared_run, name: str) -> dict:
+    status, out, err = shared_run(name, "--json")
+    assert status == 0, err
+    assert "warning:" not in err, err  # the test plans name their graph and cluster
+    return check_verified(json.loads(out))
 
 
 # ----------------------------------------------------------------- routing (pure data)
@@ -143,78 +274,64 @@ def test_messages_cover_every_sample_once_in_both_directions():
 
 
 # ----------------------------------------------------------------- exact training
-def test_gpipe_gpt_tied_weights_across_stages(graphs, tmp_path):
-    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2, 2]), (3, 6, ["g1"], [2, 2, 2])], 6, "gpipe")
-    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+def test_gpipe_gpt_tied_weights_across_stages(shared_run):
+    verified(shared_run, "gpipe_tied")
 
 
-def test_relative_paths_from_another_folder(graphs, tmp_path):
-    # the workers start in the project's root: the files must still be the caller's
+def test_relative_paths_from_another_folder(graphs, tmp_path, run_cli, monkeypatch):
+    # the workers start in the project's root: the files must still be the caller's (a launch of its own)
     shutil.copy(graphs["gpt-tiny"], tmp_path / "g.json")
     shutil.copy(CLUSTER, tmp_path / "c.json")
     write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b", name="p")
-    done = subprocess.run([sys.executable, "-m", "pipeplan.cli", "run", "g.json", "c.json", "p.plan.json",
-                           "--model", "gpt-tiny", "--steps", "2", "--warmup", "1", "--verify", "--json",
-                           "--timeout", "30"], cwd=tmp_path, capture_output=True, text=True, timeout=LIMIT,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["verified"]
+    monkeypatch.chdir(tmp_path)
+    status, out, err = run_cli("run", "g.json", "c.json", "p.plan.json", "--model", "gpt-tiny", "--steps", "2",
+                               "--warmup", "1", "--verify", "--json", "--timeout", "30")
+    assert status == 0, err
+    check_verified(json.loads(out))
 
 
-def test_plan_for_another_cluster_runs_with_a_warning(graphs, tmp_path):
-    path = Path(write_plan(tmp_path, [(0, 6, ["g0"], [2, 2])], 4, "gpipe"))
-    path.write_text(path.read_text().replace('"two-servers"', '"elsewhere"').replace('"gpt-tiny-6"', '"gpt-huge"'))
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, str(path), "--model", "gpt-tiny", "--steps", "2",
-                    "--warmup", "1", "--json", "--timeout", "30")
-    assert done.returncode == 0, done.stderr
+def test_plan_for_another_cluster_runs_with_a_warning(shared_run, launched):
+    path = _cli_argv(launched["elsewhere"])[2]
+    status, _, err = shared_run("elsewhere", "--json")
+    assert status == 0, err
     assert (f"warning: {path}: cluster: plan was made for cluster 'elsewhere', running on 'two-servers'"
-            in done.stderr)
-    assert f"warning: {path}: graph: plan was made for graph 'gpt-huge', running on 'gpt-tiny-6'" in done.stderr
+            in err)
+    assert f"warning: {path}: graph: plan was made for graph 'gpt-huge', running on 'gpt-tiny-6'" in err
 
 
-def test_1f1b_gpt_unequal_per_stage_splits(graphs, tmp_path):
-    plan = write_plan(tmp_path, [(0, 2, ["g0"], [3, 5]), (2, 4, ["g1"], [2, 2, 1, 3]), (4, 6, ["g2"], [2, 2, 2, 2])],
-                      8, "1f1b")
-    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+def test_1f1b_gpt_unequal_per_stage_splits(shared_run):
+    verified(shared_run, "1f1b_unequal")
 
 
-def test_custom_gpt(graphs, tmp_path):
-    plan = write_plan(tmp_path, [(0, 4, ["g0"], [2, 2, 2], False, ["F0", "F1", "B0", "F2", "B1", "B2"]),
-                                 (4, 6, ["g1"], [3, 3], False, ["F0", "B0", "F1", "B1"])], 6, "custom")
-    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+def test_custom_gpt(shared_run):
+    verified(shared_run, "custom_v1")
 
 
 @pytest.mark.parametrize("transport", ["tcp", "dist"])
-def test_replication_with_remainders_and_tied_weights(graphs, tmp_path, transport):
+def test_replication_with_remainders_and_tied_weights(shared_run, launched, transport):
     # Stage 0's replicas split 3 as 2+1 and 1 as 1+0; the tied embedding lives on 3 ranks.
-    # Both transports: every other test runs the default (tcp on CPU).
-    plan = write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 3, 1]), (3, 6, ["g2"], [4, 3])], 7, "1f1b")
-    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny", "--transport", transport)
+    # Both transports: every other run takes the default (tcp on CPU).
+    verified(shared_run, f"replication_{transport}")
+    assert launched[f"replication_{transport}"]["result"]["transport"] == transport
 
 
-def test_recompute_replication_unequal_gpt_four_processes(graphs, tmp_path):
-    plan = write_plan(tmp_path, [(0, 2, ["g0"], [4, 4], True),
-                                 (2, 5, ["g2", "g3"], [3, 2, 3], True),
-                                 (5, 6, ["g1"], [1, 7])], 8, "gpipe")
-    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+def test_recompute_replication_unequal_gpt_four_processes(shared_run):
+    verified(shared_run, "recompute_replication")
 
 
-def test_uneven_last_stage_split_is_exact_in_float64(graphs, tmp_path):
+def test_uneven_last_stage_split_is_exact_in_float64(shared_run):
     # Pieces of 5 and 1 samples: with the loss in float32 their gradient scales differed
     # from one process's by a float32 rounding (1.2e-7 apart).
-    plan = write_plan(tmp_path, [(0, 3, ["g0"], [6]), (3, 6, ["g1"], [5, 1])], 6, "gpipe")
-    run_verify(graphs["gpt-tiny"], plan, "gpt-tiny")
+    verified(shared_run, "uneven_last")
 
 
-def test_diverged_training_fails_verify_with_one_error_line(graphs, tmp_path):
-    plan = write_plan(tmp_path, [(0, 3, ["g0"], [3, 3]), (3, 6, ["g1"], [3, 3])], 6, "gpipe")
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "3", "--warmup", "1",
-                    "--verify", "--json", "--timeout", "30", "--lr", "1e10")
-    assert done.returncode == 1, done.stderr
-    summary = json.loads(done.stdout)
+def test_diverged_training_fails_verify_with_one_error_line(shared_run):
+    status, out, err = shared_run("diverged", "--json")  # --lr 1e10
+    assert status == 1, err
+    summary = json.loads(out)
     assert summary["verified"] is False and summary["max_param_diff"] is None
-    assert "Traceback" not in done.stderr
-    assert "verify: max relative parameter difference not finite (NaN or inf)" in done.stderr
+    assert "Traceback" not in err
+    assert "verify: max relative parameter difference not finite (NaN or inf)" in err and err.count("\n") == 1
 
 
 class TestMaxDifference:
@@ -250,33 +367,25 @@ class TestMaxDifference:
         assert relative_difference(torch.tensor([1e-6]), torch.tensor([1e-24])) > TOLERANCE
 
 
-def test_unet_skips_relayed_through_middle_stage(graphs, tmp_path):
+def test_unet_skips_relayed_through_middle_stage(shared_run):
     # enc1 (unit 0) feeds dec1 (unit 6): its output crosses stage 1 untouched.
-    plan = write_plan(tmp_path, [(0, 2, ["g0"], [2, 2]), (2, 5, ["g1"], [1, 3]), (5, 8, ["g2"], [2, 2])], 4, "gpipe",
-                      graph="unet-8")
-    run_verify(graphs["unet"], plan, "unet")
+    verified(shared_run, "unet_skips")
 
 
-def test_unet_replication_recompute_unequal_1f1b(graphs, tmp_path):
-    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 1, 1], False),
-                                 (3, 8, ["g2", "g3"], [3, 1], True)], 4, "1f1b", graph="unet-8")
-    run_verify(graphs["unet"], plan, "unet")
+def test_unet_replication_recompute_unequal_1f1b(shared_run):
+    verified(shared_run, "unet_replication")
 
 
 # ----------------------------------------------------------------- BatchNorm and dropout (vgg-tiny)
-def test_vgg_tiny_batchnorm_dropout_replication_recompute_unequal_gpipe(graphs, tmp_path):
+def test_vgg_tiny_batchnorm_dropout_replication_recompute_unequal_gpipe(shared_run):
     # BatchNorm statistics over each replica's part (3 -> 2 + 1; 1 -> 1 + 0: the second replica
     # skips that microbatch), dropout masks recomputed in stage 1
-    plan = write_plan(tmp_path, [(0, 3, ["g0", "g1"], [3, 1, 1], True), (3, 6, ["g2"], [1, 2, 2], True)], 5,
-                      "gpipe", graph="vgg-tiny-6")
-    run_verify(graphs["vgg-tiny"], plan, "vgg-tiny")
+    verified(shared_run, "vgg_gpipe")
 
 
-def test_vgg_tiny_replicated_dropout_stage_1f1b(graphs, tmp_path):
+def test_vgg_tiny_replicated_dropout_stage_1f1b(shared_run):
     # the last microbatch has 1 sample for 2 replicas: one of them skips it
-    plan = write_plan(tmp_path, [(0, 4, ["g0"], [2, 2, 1]), (4, 6, ["g2", "g3"], [2, 2, 1], True)], 5, "1f1b",
-                      graph="vgg-tiny-6")
-    run_verify(graphs["vgg-tiny"], plan, "vgg-tiny")
+    verified(shared_run, "vgg_1f1b")
 
 
 def _pieces_plan(batch=5, schedule="gpipe") -> Plan:
@@ -359,14 +468,11 @@ class TestStageRerun:
         assert not torch.equal(a, b)
 
 
-def test_trace_gantt_and_emulation(graphs, tmp_path):
-    plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g2"], [2, 2])], 4, "1f1b")
+def test_trace_gantt_and_emulation(shared_run, tmp_path):
     trace, gantt = tmp_path / "run.trace.json", tmp_path / "run.png"
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "3",
-                    "--warmup", "1", "--emulate", "--json", "--trace", str(trace), "--gantt", str(gantt),
-                    "--side-by-side")
-    assert done.returncode == 0, done.stderr
-    summary = json.loads(done.stdout)
+    status, out, err = shared_run("emulated", "--json", "--trace", str(trace), "--gantt", str(gantt), "--side-by-side")
+    assert status == 0, err
+    summary = json.loads(out)
     assert summary["emulate"] and "max_param_diff" not in summary
     kinds = {e.get("cat") for e in json.loads(trace.read_text())["traceEvents"]}
     assert {"forward", "backward", "send", "receive"} <= kinds
@@ -379,15 +485,17 @@ def test_trace_gantt_and_emulation(graphs, tmp_path):
 @pytest.mark.parametrize("kind, expect", [("kill", "killed by signal SIGKILL"), ("hang", "no progress"),
                                           ("raise", "injected fault"), ("wait-forever", "waiting for peers"),
                                           ("freeze", "waiting for peers")])
-def test_worker_fault_ends_run_and_leaves_no_process(graphs, tmp_path, kind, expect):
+def test_worker_fault_ends_run_and_leaves_no_process(graphs, tmp_path, run_cli, monkeypatch, kind, expect):
     # A 5 s --timeout is for training only: setting up (imports, model, rendezvous), which a busy
     # machine stretches, has its own allowance, so the fault at step 2 is what ends the run.
+    # pipeplan run runs in this process: its launcher and workers are the real ones.
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b")
-    done = pipeplan("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "4",
-                    "--timeout", "5", env={"PIPEPLAN_FAULT": f"1:2:{kind}"})
-    assert done.returncode == 1
-    assert "error:" in done.stderr and "rank 1 (stage 1 replica 0, device g1)" in done.stderr, done.stderr
-    assert expect in done.stderr
+    monkeypatch.setenv("PIPEPLAN_FAULT", f"1:2:{kind}")
+    status, _, err = run_cli("run", graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny", "--steps", "4",
+                             "--timeout", "5")
+    assert status == 1
+    assert "error:" in err and "rank 1 (stage 1 replica 0, device g1)" in err, err
+    assert expect in err
     assert workers_alive(str(tmp_path)) == []
 
 
@@ -539,8 +647,6 @@ class TestHangKey:
 
 
 def test_sigterm_stops_workers_and_removes_the_run_folder(graphs, tmp_path):
-    import signal
-
     plan = write_plan(tmp_path, [(0, 3, ["g0"], [2, 2]), (3, 6, ["g1"], [2, 2])], 4, "1f1b")
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -571,3 +677,128 @@ def test_deadlocking_custom_plan_is_refused(graphs, tmp_path, refused):
                                  (3, 6, ["g1"], [1, 1], False, ["F0", "F1", "B1", "B0"])], 2, "custom")
     status, err = refused(graphs["gpt-tiny"], CLUSTER, plan, "--model", "gpt-tiny")
     assert status == 2 and "deadlock" in err
+
+
+# ----------------------------------------------------------------- version-2 plans
+@pytest.mark.parametrize("name", V2_SCHEDULES)
+def test_verify_equals_one_process_training(shared_run, name):
+    verified(shared_run, f"v2-{name}")
+
+
+def test_each_rank_ran_its_groups_program_with_split_backwards(launched):
+    case = cases()[3]  # zbv: rank 0 and 1 hold stages 0 and 3, ranks 2 and 3 stages 1 and 2
+    zbv = launched["v2-zbv"]["result"]
+    assert [(r["rank"], r["group"], r["stages"]) for r in zbv["ranks"]] == \
+        [(0, 0, [0, 3]), (1, 0, [0, 3]), (2, 1, [1, 2]), (3, 1, [1, 2])]
+    compute = [label for kind, label, *_ in zbv["ranks"][0]["steps"][1]["events"]
+               if kind in ("forward", "backward", "recompute")]
+    # rank 0 is the larger replica of every microbatch: it runs every action, in the program's order
+    assert compute == [a[:1] + ":" + a[1:] for a in case["programs"][0]]
+
+
+def test_custom_recompute_before_its_input_gradient(launched):
+    rank1 = launched["v2-custom"]["result"]["ranks"][1]
+    compute = [label for kind, label, *_ in rank1["steps"][1]["events"] if kind in ("forward", "backward", "recompute")]
+    assert compute.index("2:R0") == compute.index("2:I0") - 1
+    assert compute.index("2:W0") > compute.index("2:I1")
+
+
+def test_the_cases_are_valid_version_2_plans():
+    graph = model_graph("gpt-tiny")
+    assert [case["name"] for case in cases()] == V2_SCHEDULES
+    for case in cases():
+        plan = case_plan(case)
+        plan.validate(graph, load_cluster(CLUSTER), case["name"])
+        assert plan.format == "pipeplan.plan/2" and plan.programs() == case["programs"]
+
+
+def test_run_verify_on_a_zbv_plan_file(shared_run, tmp_path):
+    charts = [str(tmp_path / "run.png"), str(tmp_path / "run.trace.json")]
+    status, out, err = shared_run("v2-zbv", "--json", "--gantt", charts[0], "--side-by-side", "--trace", charts[1])
+    assert status == 0, err
+    summary = check_verified(json.loads(out))
+    assert summary["processes"] == 4 and summary["devices"] == ["g0", "g1", "g2", "g3"]
+    # one predicted peak per group, the same on both replicas of a group
+    peaks = summary["predicted_peak_memory"]
+    assert peaks[0] == peaks[1] and peaks[2] == peaks[3] and peaks[0] != peaks[2]
+    assert summary["replayed_iteration_time"] > 0 and len(summary["losses"]) == 2
+    assert all(Path(chart).stat().st_size > 0 for chart in charts)
+    names = {e["args"]["name"] for e in json.loads(Path(charts[1]).read_text())["traceEvents"] if e["ph"] == "M"
+             and e["name"] == "process_name"}
+    assert len(names) == 4
+
+
+# ----------------------------------------------------------------- version-2 plans: pure data
+def _shared_plan() -> Plan:
+    case = custom_case()
+    return case_plan(case)
+
+
+class TestRanks:
+    def test_a_device_is_one_rank_whatever_the_stages_on_it(self):
+        plan = _shared_plan()
+        assert device_ranks(plan) == {"g0": 0, "g1": 1, "g2": 2, "g3": 3}
+        assert stage_ranks(plan) == [[0], [1, 2], [1, 2], [3]]
+        assert plan.stage_groups == [0, 1, 1, 2]
+        assert rank_of(plan) == [(0, 0), (1, 0), (1, 1), (2, 0)]
+
+    def test_version_1_numbering_is_unchanged(self):
+        plan = Plan("g", "c", 4, 4.0, "gpipe", (Stage((0, 1), ("x",), (4,)), Stage((1, 2), ("y", "z"), (4,))))
+        assert stage_ranks(plan) == [[0], [1, 2]] and rank_of(plan) == [(0, 0), (1, 0), (1, 1)]
+
+
+class TestLocalHandOver:
+    def test_messages_between_stages_of_one_group(self):
+        plan = _shared_plan()
+        ops = plan.stage_actions()  # each stage's actions in its group's order
+        msgs = cut_messages(plan, 1, ops)
+        # stage 1 pieces: rank 1 [0,2) [3,6), rank 2 [2,3) [6,8); stage 2: rank 1 [0,2) [4,6), rank 2 [2,4) [6,8)
+        assert [(m.src, m.dst, m.start, m.stop) for m in msgs] == \
+            [(1, 1, 0, 2), (2, 2, 2, 3), (1, 2, 3, 4), (1, 1, 4, 6), (2, 2, 6, 8)]
+        # gradients come back in the order stage 2 runs its I's
+        assert [m.dst_mb for m in grad_order(msgs, ops)] == [0, 0, 0, 1, 1]
+
+    def test_only_ranks_that_differ_get_links(self):
+        plan = _shared_plan()
+        from pipeplan.models.zoo import build_model
+
+        members = group_members(plan, build_model("gpt-tiny", device="meta"))
+        assert members[(1, "fwd")] == [1, 2] and members[("group", 1)] == [1, 2]
+        assert links(members, plan).count(((1, "fwd"), 1, 2)) == 1
+
+
+def _record(group: int, stages: list[int], spans: list[tuple[str, float]], device: str = "d") -> dict:
+    """A rank record whose one step runs the ``(label, seconds)`` spans back to back."""
+    events, t = [], 0.0
+    for label, seconds in spans:
+        events.append(["backward", label, t, t + seconds])
+        t += seconds
+    return {"group": group, "stages": stages, "stage": stages[0], "device": device,
+            "steps": [{"events": events, "end": t}]}
+
+
+class TestProgramDurations:
+    def test_split_backward_halves_with_their_messages_slowest_replica(self):
+        program = [Action(1, "F", 0), Action(2, "F", 0), Action(2, "I", 0), Action(1, "B", 0), Action(2, "W", 0)]
+        a = _record(1, [1, 2], [("1:F0", 1.0), ("1:send A0", 0.25), ("2:F0", 2.0), ("2:recv G0", 0.5),
+                                ("2:I0", 3.0), ("2:send G0", 0.25), ("1:B0", 4.0), ("2:W0", 5.0)])
+        b = _record(1, [1, 2], [("1:F0", 1.5), ("2:F0", 1.0), ("2:I0", 1.0), ("1:B0", 1.0), ("2:W0", 6.0)])
+        other = _record(0, [0], [("F0", 100.0)])
+        # I: receive (its span: no recorded CPU part, the shortest of its direction) + I + send
+        assert program_durations([a, b, other], [0], 1, program) == pytest.approx((1.5, 2.0, 3.75, 4.0, 6.0))
+
+    def test_version_1_records(self):
+        r = {"stage": 0, "steps": [{"events": [["forward", "F0", 0.0, 1.0], ["backward", "B0", 1.0, 3.0]],
+                                    "end": 3.0}]}
+        assert program_durations([r], [0], 0, [Action(0, "F", 0), Action(0, "B", 0)]) == (1.0, 2.0)
+
+
+class TestRunFactorsOfAGroup:
+    def test_every_stage_of_the_group_and_both_halves_count(self):
+        from conftest import chain, cluster
+
+        plan = Plan("g", "c", 2, 4.0, "custom", (Stage((0, 1), ("d0",), (2,)), Stage((1, 2), ("d0",), (2,))))
+        # one layer per stage: F = 2, B = 4 for 2 samples; charged 12 on d0 (speed 1)
+        ranks = [_record(0, [0, 1], [("0:F0", 2.0), ("1:F0", 3.0), ("1:I0", 3.0), ("0:B0", 4.0), ("1:W0", 3.0)],
+                         device="d0")]
+        assert run_factors(ranks, [0], plan, chain(2), cluster(1)) == pytest.approx({"d0": 15 / 12})

@@ -48,11 +48,6 @@ BART_ARGS = ["encoder_layers=1", "decoder_layers=1", "d_model=8", "encoder_atten
              "max_position_embeddings=8"]
 
 
-def cli(*argv: str, timeout: float = LIMIT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeplan.cli", *argv], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout)
-
-
 def hf_model(name: str, args: list[str]) -> UserModel:
     pytest.importorskip("transformers")
     return resolve_user_model(f"hf:{name}", parse_model_args(args), InputSpec((8,), torch.int64, 64))
@@ -557,21 +552,37 @@ RUNS = {
 }
 
 
+@pytest.fixture(scope="module")
+def imported_runs(tmp_path_factory) -> dict[str, dict]:
+    """Every model of :data:`RUNS` profiled, planned and run with ``--verify`` on 4 processes, in one launch."""
+    import contextlib
+    import io
+
+    from helpers import shared_launch
+    from pipeplan.cli import main
+
+    folder = tmp_path_factory.mktemp("imported")
+    runs = {}
+    for name, (model, cuts, replicated) in RUNS.items():
+        graph, plan = folder / f"{name}.graph.json", folder / f"{name}.plan.json"
+        err = io.StringIO()
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+            status = main(["profile", *model, "-o", str(graph), "--batch-sizes", "1,2", "--repeats", "1",
+                           "--warmup", "0"])
+        assert status == 0, err.getvalue()
+        _plan(graph, plan, cuts, replicated)
+        runs[name] = [str(graph), str(CLUSTER), str(plan), "--model", *model, "--verify", "--steps", "2"]
+    return shared_launch(runs, folder)
+
+
 class TestRunImported:
     @pytest.mark.parametrize("name", list(RUNS))
-    def test_verify_on_four_processes(self, tmp_path, run_cli, name):
-        model, cuts, replicated = RUNS[name]
-        if model[0].startswith("hf:"):
-            pytest.importorskip("transformers")
-        graph, plan = tmp_path / "g.json", tmp_path / "p.json"
-        status, _, err = run_cli("profile", *model, "-o", str(graph), "--batch-sizes", "1,2", "--repeats", "1",
-                                 "--warmup", "0")
+    def test_verify_on_four_processes(self, imported_runs, run_cli, monkeypatch, name):
+        from helpers import run_shared
+
+        status, out, err = run_shared(imported_runs[name], run_cli, monkeypatch, "--json")
         assert status == 0, err
-        _plan(graph, plan, cuts, replicated)
-        done = cli("run", str(graph), str(CLUSTER), str(plan), "--model", *model, "--verify", "--steps", "2",
-                   "--json")
-        assert done.returncode == 0, done.stderr
-        result = json.loads(done.stdout)
+        result = json.loads(out)
         assert result["processes"] == 4 and result["verified"] and result["max_param_diff"] <= 1e-6
 
     def test_example_of_several_tensors_refused(self, tmp_path, run_cli):
