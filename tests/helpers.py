@@ -788,3 +788,21 @@ def run_shared(entry: dict, run_cli, monkeypatch, *more: str) -> tuple[int, str,
     at = argv.index("--result")
     monkeypatch.setattr(pipeplan.cmd_run, "launch", launch)
     return run_cli("run", *argv[:at], *argv[at + 2:], *more)
+
+
+def run_plan_command(argv: list[str]) -> int:
+    """Parse and run ``pipeplan plan ARGV`` like pipeplan.cli.main, in process (InputError -> one line, exit 2)."""
+    import argparse
+    import sys
+
+    from pipeplan import cmd_plan
+    from pipeplan.models.errors import InputError
+
+    parser = argparse.ArgumentParser(prog="pipeplan")
+    cmd_plan.register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as exc:
+        sys.stderr.write(exc.line() + "\n")
+        return 2

@@ -23,7 +23,7 @@ from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.planning import (ADAPTIVE, COVERED, AdaptiveOptions, _with_one_stage_per_group, plan,
                                       relabelled, schedules_for, with_memory_fraction)
 from pipeplan.solver.solvers import get_solver
-from helpers import REL, sized_problem
+from helpers import REL, run_plan_command as run, sized_problem
 
 GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"
 CHEAP = AdaptiveOptions(evaluations=12, exact=False)
@@ -217,18 +217,6 @@ class TestMemoryFraction:
                 assert peak <= fraction * min(known[d] for d in devs) * (1 + REL)
         record = next(o for o in done.outcomes if o.schedule == ADAPTIVE).result.details["synthesis"]
         assert record["memory_fraction"] == fraction
-
-
-def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="pipeplan")
-    cmd_plan.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except InputError as exc:
-        import sys
-        sys.stderr.write(exc.line() + "\n")
-        return 2
 
 
 class TestCli:

@@ -12,22 +12,10 @@ from pipeplan.models.errors import InputError
 from pipeplan.solver.baselines import BASELINES
 from pipeplan.solver.formats.plan import load_plan
 from pipeplan import cmd_plan
+from helpers import run_plan_command as run
 from conftest import cpu_past
 
 GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"
-
-
-def run(argv: list[str]) -> int:
-    """Parse and run like pipeplan.cli.main (InputError -> exit 2)."""
-    parser = argparse.ArgumentParser(prog="pipeplan")
-    cmd_plan.register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except InputError as exc:
-        import sys
-        sys.stderr.write(exc.line() + "\n")
-        return 2
 
 
 def base(cmd: str) -> list[str]:
