@@ -252,7 +252,8 @@ def patterns(problem: PlanningProblem, classes: Sequence[DeviceClass]) -> Iterat
 
 
 def sweep_patterns(problem: PlanningProblem, costs: "_Costs", starts: Sequence[tuple[Block, ...]],
-                   clock: TimeLimit | None = None) -> dict[tuple[Block, ...], float]:
+                   clock: TimeLimit | None = None, known: dict[tuple[Block, ...], float] | None = None
+                   ) -> dict[tuple[Block, ...], float]:
     """Patterns near ``starts`` with every per-class choice open, and their estimates.
 
     When :func:`patterns` thins the choices (many device classes), a stage of 16 to 64
@@ -263,10 +264,11 @@ def sweep_patterns(problem: PlanningProblem, costs: "_Costs", starts: Sequence[t
     :data:`SWEEP_STEPS` times.  Every pattern looked at is returned, so the builder
     ranks them with the thinned ones.  The work is counted: at most
     ``len(starts) * SWEEP_STEPS * sum(options per class)`` choices; ``clock``, when given,
-    ends it early (after a step), with what it found so far.
+    ends it early (after a step), with what it found so far.  ``known``: estimates already
+    made (the thinned patterns'), used instead of estimating again and returned too.
     """
     options = _block_options(problem, costs.classes, 0)
-    seen: dict[tuple[Block, ...], float] = {}
+    seen: dict[tuple[Block, ...], float] = dict(known or {})
 
     def best_order(choice: Sequence[Block | None]) -> float:
         blocks = [b for b in choice if b is not None]
@@ -783,10 +785,10 @@ def _swept(problem: PlanningProblem, costs: "_Costs", ranked: Sequence[tuple[flo
         if math.isfinite(guess):     # classes they use (adding one class often needs another's stages given back)
             best_per_set.setdefault(frozenset(b.cls for b in blocks), blocks)
     starts = list(best_per_set.values())[:SWEEP_STARTS]
-    known = {blocks for _, _, blocks in ranked}
-    extra = [(guess, len(ranked) + k, blocks)
-             for k, (blocks, guess) in enumerate(sweep_patterns(problem, costs, starts, clock).items())
-             if blocks not in known]
+    known = {blocks: guess for guess, _, blocks in ranked}
+    found = sweep_patterns(problem, costs, starts, clock, known)
+    extra = [(guess, len(ranked) + k, blocks) for k, (blocks, guess) in enumerate(
+        (blocks, guess) for blocks, guess in found.items() if blocks not in known)]
     return sorted(extra, key=lambda x: x[:2])
 
 
