@@ -307,6 +307,13 @@ class RankOptimizer:
             to_rank = self.zero._param_to_rank  # the partition it steps by (its own rule: largest first)
             self.owners = {id(p): dist.get_global_rank(group, to_rank[s]) for p, s in zip(sharded, steps)}
 
+    def stepped_here(self) -> list[int] | None:
+        """``[stepped here, sharded]``: how many of the sharded parameters this rank steps; ``None`` if none is."""
+        if self.zero is None:
+            return None
+        me = dist.get_rank()
+        return [sum(owner == me for owner in self.owners.values()), len(self.owners)]
+
     def step(self) -> None:
         """One SGD step (the sharded parameters: each on its owner, then broadcast)."""
         for p in self.params:

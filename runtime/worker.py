@@ -44,7 +44,7 @@ from pipeplan.runtime.memory import rss_peak_bytes
 from pipeplan.runtime.options import (DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MAX_SEED,  # noqa: F401
                                       RunConfig, add_arguments, add_launch_options, check_spin)
 from pipeplan.runtime.routing import pieces, rank_of
-from pipeplan.runtime.sharding import RankOptimizer, local, make_replica, parallelize_units, replica_ranks, whole
+from pipeplan.runtime.sharding import RankOptimizer, is_sharded, local, make_replica, parallelize_units, replica_ranks, whole
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
 from pipeplan.runtime.training_data import step_batch
@@ -340,7 +340,10 @@ def _finish(config: RunConfig, inputs: RunInputs, executor: Executor, records: l
     mine = {"rank": rank, "group": group, "stages": stages, "stage": stages[0], "replica": replica,
             "host": socket.gethostname(), "device": plan.groups[group][replica], "steps": records,
             "peak_memory": executor.memory.peak_bytes, "peak_memory_kind": executor.memory.kind,
-            "rss_peak": rss_peak_bytes()}
+            "rss_peak": rss_peak_bytes(),
+            # what tensor parallelism and ZeRO did here: parameters held as shards, and those this rank steps
+            "sharded_parameters": sum(is_sharded(p) for p in executor.parameters()),
+            "zero_stepped": executor.optimizer.stepped_here()}
     # a tensor-parallel parameter is gathered whole (a collective of its replica, in one order on its ranks)
     params = {name: whole(p) for name, p in executor.named_parameters().items()} if config.verify else {}
     gathered: list = [None] * world if rank == 0 else None  # type: ignore[assignment]

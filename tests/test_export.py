@@ -90,7 +90,7 @@ class TestCheckPlan:
         line = refusal(two_stage(split0=(3, 3, 2), split1=(3, 3, 2)), "torch")
         assert "stage 0" in line and "tensor_split" in line and "silently" in line
 
-    @pytest.mark.parametrize("target", ALL)
+    @pytest.mark.parametrize("target", [t for t in ALL if t != "torch"])
     def test_tensor_parallel_and_zero_refused_by_every_target(self, target):
         from dataclasses import replace
 
@@ -99,6 +99,14 @@ class TestCheckPlan:
         assert refusal(tp, target).startswith(f"error: p.json: stages: stage 1 has tensor_parallel 2, but the {target} "
                                               f"export takes only tensor_parallel 1 and zero 0")
         assert "stage 0 has zero 1" in refusal(replace(p, zero=1), target)
+
+    def test_torch_takes_one_degree_for_all_stages(self):
+        from dataclasses import replace
+
+        p = two_stage(devices1=("d1", "d2"))
+        tp = replace(p, stages=(p.stages[0], replace(p.stages[1], tensor_parallel=2)))
+        assert refusal(tp, "torch").startswith("error: p.json: stages[1].tensor_parallel: stage 1 has tensor_parallel "
+                                               "2 but stage 0 has 1; the torch export builds one pp x dp x tp device")
 
     @pytest.mark.parametrize("target", ALL)
     def test_different_counts_refused(self, target):
