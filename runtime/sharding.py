@@ -332,6 +332,30 @@ class RankOptimizer:
             self._steps[id(p)].grad = None
 
 
+def forget_meshes() -> None:
+    """Clear DTensor's sharding-propagation caches (after ``destroy_process_group``).
+
+    They key their entries on ``DeviceMesh`` objects that compare equal by ranks and
+    shape alone, and the entries hold the mesh they were made with: a process that
+    makes new process groups over the same ranks (the next run of a shared launch)
+    would otherwise be handed the old mesh, whose process group no longer exists.
+    """
+    import sys
+
+    if "torch.distributed.tensor" not in sys.modules:
+        return  # no DTensor was made
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for name in ("propagate_op_sharding", "_propagate_tensor_meta_cached"):
+        cache = getattr(propagator, name, None)
+        if hasattr(cache, "cache_clear"):
+            cache.cache_clear()
+    native = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # the C++ dispatch fast path's
+    if native is not None:
+        native()
+
+
 def check_runnable(plan: Plan, file: str, emulate: bool) -> None:
     """Refuse what the runtime does not run of a version-3 plan, before any process starts.
 

@@ -44,7 +44,8 @@ from pipeplan.runtime.memory import rss_peak_bytes
 from pipeplan.runtime.options import (DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MAX_SEED,  # noqa: F401
                                       RunConfig, add_arguments, add_launch_options, check_spin)
 from pipeplan.runtime.routing import pieces, rank_of
-from pipeplan.runtime.sharding import RankOptimizer, is_sharded, local, make_replica, parallelize_units, replica_ranks, whole
+from pipeplan.runtime.sharding import (RankOptimizer, forget_meshes, is_sharded, local, make_replica, parallelize_units,
+                                       replica_ranks, whole)
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
 from pipeplan.runtime.training_data import step_batch
@@ -124,6 +125,7 @@ def train_rank(config: RunConfig, inputs: RunInputs, rank: int, world: int, beat
     if isinstance(transport, TcpTransport):
         transport.close()
     dist.destroy_process_group()
+    forget_meshes()
     return status
 
 
@@ -215,7 +217,7 @@ def _build(config: RunConfig, inputs: RunInputs, rank: int, device: torch.device
 
 
 def _replica(plan, stage: int, group: int, rank: int, groups: dict, device: torch.device) -> tuple:
-    """This rank's :class:`~pipeplan.runtime.sharding.Replica` (``None`` at degree 1) and its data-parallel ring's key."""
+    """This rank's :class:`~pipeplan.runtime.sharding.Replica` (``None`` at degree 1), its data-parallel ring's key."""
     replicas = replica_ranks(plan, stage)
     if len(replicas[0]) == 1:
         return None, ("group", group)

@@ -679,8 +679,22 @@ TORCHRUN_PLANS = {
                               (4, 6, ["cpu3"], [2] * 4, False, CUSTOM_OPS[3])], batch=8, schedule="custom"),
     # 2 processes, ZB-V: two stages per rank, I and W apart, the tied embedding and head on one rank
     "zbv": lambda: v2_plan("zbv"),
+    # 4 processes, 1F1B on a pp x dp x tp mesh: two stages of tensor parallelism 2 (parallelize_module),
+    # stage 1 recomputing
+    "tp-2x2": lambda: tensor_parallel(plan([(0, 3, ["cpu0", "cpu1"], [2] * 4), (3, 6, ["cpu2", "cpu3"], [2] * 4, True)],
+                                           batch=8, schedule="1f1b")),
+    # 4 processes, one stage of 2 replicas x tensor parallelism 2, ZeRO-2 (ZeroRedundancyOptimizer over dp)
+    "tp-dp-zero2": lambda: tensor_parallel(plan([(0, 6, ["cpu0", "cpu1", "cpu2", "cpu3"], [4, 4])], batch=8,
+                                                schedule="gpipe"), zero=2),
 }
 """The plans trained from their exported folders (every one with a global batch of 8 on gpt-tiny)."""
+
+
+def tensor_parallel(p: Plan, t: int = 2, zero: int = 0) -> Plan:
+    """``p`` with every stage of degree ``t`` (its devices: replicas of ``t``) and ZeRO level ``zero``."""
+    from dataclasses import replace
+
+    return replace(p, stages=tuple(replace(st, tensor_parallel=t) for st in p.stages), zero=zero)
 
 
 @pytest.fixture(scope="module")
