@@ -42,6 +42,7 @@ them, outside the sharded optimizer.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -50,6 +51,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeplan.models.errors import InputError
+from pipeplan.runtime.routing import device_ranks
 from pipeplan.solver.formats.plan import Plan
 
 ROW_ORDER = "_pipeplan_row_order"
@@ -60,13 +62,6 @@ ELEMENTWISE = (nn.GELU, nn.ReLU, nn.SiLU, nn.Tanh, nn.Sigmoid, nn.Mish, nn.Ident
 
 
 # ----------------------------------------------------------------- who is where
-def device_order(plan: Plan) -> dict[str, int]:
-    """``device -> global rank`` (the runtime's numbering, :func:`pipeplan.runtime.routing.device_ranks`)."""
-    from pipeplan.runtime.routing import device_ranks
-
-    return device_ranks(plan)
-
-
 def replica_ranks(plan: Plan, stage: int) -> list[list[int]]:
     """Global ranks of each replica of ``stage``, lowest first within each (the first is its leader).
 
@@ -78,7 +73,7 @@ def replica_ranks(plan: Plan, stage: int) -> list[list[int]]:
     >>> replica_ranks(plan, 0), replica_ranks(plan, 1)
     ([[0, 1], [2, 3]], [[4]])
     """
-    ranks = device_order(plan)
+    ranks = device_ranks(plan)
     return [sorted(ranks[d] for d in replica) for replica in plan.stages[stage].replica_devices]
 
 
@@ -195,6 +190,7 @@ def fused_row_order(rows: int, parts: int, t: int) -> torch.Tensor:
     return torch.tensor([p * width + i * chunk + j for i in range(t) for p in range(parts) for j in range(chunk)])
 
 
+@functools.cache
 def _fused_style():
     from torch.distributed.tensor import Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel
@@ -219,7 +215,7 @@ def _fused_style():
     return FusedColwise
 
 
-def FusedColwiseParallel(parts: int):  # noqa: N802 (a class made on first use: torch's TP API loads lazily)
+def FusedColwiseParallel(parts: int):  # noqa: N802 (its class is made on first use: runs without TP skip torch's TP API)
     """A ``ColwiseParallel`` that gives each rank its slice of every part of a fused projection."""
     return _fused_style()(parts)
 
