@@ -345,6 +345,9 @@ def _finish(config: RunConfig, inputs: RunInputs, executor: Executor, records: l
             "rss_peak": rss_peak_bytes(),
             # what tensor parallelism and ZeRO did here: parameters held as shards, and those this rank steps
             "sharded_parameters": sum(is_sharded(p) for p in executor.parameters()),
+            # the training state the rank keeps (spec 8.4's state with SGD: weights and the gradients it keeps)
+            "param_bytes": sum(local(p).numel() * p.element_size() for p in executor.parameters()),
+            "state_bytes": executor.memory.base,
             "zero_stepped": executor.optimizer.stepped_here()}
     # a tensor-parallel parameter is gathered whole (a collective of its replica, in one order on its ranks)
     params = {name: whole(p) for name, p in executor.named_parameters().items()} if config.verify else {}

@@ -880,6 +880,10 @@ def test_tensor_parallel_and_zero_train_like_one_process(shared_run, launched, n
         assert sum(mine for mine, _ in zero) == sum(total for _, total in zero) // 2  # rings of 2
     else:
         assert not zero
+    for rank in ranks:  # the meter's state: weights and the gradients kept, fewer under ZeRO-2 (spec 8.4, SGD)
+        sharded_grads = plan["zero"] == 2 and rank["zero_stepped"] is not None
+        assert (rank["state_bytes"] < 2 * rank["param_bytes"]) == sharded_grads, rank
+        assert rank["state_bytes"] > rank["param_bytes"]
 
 
 def test_tensor_parallel_losses_equal_the_same_batch_without_it(launched):
