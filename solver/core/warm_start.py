@@ -16,6 +16,7 @@ from pipeplan.models.errors import InputError
 from pipeplan.solver.formats.plan import Plan, load_plan
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult
+from pipeplan.solver.space.tensor_parallel import outside_options
 
 
 def load_warm_start(path: str, problem: PlanningProblem) -> Plan:
@@ -62,9 +63,15 @@ def check_warm_start(plan: Plan, problem: PlanningProblem, where: str) -> Plan:
     InputError
         When the plan has another batch or schedule, lies outside the problem's switches
         (stages, replication, recompute, microbatches) or does not fit in memory, or uses
-        tensor parallelism or ZeRO, which no solver plans yet.
+        degrees or ZeRO levels the problem's ``tensor_parallel`` and ``zero`` do not allow.
     """
-    plan.refuse_tensor_parallel(where, "a solver's warm start")
+    if problem.tensor_search:
+        why = outside_options(plan, problem.cluster, problem.tensor_parallel, problem.max_tensor_parallel,
+                              problem.zero, problem.max_zero)
+        if why:
+            raise InputError(where, "stages", f"{why}; give the options it was made with")
+    else:
+        plan.refuse_tensor_parallel(where, "a solver's warm start without --tensor-parallel or --zero")
     if plan.global_batch != problem.global_batch:
         raise InputError(where, "global_batch", f"the plan is for a batch of {plan.global_batch} samples, the "
                                                 f"problem has --batch {problem.global_batch}; plan again or give "
