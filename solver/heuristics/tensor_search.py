@@ -155,7 +155,8 @@ def phases_for(problem: PlanningProblem, proves: bool) -> list[Phase]:
     A solver that does not prove bounds gets a ``full`` and (with ZeRO) a ``sharded`` phase
     per degree.  One that proves them gets, after the first, a ``relaxed`` phase per degree
     (its plan competes too), so the smallest of their bounds holds for every plan with one
-    degree; the ``relaxed`` phase of ``t = 1`` is left out where it is the first phase.
+    degree (the ``relaxed`` phase of ``t = 1`` is left out where it is the first phase);
+    where a relaxed plan does not fit once mapped back, :func:`fallbacks` follow it.
     """
     degrees = [1] if problem.tensor_parallel == "1" else \
         tensor_degrees(problem.cluster, problem.max_tensor_parallel)
@@ -164,6 +165,17 @@ def phases_for(problem: PlanningProblem, proves: bool) -> list[Phase]:
         return [Phase(t, hint, factor) for t in degrees for hint, factor in state_hints(problem)]
     relaxed = [Phase(t, "relaxed", relaxed_state(problem)) for t in degrees if t > 1 or problem.zero != "0"]
     return [first, *relaxed]
+
+
+def fallbacks(problem: PlanningProblem, phase: Phase) -> list[Phase]:
+    """The phases that follow a ``relaxed`` phase whose plan does not fit once mapped back: the degree's ``full``
+    phase (but for ``t = 1``: it ran first) and, with ZeRO, its ``sharded`` one.
+
+    The relaxed state holds for any number of replicas, the step shrinks by all of them:
+    a plan of few replicas may need more memory than it assumed.
+    """
+    return [Phase(phase.degree, hint, factor) for hint, factor in state_hints(problem)
+            if phase.relaxed and (hint != "full" or phase.degree > 1)]
 
 
 def _phase_problem(problem: PlanningProblem, phase: Phase):
@@ -223,7 +235,10 @@ def solve_tensor_parallel(solve: Solve, problem: PlanningProblem, *, time_limit:
     best: Candidate | None = None
     best_phase = -1
     first_start = warm_start if warm_start is not None and not warm_start.uses_v3 else None
-    for i, phase in enumerate(phases):
+    i = -1
+    while i + 1 < len(phases):
+        i += 1
+        phase = phases[i]
         row: dict[str, Any] = {"degree": phase.degree, "state": phase.hint, "state_factor": phase.state_factor}
         records.append(row)
         results.append(None)
@@ -239,16 +254,12 @@ def solve_tensor_parallel(solve: Solve, problem: PlanningProblem, *, time_limit:
         row.update(status=result.status, model_time=result.iteration_time, lower_bound=result.lower_bound,
                    stopped_by=result.stopped_by, budget=result.budget, wall_time=result.wall_time,
                    plan_by=result.plan_by)
-        if result.plan is None:
+        found = _mapped_back(result, layout, problem, row)
+        if found is None or not found.simulation.fits:
+            if result.status != "infeasible":
+                phases.extend(fallbacks(problem, phase))
             continue
-        real = replace(expand_plan(result.plan, layout), state_factor=problem.state_factor, extra={})
-        try:
-            found = zero_levels(real, problem.graph, problem.cluster, problem)
-        except (InputError, DeadlockError, ValueError) as exc:  # a degree-t plan the real cluster refuses
-            row["refused"] = str(exc)
-            continue
-        row.update(iteration_time=found.time, fits=found.simulation.fits)
-        if found.simulation.fits and (best is None or found.time < best.time):
+        if best is None or found.time < best.time:
             best, best_phase = found, i
     if warm_start is not None and warm_start.uses_v3:  # degrees above 1 or ZeRO: compared as it is
         start = Candidate(warm_start, simulate(warm_start, problem.graph, problem.cluster))
@@ -262,6 +273,21 @@ def solve_tensor_parallel(solve: Solve, problem: PlanningProblem, *, time_limit:
     bound, bound_by = combined_bound(problem, phases, results) if proves else (None, "")
     return _record(problem, best, best_phase, phases, records, results, moved, bound, bound_by, seed,
                    time.perf_counter() - started)
+
+
+def _mapped_back(result: SolverResult, layout, problem: PlanningProblem, row: dict[str, Any]) -> Candidate | None:
+    """A phase's plan as a plan of the real cluster with its ZeRO levels, timed (``None`` without one); ``row``
+    records the outcome."""
+    if result.plan is None:
+        return None
+    real = replace(expand_plan(result.plan, layout), state_factor=problem.state_factor, extra={})
+    try:
+        found = zero_levels(real, problem.graph, problem.cluster, problem)
+    except (InputError, DeadlockError, ValueError) as exc:  # a degree-t plan the real cluster refuses
+        row["refused"] = str(exc)
+        return None
+    row.update(iteration_time=found.time, fits=found.simulation.fits)
+    return found
 
 
 def combined_bound(problem: PlanningProblem, phases: list[Phase],
@@ -343,12 +369,12 @@ def _record(problem: PlanningProblem, best: Candidate | None, best_phase: int, p
     if best is None:
         proved = bound == math.inf
         return SolverResult("", "infeasible" if proved else "timeout-no-solution", None, None,
-                            None, wall, seed,
+                            None if proved else bound, wall, seed,
                             message=f"{what}: " + ("every degree's relaxed problem is proved infeasible"
                                                    if proved else "no phase found a fitting plan (phases in details), "
                                                                   "which proves nothing"),
                             details={"tensor_parallel": summary}, stopped_by="proved" if proved else stopped,
-                            algorithm=algorithm, budget=budget)
+                            algorithm=algorithm, budget=budget, bound_by="" if proved or bound is None else bound_by)
     row = records[best_phase]
     proved = bound is not None and best.time <= bound * (1 + OPTIMAL_TOLERANCE)
     moves = f"; {moved['accepted']} of {moved['evaluations']} per-stage moves kept" \
