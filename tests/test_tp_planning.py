@@ -21,15 +21,14 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import Layer, LayerGraph, load_graph
-from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.core.warm_start import check_warm_start
+from pipeplan.solver.core.problem import PlanningProblem, tensor_degrees
+from pipeplan.solver.core.warm_start import check_warm_start, outside_options
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.formats.plan import Plan, Stage, load_plan
 from pipeplan.solver.heuristics.tensor_search import combined_bound, phases_for, work_bound, zero_levels
 from pipeplan.solver.planning import plan, problem_for
-from pipeplan.solver.space.tensor_parallel import (degree_graph, expand_plan, outside_options, replica_cluster,
-                                                   resplit, tensor_degrees, with_degree)
+from pipeplan.solver.space.tensor_parallel import degree_graph, expand_plan, replica_cluster, resplit, with_degree
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"

@@ -48,6 +48,31 @@ searches and timelines grow with the count (``cpsat-split`` with a 2 s limit and
 ``K = 1000`` ran 36 s)."""
 
 
+def tensor_degrees(cluster: Cluster, most: int) -> list[int]:
+    """The degrees ``t <= most`` that divide the device count of at least one server, smallest first.
+
+    A replica's ``t`` devices sit in one server (docs/model.md 8.2); a degree that divides a
+    server's count tiles it with replicas, as Megatron-LM and torchtitan place them.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> tensor_degrees(load_cluster("examples/tp.cluster.json"), 8)
+    [1, 2, 4]
+    """
+    sizes = _server_sizes(cluster)
+    found = {t for n in sizes for t in range(1, min(n, most) + 1) if n % t == 0}
+    return sorted(found)
+
+
+def _server_sizes(cluster: Cluster) -> list[int]:
+    """The device count of each server that holds devices."""
+    counts: dict[str, int] = {}
+    for d in cluster.devices:
+        counts[d.server] = counts.get(d.server, 0) + 1
+    return list(counts.values())
+
+
 def probe_counts(top: int) -> list[int]:
     """Microbatch counts from ``top`` down to 1 that are worth an equal-split solve.
 

@@ -31,14 +31,14 @@ from typing import Any, Callable
 
 from pipeplan.models.errors import DeadlockError, InputError
 from pipeplan.models.graph import LayerGraph
-from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.problem import PlanningProblem, tensor_degrees
 from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.evaluation.simulator import Simulation, simulate
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.space.tensor_parallel import (degree_graph, expand_plan, homogeneous_servers, replica_cluster,
-                                                   tensor_degrees, with_degree, with_zero)
+                                                   with_degree, with_zero)
 
 DEGREE_MOVES = 64
 """Most per-stage moves (exact simulations) after the phases, with ``per-stage``: a few passes over the

@@ -17,8 +17,6 @@ Examples
 >>> from pipeplan.models.graph import load_graph
 >>> from pipeplan.solver.formats.cluster import load_cluster
 >>> cluster = load_cluster("examples/tp.cluster.json")
->>> tensor_degrees(cluster, 8)
-[1, 2, 4]
 >>> layout = replica_cluster(cluster, 2)
 >>> [d.id for d in layout.cluster.devices], layout.replicas["g2"]
 (['g0', 'g2'], ('g2', 'g3'))
@@ -33,25 +31,6 @@ from typing import Sequence
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.formats.cluster import Cluster, Device
 from pipeplan.solver.formats.plan import Plan, Stage
-
-
-def tensor_degrees(cluster: Cluster, most: int) -> list[int]:
-    """The degrees ``t <= most`` that divide the device count of at least one server, smallest first.
-
-    A replica's ``t`` devices sit in one server (docs/model.md 8.2); a degree that divides a
-    server's count tiles it with replicas, as Megatron-LM and torchtitan place them.
-    """
-    sizes = _server_sizes(cluster)
-    found = {t for n in sizes for t in range(1, min(n, most) + 1) if n % t == 0}
-    return sorted(found)
-
-
-def _server_sizes(cluster: Cluster) -> list[int]:
-    """The device count of each server that holds devices."""
-    counts: dict[str, int] = defaultdict(int)
-    for d in cluster.devices:
-        counts[d.server] += 1
-    return list(counts.values())
 
 
 @dataclass(frozen=True)
@@ -207,35 +186,3 @@ def with_zero(plan: Plan, levels: Sequence[int]) -> Plan:
         return replace(plan, zero=levels[0], stages=tuple(replace(st, zero=None) for st in plan.stages))
     return replace(plan, zero=0, stages=tuple(replace(st, zero=z or None) for st, z in zip(plan.stages, levels)))
 
-
-def outside_options(plan: Plan, cluster: Cluster, mode: str, most: int, zero: str, max_zero: int) -> str:
-    """Why ``plan``'s degrees or ZeRO levels lie outside the options (``--tensor-parallel mode``, ``--max-tensor-parallel
-    most``, ``--zero zero``, ``--max-zero max_zero``), in words; ``""`` when they lie inside.
-
-    Examples
-    --------
-    >>> from pipeplan.solver.formats.plan import load_plan
-    >>> from pipeplan.solver.formats.cluster import load_cluster
-    >>> plan, cluster = load_plan("examples/tp.plan.json"), load_cluster("examples/tp.cluster.json")
-    >>> outside_options(plan, cluster, "1", 8, "0", 2)
-    'stage 0 has tensor_parallel 2, but --tensor-parallel 1 allows only 1'
-    >>> outside_options(plan, cluster, "per-stage", 8, "auto", 2)
-    ''
-    """
-    degrees = [st.tensor_parallel for st in plan.stages]
-    allowed = set(tensor_degrees(cluster, most)) if mode != "1" else {1}
-    for s, t in enumerate(degrees):
-        if t not in allowed:
-            return (f"stage {s} has tensor_parallel {t}, but --tensor-parallel {mode}"
-                    + (f" --max-tensor-parallel {most} allows {', '.join(map(str, sorted(allowed)))}"
-                       if mode != "1" else " allows only 1"))
-    if mode == "uniform" and len(set(degrees)) > 1:
-        return f"its stages have degrees {', '.join(map(str, sorted(set(degrees))))}, but --tensor-parallel uniform " \
-               f"gives every stage one"
-    for s in range(len(plan.stages)):
-        z = plan.stage_zero(s)
-        if zero == "auto" and z > max_zero:
-            return f"stage {s} has zero {z}, above --max-zero {max_zero}"
-        if zero != "auto" and z != int(zero):
-            return f"stage {s} has zero {z}, but --zero {zero} gives every stage {zero}"
-    return ""
