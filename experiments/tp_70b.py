@@ -54,7 +54,7 @@ MEMORY_RATE = 2039e9
 KERNEL = 10e-6
 """Seconds of launch overhead per kernel; a block runs about 20 kernels each way."""
 
-CONFIGS = (("1", "0"), ("1", "auto"), ("uniform", "auto"), ("per-stage", "auto"))
+CONFIGS = (("1", "0"), ("1", "auto"), ("uniform", "0"), ("uniform", "auto"), ("per-stage", "auto"))
 """``(--tensor-parallel, --zero)`` of each row."""
 
 STATE_FACTOR = 8.0
@@ -143,7 +143,7 @@ def _runs(values: list[Any]) -> str:
 
 def _table(rows: list[dict[str, Any]]) -> str:
     lines = ["| --tensor-parallel | --zero | iteration (s) | samples/s | stages | degrees | replicas | ZeRO | "
-             "devices | recompute | max memory/device (GB) | of capacity |",
+             "devices | recompute | max memory/device (GB) | highest share of a device |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "iteration_time" not in r:

@@ -661,8 +661,10 @@ def plan(graph: LayerGraph, cluster: Cluster, *, batch: int, microbatches: int |
         How :data:`ADAPTIVE` searches (partitions synthesized, the exact model's work).
     **options
         Further problem fields (``virtual_stages``, ``max_microbatches``, ``per_stage``,
-        ``allow_replication``, ``allow_recompute``, ``max_stages``, ``state_factor``), and
-        ``memory_fraction`` (each device's memory usable, a share in ``(0, 1]``).
+        ``allow_replication``, ``allow_recompute``, ``max_stages``, ``state_factor``,
+        ``tensor_parallel``, ``max_tensor_parallel``, ``zero``, ``max_zero``: the degrees and
+        ZeRO levels the solver chooses, docs/solvers.md), and ``memory_fraction`` (each
+        device's memory usable, a share in ``(0, 1]``).
 
     Returns
     -------
