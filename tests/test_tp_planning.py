@@ -26,9 +26,11 @@ from pipeplan.solver.core.warm_start import check_warm_start, outside_options
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.formats.plan import Plan, Stage, load_plan
-from pipeplan.solver.heuristics.tensor_search import combined_bound, phases_for, work_bound, zero_levels
+from pipeplan.solver.heuristics.tensor_search import (Phase, combined_bound, fallbacks, phases_for, relaxed_state,
+                                                      state_hints, work_bound, zero_levels)
 from pipeplan.solver.planning import plan, problem_for
-from pipeplan.solver.space.tensor_parallel import degree_graph, expand_plan, replica_cluster, resplit, with_degree
+from pipeplan.solver.space.tensor_parallel import (collective_terms, degree_graph, expand_plan, homogeneous_servers,
+                                                   replica_cluster, resplit, with_degree, with_zero)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -104,6 +106,26 @@ class TestDegreeGraph:
             assert low <= real * (1 + REL) and real <= high * (1 + REL)
 
 
+class TestCollectiveTerms:
+    def test_one_server_kind_is_exact(self, quad):
+        # 2(t-1) lat and 2(t-1)/(t bw), times the speed 1: docs/model.md 8.3
+        assert collective_terms(replica_cluster(quad, 2)) == pytest.approx((2e-5, 1e-9))
+        assert collective_terms(replica_cluster(quad, 1)) == (0.0, 0.0)
+
+    def test_the_worst_and_the_best_server(self):
+        layout = replica_cluster(two_servers(), 2)
+        high, low = collective_terms(layout), collective_terms(layout, optimistic=True)
+        assert high == pytest.approx((2 * 2e-5 * 0.5, 1 / 1e9 * 0.5))  # the slow link, at the slow speed
+        assert low == pytest.approx((2 * 1e-6, 1 / 1e10))
+
+
+class TestHomogeneousServers:
+    def test_kinds(self, quad):
+        assert homogeneous_servers(quad) and homogeneous_servers(two_servers())
+        mixed = replace(quad, devices=(*quad.devices[:3], replace(quad.devices[3], speed=0.5)))
+        assert not homogeneous_servers(mixed)
+
+
 class TestExpandPlan:
     def test_round_trip_through_json(self, tp_graph, quad, tmp_path):
         layout = replica_cluster(quad, 2)
@@ -132,6 +154,14 @@ class TestWithDegree:
         assert [st.tensor_parallel for st in made.stages] == [1, 2]
         assert with_degree(base, quad, 0, 4) is None
         simulate(made, tp_graph, quad)  # a valid version-3 plan
+
+
+class TestWithZero:
+    def test_one_level_is_the_plans(self, tp_graph, quad):
+        base = load_plan(str(EXAMPLES / "tp.plan.json"))
+        assert with_zero(base, [1, 1]).zero == 1 and all(st.zero is None for st in with_zero(base, [1, 1]).stages)
+        mixed = with_zero(base, [0, 2])
+        assert mixed.zero == 0 and [mixed.stage_zero(s) for s in range(2)] == [0, 2]
 
 
 class TestOutsideOptions:
@@ -176,6 +206,46 @@ class TestZeroLevels:
 
 
 # --------------------------------------------------------------------------- the outer loop
+class TestStateHints:
+    def test_hints(self, tp_graph, quad):
+        p = problem_for(tp_graph, quad, batch=8, microbatches=4, state_factor=8.0)
+        assert state_hints(p) == [("full", 8.0)]
+        assert state_hints(replace(p, zero="1")) == [("full", 8.0), ("sharded", 1 + 1 + 6 / 2)]
+        assert state_hints(replace(p, zero="auto")) == [("full", 8.0), ("sharded", 1 + 7 / 2)]
+
+
+class TestRelaxedState:
+    def test_least_state(self, tp_graph, quad):
+        p = problem_for(tp_graph, quad, batch=8, microbatches=4, state_factor=8.0)
+        assert [relaxed_state(replace(p, zero=z)) for z in ("0", "1", "2", "auto")] == [8.0, 2.0, 1.0, 1.0]
+        assert relaxed_state(replace(p, zero="auto", max_zero=1)) == 2.0
+
+
+class TestPhasesFor:
+    def test_first_the_plain_solve(self, tp_graph, quad):
+        p = problem_for(tp_graph, quad, batch=8, microbatches=4, tensor_parallel="uniform", zero="auto")
+        heuristic = phases_for(p, proves=False)
+        assert [(f.degree, f.hint) for f in heuristic] == [(t, h) for t in (1, 2, 4) for h in ("full", "sharded")]
+        exact = phases_for(p, proves=True)
+        assert [(f.degree, f.hint) for f in exact] == [(1, "full"), (1, "relaxed"), (2, "relaxed"), (4, "relaxed")]
+        assert [(f.degree, f.hint) for f in phases_for(replace(p, zero="0"), proves=True)] == \
+            [(1, "full"), (2, "relaxed"), (4, "relaxed")]
+
+
+class TestFallbacks:
+    def test_after_a_relaxed_plan_that_does_not_fit(self, tp_graph, quad):
+        p = problem_for(tp_graph, quad, batch=8, microbatches=4, tensor_parallel="uniform", zero="auto")
+        assert [(f.degree, f.hint) for f in fallbacks(p, Phase(2, "relaxed", 1.0))] == [(2, "full"), (2, "sharded")]
+        assert [(f.degree, f.hint) for f in fallbacks(p, Phase(1, "relaxed", 1.0))] == [(1, "sharded")]
+        assert fallbacks(p, Phase(2, "full", 4.0)) == []
+
+
+class TestWorkBound:
+    def test_work_over_speed(self, tp_graph, quad):
+        p = problem_for(tp_graph, quad, batch=8, microbatches=4)
+        # per layer 0.001 + 0.002 per microbatch and 0.0005 + 0.001 per sample, two layers, four devices of speed 1
+        assert work_bound(p) == pytest.approx(2 * (0.003 * 4 + 0.0015 * 8) / 4)
+
 def _plans(problem: PlanningProblem, mode: str, zero: str):
     """Every plan of ``problem`` (gpipe, no recompute) with the degrees and ZeRO levels the options allow."""
     graph, cluster = problem.graph, problem.cluster
