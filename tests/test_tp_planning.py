@@ -210,8 +210,8 @@ class TestStateHints:
     def test_hints(self, tp_graph, quad):
         p = problem_for(tp_graph, quad, batch=8, microbatches=4, state_factor=8.0)
         assert state_hints(p) == [("full", 8.0)]
-        assert state_hints(replace(p, zero="1")) == [("full", 8.0), ("sharded", 1 + 1 + 6 / 2)]
-        assert state_hints(replace(p, zero="auto")) == [("full", 8.0), ("sharded", 1 + 7 / 2)]
+        assert state_hints(replace(p, zero="1")) == [("full", 8.0), ("paired", 1 + 1 + 6 / 2)]
+        assert state_hints(replace(p, zero="auto")) == [("full", 8.0), ("paired", 1 + 7 / 2)]
 
 
 class TestRelaxedState:
@@ -225,7 +225,7 @@ class TestPhasesFor:
     def test_first_the_plain_solve(self, tp_graph, quad):
         p = problem_for(tp_graph, quad, batch=8, microbatches=4, tensor_parallel="uniform", zero="auto")
         heuristic = phases_for(p, proves=False)
-        assert [(f.degree, f.hint) for f in heuristic] == [(t, h) for t in (1, 2, 4) for h in ("full", "sharded")]
+        assert [(f.degree, f.hint) for f in heuristic] == [(t, h) for t in (1, 2, 4) for h in ("full", "paired")]
         exact = phases_for(p, proves=True)
         assert [(f.degree, f.hint) for f in exact] == [(1, "full"), (1, "relaxed"), (2, "relaxed"), (4, "relaxed")]
         assert [(f.degree, f.hint) for f in phases_for(replace(p, zero="0"), proves=True)] == \
@@ -235,8 +235,8 @@ class TestPhasesFor:
 class TestFallbacks:
     def test_after_a_relaxed_plan_that_does_not_fit(self, tp_graph, quad):
         p = problem_for(tp_graph, quad, batch=8, microbatches=4, tensor_parallel="uniform", zero="auto")
-        assert [(f.degree, f.hint) for f in fallbacks(p, Phase(2, "relaxed", 1.0))] == [(2, "full"), (2, "sharded")]
-        assert [(f.degree, f.hint) for f in fallbacks(p, Phase(1, "relaxed", 1.0))] == [(1, "sharded")]
+        assert [(f.degree, f.hint) for f in fallbacks(p, Phase(2, "relaxed", 1.0))] == [(2, "full"), (2, "paired")]
+        assert [(f.degree, f.hint) for f in fallbacks(p, Phase(1, "relaxed", 1.0))] == [(1, "paired")]
         assert fallbacks(p, Phase(2, "full", 4.0)) == []
 
 
@@ -308,6 +308,13 @@ class TestSolveTensorParallel:
         assert [(p["degree"], p["state"]) for p in phases] == [(1, "full"), (2, "full"), (4, "full")]
         assert "t=2" in done.record.plan_by
 
+    def test_the_plain_solve_where_nothing_splits(self):
+        # nothing to split and a collective per layer: degree 1 wins, with the very plan of the plain solve
+        graph, cluster = tp_chain(3, share=0.0, comm=1e6), two_servers()
+        base = plan(graph, cluster, batch=8, microbatches=4, solver="group-search")
+        done = plan(graph, cluster, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage")
+        assert done.plan.to_dict() == base.plan.to_dict()
+
     def test_deterministic(self):
         graph, cluster = tp_chain(4), two_servers()
         runs = [plan(graph, cluster, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage",
@@ -337,7 +344,7 @@ class TestCombinedBound:
         best = _optimum(problem, mode, zero)
         r = done.record
         assert best < math.inf  # on two-kinds only tensor parallelism or ZeRO fits
-        assert r.plan is not None or mode == "1"  # ZeRO alone fits with two replicas per stage, which no hint finds
+        assert r.plan is not None
         assert r.lower_bound is not None and r.lower_bound <= best * (1 + 1e-7)
         assert r.plan is None or r.iteration_time >= best * (1 - 1e-7)
         if r.status == "optimal":

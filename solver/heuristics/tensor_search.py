@@ -3,8 +3,8 @@
 :func:`solve_tensor_parallel` runs a registered solver's algorithm once per *phase*: a
 degree ``t`` (every degree of :func:`~pipeplan.solver.space.tensor_parallel.tensor_degrees`
 with ``uniform`` or ``per-stage``, ``t = 1`` alone otherwise) and a state hint (``full``:
-each replica holds the whole state; ``sharded``, when ZeRO is allowed: the state of a
-replica among two, so plans that fit only with ZeRO are in reach).  Each phase solves
+each replica holds the whole state; ``paired``, when ZeRO is allowed: units of two replicas,
+each holding the state of a replica among two, so plans that fit only with ZeRO are in reach).  Each phase solves
 the degree-``t`` problem (each replica of ``t`` devices of one server is one device:
 :func:`~pipeplan.solver.space.tensor_parallel.replica_cluster`, ``degree_graph``), its plan is
 written back as a ``pipeplan.plan/3`` plan (``expand_plan``), its ZeRO levels are set
@@ -37,8 +37,8 @@ from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.evaluation.simulator import Simulation, simulate
 from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.formats.plan import Plan
-from pipeplan.solver.space.tensor_parallel import (degree_graph, expand_plan, homogeneous_servers, replica_cluster,
-                                                   with_degree, with_zero)
+from pipeplan.solver.space.tensor_parallel import (degree_graph, expand_plan, homogeneous_servers, paired_graph,
+                                                   paired_layout, replica_cluster, with_degree, with_zero)
 
 DEGREE_MOVES = 64
 """Most per-stage moves (exact simulations) after the phases, with ``per-stage``: a few passes over the
@@ -47,8 +47,8 @@ groups of a plan of up to ten groups and four degrees."""
 OPTIMAL_TOLERANCE = 1e-9
 """Relative slack under which a plan's time equals the bound (the exact solvers' bounds carry rounding)."""
 
-SHARD_HINT = 2
-"""Replicas per group the ``sharded`` state hint assumes: a replica among two holds half the sharded state."""
+PAIR = 2
+"""Replicas per unit of a ``paired`` phase: each holds the sharded state of a replica among two."""
 
 Solve = Callable[..., SolverResult]
 
@@ -69,9 +69,9 @@ class Candidate:
 
 
 def state_hints(problem: PlanningProblem) -> list[tuple[str, float]]:
-    """``(name, state_factor)`` per state hint: ``full``, and ``sharded`` when ZeRO may shard the state.
+    """``(name, state_factor)`` per state hint: ``full``, and ``paired`` when ZeRO may shard the state.
 
-    ``sharded`` is a replica's state among :data:`SHARD_HINT` replicas at the highest level
+    ``paired`` is a replica's state among :data:`PAIR` replicas at the highest level
     allowed: ``w + g + o / 2`` (ZeRO-1) or ``w + (g + o) / 2`` (ZeRO-2), with the default
     split ``w = g = 1``, ``o = state_factor - 2`` (docs/model.md 8.2, 8.4).
     """
@@ -80,8 +80,8 @@ def state_hints(problem: PlanningProblem) -> list[tuple[str, float]]:
     if top == 0:
         return [("full", full)]
     w, g, o = 1.0, 1.0, full - 2.0
-    sharded = w + g + o / SHARD_HINT if top == 1 else w + (g + o) / SHARD_HINT
-    return [("full", full), ("sharded", sharded)] if sharded < full else [("full", full)]
+    paired = w + g + o / PAIR if top == 1 else w + (g + o) / PAIR
+    return [("full", full), ("paired", paired)] if paired < full else [("full", full)]
 
 
 def zero_levels(plan: Plan, graph: LayerGraph, cluster: Cluster, problem: PlanningProblem) -> Candidate:
@@ -130,8 +130,8 @@ class Phase:
     degree: int
     """``t``: every stage's degree."""
     hint: str
-    """``full`` (each replica holds the whole state), ``sharded`` (the state of a replica among
-    :data:`SHARD_HINT`) or ``relaxed`` (every cost at most the real one: the solver's bound holds for
+    """``full`` (each replica holds the whole state), ``paired`` (units of :data:`PAIR` replicas, each holding
+    the state of a replica among two) or ``relaxed`` (every cost at most the real one: the solver's bound holds for
     every degree-``t`` plan)."""
     state_factor: float
     """The degree-``t`` problem's state factor."""
@@ -152,7 +152,7 @@ def relaxed_state(problem: PlanningProblem) -> float:
 def phases_for(problem: PlanningProblem, proves: bool) -> list[Phase]:
     """The phases, ``t = 1`` with the full state first (the solve the problem gets without the options).
 
-    A solver that does not prove bounds gets a ``full`` and (with ZeRO) a ``sharded`` phase
+    A solver that does not prove bounds gets a ``full`` and (with ZeRO) a ``paired`` phase
     per degree.  One that proves them gets, after the first, a ``relaxed`` phase per degree
     (its plan competes too), so the smallest of their bounds holds for every plan with one
     degree (the ``relaxed`` phase of ``t = 1`` is left out where it is the first phase);
@@ -169,7 +169,7 @@ def phases_for(problem: PlanningProblem, proves: bool) -> list[Phase]:
 
 def fallbacks(problem: PlanningProblem, phase: Phase) -> list[Phase]:
     """The phases that follow a ``relaxed`` phase whose plan does not fit once mapped back: the degree's ``full``
-    phase (but for ``t = 1``: it ran first) and, with ZeRO, its ``sharded`` one.
+    phase (but for ``t = 1``: it ran first) and, with ZeRO, its ``paired`` one.
 
     The relaxed state holds for any number of replicas, the step shrinks by all of them:
     a plan of few replicas may need more memory than it assumed.
@@ -180,15 +180,22 @@ def fallbacks(problem: PlanningProblem, phase: Phase) -> list[Phase]:
 
 def _phase_problem(problem: PlanningProblem, phase: Phase):
     """The phase's degree-``t`` problem and its replica layout, or ``(None, why)``."""
-    layout = replica_cluster(problem.cluster, phase.degree)
+    paired = phase.hint == "paired"
+    layout = (paired_layout if paired else replica_cluster)(problem.cluster, phase.degree)
     if layout is None:
-        return None, f"no server has {phase.degree} devices"
+        return None, f"no server has {PAIR * phase.degree if paired else phase.degree} devices"
     share = 1.0
     if phase.relaxed and problem.zero != "0":  # a ZeRO stage steps 1/r of its state, r at most every replica
         share = 1.0 / len(layout.cluster.devices)
+    elif paired:  # a unit's replicas each step half of the state
+        share = 1.0 / PAIR
+    if phase.degree == 1 and share == 1.0:  # degree 1, whole step: the graph itself (the plain solve's problem)
+        graph = problem.graph
+    else:
+        graph = degree_graph(problem.graph, layout, share, optimistic=phase.relaxed)
     try:
-        made = replace(problem, graph=degree_graph(problem.graph, layout, share, optimistic=phase.relaxed),
-                       cluster=layout.cluster, state_factor=phase.state_factor, tensor_parallel="1", zero="0")
+        made = replace(problem, graph=paired_graph(graph) if paired else graph, cluster=layout.cluster,
+                       state_factor=phase.state_factor, tensor_parallel="1", zero="0")
     except ValueError as exc:
         return None, str(exc)
     return (made, layout), ""

@@ -53,6 +53,8 @@ def replica_cluster(cluster: Cluster, t: int) -> ReplicaLayout | None:
     so a replica joins devices as alike as the server has; ``n mod t`` devices of a server
     of ``n`` are left out (no degree-``t`` replica can use them).
     """
+    if t == 1:  # every device a replica: the cluster itself
+        return ReplicaLayout(1, cluster, {d.id: (d.id,) for d in cluster.devices})
     by_server: dict[str, list[Device]] = defaultdict(list)
     for d in cluster.devices:
         by_server[d.server].append(d)
@@ -129,6 +131,28 @@ def degree_graph(graph: LayerGraph, layout: ReplicaLayout, step_share: float = 1
                       graph.input_bytes, graph.extra)
 
 
+def paired_layout(cluster: Cluster, t: int) -> ReplicaLayout | None:
+    """Degree ``t`` with each unit two replicas of ``t`` devices of one server (``None`` when no server has ``2t``).
+
+    A plan of it maps back to stages of an even number of replicas (:func:`expand_plan`),
+    so a state hint for two replicas or more holds for every stage of its plans.
+    """
+    layout = replica_cluster(cluster, 2 * t)
+    return None if layout is None else replace(layout, degree=t)
+
+
+def paired_graph(graph: LayerGraph) -> LayerGraph:
+    """``graph`` as a unit of two replicas runs it: every per-sample term halved (each replica takes half of a
+    microbatch), per-call terms and parameters kept."""
+    def half(layer: Layer) -> Layer:
+        a_w, b_w = layer.weight_bwd
+        return replace(layer, fwd=(layer.fwd[0], layer.fwd[1] / 2), bwd=(layer.bwd[0], layer.bwd[1] / 2),
+                       bwd_w=(a_w, b_w / 2), act=layer.act / 2, act_w=layer.act_weight / 2, out=layer.out / 2)
+
+    return LayerGraph(graph.name, [half(layer) for layer in graph.layers],
+                      list(graph.edges) if graph.explicit_edges else None, graph.input_bytes / 2, graph.extra)
+
+
 def expand_plan(plan: Plan, layout: ReplicaLayout) -> Plan:
     """A plan of the degree-``t`` problem as a plan of the real cluster: each replica device becomes its ``t``
     devices, every stage gets ``tensor_parallel = t``.
@@ -142,7 +166,7 @@ def expand_plan(plan: Plan, layout: ReplicaLayout) -> Plan:
     ('g0', 'g1', 'g2', 'g3')
     """
     t = layout.degree
-    if t == 1:
+    if all(len(devices) == 1 for devices in layout.replicas.values()):
         return plan
     stages = tuple(replace(st, devices=tuple(d for r in st.devices for d in layout.replicas[r]), tensor_parallel=t)
                    for st in plan.stages)
