@@ -315,6 +315,12 @@ class TestSolveTensorParallel:
         done = plan(graph, cluster, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage")
         assert done.plan.to_dict() == base.plan.to_dict()
 
+    def test_without_replication(self, tp_graph, quad):
+        done = plan(tp_graph, quad, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage",
+                    zero="auto", allow_replication=False)
+        assert all(st.replicas == 1 for st in done.plan.stages)
+        assert [p["state"] for p in done.record.details["tensor_parallel"]["phases"]] == ["full"] * 3
+
     def test_deterministic(self):
         graph, cluster = tp_chain(4), two_servers()
         runs = [plan(graph, cluster, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage",

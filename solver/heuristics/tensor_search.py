@@ -77,7 +77,7 @@ def state_hints(problem: PlanningProblem) -> list[tuple[str, float]]:
     """
     full = problem.state_factor
     top = problem.max_zero if problem.zero == "auto" else int(problem.zero)
-    if top == 0:
+    if top == 0 or not problem.allow_replication:  # one replica per stage: ZeRO shards nothing
         return [("full", full)]
     w, g, o = 1.0, 1.0, full - 2.0
     paired = w + g + o / PAIR if top == 1 else w + (g + o) / PAIR
@@ -343,7 +343,7 @@ def _improve_degrees(start: Candidate, problem: PlanningProblem, clock: TimeLimi
                 if t == current or moved["evaluations"] >= moves or clock.expired():
                     continue
                 plan = with_degree(best.plan, problem.cluster, g, t)
-                if plan is None:
+                if plan is None or not _inside(problem, plan):
                     continue
                 moved["evaluations"] += 1
                 try:
@@ -354,6 +354,11 @@ def _improve_degrees(start: Candidate, problem: PlanningProblem, clock: TimeLimi
                     best, current, improved = found, t, True
                     moved["accepted"] += 1
     return best
+
+
+def _inside(problem: PlanningProblem, plan: Plan) -> bool:
+    """Whether ``plan`` respects the problem's switches (replication, stages, splits)."""
+    return problem.in_split_space(plan) if problem.free_sizes else problem.in_search_space(plan)
 
 
 def _record(problem: PlanningProblem, best: Candidate | None, best_phase: int, phases: list[Phase],
