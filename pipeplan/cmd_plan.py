@@ -92,7 +92,8 @@ def _tensor_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tensor-parallel", choices=TENSOR_PARALLEL_MODES, default="1",
                    help="tensor-parallel degrees the solver chooses: 1 (none, default), uniform (one degree for "
                         "every stage, as the Megatron-LM and torchtitan exports need) or per-stage (each device "
-                        "group its own); a replica's devices sit in one server (docs/model.md 8)")
+                        "group its own); a replica's devices sit in one server (docs/model.md 8); the solver runs "
+                        "once per degree and state hint, each run with the whole --budget (docs/solvers.md)")
     p.add_argument("--max-tensor-parallel", type=int, default=8, metavar="T",
                    help="largest degree tried; degrees divide a server's device count (default 8)")
     p.add_argument("--zero", choices=ZERO_CHOICES, default="0",
