@@ -1,25 +1,29 @@
 """Tensor-parallel degrees and ZeRO levels chosen around any solver: ``--tensor-parallel`` and ``--zero``.
 
-:func:`solve_tensor_parallel` runs a registered solver's algorithm once per *phase*: a
-degree ``t`` (every degree of :func:`~pipeplan.solver.space.tensor_parallel.tensor_degrees`
-with ``uniform`` or ``per-stage``, ``t = 1`` alone otherwise) and a state hint (``full``:
-each replica holds the whole state; ``paired``, when ZeRO is allowed: units of two replicas,
-each holding the state of a replica among two, so plans that fit only with ZeRO are in reach).  Each phase solves
-the degree-``t`` problem (each replica of ``t`` devices of one server is one device:
-:func:`~pipeplan.solver.space.tensor_parallel.replica_cluster`, ``degree_graph``), its plan is
-written back as a ``pipeplan.plan/3`` plan (``expand_plan``), its ZeRO levels are set
-(:func:`zero_levels`) and the exact simulator times it.  With ``per-stage`` the best plan
-then takes counted moves: one device group to another degree, its devices re-split into
-replicas (``with_degree``), kept when the simulator says faster and it fits.
+:func:`solve_tensor_parallel` runs a registered solver's algorithm once per *phase*
+(:class:`Phase`): a degree ``t`` (every degree of
+:func:`~pipeplan.solver.core.problem.tensor_degrees` with ``uniform`` or ``per-stage``,
+``t = 1`` alone otherwise) and what the phase's problem assumes: ``full`` (each replica
+holds the whole state), ``paired`` (with ZeRO: units of two replicas, each holding the
+state of a replica among two, so plans that fit only with ZeRO are in reach) or
+``relaxed`` (for the solvers that prove bounds: every cost at most the real one).  Each
+phase solves the degree-``t`` problem (each replica of ``t`` devices of one server is one
+device: :func:`~pipeplan.solver.space.tensor_parallel.replica_cluster`, ``degree_graph``),
+its plan is written back as a ``pipeplan.plan/3`` plan (``expand_plan``), its ZeRO levels
+are set (:func:`zero_levels`) and the exact simulator times it.  With ``per-stage`` the
+best plan then takes counted moves: one device group to another degree, its devices
+re-split into replicas (``with_degree``), kept when the simulator says faster and it fits.
 
 The phase ``t = 1``, ``full`` is the solve the problem gets without the options (same
 problem, seed and budget; it comes first and gets the warm start), so the result is
 never slower than it.  Each phase gets the whole ``budget``; the time limit is shared
 out among the phases left.  The record lists every phase (``details["tensor_parallel"]``).
 
-The lower bound, for a solver that reports one, is the work bound (``T >= W / V``),
-valid for every degree and ZeRO level: a layer of time ``T`` on a replica of ``t``
-devices costs ``t (1 - x) T + x T + t C >= T`` device-seconds (docs/solvers.md).
+The lower bound, for a solver that proves one (:func:`combined_bound`), is the smallest
+over the degrees of the relaxed phases' bounds under ``1`` and ``uniform``, and the work
+bound (``T >= W / V``, valid for every degree and ZeRO level: a layer of time ``T`` on a
+replica of ``t`` devices costs ``t (1 - x) T + x T + t C >= T`` device-seconds) under
+``per-stage`` (docs/solvers.md).
 """
 
 from __future__ import annotations
