@@ -237,7 +237,10 @@ def why_no_plan(problem: PlanningProblem, results: Sequence[SolverResult]) -> No
                     if r.message and verdict.sentence not in r.message)
     proved = bounds_prove or any(r.status == "infeasible" and r.stopped_by == "proved" for r in results)
     timed_out = any(r.stopped_by == "time" or r.details.get("stopped_by_time_limit") is True for r in results)
-    return NoPlan("proved" if proved else "not found", verdict.sentence, names, timed_out, reasons)
+    constraint = verdict.sentence
+    if problem.tensor_search and constraint:  # the memory bounds' words are about degree 1 and the whole state
+        constraint = f"at tensor-parallel degree 1 without ZeRO, {constraint}"
+    return NoPlan("proved" if proved else "not found", constraint, names, timed_out, reasons)
 
 
 # --------------------------------------------------------------------------- results

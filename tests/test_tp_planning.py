@@ -387,6 +387,18 @@ class TestRefusals:
             check_warm_start(start, replace(plain, tensor_parallel="uniform", zero="auto"), "w.json")
         assert check_warm_start(start, replace(plain, tensor_parallel="per-stage", zero="auto"), "w.json") is start
 
+    def test_no_plan_proved_for_every_degree(self, run_cli, tmp_path):
+        tiny = json.loads((EXAMPLES / "tp.cluster.json").read_text())
+        for d in tiny["devices"]:
+            d["memory"] = 1e5
+        cluster = tmp_path / "tiny.cluster.json"
+        cluster.write_text(json.dumps(tiny))
+        status, _, err = run_cli("plan", str(EXAMPLES / "tp.graph.json"), str(cluster), "--batch", "8",
+                                 "--microbatches", "4", "--solver", "cpsat", "--tensor-parallel", "uniform",
+                                 "--zero", "auto", "-o", str(tmp_path / "p.json"))
+        assert status == 3 and err.startswith("no plan fits: at tensor-parallel degree 1 without ZeRO")
+        assert "every degree's relaxed problem is proved infeasible" in err
+
     def test_cli(self, run_cli, tmp_path):
         graph, cluster = str(EXAMPLES / "tp.graph.json"), str(EXAMPLES / "tp.cluster.json")
         out = str(tmp_path / "p.json")
