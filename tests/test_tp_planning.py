@@ -321,12 +321,17 @@ class TestSolveTensorParallel:
         assert all(st.replicas == 1 for st in done.plan.stages)
         assert [p["state"] for p in done.record.details["tensor_parallel"]["phases"]] == ["full"] * 3
 
-    def test_deterministic(self):
+    def test_deterministic_and_round_trips(self, tmp_path):
         graph, cluster = tp_chain(4), two_servers()
         runs = [plan(graph, cluster, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage",
                      zero="auto", seed=3) for _ in range(2)]
         assert runs[0].plan.to_dict() == runs[1].plan.to_dict()
         assert runs[0].record.details["tensor_parallel"]["moves"] == runs[1].record.details["tensor_parallel"]["moves"]
+        path = tmp_path / "chosen.plan.json"
+        path.write_text(json.dumps(runs[0].record.plan_with_record().to_dict()))
+        back = load_plan(str(path), graph, cluster)
+        assert back == runs[0].plan
+        assert simulate(back, graph, cluster).iteration_time == runs[0].record.iteration_time
 
     def test_warm_start_with_degrees(self, tp_graph, quad):
         start = plan(tp_graph, quad, batch=8, microbatches=4, solver="group-search", tensor_parallel="uniform").plan
