@@ -314,6 +314,7 @@ class TestSolveTensorParallel:
         base = plan(graph, cluster, batch=8, microbatches=4, solver="group-search")
         done = plan(graph, cluster, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage")
         assert done.plan.to_dict() == base.plan.to_dict()
+        assert [p["degree"] for p in done.record.details["tensor_parallel"]["phases"]] == [1]
 
     def test_without_replication(self, tp_graph, quad):
         done = plan(tp_graph, quad, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage",

@@ -153,6 +153,19 @@ def relaxed_state(problem: PlanningProblem) -> float:
     return problem.state_factor if top == 0 else 2.0 if top == 1 else 1.0
 
 
+def searched_degrees(problem: PlanningProblem) -> list[int]:
+    """The degrees the phases try: those of the options, or ``[1]`` when no layer lets tensor parallelism split
+    anything (no ``tp_share`` above 0).
+
+    A replica of ``t`` devices that splits nothing runs what one of its devices would run
+    alone, with the same memory and collectives of nothing or more: the plan that leaves
+    its other devices idle is as fast, and degree 1 holds it.
+    """
+    if problem.tensor_parallel == "1" or not any(max(l.tp_share or (0.0,)) > 0 for l in problem.graph.layers):
+        return [1]
+    return tensor_degrees(problem.cluster, problem.max_tensor_parallel)
+
+
 def phases_for(problem: PlanningProblem, proves: bool) -> list[Phase]:
     """The phases, ``t = 1`` with the full state first (the solve the problem gets without the options).
 
@@ -162,8 +175,7 @@ def phases_for(problem: PlanningProblem, proves: bool) -> list[Phase]:
     degree (the ``relaxed`` phase of ``t = 1`` is left out where it is the first phase);
     where a relaxed plan does not fit once mapped back, :func:`fallbacks` follow it.
     """
-    degrees = [1] if problem.tensor_parallel == "1" else \
-        tensor_degrees(problem.cluster, problem.max_tensor_parallel)
+    degrees = searched_degrees(problem)
     first = Phase(1, "full", problem.state_factor)
     if not proves:
         return [Phase(t, hint, factor) for t in degrees for hint, factor in state_hints(problem)]
@@ -336,7 +348,7 @@ def combined_bound(problem: PlanningProblem, phases: list[Phase],
 def _improve_degrees(start: Candidate, problem: PlanningProblem, clock: TimeLimit, moves: int,
                      moved: dict[str, Any]) -> Candidate:
     """``start`` after passes of one-group degree changes, each kept when faster and fitting (``moves`` at most)."""
-    degrees = tensor_degrees(problem.cluster, problem.max_tensor_parallel)
+    degrees = searched_degrees(problem)
     best = start
     improved = True
     while improved and moved["evaluations"] < moves and not clock.expired():
