@@ -310,7 +310,10 @@ class TestSolveTensorParallel:
 
     def test_the_plain_solve_where_nothing_splits(self):
         # nothing to split and a collective per layer: degree 1 wins, with the very plan of the plain solve
-        graph, cluster = tp_chain(3, share=0.0, comm=1e6), two_servers()
+        chain = tp_chain(3, comm=1e6)
+        graph = LayerGraph(chain.name, [replace(l, tp_share=(0.0, 0.0, 0.0)) for l in chain.layers],
+                           input_bytes=chain.input_bytes)
+        cluster = two_servers()
         base = plan(graph, cluster, batch=8, microbatches=4, solver="group-search")
         done = plan(graph, cluster, batch=8, microbatches=4, solver="group-search", tensor_parallel="per-stage")
         assert done.plan.to_dict() == base.plan.to_dict()
