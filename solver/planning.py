@@ -135,6 +135,16 @@ def problem_for(graph: LayerGraph, cluster: Cluster, *, batch: int, microbatches
                            auto_microbatches=auto, max_microbatches=top, **options)
 
 
+ADAPTIVE_TENSOR = ("adaptive synthesizes programs for partitions of degree-1 plans and does not choose "
+                   "tensor-parallel degrees or ZeRO levels; give a named schedule, or --tensor-parallel 1 --zero 0")
+"""Why :data:`ADAPTIVE` is skipped when the degrees or ZeRO levels are decisions."""
+
+
+def _tensor_search(options: Mapping[str, Any]) -> bool:
+    """Whether the problem options leave the tensor-parallel degrees or ZeRO levels to the solvers."""
+    return options.get("tensor_parallel", "1") != "1" or options.get("zero", "0") != "0"
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A schedule the options rule out, or a solver that refused a problem."""
@@ -166,10 +176,14 @@ def problems_for(graph: LayerGraph, cluster: Cluster, schedules: Sequence[str], 
     """
     cluster = with_memory_fraction(cluster, memory_fraction)
     named = [s for s in schedules if s != ADAPTIVE]
-    if ADAPTIVE in schedules:
+    problems, skipped = [], []
+    if ADAPTIVE in schedules and _tensor_search(options):
+        if not named:
+            raise ValueError(ADAPTIVE_TENSOR)
+        skipped.append(Skipped(ADAPTIVE, "", ADAPTIVE_TENSOR))
+    elif ADAPTIVE in schedules:
         named += [s for s in PLANNED_SCHEDULES if s not in named]
     several = len(named) > 1
-    problems, skipped = [], []
     for schedule in named:
         v = None if several and schedule not in VIRTUAL_SCHEDULES else virtual_stages
         try:
@@ -217,12 +231,16 @@ def why_no_plan(problem: PlanningProblem, results: Sequence[SolverResult]) -> No
     if any(r.stopped_by == "interrupt" for r in results) or not results:
         return NoPlan("interrupted", "", names, False, ())
     verdict = memory_bound_verdict(problem)
-    bounds_prove = verdict.proved and (verdict.kind == "layer" or not problem.needs.several_stages)
+    bounds_prove = verdict.proved and (verdict.kind == "layer" or not problem.needs.several_stages) and \
+        not problem.tensor_search  # the memory bounds count degree 1 and the whole state on every replica
     reasons = tuple(f"{r.name}: {r.message.replace('; ' + UNPROVED, '')}" for r in results
                     if r.message and verdict.sentence not in r.message)
     proved = bounds_prove or any(r.status == "infeasible" and r.stopped_by == "proved" for r in results)
     timed_out = any(r.stopped_by == "time" or r.details.get("stopped_by_time_limit") is True for r in results)
-    return NoPlan("proved" if proved else "not found", verdict.sentence, names, timed_out, reasons)
+    constraint = verdict.sentence
+    if problem.tensor_search and constraint:  # the memory bounds' words are about degree 1 and the whole state
+        constraint = f"at tensor-parallel degree 1 without ZeRO, {constraint}"
+    return NoPlan("proved" if proved else "not found", constraint, names, timed_out, reasons)
 
 
 # --------------------------------------------------------------------------- results
@@ -561,7 +579,7 @@ def with_adaptive(done: Planned, schedules: Sequence[str], *, time_limit: float,
     A solver of ``solvers`` that planned none of the named schedules (it refused every one)
     cannot plan :data:`ADAPTIVE`: it is skipped, the reason said in :attr:`Planned.skipped`.
     """
-    if ADAPTIVE not in schedules:
+    if ADAPTIVE not in schedules or any(p.tensor_search for p in done.problems):
         return done
     names = list(dict.fromkeys([*solvers, *(o.result.name for o in done.outcomes)]))
     adaptive, refused = [], []
@@ -646,8 +664,10 @@ def plan(graph: LayerGraph, cluster: Cluster, *, batch: int, microbatches: int |
         How :data:`ADAPTIVE` searches (partitions synthesized, the exact model's work).
     **options
         Further problem fields (``virtual_stages``, ``max_microbatches``, ``per_stage``,
-        ``allow_replication``, ``allow_recompute``, ``max_stages``, ``state_factor``), and
-        ``memory_fraction`` (each device's memory usable, a share in ``(0, 1]``).
+        ``allow_replication``, ``allow_recompute``, ``max_stages``, ``state_factor``,
+        ``tensor_parallel``, ``max_tensor_parallel``, ``zero``, ``max_zero``: the degrees and
+        ZeRO levels the solver chooses, docs/solvers.md), and ``memory_fraction`` (each
+        device's memory usable, a share in ``(0, 1]``).
 
     Returns
     -------
