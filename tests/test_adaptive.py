@@ -173,6 +173,51 @@ class TestOneStagePerGroup:
                                          budget=None) is nothing
 
 
+class TestVersion2SearchFromOneStagePerGroup:
+    """``virtual-bnb`` (what ``cpsat`` and ``ilp`` run for the version-2 schedules) starts its search over every
+    ``v`` from its own ``v = 1`` solve, so a single run with ``v`` left to the search finds the one-stage plan."""
+
+    @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(seed=st.integers(0, 10_000), schedule=st.sampled_from(sorted(VIRTUAL_SCHEDULES)),
+           budget=st.sampled_from([2, 8, 40]))
+    def test_a_v_choice_run_is_never_slower_than_v1(self, seed, schedule, budget):
+        """Small simulation budgets, so that the search over every ``v`` stops before it could reach the
+        ``v = 1`` plans on its own."""
+        graph, cluster, batch, m = _instance(seed)
+        runs = {}
+        for v in (None, 1):
+            try:
+                runs[v] = plan(graph, cluster, batch=batch, microbatches=m, solver="cpsat", schedule=schedule,
+                               budget=budget, virtual_stages=v)
+            except (InputError, ValueError):
+                return
+        one, any_v = runs[1], runs[None]
+        if one.plan is not None:
+            assert any_v.plan is not None
+            assert any_v.record.iteration_time <= one.record.iteration_time * (1 + REL)
+        simulations = any_v.record.details["simulations"]
+        assert simulations <= budget + 1  # the v = 1 solve counts against the same budget
+
+    def test_the_record_lists_the_v1_phase(self):
+        graph, cluster, batch, m = _instance(8)
+        done = plan(graph, cluster, batch=batch, microbatches=m, solver="cpsat", schedule="interleaved-zb", budget=8)
+        phases = [name for name, *_ in done.record.details["start_phases"]]
+        assert phases[0] == "virtual-bnb (v=1)" and done.record.plan_by.endswith("(v=1)")
+        assert set(Counter(done.plan.stage_groups).values()) == {1}
+        fixed = plan(graph, cluster, batch=batch, microbatches=m, solver="cpsat", schedule="interleaved-zb", budget=8,
+                     virtual_stages=1)
+        assert fixed.record.details["start_phases"][0][0] != "virtual-bnb (v=1)"
+        assert fixed.record.iteration_time == done.record.iteration_time
+
+    def test_planning_does_not_solve_v1_again(self, chain8):
+        graph, cluster = chain8
+        problem = plan(graph, cluster, batch=8, microbatches=4, solver="even",
+                       schedule="interleaved-zb").problems[0]
+        nothing = SolverResult("cpsat", "timeout-no-solution", None, None, None, 0.5, 0)
+        assert _with_one_stage_per_group(get_solver("cpsat"), problem, nothing, time_limit=10, seed=0,
+                                         budget=None) is nothing
+
+
 class TestRelabelled:
     def test_1f1b_as_zb1p(self, chain8):
         graph, cluster = chain8
