@@ -20,8 +20,8 @@ from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.formats.plan import load_plan
 from pipeplan.solver.core.result import SolverResult
-from pipeplan.solver.planning import (ADAPTIVE, COVERED, AdaptiveOptions, _with_one_stage_per_group, plan,
-                                      relabelled, schedules_for, with_memory_fraction)
+from pipeplan.solver.planning import (ADAPTIVE, COVERED, POLISH_SHARE, AdaptiveOptions, _with_one_stage_per_group,
+                                      plan, relabelled, schedules_for, with_memory_fraction)
 from pipeplan.solver.solvers import get_solver
 from helpers import REL, run_plan_command as run, sized_problem
 
@@ -94,6 +94,35 @@ class TestPlanAdaptive:
         result = next(o for o in planned.outcomes if o.schedule == ADAPTIVE).result
         seeds = result.details["partitions"]["seeds"]
         assert {s["schedule"] for s in seeds} <= set(PLANNED_SCHEDULES) and len(seeds) >= 2
+
+
+class TestPhases:
+    def test_each_phase_listed_with_its_budget(self, planned):
+        adaptive = next(o.result for o in planned.outcomes if o.schedule == ADAPTIVE)
+        seeds, walk, polish = adaptive.details["phases"]
+        assert seeds["phase"] == "seeds" and seeds["used"] == len(planned.outcomes) - 1
+        assert walk["phase"] == "partition walk" and walk["budget"] == 20 and walk["used"] <= 20
+        assert walk["time_cap"] == 30 * (1 - POLISH_SHARE) and walk["used"] == adaptive.details["partitions"]["evaluations"]
+        assert polish["phase"] == "order polish" and polish["budget"] == 2.0
+        assert polish["used"] == adaptive.details["synthesis"]["work"] and polish["time_cap"] >= 30 * POLISH_SHARE
+
+    def test_a_tight_time_limit_still_polishes(self, chain8):
+        """The walk alone would take the whole limit (120 partitions in 0.2 s); it stops at its half."""
+        graph, cluster = chain8
+        done = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="adaptive", time_limit=0.2,
+                    adaptive=AdaptiveOptions(evaluations=120, work=1.0))
+        _, walk, polish = done.record.details["phases"]
+        assert walk["time_cap"] == pytest.approx(0.2 * (1 - POLISH_SHARE))
+        assert polish["phase"] == "order polish" and polish["time_cap"] >= 0.2 * POLISH_SHARE
+        assert done.record.details["synthesis"]["algorithm"] == "cpsat-order"
+
+    def test_without_the_polish_the_walk_has_the_whole_limit(self, chain8):
+        graph, cluster = chain8
+        done = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="adaptive", time_limit=10,
+                    adaptive=AdaptiveOptions(evaluations=3, exact=False))
+        _, walk, last = done.record.details["phases"]
+        assert walk["time_cap"] == 10 and walk["used"] == 3 and walk["stopped_by"] == "budget"
+        assert last["phase"] == "programs (list scheduler)" and last["budget"] is None
 
 
 class TestNeighbours:
