@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 
 import pytest
@@ -23,7 +24,7 @@ from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.planning import (ADAPTIVE, COVERED, POLISH_SHARE, AdaptiveOptions, _with_one_stage_per_group,
                                       plan, relabelled, schedules_for, with_memory_fraction)
 from pipeplan.solver.solvers import get_solver
-from helpers import REL, run_plan_command as run, sized_problem
+from helpers import REL, run_plan_command as run, sized_problem, virtual_brute_force, virtual_problem
 
 GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"
 CHEAP = AdaptiveOptions(evaluations=12, exact=False)
@@ -226,6 +227,21 @@ class TestVersion2SearchFromOneStagePerGroup:
             assert any_v.record.iteration_time <= one.record.iteration_time * (1 + REL)
         simulations = any_v.record.details["simulations"]
         assert simulations <= budget + 1  # the v = 1 solve counts against the same budget
+
+    @pytest.mark.parametrize("schedule", ["interleaved-1f1b", "interleaved-zb", "looped-bfs"])
+    @pytest.mark.parametrize("memory", [1e12, 1300.0, 1000.0])  # all fit, a few or none
+    def test_the_proof_still_covers_every_v(self, schedule, memory):
+        """A proved ``v = 1`` solve settles the one-stage candidates; the result is still the optimum over every
+        ``v`` (the reference simulator's brute force)."""
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
+        problem = virtual_problem(values, schedule, devices=2, layers=4, batch=4, m=2, memory=memory, servers=2)
+        best, _ = virtual_brute_force(problem)
+        result = get_solver("cpsat").solve(problem, time_limit=60.0)
+        if math.isinf(best):
+            assert result.status == "infeasible" and result.plan is None
+        else:
+            assert result.status == "optimal" and result.iteration_time == pytest.approx(best, rel=1e-12)
+            assert result.lower_bound == result.iteration_time
 
     def test_the_record_lists_the_v1_phase(self):
         graph, cluster, batch, m = _instance(8)

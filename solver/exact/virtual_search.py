@@ -63,16 +63,16 @@ BOUND_TOL = 1e-9
 add the same durations in different orders, so their roundings differ by about 1e-15."""
 
 
-def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: TimeLimit
-          ) -> tuple[list[tuple[float, tuple[int, int], Candidate]], bool]:
+def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: TimeLimit,
+          settled: frozenset[int] = frozenset()) -> tuple[list[tuple[float, tuple[int, int], Candidate]], bool]:
     """``(bound, order, candidate)`` for each candidate without recompute that may fit, as a heap; and whether
-    all were listed."""
+    all were listed.  Candidates whose ``v`` is in ``settled`` are left out."""
     pool = []
     for index, candidate in enumerate(candidates(problem, boundaries, groupings, flags=False)):
         if index >= MAX_CANDIDATES or (index % 32 == 0 and past(deadline)):
             heapq.heapify(pool)
             return pool, False
-        if not bounder.overflows(candidate):
+        if candidate.virtual not in settled and not bounder.overflows(candidate):
             pool.append((bounder.bound(candidate), (index, 0), candidate))
     heapq.heapify(pool)
     return pool, True
@@ -81,7 +81,7 @@ def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, dea
 def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int,
              budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
              proves: bool = True, evaluate: Callable[[Plan], Simulation] | None = None,
-             incumbent: tuple[Plan, float] | None = None) -> SolverResult:
+             incumbent: tuple[Plan, float] | None = None, settled: frozenset[int] = frozenset()) -> SolverResult:
     """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
 
     Parameters
@@ -106,6 +106,10 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
         The judge of a plan (default the problem's simulator).
     incumbent : (Plan, float), optional
         A fitting plan of the space and its simulated time to start from.
+    settled : frozenset of int
+        Values of ``v`` whose plans a proof has already settled (none fits, or none is faster than
+        ``incumbent``): their candidates are not searched again, and the proof still covers the
+        whole space.
 
     Returns
     -------
@@ -116,7 +120,7 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
     budget = budget or WorkBudget(DEFAULT_SIMULATIONS, stops=clock.stops)
     evaluate = evaluate or problem.evaluate
     bounder = Bounder(problem)
-    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline)
+    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
     listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
     best, best_time = incumbent if incumbent is not None else (None, math.inf)
     trace = [TracePoint(0.0, best_time, None)] if incumbent is not None else []
@@ -236,7 +240,11 @@ class VirtualBnB(VirtualSolver):
             if found.plan is not None and (incumbent is None or found.iteration_time < incumbent[1]):
                 incumbent, plan_by = (found.plan, found.iteration_time), phase.solver.name
         work = WorkBudget(max(1.0, total - spent), stops=clock.stops)
-        full = solve_v2(problem, self.name, clock=clock, seed=seed, budget=work, incumbent=incumbent)
+        # a proved v = 1 solve settles every one-stage candidate: none is faster than its plan, which the
+        # incumbent is or beats
+        settled = frozenset({1}) if one is not None and one.status in ("optimal", "infeasible") else frozenset()
+        full = solve_v2(problem, self.name, clock=clock, seed=seed, budget=work, incumbent=incumbent,
+                        settled=settled)
         details = dict(full.details, simulations=full.details["simulations"] + spent, start_phases=ran)
         improved = incumbent is None or full.plan is not incumbent[0]
         return replace(full, wall_time=clock.elapsed(), details=details,
