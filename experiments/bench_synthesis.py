@@ -409,6 +409,7 @@ def bench_plan(solver: str, time_limit: float, work: float, only: list[int] | No
                      "order": synthesis.get("algorithm"), "order_status": synthesis.get("status"),
                      "order_gap": synthesis.get("gap"), "order_stopped_by": synthesis.get("stopped_by"),
                      "stopped_by": adaptive.stopped_by if adaptive is not None else None,
+                     "phases": adaptive.details.get("phases") if adaptive is not None else None,
                      "best": done.best.schedule if done.best is not None else None, "wall": wall})
         print(json.dumps(rows[-1]), flush=True)
     return rows

@@ -9,7 +9,7 @@ import math
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeplan import cmd_plan
@@ -210,6 +210,9 @@ class TestVersion2SearchFromOneStagePerGroup:
     @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(seed=st.integers(0, 10_000), schedule=st.sampled_from(sorted(VIRTUAL_SCHEDULES)),
            budget=st.sampled_from([2, 8, 40]))
+    # two where the search over every v alone finds no plan in its budget, and v = 1 does
+    @example(seed=8, schedule="looped-bfs", budget=40)
+    @example(seed=12, schedule="interleaved-zb", budget=8)
     def test_a_v_choice_run_is_never_slower_than_v1(self, seed, schedule, budget):
         """Small simulation budgets, so that the search over every ``v`` stops before it could reach the
         ``v = 1`` plans on its own."""
