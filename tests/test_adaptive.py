@@ -16,7 +16,7 @@ from pipeplan import cmd_plan
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
 from pipeplan.solver.core.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES
-from pipeplan.solver.core.schedule_synthesis import neighbours, search_partitions
+from pipeplan.solver.core.schedule_synthesis import neighbours, partition_key, search_partitions
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.formats.plan import load_plan
@@ -132,6 +132,21 @@ class TestNeighbours:
         for made in neighbours(start):
             assert all(lo < hi for lo, hi in (s.layers for s in made.stages))
             assert made.stage_groups == start.stage_groups
+
+    def test_pruning_changes_nothing_but_the_work(self, planned, chain8, monkeypatch):
+        """A walk that ends on its own takes the same moves whether or not the neighbours that cannot improve
+        (their bound not below the current time) are synthesized."""
+        import pipeplan.solver.core.schedule_synthesis as synthesis
+
+        seeds = [(o.schedule, o.result.plan) for o in planned.outcomes
+                 if o.schedule != ADAPTIVE and o.result.plan is not None][:2]
+        pruned = search_partitions(seeds, *chain8, evaluations=400)
+        monkeypatch.setattr(synthesis, "order_lower_bound", lambda *args: 0.0)
+        full = search_partitions(seeds, *chain8, evaluations=400)
+        assert pruned.stopped_by == full.stopped_by == "complete" and full.pruned == 0 < pruned.pruned
+        assert pruned.best.iteration_time == full.best.iteration_time and pruned.best.origin == full.best.origin
+        assert partition_key(pruned.best.plan) == partition_key(full.best.plan)
+        assert pruned.evaluations + pruned.pruned >= full.evaluations > pruned.evaluations
 
     def test_search_respects_budget(self, planned, chain8):
         seeds = [(o.schedule, o.result.plan) for o in planned.outcomes
