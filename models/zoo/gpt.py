@@ -70,7 +70,7 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The head count and the width come from qkv's output, not from the model's sizes: a
         # tensor-parallel rank holds the q, k and v rows of its own heads only (its qkv output is
-        # [q_i, k_i, v_i]) and computes those heads (pipeplan.runtime.tensor_parallel).
+        # [q_i, k_i, v_i]) and computes those heads (pipeplan.runtime.sharding).
         n, s, _ = x.shape
         q, k, v = self.qkv(x).view(n, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
         scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
