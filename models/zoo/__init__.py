@@ -22,6 +22,7 @@ __all__ = ["ZOO", "Unit", "ZooModel", "build_model", "model_names"]
 
 _BUILDERS: dict[str, tuple[str, str]] = {
     "gpt-tiny": ("gpt", "build_gpt"),
+    "gpt-tiny-16": ("gpt", "build_gpt"),
     "gpt1": ("gpt", "build_gpt"),
     "gpt2-medium": ("gpt", "build_gpt"),
     "gpt3-1.3b": ("gpt", "build_gpt"),

@@ -41,6 +41,8 @@ CONFIGS: dict[str, GPTConfig] = {
     # GPT-3 XL ("1.3B"): 24 x 2048; 16 heads of 128 dimensions.
     "gpt3-1.3b": GPTConfig(blocks=24, d_model=2048, heads=16, vocab=50257, ctx=2048),
     "gpt-tiny": GPTConfig(blocks=4, d_model=32, heads=4, vocab=64, ctx=16),
+    # gpt-tiny with 14 blocks: 16 layers, for runs that need a deeper pipeline on a few CPU processes
+    "gpt-tiny-16": GPTConfig(blocks=14, d_model=32, heads=4, vocab=64, ctx=16),
 }
 
 
@@ -127,7 +129,7 @@ def build_gpt(name: str, *, seq_len: int | None = None, dtype: torch.dtype = tor
     Parameters
     ----------
     name : str
-        ``gpt1``, ``gpt2-medium``, ``gpt3-1.3b`` or ``gpt-tiny``.
+        ``gpt1``, ``gpt2-medium``, ``gpt3-1.3b``, ``gpt-tiny`` or ``gpt-tiny-16``.
     seq_len : int, optional
         Tokens per sample of :meth:`ZooModel.example_batch`; the context length by default.
     dtype, device
