@@ -420,7 +420,7 @@ def version2_fields(prof: UnitProfile) -> tuple[tuple[float, float] | None, floa
 
 def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len: int | None = None,
                      dtype: torch.dtype = torch.float32, use_cache: bool = True,
-                     progress: bool = False, device: str = "cpu") -> LayerGraph:
+                     progress: bool = False, device: str = "cpu", tensor_parallel: bool = True) -> LayerGraph:
     """Measure the zoo model ``name`` on this machine and return its layer graph.
 
     Parameters
@@ -440,6 +440,10 @@ def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len:
     device : str
         Where to measure: ``cpu`` or a CUDA device (``cuda``, ``cuda:1``); the graph's
         ``profile.device`` names a GPU measured on.
+    tensor_parallel : bool
+        Give the layers with a known tensor-parallel plan their ``tp_share`` and
+        ``tp_comm``, counted on the model (:mod:`pipeplan.models.profile_tp`; not cached:
+        counting is one forward pass at 1 and 2 samples).
 
     Returns
     -------
@@ -466,12 +470,19 @@ def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len:
         source["device"] = {"type": "cuda", "name": torch.cuda.get_device_name(model.device)}
     source["measure"]["batch_sizes"] = list(config.batch_sizes)
     key = cache_key("measured", {k: v for k, v in source.items() if k != "machine"})
+    graph = None
     if use_cache and (cached := load_cached("measured", key)) is not None:
         try:
-            return LayerGraph.from_dict(cached)
+            graph = LayerGraph.from_dict(cached)
         except InputError:
             pass  # a damaged entry: measure again and overwrite it
-    graph = to_graph(model, measure_model(model, config, progress=progress), source)
-    if use_cache:
-        store_cached("measured", key, graph.to_dict())
-    return graph
+    if graph is None:
+        graph = to_graph(model, measure_model(model, config, progress=progress), source)
+        if use_cache:
+            store_cached("measured", key, graph.to_dict())
+    if not tensor_parallel:
+        return graph
+    from pipeplan.models.profile_tp import with_tensor_parallel, zoo_work  # it imports this module
+
+    with torch_threads(config.threads):
+        return with_tensor_parallel(graph, [(u.name, u.module) for u in model.units], zoo_work(model, config.seed))
