@@ -76,7 +76,6 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str | None
     >>> sorted(export_plan(load_plan("examples/custom.plan.json"), g, "torch", model="gpt-tiny").files)
     ['schedule.csv', 'stages.json', 'train.py']
     """
-    plan.refuse_tensor_parallel(plan_file, f"the {target} export")
     runnable, changes = check_plan(plan, TARGETS[target], plan_file, approximate)
     if target == "torch":
         files = export_torch(runnable, graph, model, graph_file)
