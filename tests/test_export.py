@@ -156,6 +156,13 @@ class TestTensorParallelExport:
     def test_version_3_plan_file_round_trip(self, tmp_path):
         path = tmp_path / "p.json"
         path.write_text(json.dumps(tp_plan().to_dict()))
+        jsonschema = pytest.importorskip("jsonschema")
+        from referencing import Registry, Resource
+
+        from pipeplan.schema_files import SCHEMA_NAMES, schema
+
+        registry = Registry().with_resources((schema(n)["$id"], Resource.from_contents(schema(n))) for n in SCHEMA_NAMES)
+        jsonschema.Draft202012Validator(schema("plan"), registry=registry).validate(json.loads(path.read_text()))
         out = tmp_path / "out"
         assert main(["export", str(path), "--graph", GPT, "--to", "megatron", "-o", str(out)]) == 0
         assert "--tensor-model-parallel-size 2 --use-distributed-optimizer" in (out / "megatron.args").read_text()

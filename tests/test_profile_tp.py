@@ -91,6 +91,12 @@ class TestProfiledFields:
         assert again.format == GRAPH_FORMAT_V3
         assert [(l.tp_share, l.tp_comm) for l in again.layers] == [(l.tp_share, l.tp_comm) for l in gpt_tiny.layers]
 
+    def test_schema_takes_it(self, gpt_tiny: LayerGraph):
+        jsonschema = pytest.importorskip("jsonschema")
+        from pipeplan.schema_files import schema
+
+        jsonschema.Draft202012Validator(schema("graph")).validate(json.loads(json.dumps(gpt_tiny.to_dict())))
+
     def test_measured_counts_agree_with_analytic(self, gpt_tiny: LayerGraph, tmp_path: Path,
                                                  monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setenv("PIPEPLAN_CACHE", str(tmp_path))
