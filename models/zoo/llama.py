@@ -74,8 +74,14 @@ class Attention(nn.Module):
         q = _rotate(self.wq(x).view(n, s, -1, hd).transpose(1, 2), self.theta)
         k = _rotate(self.wk(x).view(n, s, -1, hd).transpose(1, 2), self.theta)
         v = self.wv(x).view(n, s, -1, hd).transpose(1, 2)
-        # torch's fused attention (flash attention on a GPU): it saves no s x s scores, as Llama trainers run it
-        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        # fused attention, as Llama trainers run it: no s x s scores are saved (flash attention on a GPU, its CPU
+        # kernel on the CPU); on the meta device torch would pick its unfused math kernel, so the CPU one is named
+        if x.device.type == "meta":
+            group = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+            out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, is_causal=True)[0]
+        else:
+            out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         return self.wo(out.transpose(1, 2).reshape(n, s, -1))
 
 
