@@ -455,11 +455,16 @@ def config_module(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: str
     """torchtitan 0.3's config module ``pipeplan_torchtitan.py`` (see the module docs)."""
     st = plan.stages[0]
     fields = parallelism(plan, graph, file, plan_file, release)
-    body = "{\n" + ",\n".join(f"    {json.dumps(key)}: {json.dumps(value)}" for key, value in fields.items()) + ",\n}"
+    body = "{\n" + ",\n".join(f"    {json.dumps(key)}: {_python_literal(value)}" for key, value in fields.items()) + ",\n}"
     return _MODULE.format(header="\n".join(_header(plan, graph, release)),
                           world=len(plan.groups) * st.replicas * st.tensor_parallel,
                           base=model or release.model, parallelism=body, local_batch=plan.global_batch // st.replicas,
                           global_batch=plan.global_batch, recompute=st.recompute)
+
+
+def _python_literal(value: object) -> str:
+    """``value`` (a string, number, boolean or list of them) as Python source: JSON's, but ``True``/``False``."""
+    return repr(value) if isinstance(value, bool) else json.dumps(value)
 
 
 def check_runs_a_pipeline(plan: Plan, file: str = "-") -> None:
