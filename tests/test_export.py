@@ -161,7 +161,8 @@ class TestTensorParallelExport:
 
         from pipeplan.schema_files import SCHEMA_NAMES, schema
 
-        registry = Registry().with_resources((schema(n)["$id"], Resource.from_contents(schema(n))) for n in SCHEMA_NAMES)
+        registry = Registry().with_resources((schema(n)["$id"], Resource.from_contents(schema(n)))
+                                             for n in SCHEMA_NAMES)
         jsonschema.Draft202012Validator(schema("plan"), registry=registry).validate(json.loads(path.read_text()))
         out = tmp_path / "out"
         assert main(["export", str(path), "--graph", GPT, "--to", "megatron", "-o", str(out)]) == 0

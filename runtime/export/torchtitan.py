@@ -455,7 +455,8 @@ def config_module(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: str
     """torchtitan 0.3's config module ``pipeplan_torchtitan.py`` (see the module docs)."""
     st = plan.stages[0]
     fields = parallelism(plan, graph, file, plan_file, release)
-    body = "{\n" + ",\n".join(f"    {json.dumps(key)}: {_python_literal(value)}" for key, value in fields.items()) + ",\n}"
+    entries = [f"    {json.dumps(key)}: {_python_literal(value)}" for key, value in fields.items()]
+    body = "{\n" + ",\n".join(entries) + ",\n}"
     return _MODULE.format(header="\n".join(_header(plan, graph, release)),
                           world=len(plan.groups) * st.replicas * st.tensor_parallel,
                           base=model or release.model, parallelism=body, local_batch=plan.global_batch // st.replicas,
