@@ -42,6 +42,7 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.fit import LinearFit, clamp_part, fit_linear
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.models.profile_split import SavedTensorLog, grad_inputs, input_backward, split_backward
+from pipeplan.models.profile_units import leaf_args, param_bytes, per_sample, unit_args
 from pipeplan.models.profile_step import OPTIMIZERS, median_step
 from pipeplan.models.zoo import ZooModel, build_model
 
@@ -107,24 +108,6 @@ class UnitProfile:
 
 
 # ------------------------------------------------------------------ helpers shared with the analytic profiler
-def leaf_args(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Detached copies of a unit's inputs; floating ones require grad as in a pipeline stage."""
-    leaves = []
-    for tensor in args:
-        leaf = tensor.detach()
-        if leaf.is_floating_point():
-            leaf.requires_grad_(True)
-        leaves.append(leaf)
-    return leaves
-
-
-def unit_args(model: ZooModel, inputs: torch.Tensor) -> list[list[torch.Tensor]]:
-    """Each unit's argument tensors for one batch (one gradient-free forward pass)."""
-    with torch.no_grad():
-        outputs = model.forward(inputs)
-    return [[outputs[j] for j in unit.inputs] for unit in model.units]
-
-
 def saved_bytes(module: nn.Module, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Run ``module(*args)`` and count the bytes autograd saves for the backward pass.
 
@@ -140,21 +123,6 @@ def saved_bytes(module: nn.Module, args: Sequence[torch.Tensor]) -> tuple[torch.
     with log.hooks():
         output = module(*args)
     return output, log.saved_bytes()
-
-
-def per_sample(sizes: Sequence[int], values: Sequence[float]) -> float:
-    """Per-sample part of a quantity measured at several sizes: the slope between the
-    smallest and largest size (so per-call constants like a mask drop out), or
-    ``value / n`` when only one size was measured."""
-    lo, hi = min(range(len(sizes)), key=sizes.__getitem__), max(range(len(sizes)), key=sizes.__getitem__)
-    if sizes[lo] == sizes[hi]:
-        return max(values[hi] / sizes[hi], 0.0)
-    return max((values[hi] - values[lo]) / (sizes[hi] - sizes[lo]), 0.0)
-
-
-def param_bytes(module: nn.Module) -> int:
-    """Bytes of the module's (unique) parameters."""
-    return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def out_bytes(output: torch.Tensor) -> int:

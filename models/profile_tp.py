@@ -54,7 +54,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from pipeplan.models.graph import LayerGraph
-from pipeplan.models.profile_measured import leaf_args, param_bytes, per_sample, unit_args
+from pipeplan.models.profile_units import leaf_args, param_bytes, per_sample, unit_args
 from pipeplan.models.profile_split import storage_key
 
 COLWISE = "colwise"
