@@ -14,8 +14,8 @@ that partition, and the best synthesized time over the partitions of a search th
 moves boundaries while the synthesized time falls (a preview of planning partition and
 schedule jointly), from each placement's proportional split.
 
-Part 2, proof time: the exact model on 4 groups x 8 microbatches (one stage per group
-and V placement), on three instances of part 1, with identical and with unequal
+Part 2, proof time: the exact model on 4 groups x 8 microbatches (one stage per group,
+V and looped placement), on three instances of part 1, with identical and with unequal
 microbatches, in both spaces (every order; in-order per stage; see
 :func:`bench_proofs`).  Reported: status, CP-SAT deterministic seconds (the
 counted work), this process's CPU seconds (the wall time on an idle core: one CP-SAT
@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 import time
@@ -272,7 +273,7 @@ def bench_proofs(work: float, spaces: tuple[bool, ...] = (True, False)) -> list[
     """The exact model on 4 groups x 8 microbatches.
 
     Instances 1, 2 and 5 of part 1 (equal stages, the same under tight memory, unequal
-    stages on two servers), one stage per group and V placement, proportional splits:
+    stages on two servers), one stage per group, V and looped placement, proportional splits:
     with a batch of 32 (eight identical microbatches of 4 samples) in both spaces, and,
     for instances 1 and 5, with a batch of 36 (microbatches of 5, 5, 5, 5, 4, 4, 4, 4
     samples), where in-order programs are no longer as good as any.  ``spaces``: the
@@ -282,7 +283,7 @@ def bench_proofs(work: float, spaces: tuple[bool, ...] = (True, False)) -> list[
     cases = [(0, 32), (1, 32), (4, 32), (0, 36), (4, 36)]
     for index, batch in cases:
         inst = instances()[index]
-        for placement in ("one", "v"):
+        for placement in PLACEMENTS:
             owner = placement_groups(placement, len(inst.cluster.devices))
             per_group = [owner.count(g) for g in range(len(inst.cluster.devices))]
             weights = [inst.cluster.devices[g].speed / per_group[g] for g in owner]
@@ -296,7 +297,8 @@ def bench_proofs(work: float, spaces: tuple[bool, ...] = (True, False)) -> list[
                              "placement": placement, "space": result.space, "synthesized": syn.iteration_time,
                              "exact": result.iteration_time, "lower_bound": result.lower_bound,
                              "status": result.status, "work": result.work, "cpu": result.cpu_time,
-                             "wall": result.wall_time, "stopped_by": result.stopped_by})
+                             "wall": result.wall_time, "stopped_by": result.stopped_by,
+                             "load": os.getloadavg()[0]})  # the 1-minute load average as the solve ends
                 print(json.dumps(rows[-1]), flush=True)
     return rows
 
@@ -407,6 +409,7 @@ def bench_plan(solver: str, time_limit: float, work: float, only: list[int] | No
                      "order": synthesis.get("algorithm"), "order_status": synthesis.get("status"),
                      "order_gap": synthesis.get("gap"), "order_stopped_by": synthesis.get("stopped_by"),
                      "stopped_by": adaptive.stopped_by if adaptive is not None else None,
+                     "phases": adaptive.details.get("phases") if adaptive is not None else None,
                      "best": done.best.schedule if done.best is not None else None, "wall": wall})
         print(json.dumps(rows[-1]), flush=True)
     return rows

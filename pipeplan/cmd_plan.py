@@ -23,7 +23,8 @@ from pipeplan.models.graph import LayerGraph, load_graph
 from pipeplan.models.jsonio import atomic_write_text, dumps
 from pipeplan.notices import warn
 from pipeplan.outputs import add_force_option, check_outputs
-from pipeplan.solver.core.problem import PLANNED_SCHEDULES, Overflow, PlanningProblem, TooLarge
+from pipeplan.solver.core.problem import (PLANNED_SCHEDULES, TENSOR_PARALLEL_MODES, ZERO_CHOICES, Overflow,
+                                          PlanningProblem, TooLarge)
 from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.core.termination import interruptible
 from pipeplan.solver.core.warm_start import load_warm_start
@@ -86,9 +87,27 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="bytes of training state per parameter byte (default 4: fp32 Adam)")
 
 
+def _tensor_options(p: argparse.ArgumentParser) -> None:
+    """``--tensor-parallel``, ``--max-tensor-parallel``, ``--zero`` and ``--max-zero`` (plan and compare)."""
+    p.add_argument("--tensor-parallel", choices=TENSOR_PARALLEL_MODES, default="1",
+                   help="tensor-parallel degrees the solver chooses: 1 (none, default), uniform (one degree for "
+                        "every stage, as the Megatron-LM and torchtitan exports need) or per-stage (each device "
+                        "group its own); a replica's devices sit in one server (docs/model.md 8); the solver runs "
+                        "once per degree and state hint, each run with the whole --budget (docs/solvers.md)")
+    p.add_argument("--max-tensor-parallel", type=int, default=8, metavar="T",
+                   help="largest degree tried; degrees divide a server's device count (default 8)")
+    p.add_argument("--zero", choices=ZERO_CHOICES, default="0",
+                   help="ZeRO level of every stage (0 default, 1: optimizer state sharded, 2: gradients too), or "
+                        "auto: per stage, 1 where it has several replicas and 2 where a group fits only so "
+                        "(docs/solvers.md)")
+    p.add_argument("--max-zero", type=int, choices=(1, 2), default=2,
+                   help="highest level --zero auto may choose (1 for DeepSpeed's pipeline engine; default 2)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="plan with one solver and write the plan", description=__doc__)
     _common(p)
+    _tensor_options(p)
     p.add_argument("--solver", required=True, metavar="NAME",
                    help="a registered solver: cpsat, ilp, group-search, nsga, cpsat-split, virtual-bnb, a "
                         "baseline (even, pipedream, alpa, ...); an unknown name lists them all (docs/solvers.md: "
@@ -100,6 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_plan)
     c = sub.add_parser("compare", help="run every solver and compare", description=__doc__)
     _common(c)
+    _tensor_options(c)
     c.add_argument("--solvers", metavar="A,B,...",
                    help="only these solvers (default: every one that plans one of the schedules)")
     c.add_argument("--schedules", metavar="A,B,...",
@@ -215,7 +235,9 @@ def _problem_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"batch": args.batch, "microbatches": args.microbatches, "state_factor": args.state_factor,
             "allow_replication": not args.no_replication, "allow_recompute": not args.no_recompute,
             "max_stages": args.max_stages, "max_microbatches": getattr(args, "max_microbatches", None),
-            "per_stage": getattr(args, "per_stage", False)}
+            "per_stage": getattr(args, "per_stage", False),
+            **{key: getattr(args, key) for key in ("tensor_parallel", "max_tensor_parallel", "zero", "max_zero")
+               if hasattr(args, key)}}
 
 
 def adaptive_from_args(args: argparse.Namespace) -> Any:

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
                   inputs={"graph": config.graph, "cluster": config.cluster, "plan": config.plan})
     inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, config.verify, config.seed)
     if config.emulate:
-        check_emulation(inputs.prediction, config.timeout, config.plan)
+        check_emulation(inputs.prediction, config.timeout, config.plan, inputs.plan)
     for note in warn_names(inputs.plan, inputs.graph, inputs.cluster, config.plan, doing="running"):
         warn(note)
     if config.emulate and "calibration" in inputs.cluster.extra:

@@ -18,6 +18,7 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.graph import LayerGraph, load_graph
 from pipeplan.models.model_options import ModelRequest
 from pipeplan.models.zoo import ZooModel, model_names
+from pipeplan.runtime.sharding import check_runnable
 from pipeplan.runtime.training_data import build_run_model
 from pipeplan.solver.formats.cluster import Cluster, load_cluster
 from pipeplan.solver.formats.plan import Plan, load_plan
@@ -65,7 +66,6 @@ def load_inputs(graph_file: str, cluster_file: str, plan_file: str, model_name: 
     graph = load_graph(graph_file)
     cluster = load_cluster(cluster_file)
     plan = load_plan(plan_file, graph, cluster)
-    plan.refuse_tensor_parallel(plan_file, "pipeplan run")
     request = model_name if isinstance(model_name, ModelRequest) else ModelRequest(model_name)
     model_name = request.spec
     if request.is_zoo and model_name not in model_names():
@@ -122,8 +122,8 @@ def check_world(plan: Plan, world: int, plan_file: str) -> None:
                                               f"start one process per device (ranks in plan order)")
 
 
-def check_emulation(prediction: Simulation, timeout: float, plan_file: str) -> None:
-    """Refuse an ``--emulate`` run whose longest op would outlast ``--timeout``.
+def check_emulation(prediction: Simulation, timeout: float, plan_file: str, plan: Plan | None = None) -> None:
+    """Refuse an ``--emulate`` run whose longest op would outlast ``--timeout``, or of a tensor-parallel ``plan``.
 
     Emulation makes each op take as long as the simulator says on the cluster's
     devices and links (the graph's seconds are this machine's); an op longer than
@@ -149,6 +149,8 @@ def check_emulation(prediction: Simulation, timeout: float, plan_file: str) -> N
     ...
     pipeplan.models.errors.InputError: p.json: --emulate: an emulated op would last 0.5 s, longer than --timeout 0.25 s ...
     """
+    if plan is not None:
+        check_runnable(plan, plan_file, emulate=True)
     spans = [end - start for starts, ends in zip(prediction.starts, prediction.ends) for start, end in zip(starts, ends)]
     spans += [tx.end - tx.start for tx in prediction.transfers] + [g.allreduce for g in prediction.groups]
     longest = max([0.0, *spans])

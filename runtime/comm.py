@@ -23,6 +23,7 @@ import torch
 
 from pipeplan.runtime.emulate import Emulator, sleep_until
 from pipeplan.runtime.routing import Message, cut_messages, grad_order
+from pipeplan.runtime.sharding import Replica
 from pipeplan.runtime.stage import CutLayout
 from pipeplan.runtime.transport import Transport, Work
 from pipeplan.solver.formats.plan import Plan
@@ -90,12 +91,22 @@ class Channels:
         Delays transfers to the cluster's links when given.
     mailbox : Mailbox, optional
         The rank's hand-overs to itself, shared by all its stages' channels.
+    replica : Replica, optional
+        The rank's replica on a tensor-parallel stage: its leader sends and receives for
+        all its ranks, and broadcasts what it receives to them (see
+        :mod:`pipeplan.runtime.sharding`).
     """
 
     def __init__(self, rank: int, stage: int, plan: Plan, stage_actions: Sequence[Sequence[Action]],
                  layouts: tuple[CutLayout | None, CutLayout | None], transport: Transport, device: torch.device,
-                 emulator: Emulator | None = None, mailbox: Mailbox | None = None) -> None:
-        self.rank, self.device, self.emulator, self.transport = rank, device, emulator, transport
+                 emulator: Emulator | None = None, mailbox: Mailbox | None = None,
+                 replica: Replica | None = None) -> None:
+        self.device, self.emulator, self.transport = device, emulator, transport
+        self.replica = replica
+        self.leads = replica is None or replica.leader == rank
+        """Whether this rank moves the messages (every rank of a stage of degree 1)."""
+        # the messages are the leader's; the other ranks of its replica receive them by broadcast
+        self.rank = rank if replica is None else replica.leader
         self.mailbox: Mailbox = {} if mailbox is None else mailbox
         groups = plan.stage_groups
         # Emulated links are FIFOs per ordered pair of groups (spec 7.3), named by the peer group.
@@ -106,12 +117,12 @@ class Channels:
         after = cut_messages(plan, stage, stage_actions) if stage < last else []
         # Activations come in over the cut before the stage and leave over the one after;
         # gradients the other way round, in the order the later stage runs its backwards.
-        self.act_in = Direction((stage - 1, "fwd"), layouts[0], [m for m in before if m.dst == rank])
-        self.act_out = Direction((stage, "fwd"), layouts[1], outgoing=[m for m in after if m.src == rank])
+        self.act_in = Direction((stage - 1, "fwd"), layouts[0], [m for m in before if m.dst == self.rank])
+        self.act_out = Direction((stage, "fwd"), layouts[1], outgoing=[m for m in after if m.src == self.rank])
         self.grad_in = Direction((stage, "bwd"), layouts[1],
-                                 [m for m in grad_order(after, stage_actions) if m.src == rank])
+                                 [m for m in grad_order(after, stage_actions) if m.src == self.rank])
         self.grad_out = Direction((stage - 1, "bwd"), layouts[0],
-                                  outgoing=[m for m in grad_order(before, stage_actions) if m.dst == rank])
+                                  outgoing=[m for m in grad_order(before, stage_actions) if m.dst == self.rank])
         # Each op's outgoing messages, looked up once rather than filtered per op.
         self._act_sends: dict[int, list[Message]] = {}
         for m in self.act_out.outgoing:
@@ -133,6 +144,10 @@ class Channels:
 
     def _post(self, direction: Direction, peer, key) -> dict[int, list[Inbound]]:
         posted: dict[int, list[Inbound]] = {}
+        if not self.leads:  # nothing to post: the leader's buffers arrive by broadcast
+            for m in direction.incoming:
+                posted.setdefault(key(m), []).append(Inbound(m, None, None, direction.key))
+            return posted
         for m in direction.incoming:
             if peer(m) == self.rank:
                 posted.setdefault(key(m), []).append(Inbound(m, None, None, direction.key))
@@ -149,11 +164,24 @@ class Channels:
 
     def receive_activations(self, k: int) -> torch.Tensor:
         """The ``(samples, features)`` input of this rank's piece of microbatch ``k``."""
-        return self._wait(self._acts.pop(k))
+        return self._shared(self._acts.pop(k), self.act_in.layout)
 
     def receive_gradients(self, k: int) -> torch.Tensor:
         """The output gradients of this rank's piece of microbatch ``k``."""
-        return self._wait(self._grads.pop(k))
+        return self._shared(self._grads.pop(k), self.grad_in.layout)
+
+    def _shared(self, items: list[Inbound], layout: CutLayout | None) -> torch.Tensor:
+        """What arrived for ``items``; on a tensor-parallel replica, the leader's copy on every rank."""
+        if self.replica is None:
+            return self._wait(items)
+        if self.leads:
+            buffer = self._wait(items).contiguous()
+        else:
+            assert layout is not None
+            buffer = torch.empty(sum(item.message.size for item in items), layout.features, dtype=layout.dtype,
+                                 device=self.device)
+        self.replica.broadcast(buffer)
+        return buffer
 
     def _wait(self, items: list[Inbound]) -> torch.Tensor:
         remote = [item for item in items if item.work is not None]
@@ -185,6 +213,8 @@ class Channels:
 
     def _send(self, direction: Direction, messages: list[Message], buffer: torch.Tensor,
               first_sample: int, link: str, peer) -> None:
+        if not self.leads:
+            return  # the leader sends the replica's copy
         stamp = None
         remote = [m for m in messages if peer(m) != self.rank]
         if self.emulator is not None and remote:

@@ -32,6 +32,7 @@ from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.memory import MemoryMeter
 from pipeplan.runtime.pieces import piece_seed
 from pipeplan.runtime.routing import Piece
+from pipeplan.runtime.sharding import RankOptimizer
 from pipeplan.runtime.stage import Stage
 from pipeplan.solver.schedules.schedule import FORWARD, Action
 
@@ -112,19 +113,26 @@ class Executor:
     seed : int
         The run's seed: with the step and the piece, it seeds each forward's dropout masks
         (:func:`pipeplan.runtime.pieces.piece_seed`).
+    optimizer : RankOptimizer, optional
+        Steps the parameters (default: SGD over all of them, nothing sharded).
+    reports_loss : bool
+        Whether :attr:`loss` counts this rank's pieces (``False`` on the ranks of a
+        tensor-parallel replica other than its leader, which compute the same loss).
     """
 
     def __init__(self, stages: dict[int, RankStage], program: Sequence[Action], global_batch: int,
                  sync: GradSync, lr: float, emulator: Emulator | None = None,
-                 beat: Heartbeat | None = None, seed: int = 0) -> None:
+                 beat: Heartbeat | None = None, seed: int = 0, optimizer: RankOptimizer | None = None,
+                 reports_loss: bool = True, state_bytes: int | None = None) -> None:
         self.stages, self.program, self.seed = stages, list(program), seed
         self.global_batch, self.sync = global_batch, sync
         self._split = split_backward() if any(a.kind in ("I", "W") for a in self.program) else None
         self.emulator = emulator
         self.beat = beat or Heartbeat(0, 1)
         params = self.parameters()
-        self.optimizer = torch.optim.SGD(params, lr=lr)
-        self.memory = MemoryMeter(params, next(iter(params)).device if params else torch.device("cpu"))
+        self.optimizer = optimizer if optimizer is not None else RankOptimizer(params, lr)
+        self.reports_loss = reports_loss
+        self.memory = MemoryMeter(params, next(iter(params)).device if params else torch.device("cpu"), state_bytes)
         self._events: list[Event] = []
         self.receive_cpu: dict[str, float] = {}
         """``"recv A3" -> seconds`` of the last iteration's receives, waits left out (tcp transport only)."""
@@ -202,7 +210,8 @@ class Executor:
                 if self.emulator is not None:
                     self.emulator.pad_allreduce(began[0])
         end = time.perf_counter() - self._t0
-        self.loss = float(sum(loss.item() for loss in self._losses)) if self.holds_last else None
+        self.loss = float(sum(loss.item() for loss in self._losses)) if self.holds_last and self.reports_loss \
+            else None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return self._events, end

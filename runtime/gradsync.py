@@ -25,7 +25,8 @@ import torch.distributed as dist
 from torch import nn
 
 from pipeplan.models.zoo import ZooModel
-from pipeplan.runtime.routing import device_ranks, stage_ranks
+from pipeplan.runtime.routing import device_ranks, leader_ranks, stage_ranks
+from pipeplan.runtime.sharding import local, replica_ranks
 from pipeplan.runtime.transport import Transport, Work
 from pipeplan.solver.formats.plan import Plan
 
@@ -43,19 +44,33 @@ def tied_holders(model: ZooModel, plan: Plan) -> dict[int, tuple[int, ...]]:
 def group_members(plan: Plan, model: ZooModel) -> dict:
     """The ranks of every process group of the run, in one order on every rank.
 
-    Keys: ``(cut, "fwd" | "bwd")`` for the two directions of each cut,
-    ``("group", g)`` for each replicated device group, ``("tied", stages)`` for each set
-    of stages sharing a Parameter whose holders are on two ranks or more.
+    Keys: ``(cut, "fwd" | "bwd")`` for the two directions of each cut (the replicas'
+    leaders, see :func:`pipeplan.runtime.routing.leader_ranks`), ``("group", g)`` for
+    each replicated device group (``("group", g, i)``, one per tensor-parallel rank ``i``,
+    when its stages have ``tensor_parallel`` > 1), ``("tp", g, j)`` for the ranks of
+    replica ``j`` of a tensor-parallel group, ``("tied", stages)`` for each set of stages
+    sharing a Parameter whose holders are on two ranks or more.
     """
     ranks = stage_ranks(plan)
+    leaders = [leader_ranks(plan, s) for s in range(len(plan.stages))]
     members: dict = {}
     for c in range(len(plan.stages) - 1):
         for direction in ("fwd", "bwd"):
-            members[(c, direction)] = list(dict.fromkeys(ranks[c] + ranks[c + 1]))
+            members[(c, direction)] = list(dict.fromkeys(leaders[c] + leaders[c + 1]))
     device_rank = device_ranks(plan)
+    first = {g: s for s, g in reversed(list(enumerate(plan.stage_groups)))}
     for g, devices in enumerate(plan.groups):
-        if len(devices) > 1:
+        replicas = replica_ranks(plan, first[g])
+        t = len(replicas[0])
+        if t == 1 and len(devices) > 1:
             members[("group", g)] = [device_rank[d] for d in devices]
+        elif t > 1 and len(replicas) > 1:  # one ring per tensor-parallel rank (spec section 8.3)
+            for i in range(t):
+                members[("group", g, i)] = [replica[i] for replica in replicas]
+    for g in range(len(plan.groups)):
+        for j, replica in enumerate(replica_ranks(plan, first[g])):
+            if len(replica) > 1:
+                members[("tp", g, j)] = replica
     for stages in sorted(set(tied_holders(model, plan).values())):
         holders = sorted({r for s in stages for r in ranks[s]})
         if len(holders) > 1:
@@ -74,17 +89,17 @@ def make_groups(members: dict) -> dict:
 def links(members: dict, plan: Plan) -> list[tuple]:
     """``(key, a, b)``, ``a < b``, for every two ranks that exchange point-to-point messages.
 
-    Across each cut: every rank of the stage before with every rank of the stage
-    after.  In a gradient group: its two members when it has two (a pairwise sum, see
+    Across each cut: every replica leader of the stage before with every one of the
+    stage after.  In a gradient group: its two members when it has two (a pairwise sum, see
     [Note: pairwise exchange]); larger groups all-reduce through torch.distributed.
     """
-    ranks = stage_ranks(plan)
+    ranks = [leader_ranks(plan, s) for s in range(len(plan.stages))]
     out = []
     for key, group in members.items():
         if isinstance(key[0], int):  # a cut; a rank on both sides hands over to itself
             pairs = [(x, y) for x in ranks[key[0]] for y in ranks[key[0] + 1] if x != y]
-        else:
-            pairs = [tuple(group)] if len(group) == 2 else []
+        else:  # a replica's ranks ("tp") broadcast through torch.distributed
+            pairs = [tuple(group)] if len(group) == 2 and key[0] != "tp" else []
         out += list(dict.fromkeys((key, min(x, y), max(x, y)) for x, y in pairs))
     return out
 
@@ -106,6 +121,11 @@ class Bucket:
     """The peer's flat gradients (posted by :meth:`GradSync.post`)."""
     work: Work | None = None
     """Its pending receive."""
+    scale: float = 1.0
+    """Each rank's gradients are multiplied by it before the sum (``1/t`` for a tied Parameter on a
+    tensor-parallel stage)."""
+    owner: int | None = None
+    """The global rank that alone receives the sum (ZeRO-2; the others drop these gradients), or ``None``."""
 
 
 @dataclass
@@ -132,16 +152,25 @@ class GradSync:
 
     @classmethod
     def for_group(cls, group: int, params: list[nn.Parameter], model: ZooModel, plan: Plan,
-                  members: dict, groups: dict, transport: Transport) -> "GradSync":
+                  members: dict, groups: dict, transport: Transport, ring: tuple | None = None,
+                  degree: int = 1, owners: dict[int, int] | None = None) -> "GradSync":
         """The buckets of a rank of device group ``group`` holding ``params`` (all its stages', once each).
 
         ``members``: :func:`group_members`; ``groups``: the process groups made of
         them (at least those of three or more ranks, which all-reduce through them).
+        ``ring``: the key of the rank's data-parallel ring (default ``("group", group)``;
+        ``("group", group, i)`` on tensor-parallel rank ``i``); ``degree``: the group's
+        ``tensor_parallel`` (a tied Parameter is replicated on the ``t`` ranks of a replica,
+        so each adds ``1/t`` of its gradient to the tied sum); ``owners``: ``id(p) ->
+        global rank`` of the parameters whose gradients are summed onto one rank only
+        (ZeRO-2, see [Note: ZeRO] in :mod:`pipeplan.runtime.sharding`).
         """
+        ring = ("group", group) if ring is None else ring
+        owners = owners or {}
         tied = tied_holders(model, plan)
         by_group: dict = {}
         for p in params:
-            key = ("tied", tied[id(p)]) if id(p) in tied and ("tied", tied[id(p)]) in members else ("group", group)
+            key = ("tied", tied[id(p)]) if id(p) in tied and ("tied", tied[id(p)]) in members else ring
             if key in members:
                 by_group.setdefault(key, []).append(p)
         # One global order (the groups' order): two ranks sharing two groups must
@@ -151,8 +180,17 @@ class GradSync:
         buckets = []
         for key in sorted(by_group, key=order.index):
             ranks = members[key]
+            reduced = [p for p in by_group[key] if id(p) in owners] if key == ring else []
+            summed = [p for p in by_group[key] if id(p) not in owners]
             peer = next(r for r in ranks if r != me) if len(ranks) == 2 else None
-            buckets.append(Bucket(key, groups.get(key), by_group[key], peer))
+            scale = 1.0 / degree if key[0] == "tied" and degree > 1 else 1.0
+            if summed:
+                buckets.append(Bucket(key, groups.get(key), summed, peer, scale=scale))
+            by_owner: dict[int, list[nn.Parameter]] = {}
+            for p in reduced:
+                by_owner.setdefault(owners[id(p)], []).append(p)
+            for owner in sorted(by_owner):
+                buckets.append(Bucket(key, groups[key], by_owner[owner], owner=owner))
         return cls(buckets, transport)
 
     def __bool__(self) -> bool:
@@ -163,7 +201,8 @@ class GradSync:
         for b in self.buckets:
             if b.peer is not None:
                 first = b.params[0]
-                b.incoming = torch.empty(sum(p.numel() for p in b.params), dtype=first.dtype, device=first.device)
+                b.incoming = torch.empty(sum(local(p).numel() for p in b.params), dtype=first.dtype,
+                                         device=first.device)
                 b.work = self.transport.irecv(b.incoming, b.peer, b.key)
 
     def all_reduce(self) -> None:
@@ -172,9 +211,17 @@ class GradSync:
             for p in b.params:
                 if p.grad is None:  # a replica that got no sample still takes part
                     p.grad = torch.zeros_like(p)
-            flat = torch.cat([p.grad.reshape(-1) for p in b.params]) if len(b.params) > 1 \
-                else b.params[0].grad.reshape(-1)
-            if b.peer is None:
+            grads = [local(p.grad) for p in b.params]  # a DTensor's gradient: this rank's shard
+            flat = torch.cat([g.reshape(-1) for g in grads]) if len(grads) > 1 else grads[0].reshape(-1)
+            if b.scale != 1.0:
+                flat = flat * b.scale
+            if b.owner is not None:
+                dist.reduce(flat, dst=b.owner, group=b.group)
+                if b.owner != dist.get_rank():
+                    for p in b.params:
+                        p.grad = None  # ZeRO-2: only the owner keeps (and steps) them
+                    continue
+            elif b.peer is None:
                 dist.all_reduce(flat, group=b.group)
             else:
                 assert b.work is not None and b.incoming is not None, "GradSync.post() was not called"
@@ -183,5 +230,5 @@ class GradSync:
                 flat = flat + b.incoming  # a new tensor: the sent one stays untouched until sent
                 sent.wait()
                 b.work = b.incoming = None
-            for p, part in zip(b.params, flat.split([p.numel() for p in b.params])):
-                p.grad.copy_(part.view_as(p))
+            for g, part in zip(grads, flat.split([g.numel() for g in grads])):
+                g.copy_(part.view_as(g))

@@ -31,12 +31,20 @@ class MemoryMeter:
         The rank's parameters (counted twice: values and gradients).
     device : torch.device
         On ``cuda`` the allocator's peak is reported instead of the tracked bytes.
+    state_bytes : int, optional
+        The bytes of training state the rank keeps (default: values and gradients of
+        ``parameters``; less under ZeRO-2, which keeps only the gradients the rank steps).
+
+    A tensor-parallel layer's parameters and saved tensors are DTensors: the meter
+    counts their local shards, what the rank holds.
     """
 
-    def __init__(self, parameters: list[torch.nn.Parameter], device: torch.device) -> None:
+    def __init__(self, parameters: list[torch.nn.Parameter], device: torch.device,
+                 state_bytes: int | None = None) -> None:
         self.device = device
-        self.base = 2 * sum(p.numel() * p.element_size() for p in parameters)
-        self._param_storages = {p.untyped_storage().data_ptr() for p in parameters}
+        self.base = 2 * sum(_local(p).numel() * p.element_size() for p in parameters) if state_bytes is None \
+            else state_bytes
+        self._param_storages = {_local(p).untyped_storage().data_ptr() for p in parameters}
         self._held: dict[Hashable, int] = {}
         self._seen: dict[Hashable, set[int]] = {}
         self.live = 0
@@ -78,7 +86,7 @@ class MemoryMeter:
         seen = self._seen.setdefault(key, set())
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
-            storage = tensor.untyped_storage()
+            storage = _local(tensor).untyped_storage()
             ptr = storage.data_ptr()
             if ptr not in self._param_storages and ptr not in seen:
                 seen.add(ptr)
@@ -87,6 +95,11 @@ class MemoryMeter:
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             yield
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (what this rank stores), else the tensor."""
+    return getattr(tensor, "_local_tensor", tensor)
 
 
 def rss_peak_bytes() -> int:

@@ -69,11 +69,13 @@ def step_losses(ranks: list[dict]) -> list[float]:
 
     Each rank's ``loss`` is the sum of its pieces' losses scaled by their share of the
     batch (see :meth:`pipeplan.runtime.stage.Stage.loss`), so the sum over the ranks
-    is the mean loss over the whole batch.
+    is the mean loss over the whole batch.  On a tensor-parallel last stage only each
+    replica's leader reports it (its other ranks compute the same loss; theirs is ``None``).
     """
     last = max(s for r in ranks for s in rank_stages(r))
     steps = len(ranks[0]["steps"])
-    return [sum(r["steps"][k]["loss"] for r in ranks if last in rank_stages(r)) for k in range(steps)]
+    return [sum(r["steps"][k]["loss"] for r in ranks if last in rank_stages(r) and r["steps"][k]["loss"] is not None)
+            for k in range(steps)]
 
 
 def _busy_by_rank(inputs: RunInputs, ranks: list[dict]) -> list[float]:

@@ -38,9 +38,10 @@ class Piece:
     stage: int
     """Stage index."""
     replica: int
-    """Replica index inside the stage (position in the stage's ``devices``)."""
+    """Replica index inside the stage (position in the stage's ``devices``; among its replicas when
+    ``tensor_parallel`` > 1)."""
     rank: int
-    """Global rank of that replica."""
+    """Global rank of that replica (of its leader, :func:`leader_ranks`, when ``tensor_parallel`` > 1)."""
     microbatch: int
     """The stage's microbatch index ``k``."""
     start: int
@@ -130,14 +131,33 @@ def rank_of(plan: Plan) -> list[tuple[int, int]]:
     return out
 
 
+def leader_ranks(plan: Plan, stage: int) -> list[int]:
+    """The rank of each replica of ``stage`` that exchanges its messages: the replica's lowest rank.
+
+    A replica of a tensor-parallel stage (``tensor_parallel`` t > 1, plan version 3) is
+    ``t`` devices that all hold its whole inputs and outputs (spec section 8.3); its
+    leader sends and receives them for it (see :mod:`pipeplan.runtime.sharding`).  With
+    ``t = 1`` every device is a replica and its own leader.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import Plan, Stage
+    >>> leader_ranks(Plan("g", "c", 2, 4.0, "gpipe", (Stage((0, 1), ("a", "b", "c", "d"), (2,),
+    ...                                                     tensor_parallel=2),)), 0)
+    [0, 2]
+    """
+    ranks = device_ranks(plan)
+    return [min(ranks[d] for d in replica) for replica in plan.stages[stage].replica_devices]
+
+
 def pieces(plan: Plan, stage: int) -> list[Piece]:
-    """Every piece of ``stage``, by microbatch then replica."""
+    """Every piece of ``stage``, by microbatch then replica (``rank``: the replica's leader)."""
     st = plan.stages[stage]
-    ranks = stage_ranks(plan)[stage]
+    ranks = leader_ranks(plan, stage)
     out, start = [], 0
     for k, n in enumerate(st.microbatches):
         lo = start
-        for j, part in enumerate(replica_split(n, len(st.devices))):
+        for j, part in enumerate(replica_split(n, len(ranks))):
             out.append(Piece(stage, j, ranks[j], k, lo, lo + part))
             lo += part
         start += n

@@ -37,13 +37,15 @@ from pipeplan.runtime.checks import RunInputs, check_emulation, check_world, loa
 from pipeplan.runtime.comm import Channels
 from pipeplan.runtime.emulate import make_emulator
 from pipeplan.runtime.executor import Executor, RankStage
-from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups
+from pipeplan.runtime.gradsync import GradSync, group_members, links, make_groups, tied_holders
 from pipeplan.runtime.heartbeat import Heartbeat
 from pipeplan.runtime.launch import STARTUP_TIMEOUT
 from pipeplan.runtime.memory import rss_peak_bytes
 from pipeplan.runtime.options import (DEFAULT_LR, DEFAULT_TIMEOUT, DEFAULT_WARMUP, MAX_SEED,  # noqa: F401
                                       RunConfig, add_arguments, add_launch_options, check_spin)
 from pipeplan.runtime.routing import pieces, rank_of
+from pipeplan.runtime.sharding import (RankOptimizer, forget_meshes, is_sharded, local, make_replica, parallelize_units,
+                                       replica_ranks, whole)
 from pipeplan.runtime.stage import Stage, cut_layout, unit_shapes
 from pipeplan.runtime.transport import DistTransport, TcpTransport, Transport, reachable_host
 from pipeplan.runtime.training_data import step_batch
@@ -81,7 +83,7 @@ def run_rank(config: RunConfig, rank: int, world: int) -> int:
     config = config.checked()  # refuse bad options before any connection is made
     inputs = load_inputs(config.graph, config.cluster, config.plan, config.model, config.verify, config.seed)
     if config.emulate:  # pipeplan run checked already; under torchrun this is the first check
-        check_emulation(inputs.prediction, config.timeout, inputs.plan_file)
+        check_emulation(inputs.prediction, config.timeout, inputs.plan_file, inputs.plan)
     return train_rank(config, inputs, rank, world, beat)
 
 
@@ -106,8 +108,10 @@ def train_rank(config: RunConfig, inputs: RunInputs, rank: int, world: int, beat
     # preemption: measured at about 230 per second per rank with a group per key.  With
     # the tcp transport only the gradient groups of three or more ranks need gloo (for
     # ``dist.all_reduce``), so only they are made.
+    # A replica's ranks ("tp") and a ZeRO ring broadcast through torch.distributed on any transport.
     groups = make_groups({key: ranks for key, ranks in members.items()
-                          if not tcp or (not isinstance(key[0], int) and len(ranks) > 2)})
+                          if not tcp or (not isinstance(key[0], int) and
+                                         (len(ranks) > 2 or key[0] == "tp" or _zero_ring(plan, key)))})
     starter = None if tcp else dist.new_group(backend="gloo")  # see _start_together
     transport = _transport(config, rank, plan, members, control, beat) if tcp else \
         DistTransport({**groups, START: starter})
@@ -121,7 +125,13 @@ def train_rank(config: RunConfig, inputs: RunInputs, rank: int, world: int, beat
     if isinstance(transport, TcpTransport):
         transport.close()
     dist.destroy_process_group()
+    forget_meshes()
     return status
+
+
+def _zero_ring(plan, key: tuple) -> bool:
+    """Whether ``key`` is the data-parallel ring of a device group holding a stage with ``zero`` 1 or 2."""
+    return key[0] == "group" and any(plan.stage_zero(s) for s, g in enumerate(plan.stage_groups) if g == key[1])
 
 
 def _uses_tcp(transport: str, device: torch.device) -> bool:
@@ -176,35 +186,69 @@ def _build(config: RunConfig, inputs: RunInputs, rank: int, device: torch.device
     mine = [s for s, g in enumerate(plan.stage_groups) if g == group]
     model = inputs.model  # every rank builds it with the same seed: the same weights everywhere
     shapes = unit_shapes(model)
+    replica, ring = _replica(plan, mine[0], group, rank, groups, device)
+    leader = rank if replica is None else replica.leader
     # every group's program, and each stage's actions in its group's order (what message routing needs)
     programs, stage_actions = plan.actions(inputs.plan_file), plan.stage_actions()
     mailbox: dict = {}  # the hand-overs between this rank's own stages
     emulator = None
     last = len(plan.stages) - 1
-    stages = {s: _stage(inputs, s, shapes, device) for s in mine}
+    stages = {s: _stage(inputs, s, shapes, device, replica) for s in mine}
     params = list({id(p): p for stage, _ in stages.values() for p in stage.parameters()}.values())
     if config.emulate:
         param_bytes = sum(p.numel() * p.element_size() for p in params)
         emulator = make_emulator(plan, inputs.cluster, group, rank_of(plan)[rank][1], param_bytes)
     prefix = len(mine) > 1
-    on_rank = {s: RankStage(stage, Channels(rank, s, plan, stage_actions, layouts, transport, device, emulator, mailbox),
-                            {p.microbatch: p for p in pieces(plan, s) if p.rank == rank},
+    on_rank = {s: RankStage(stage, Channels(rank, s, plan, stage_actions, layouts, transport, device, emulator, mailbox,
+                                            replica),
+                            {p.microbatch: p for p in pieces(plan, s) if p.rank == leader},
                             f"{s}:" if prefix else "")
                for s, (stage, layouts) in stages.items()}
-    sync = GradSync.for_group(group, params, model, plan, members, groups, transport)
+    optimizer, owners, state_bytes = _optimizer(plan, model, {s: st for s, (st, _) in stages.items()}, params,
+                                                config.lr, groups.get(ring), members.get(ring, []))
+    sync = GradSync.for_group(group, params, model, plan, members, groups, transport, ring,
+                              1 if replica is None else replica.size, owners)
     program = [a for a in programs[group] if a.stage in on_rank]
-    executor = Executor(on_rank, program, plan.global_batch, sync, config.lr, emulator, beat, seed=config.seed)
+    executor = Executor(on_rank, program, plan.global_batch, sync, config.lr, emulator, beat, seed=config.seed,
+                        optimizer=optimizer, reports_loss=leader == rank, state_bytes=state_bytes)
     need_data = any(s in (0, last) or any(-1 in u.inputs for u in model.units[slice(*plan.stages[s].layers)])
                     for s in mine)
     return executor, need_data
 
 
-def _stage(inputs: RunInputs, s: int, shapes: dict, device: torch.device) -> tuple[Stage, tuple]:
-    """Stage ``s`` on ``device``, and the layouts of the cuts before and after it."""
+def _replica(plan, stage: int, group: int, rank: int, groups: dict, device: torch.device) -> tuple:
+    """This rank's :class:`~pipeplan.runtime.sharding.Replica` (``None`` at degree 1), its data-parallel ring's key."""
+    replicas = replica_ranks(plan, stage)
+    if len(replicas[0]) == 1:
+        return None, ("group", group)
+    j = next(j for j, ranks in enumerate(replicas) if rank in ranks)
+    return make_replica(groups[("tp", group, j)], replicas[j], device), ("group", group, replicas[j].index(rank))
+
+
+def _optimizer(plan, model, stages: dict[int, Stage], params: list, lr: float, ring_group, ring: list[int]) -> tuple:
+    """The rank's :class:`~pipeplan.runtime.sharding.RankOptimizer`, the ZeRO-2 gradients' owners and its state bytes.
+
+    The parameters of the stages with ``zero`` 1 or 2 are sharded over the rank's
+    data-parallel ring when it has two ranks or more; tied ones never (see [Note: ZeRO]).
+    """
+    tied = tied_holders(model, plan)
+    level = {id(p): plan.stage_zero(s) for s, stage in stages.items() for p in stage.parameters()}
+    sharded = [p for p in params if level[id(p)] and id(p) not in tied] if len(ring) > 1 else []
+    optimizer = RankOptimizer(params, lr, sharded, ring_group)
+    me = dist.get_rank()
+    owners = {pid: owner for pid, owner in optimizer.owners.items() if level[pid] == 2}
+    state = sum(local(p).numel() * p.element_size() * (1 + (owners.get(id(p), me) == me)) for p in params)
+    return optimizer, owners, state
+
+
+def _stage(inputs: RunInputs, s: int, shapes: dict, device: torch.device, replica=None) -> tuple[Stage, tuple]:
+    """Stage ``s`` on ``device`` (its units split over ``replica`` when given), and the layouts of its cuts."""
     model, plan = inputs.model, inputs.plan
     lo, hi = plan.stages[s].layers
     for unit in model.units[lo:hi]:
         unit.module.to(device)
+    if replica is not None:
+        parallelize_units([unit.module for unit in model.units[lo:hi]], replica)
     layouts = (cut_layout(model, lo - 1, shapes) if s > 0 else None,
                cut_layout(model, hi - 1, shapes) if s < len(plan.stages) - 1 else None)
     return Stage(model, lo, hi, plan.stages[s].recompute, *layouts), layouts
@@ -298,9 +342,15 @@ def _finish(config: RunConfig, inputs: RunInputs, executor: Executor, records: l
     mine = {"rank": rank, "group": group, "stages": stages, "stage": stages[0], "replica": replica,
             "host": socket.gethostname(), "device": plan.groups[group][replica], "steps": records,
             "peak_memory": executor.memory.peak_bytes, "peak_memory_kind": executor.memory.kind,
-            "rss_peak": rss_peak_bytes()}
-    params = {name: p.detach().cpu() for name, p in executor.named_parameters().items()} \
-        if config.verify else {}
+            "rss_peak": rss_peak_bytes(),
+            # what tensor parallelism and ZeRO did here: parameters held as shards, and those this rank steps
+            "sharded_parameters": sum(is_sharded(p) for p in executor.parameters()),
+            # the training state the rank keeps (spec 8.4's state with SGD: weights and the gradients it keeps)
+            "param_bytes": sum(local(p).numel() * p.element_size() for p in executor.parameters()),
+            "state_bytes": executor.memory.base,
+            "zero_stepped": executor.optimizer.stepped_here()}
+    # a tensor-parallel parameter is gathered whole (a collective of its replica, in one order on its ranks)
+    params = {name: whole(p) for name, p in executor.named_parameters().items()} if config.verify else {}
     gathered: list = [None] * world if rank == 0 else None  # type: ignore[assignment]
     beat(config.steps, 0, waiting=True)
     dist.gather_object((mine, params), gathered, dst=0, group=control)

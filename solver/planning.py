@@ -135,6 +135,16 @@ def problem_for(graph: LayerGraph, cluster: Cluster, *, batch: int, microbatches
                            auto_microbatches=auto, max_microbatches=top, **options)
 
 
+ADAPTIVE_TENSOR = ("adaptive synthesizes programs for partitions of degree-1 plans and does not choose "
+                   "tensor-parallel degrees or ZeRO levels; give a named schedule, or --tensor-parallel 1 --zero 0")
+"""Why :data:`ADAPTIVE` is skipped when the degrees or ZeRO levels are decisions."""
+
+
+def _tensor_search(options: Mapping[str, Any]) -> bool:
+    """Whether the problem options leave the tensor-parallel degrees or ZeRO levels to the solvers."""
+    return options.get("tensor_parallel", "1") != "1" or options.get("zero", "0") != "0"
+
+
 @dataclass(frozen=True)
 class Skipped:
     """A schedule the options rule out, or a solver that refused a problem."""
@@ -166,10 +176,14 @@ def problems_for(graph: LayerGraph, cluster: Cluster, schedules: Sequence[str], 
     """
     cluster = with_memory_fraction(cluster, memory_fraction)
     named = [s for s in schedules if s != ADAPTIVE]
-    if ADAPTIVE in schedules:
+    problems, skipped = [], []
+    if ADAPTIVE in schedules and _tensor_search(options):
+        if not named:
+            raise ValueError(ADAPTIVE_TENSOR)
+        skipped.append(Skipped(ADAPTIVE, "", ADAPTIVE_TENSOR))
+    elif ADAPTIVE in schedules:
         named += [s for s in PLANNED_SCHEDULES if s not in named]
     several = len(named) > 1
-    problems, skipped = [], []
     for schedule in named:
         v = None if several and schedule not in VIRTUAL_SCHEDULES else virtual_stages
         try:
@@ -217,12 +231,16 @@ def why_no_plan(problem: PlanningProblem, results: Sequence[SolverResult]) -> No
     if any(r.stopped_by == "interrupt" for r in results) or not results:
         return NoPlan("interrupted", "", names, False, ())
     verdict = memory_bound_verdict(problem)
-    bounds_prove = verdict.proved and (verdict.kind == "layer" or not problem.needs.several_stages)
+    bounds_prove = verdict.proved and (verdict.kind == "layer" or not problem.needs.several_stages) and \
+        not problem.tensor_search  # the memory bounds count degree 1 and the whole state on every replica
     reasons = tuple(f"{r.name}: {r.message.replace('; ' + UNPROVED, '')}" for r in results
                     if r.message and verdict.sentence not in r.message)
     proved = bounds_prove or any(r.status == "infeasible" and r.stopped_by == "proved" for r in results)
     timed_out = any(r.stopped_by == "time" or r.details.get("stopped_by_time_limit") is True for r in results)
-    return NoPlan("proved" if proved else "not found", verdict.sentence, names, timed_out, reasons)
+    constraint = verdict.sentence
+    if problem.tensor_search and constraint:  # the memory bounds' words are about degree 1 and the whole state
+        constraint = f"at tensor-parallel degree 1 without ZeRO, {constraint}"
+    return NoPlan("proved" if proved else "not found", constraint, names, timed_out, reasons)
 
 
 # --------------------------------------------------------------------------- results
@@ -372,13 +390,17 @@ def _with_one_stage_per_group(solver: Registered, problem: PlanningProblem, resu
     """``result``, or the plan of the same solve with ``virtual_stages=1`` when that one is faster.
 
     A search over every ``v`` can miss the best plan with one stage per group, which the
-    one-``v`` search finds (on issue 36's two-server instance, ``cpsat`` on
-    ``interleaved-zb``: 126.52 ms over every ``v``, 115.40 ms, proved, with ``v = 1``).
-    The record keeps its bound, says ``feasible`` and adds both solves' wall times.
+    one-``v`` search finds.  An algorithm whose search over every ``v`` starts from its own
+    ``v = 1`` solve (``solves_one_stage_per_group``: ``virtual-bnb``, which ``cpsat`` and ``ilp``
+    run) is left alone; for the others (the heuristics, the baselines' interleaved forms)
+    the ``v = 1`` solve runs here.  The record keeps its bound, says ``feasible`` and adds
+    both solves' wall times.
     """
     if problem.schedule not in VIRTUAL_SCHEDULES or problem.virtual_stages is not None or \
             result.status == "optimal" or interrupted():
         return result
+    if getattr(solver.algorithm(problem), "solves_one_stage_per_group", False):
+        return result  # its search started from its own v = 1 solve (cpsat, ilp: virtual-bnb)
     try:
         one = replace(problem, virtual_stages=1)
         found = solver.solve(one, time_limit=time_limit, seed=seed, budget=budget)
@@ -464,6 +486,15 @@ def keep_relabelled(problem: PlanningProblem, result: SolverResult,
 
 
 # --------------------------------------------------------------------------- adaptive
+POLISH_SHARE = 0.5
+"""Share of the time limit the partition walk leaves to the exact order polish (a cap on each, not their
+budgets: the walk's is ``evaluations``, the polish's ``work``).  The walk may use the rest; when it ends
+sooner, the polish gets all that is left.  Half: a walk cut by the clock still hands over its best
+partition, while a polish cut before it starts proves nothing, and the two took wall times of the same
+order on the README's ``--schedule auto`` example (gpt-tiny on two-servers, batch 32 in 8, ``cpsat``:
+19 partitions synthesized in 3.0 s, the proof in 1.4 s, on the shared 2-core machine, 2026-12-02)."""
+
+
 @dataclass(frozen=True)
 class AdaptiveOptions:
     """How :data:`ADAPTIVE` searches (``pipeplan plan --schedule adaptive``)."""
@@ -494,10 +525,17 @@ def plan_adaptive(outcomes: Sequence[Outcome], solver: str, *, time_limit: float
     then a walk moves stage boundaries, recompute flags and groups' devices while the synthesized time
     falls (:func:`~pipeplan.solver.core.schedule_synthesis.search_partitions`, at most
     ``options.evaluations`` partitions), and the fastest partition's programs are polished
-    by the exact order model (``options.work`` deterministic seconds, capped by what is
-    left of ``time_limit``; :func:`~pipeplan.solver.core.schedule_synthesis.synthesize_plan`).
+    by the exact order model (``options.work`` deterministic seconds;
+    :func:`~pipeplan.solver.core.schedule_synthesis.synthesize_plan`).
     The synthesizer tries every fixed schedule's programs on a partition too, so the plan
     is never slower than any seed that fits.
+
+    Each phase has its own counted budget; ``time_limit`` caps them, split explicitly: the
+    walk stops at ``(1 - POLISH_SHARE) * time_limit``, and the polish may use what is left,
+    at least ``POLISH_SHARE * time_limit`` (:data:`POLISH_SHARE`), so a tight limit still
+    polishes.  ``details["phases"]`` lists each phase (the seeds' solves, the walk, the
+    polish) with its unit, budget, work used, time cap, wall and CPU seconds and what
+    stopped it.
 
     Returns
     -------
@@ -510,44 +548,59 @@ def plan_adaptive(outcomes: Sequence[Outcome], solver: str, *, time_limit: float
     mine = [o for o in outcomes if o.result.name == solver]
     if not mine:
         return None
-    clock = time.perf_counter()
+    clock, cpu = time.perf_counter(), time.process_time()
     spent = sum(o.result.wall_time for o in mine)
     first = mine[0].problem
     seeds = sorted(((o.problem.schedule, o.result.plan, o.result.iteration_time, i) for i, o in enumerate(mine)
                     if o.result.plan is not None), key=lambda x: (x[2], x[3]))
-    deadline = clock + max(0.0, time_limit)
+    limit = max(0.0, time_limit)
+    deadline = clock + limit
+    walk_cap = limit * (1 - POLISH_SHARE) if options.exact else limit
     found = search_partitions([(sch, plan) for sch, plan, _, _ in seeds], first.graph, first.cluster,
                               evaluations=options.evaluations, allow_recompute=first.allow_recompute,
-                              deadline=deadline)
+                              deadline=clock + walk_cap)
+    walk = {"phase": "partition walk", "unit": "partitions synthesized", "budget": options.evaluations,
+            "used": found.evaluations, "time_cap": walk_cap, "wall_time": time.perf_counter() - clock,
+            "cpu_time": time.process_time() - cpu, "stopped_by": found.stopped_by}
+    phases = [{"phase": "seeds", "unit": None, "budget": None, "used": len(mine), "time_cap": None,
+               "wall_time": spent, "cpu_time": None, "stopped_by": None}, walk]
     synthesized = {sch: made.iteration_time for (sch, *_), made in zip(seeds, found.seeds) if made is not None}
     seeds_record = [{"schedule": o.problem.schedule, "status": o.result.status,
                      "iteration_time": o.result.iteration_time,
                      "synthesized": synthesized.get(o.problem.schedule)} for o in mine]
-    search = {"evaluations": found.evaluations, "budget": options.evaluations, "stopped_by": found.stopped_by,
+    search = {"evaluations": found.evaluations, "pruned": found.pruned, "budget": options.evaluations,
+              "stopped_by": found.stopped_by,
               "origin": found.best.origin if found.best else None, "seeds": seeds_record}
     if found.best is None:
         result = SolverResult(solver, "timeout-no-solution", None, None, None, spent + time.perf_counter() - clock,
                               seed, message="no seed plan's partition fits with synthesized programs either"
                               if seeds else "the solver found no plan of any named schedule to start from",
-                              details={"partitions": search}, stopped_by=found.stopped_by,
+                              details={"partitions": search, "phases": phases}, stopped_by=found.stopped_by,
                               budget=options.evaluations, algorithm=ADAPTIVE)
         return Outcome(first, result, ADAPTIVE)
-    left = deadline - time.perf_counter()
+    # the polish's own share, even when the walk's last partition ran past its cap
+    left = max(deadline - time.perf_counter(), limit * POLISH_SHARE)
     exact = options.exact and left > 0
+    polish_clock, polish_cpu = time.perf_counter(), time.process_time()
     made = synthesize_plan(found.best.plan, first.graph, first.cluster, exact=exact, work=options.work,
-                           time_limit=max(left, 1e-3) if exact else None, seed=seed)
+                           time_limit=left if exact else None, seed=seed)
     record = dict(made.record, memory_fraction=options.memory_fraction)
+    phases.append({"phase": "order polish" if exact else "programs (list scheduler)",
+                   "unit": "CP-SAT deterministic seconds" if exact else None, "budget": options.work if exact else None,
+                   "used": record["work"], "time_cap": left if exact else None,
+                   "wall_time": time.perf_counter() - polish_clock, "cpu_time": time.process_time() - polish_cpu,
+                   "stopped_by": record["stopped_by"]})
     origin = found.best.origin.split(" + ")[0]
     base = next(o.problem for o in mine if o.problem.schedule == origin)
     proved = record["status"] == "optimal"
-    stopped = "time" if "time" in (found.stopped_by, record["stopped_by"]) else found.stopped_by
+    stopped = "time" if found.stopped_by == "time" or record["stopped_by"] == "wall clock" else found.stopped_by
     message = (f"programs by {record['algorithm']}; their order is "
                f"{'proved optimal' if proved else 'not proved optimal'} for this partition "
                f"(gap {100 * (record['gap'] or 0):.2f}% to the order bound); the partition, from the {origin} plan "
                f"after {found.evaluations} partitions synthesized, is not proved best")
     result = SolverResult(solver, "feasible", made.plan.with_extra(synthesis=record), made.after.iteration_time, None,
                           spent + time.perf_counter() - clock, seed, message=message,
-                          details={"synthesis": record, "partitions": search}, stopped_by=stopped,
+                          details={"synthesis": record, "partitions": search, "phases": phases}, stopped_by=stopped,
                           budget=options.evaluations, algorithm=ADAPTIVE,
                           plan_by=record["algorithm"])
     return Outcome(base, result, ADAPTIVE)
@@ -561,7 +614,7 @@ def with_adaptive(done: Planned, schedules: Sequence[str], *, time_limit: float,
     A solver of ``solvers`` that planned none of the named schedules (it refused every one)
     cannot plan :data:`ADAPTIVE`: it is skipped, the reason said in :attr:`Planned.skipped`.
     """
-    if ADAPTIVE not in schedules:
+    if ADAPTIVE not in schedules or any(p.tensor_search for p in done.problems):
         return done
     names = list(dict.fromkeys([*solvers, *(o.result.name for o in done.outcomes)]))
     adaptive, refused = [], []
@@ -646,8 +699,10 @@ def plan(graph: LayerGraph, cluster: Cluster, *, batch: int, microbatches: int |
         How :data:`ADAPTIVE` searches (partitions synthesized, the exact model's work).
     **options
         Further problem fields (``virtual_stages``, ``max_microbatches``, ``per_stage``,
-        ``allow_replication``, ``allow_recompute``, ``max_stages``, ``state_factor``), and
-        ``memory_fraction`` (each device's memory usable, a share in ``(0, 1]``).
+        ``allow_replication``, ``allow_recompute``, ``max_stages``, ``state_factor``,
+        ``tensor_parallel``, ``max_tensor_parallel``, ``zero``, ``max_zero``: the degrees and
+        ZeRO levels the solver chooses, docs/solvers.md), and ``memory_fraction`` (each
+        device's memory usable, a share in ``(0, 1]``).
 
     Returns
     -------

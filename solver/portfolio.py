@@ -19,9 +19,11 @@ late incumbents    the slow baselines (:data:`SLOW_BASELINES`)           their w
 improvement        NSGA-II from the incumbent                            :data:`GA_ROUNDS` x :data:`GA_GENERATIONS`
 =================  ====================================================  ===================================
 
-``virtual-bnb`` (what ``ilp`` and ``cpsat`` run for the version-2 schedules): first
-``group-search-virtual``, on :data:`VIRTUAL_START_SHARE` of the simulation budget, then
-the best-first search over the whole space from its plan.
+``virtual-bnb`` (what ``ilp`` and ``cpsat`` run for the version-2 schedules): with ``v``
+left to the search, first its own solve with one stage per group (on the whole budget,
+its simulations counted against it); then ``group-search-virtual``, on
+:data:`VIRTUAL_START_SHARE` of the simulation budget (at most what is left), then the
+best-first search over the whole space from the best plan so far.
 
 ``nsga`` (:func:`nsga_seeds`): its first population holds the plans of ``group-search``,
 every baseline up to its size (:func:`seeding_cells`), and the exact solvers' plans when

@@ -40,6 +40,7 @@ from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.heuristics.group_search import GroupSearch
+from pipeplan.solver.heuristics.tensor_search import solve_tensor_parallel
 from pipeplan.solver.heuristics.virtual_groups import VirtualGroupSearch
 from pipeplan.solver.heuristics.virtual_nsga import VirtualNsga
 from pipeplan.solver.schedules.needs import NEEDS
@@ -133,9 +134,19 @@ class Registered:
               budget: float | None = None, warm_start: Plan | None = None,
               within: TimeLimit | None = None) -> SolverResult:
         """The algorithm of ``problem``'s space, solving it (see :meth:`pipeplan.solver.core.algorithm.Solver.solve`);
-        the record carries the registered name, and the algorithm's in ``algorithm``."""
-        result = self.algorithm(problem).solve(problem, time_limit=time_limit, seed=seed, budget=budget,
-                                               warm_start=warm_start, within=within)
+        the record carries the registered name, and the algorithm's in ``algorithm``.
+
+        When the problem leaves the tensor-parallel degrees or the ZeRO levels to the solver
+        (:attr:`PlanningProblem.tensor_search`), the algorithm runs once per degree and state
+        hint and the plans are mapped back and timed exactly
+        (:func:`pipeplan.solver.heuristics.tensor_search.solve_tensor_parallel`)."""
+        algorithm = self.algorithm(problem)
+        if problem.tensor_search:
+            result = solve_tensor_parallel(algorithm.solve, problem, time_limit=time_limit, seed=seed, budget=budget,
+                                           warm_start=warm_start, within=within, proves=algorithm.proves)
+        else:
+            result = algorithm.solve(problem, time_limit=time_limit, seed=seed, budget=budget,
+                                     warm_start=warm_start, within=within)
         return replace(result, name=self.name)
 
 

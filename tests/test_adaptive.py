@@ -5,25 +5,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from collections import Counter
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from pipeplan import cmd_plan
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import load_graph
 from pipeplan.solver.core.problem import PLANNED_SCHEDULES, VIRTUAL_SCHEDULES
-from pipeplan.solver.core.schedule_synthesis import neighbours, search_partitions
+from pipeplan.solver.core.schedule_synthesis import neighbours, partition_key, search_partitions
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import load_cluster
 from pipeplan.solver.formats.plan import load_plan
 from pipeplan.solver.core.result import SolverResult
-from pipeplan.solver.planning import (ADAPTIVE, COVERED, AdaptiveOptions, _with_one_stage_per_group, plan,
-                                      relabelled, schedules_for, with_memory_fraction)
+from pipeplan.solver.planning import (ADAPTIVE, COVERED, POLISH_SHARE, AdaptiveOptions, _with_one_stage_per_group,
+                                      plan, relabelled, schedules_for, with_memory_fraction)
 from pipeplan.solver.solvers import get_solver
-from helpers import REL, run_plan_command as run, sized_problem
+from helpers import REL, run_plan_command as run, sized_problem, virtual_brute_force, virtual_problem
 
 GRAPH, CLUSTER = "examples/chain8.graph.json", "examples/two-servers.cluster.json"
 CHEAP = AdaptiveOptions(evaluations=12, exact=False)
@@ -96,12 +97,56 @@ class TestPlanAdaptive:
         assert {s["schedule"] for s in seeds} <= set(PLANNED_SCHEDULES) and len(seeds) >= 2
 
 
+class TestPhases:
+    def test_each_phase_listed_with_its_budget(self, planned):
+        adaptive = next(o.result for o in planned.outcomes if o.schedule == ADAPTIVE)
+        seeds, walk, polish = adaptive.details["phases"]
+        assert seeds["phase"] == "seeds" and seeds["used"] == len(planned.outcomes) - 1
+        assert walk["phase"] == "partition walk" and walk["budget"] == 20 and walk["used"] <= 20
+        assert walk["time_cap"] == 30 * (1 - POLISH_SHARE) and walk["used"] == adaptive.details["partitions"]["evaluations"]
+        assert polish["phase"] == "order polish" and polish["budget"] == 2.0
+        assert polish["used"] == adaptive.details["synthesis"]["work"] and polish["time_cap"] >= 30 * POLISH_SHARE
+
+    def test_a_tight_time_limit_still_polishes(self, chain8):
+        """The walk alone would take the whole limit (120 partitions in 0.2 s); it stops at its half."""
+        graph, cluster = chain8
+        done = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="adaptive", time_limit=0.2,
+                    adaptive=AdaptiveOptions(evaluations=120, work=1.0))
+        _, walk, polish = done.record.details["phases"]
+        assert walk["time_cap"] == pytest.approx(0.2 * (1 - POLISH_SHARE))
+        assert polish["phase"] == "order polish" and polish["time_cap"] >= 0.2 * POLISH_SHARE
+        assert done.record.details["synthesis"]["algorithm"] == "cpsat-order"
+
+    def test_without_the_polish_the_walk_has_the_whole_limit(self, chain8):
+        graph, cluster = chain8
+        done = plan(graph, cluster, batch=8, microbatches=4, solver="even", schedule="adaptive", time_limit=10,
+                    adaptive=AdaptiveOptions(evaluations=3, exact=False))
+        _, walk, last = done.record.details["phases"]
+        assert walk["time_cap"] == 10 and walk["used"] == 3 and walk["stopped_by"] == "budget"
+        assert last["phase"] == "programs (list scheduler)" and last["budget"] is None
+
+
 class TestNeighbours:
     def test_moves_keep_every_stage_non_empty(self, planned):
         start = planned.plan
         for made in neighbours(start):
             assert all(lo < hi for lo, hi in (s.layers for s in made.stages))
             assert made.stage_groups == start.stage_groups
+
+    def test_pruning_changes_nothing_but_the_work(self, planned, chain8, monkeypatch):
+        """A walk that ends on its own takes the same moves whether or not the neighbours that cannot improve
+        (their bound not below the current time) are synthesized."""
+        import pipeplan.solver.core.schedule_synthesis as synthesis
+
+        seeds = [(o.schedule, o.result.plan) for o in planned.outcomes
+                 if o.schedule != ADAPTIVE and o.result.plan is not None][:2]
+        pruned = search_partitions(seeds, *chain8, evaluations=400)
+        monkeypatch.setattr(synthesis, "order_lower_bound", lambda *args: 0.0)
+        full = search_partitions(seeds, *chain8, evaluations=400)
+        assert pruned.stopped_by == full.stopped_by == "complete" and full.pruned == 0 < pruned.pruned
+        assert pruned.best.iteration_time == full.best.iteration_time and pruned.best.origin == full.best.origin
+        assert partition_key(pruned.best.plan) == partition_key(full.best.plan)
+        assert pruned.evaluations + pruned.pruned >= full.evaluations > pruned.evaluations
 
     def test_search_respects_budget(self, planned, chain8):
         seeds = [(o.schedule, o.result.plan) for o in planned.outcomes
@@ -170,6 +215,69 @@ class TestOneStagePerGroup:
                        virtual_stages=2).problems[0]
         nothing = SolverResult("even", "timeout-no-solution", None, None, None, 0.5, 0)
         assert _with_one_stage_per_group(get_solver("even"), problem, nothing, time_limit=10, seed=0,
+                                         budget=None) is nothing
+
+
+class TestVersion2SearchFromOneStagePerGroup:
+    """``virtual-bnb`` (what ``cpsat`` and ``ilp`` run for the version-2 schedules) starts its search over every
+    ``v`` from its own ``v = 1`` solve, so a single run with ``v`` left to the search finds the one-stage plan."""
+
+    @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(seed=st.integers(0, 10_000), schedule=st.sampled_from(sorted(VIRTUAL_SCHEDULES)),
+           budget=st.sampled_from([2, 8, 40]))
+    # two where the search over every v alone finds no plan in its budget, and v = 1 does
+    @example(seed=8, schedule="looped-bfs", budget=40)
+    @example(seed=12, schedule="interleaved-zb", budget=8)
+    def test_a_v_choice_run_is_never_slower_than_v1(self, seed, schedule, budget):
+        """Small simulation budgets, so that the search over every ``v`` stops before it could reach the
+        ``v = 1`` plans on its own."""
+        graph, cluster, batch, m = _instance(seed)
+        runs = {}
+        for v in (None, 1):
+            try:
+                runs[v] = plan(graph, cluster, batch=batch, microbatches=m, solver="cpsat", schedule=schedule,
+                               budget=budget, virtual_stages=v)
+            except (InputError, ValueError):
+                return
+        one, any_v = runs[1], runs[None]
+        if one.plan is not None:
+            assert any_v.plan is not None
+            assert any_v.record.iteration_time <= one.record.iteration_time * (1 + REL)
+        simulations = any_v.record.details["simulations"]
+        assert simulations <= budget + 1  # the v = 1 solve counts against the same budget
+
+    @pytest.mark.parametrize("schedule", ["interleaved-1f1b", "interleaved-zb", "looped-bfs"])
+    @pytest.mark.parametrize("memory", [1e12, 1300.0, 1000.0])  # all fit, a few or none
+    def test_the_proof_still_covers_every_v(self, schedule, memory):
+        """A proved ``v = 1`` solve settles the one-stage candidates; the result is still the optimum over every
+        ``v`` (the reference simulator's brute force)."""
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
+        problem = virtual_problem(values, schedule, devices=2, layers=4, batch=4, m=2, memory=memory, servers=2)
+        best, _ = virtual_brute_force(problem)
+        result = get_solver("cpsat").solve(problem, time_limit=60.0)
+        if math.isinf(best):
+            assert result.status == "infeasible" and result.plan is None
+        else:
+            assert result.status == "optimal" and result.iteration_time == pytest.approx(best, rel=1e-12)
+            assert result.lower_bound == result.iteration_time
+
+    def test_the_record_lists_the_v1_phase(self):
+        graph, cluster, batch, m = _instance(8)
+        done = plan(graph, cluster, batch=batch, microbatches=m, solver="cpsat", schedule="interleaved-zb", budget=8)
+        phases = [name for name, *_ in done.record.details["start_phases"]]
+        assert phases[0] == "virtual-bnb (v=1)" and done.record.plan_by.endswith("(v=1)")
+        assert set(Counter(done.plan.stage_groups).values()) == {1}
+        fixed = plan(graph, cluster, batch=batch, microbatches=m, solver="cpsat", schedule="interleaved-zb", budget=8,
+                     virtual_stages=1)
+        assert fixed.record.details["start_phases"][0][0] != "virtual-bnb (v=1)"
+        assert fixed.record.iteration_time == done.record.iteration_time
+
+    def test_planning_does_not_solve_v1_again(self, chain8):
+        graph, cluster = chain8
+        problem = plan(graph, cluster, batch=8, microbatches=4, solver="even",
+                       schedule="interleaved-zb").problems[0]
+        nothing = SolverResult("cpsat", "timeout-no-solution", None, None, None, 0.5, 0)
+        assert _with_one_stage_per_group(get_solver("cpsat"), problem, nothing, time_limit=10, seed=0,
                                          budget=None) is nothing
 
 

@@ -22,7 +22,7 @@ from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.exact.cpsat import CpSatSolver
 from pipeplan.solver.space.arcs import two_round_trips
 from pipeplan.solver.exact.bound_model import model_rows
-from pipeplan.solver.bounds.terms import config_lower_bound, optimistic_time
+from pipeplan.solver.bounds.terms import config_lower_bound, optimistic_time, work_bound
 from pipeplan.solver.space.device_classes import device_classes
 from pipeplan.solver.exact.data import build_data
 from pipeplan.solver.exact.incumbents import greedy_plans
@@ -266,6 +266,14 @@ class TestBuildData:
     def test_cutoff_drops_arcs(self):
         problem = sized_problem(15, layers=5, devices=4, schedule="gpipe")
         assert len(build_data(problem, cutoff=0.0).arcs) == 0
+
+    def test_past_max_arcs_only_the_static_bound_is_kept(self):
+        problem = sized_problem(15, layers=5, devices=4, schedule="1f1b")
+        full = build_data(problem)
+        dropped = build_data(problem, max_arcs=len(full) - 1)
+        assert not dropped.complete and not len(dropped)
+        assert dropped.static_bound == full.static_bound > work_bound(problem)
+        assert build_data(problem, max_arcs=len(full)).complete
 
 
 def random_configs(data, rng, tries: int = 200):

@@ -95,10 +95,15 @@ class TestTensorParallelExport:
         caps = target.parallelism
         assert 0 in caps.zero_levels
         assert set(caps.zero_reasons) == {0, 1, 2} - set(caps.zero_levels)
-        assert caps.degree_reason
+        assert set(caps.zero_keys) <= set(caps.zero_levels) and caps.degree_reason
+
+    def test_torch_takes_each_stages_zero_level(self):
+        p = tp_plan(degrees=(2, 2), zero=1, stage_zero=(None, 2))
+        assert check_plan(p, TORCH, "p.json") == (p, [])
 
     @pytest.mark.parametrize("target, says", [
-        ("torch", "stage 0 has tensor_parallel 2: torch.distributed.pipelining builds every stage as whole modules"),
+        ("torch", "stage 1 has tensor_parallel 1 but stage 0 has 2: torch.distributed.pipelining runs the plan on "
+                  "one pp x dp x tp device mesh"),
         ("deepspeed", "stage 0 has tensor_parallel 2: DeepSpeed has no tensor parallelism of its own"),
         ("megatron", "stage 1 has tensor_parallel 1 but stage 0 has 2: Megatron-LM runs one "
                      "--tensor-model-parallel-size for every pipeline stage"),
@@ -110,7 +115,6 @@ class TestTensorParallelExport:
         assert refusal(tp_plan(degrees=(2, 1), zero=0), target, approximate=True) == line
 
     @pytest.mark.parametrize("target, zero, says", [
-        ("torch", 1, "stage 0 has zero 1: torch.distributed.pipelining steps a torch.optim optimizer"),
         ("deepspeed", 2, "stage 0 has zero 2: DeepSpeed refuses ZeRO-2 and ZeRO-3 under its pipeline engine"),
         ("megatron", 2, "stage 0 has zero 2: Megatron-LM shards gradients only under Megatron-FSDP"),
         ("torchtitan", 2, "stage 0 has zero 2: torchtitan shards gradients only between steps"),
@@ -751,8 +755,22 @@ TORCHRUN_PLANS = {
                               (4, 6, ["cpu3"], [2] * 4, False, CUSTOM_OPS[3])], batch=8, schedule="custom"),
     # 2 processes, ZB-V: two stages per rank, I and W apart, the tied embedding and head on one rank
     "zbv": lambda: v2_plan("zbv"),
+    # 4 processes, 1F1B on a pp x dp x tp mesh: two stages of tensor parallelism 2 (parallelize_module),
+    # stage 1 recomputing
+    "tp-2x2": lambda: tensor_parallel(plan([(0, 3, ["cpu0", "cpu1"], [2] * 4), (3, 6, ["cpu2", "cpu3"], [2] * 4, True)],
+                                           batch=8, schedule="1f1b")),
+    # 4 processes, one stage of 2 replicas x tensor parallelism 2, ZeRO-2 (ZeroRedundancyOptimizer over dp)
+    "tp-dp-zero2": lambda: tensor_parallel(plan([(0, 6, ["cpu0", "cpu1", "cpu2", "cpu3"], [4, 4])], batch=8,
+                                                schedule="gpipe"), zero=2),
 }
 """The plans trained from their exported folders (every one with a global batch of 8 on gpt-tiny)."""
+
+
+def tensor_parallel(p: Plan, t: int = 2, zero: int = 0) -> Plan:
+    """``p`` with every stage of degree ``t`` (its devices: replicas of ``t``) and ZeRO level ``zero``."""
+    from dataclasses import replace
+
+    return replace(p, stages=tuple(replace(st, tensor_parallel=t) for st in p.stages), zero=zero)
 
 
 @pytest.fixture(scope="module")

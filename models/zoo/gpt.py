@@ -63,16 +63,20 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
+        self.head_dim = cfg.d_model // cfg.heads
         self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
         self.proj = nn.Linear(cfg.d_model, cfg.d_model)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        n, s, d = x.shape
-        q, k, v = self.qkv(x).view(n, s, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.heads)
+        # The head count and the width come from qkv's output, not from the model's sizes: a
+        # tensor-parallel rank holds the q, k and v rows of its own heads only (its qkv output is
+        # [q_i, k_i, v_i]) and computes those heads (pipeplan.runtime.sharding).
+        n, s, _ = x.shape
+        q, k, v = self.qkv(x).view(n, s, 3, -1, self.head_dim).permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(self.head_dim)
         mask = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         weights = scores.masked_fill(mask, float("-inf")).softmax(dim=-1)
-        return self.proj((weights @ v).transpose(1, 2).reshape(n, s, d))
+        return self.proj((weights @ v).transpose(1, 2).reshape(n, s, -1))
 
 
 class Block(nn.Module):

@@ -7,10 +7,13 @@ from pipeplan.runtime.export.rules import GLOBAL_DEGREE, NO_DEGREE, Parallelism,
 from pipeplan.solver.schedules.schedule import NAMED_V2, SCHEDULES
 
 _TORCH_PARALLELISM = Parallelism(
-    NO_DEGREE, "builds every stage as whole modules on each of its devices (train.py calls no parallelize_module)",
-    zero_reasons={level: "steps a torch.optim optimizer holding all of a replica's state on every replica (train.py "
-                         "uses no ZeroRedundancyOptimizer)" for level in (1, 2)})
-"""What ``train.py`` runs (the torch target's capabilities)."""
+    GLOBAL_DEGREE, "runs the plan on one pp x dp x tp device mesh (train.py; torch.distributed.pipelining sends from "
+                   "each rank to the rank at the same dp and tp coordinates of the next stage), so every stage needs "
+                   "the same degree", "stages.json's mesh (parallelize_module over tp)",
+    zero_levels=(0, 1, 2), zero_keys={1: "stages.json's zero (ZeroRedundancyOptimizer over dp)",
+                                      2: "stages.json's zero (ZeroRedundancyOptimizer over dp, gradients sharded)"},
+    zero_per_stage=True)
+"""What ``train.py`` runs: one degree on its ``pp x dp x tp`` mesh, each stage's own ZeRO level."""
 
 TORCHTITAN_PARALLELISM = Parallelism(
     GLOBAL_DEGREE, "runs one tensor_parallel_degree for the whole model (its device mesh has one tp dimension)",

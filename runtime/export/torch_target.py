@@ -10,7 +10,11 @@ its cuts, its data-parallel group, and the model with everything that built it) 
 Pipeline rank ``g`` is the plan's device group ``g`` (spec 7.2) and holds every stage of
 that group: one stage in a version-1 plan, several under the version-2 schedules,
 which run as torch's own classes (``ScheduleInterleaved1F1B`` ...) and custom programs
-as the CSV.
+as the CSV.  A version-3 plan's ``tensor_parallel`` (one degree for all stages) makes the
+device mesh ``pp x dp x tp``: ``train.py`` splits each stage's units over ``tp`` with
+``parallelize_module`` (the plan :func:`pipeplan.runtime.sharding.tensor_parallel_plan`
+gives, as ``pipeplan run`` does) and steps the parameters of stages with ``zero`` 1 or 2
+with ``ZeroRedundancyOptimizer`` over ``dp``.
 
 An imported model (any spec but a zoo name) is built and cut as ``pipeplan run``
 builds it, before anything is written: what ``run`` refuses (an example of several
@@ -96,6 +100,8 @@ def stages_config(plan: Plan, graph: LayerGraph, model: str | ModelRequest) -> d
     names = [layer.name for layer in graph.layers]
     stage_of_unit = [s for s, st in enumerate(plan.stages) for _ in range(*st.layers)]
     r = plan.stages[0].replicas
+    t = plan.stages[0].tensor_parallel
+    n = r * t  # processes per device group: rank g * n + j * t + i is tensor-parallel rank i of replica j
     group_of_stage = plan.stage_groups
     profile = graph.extra.get("profile") if isinstance(graph.extra.get("profile"), dict) else {}
     seq_len = (profile.get("config") or {}).get("seq_len")
@@ -106,20 +112,23 @@ def stages_config(plan: Plan, graph: LayerGraph, model: str | ModelRequest) -> d
         stages.append({"index": s, "layers": [lo, hi], "units": names[lo:hi],
                        "inputs": crossing(graph, lo - 1) if s > 0 else [-1],
                        "outputs": crossing(graph, hi - 1) if s < len(plan.stages) - 1 else [hi - 1],
-                       "recompute": st.recompute, "group": g, "ranks": [g * r + j for j in range(r)],
-                       "devices": list(st.devices)})
+                       "recompute": st.recompute, "group": g, "ranks": [g * n + k for k in range(n)],
+                       "devices": list(st.devices), "zero": plan.stage_zero(s)})
     groups = [{"index": g, "stages": [s for s, h in enumerate(group_of_stage) if h == g],
-               "ranks": [g * r + j for j in range(r)], "devices": list(devices)}
+               "ranks": [g * n + k for k in range(n)], "devices": list(devices)}
               for g, devices in enumerate(plan.groups)]
+    mesh = {"shape": [len(groups), r], "dims": ["pp", "dp"]} if t == 1 else \
+        {"shape": [len(groups), r, t], "dims": ["pp", "dp", "tp"]}
     options = {key: value for key, value in request.to_dict().items() if key != "spec"}
     return {"format": EXPORT_FORMAT, "graph": graph.name, "model": request.spec, "model_options": options,
             "seq_len": seq_len if isinstance(seq_len, int) else None,
             "plan_schedule": plan.schedule, "torch_schedule": torch_schedule(plan), "schedule_csv": "schedule.csv",
             "global_batch": plan.global_batch, "microbatches": len(plan.stages[0].microbatches),
-            "microbatch_size": plan.stages[0].microbatches[0], "replicas": r,
-            "mesh": {"shape": [len(groups), r], "dims": ["pp", "dp"]},
-            "ranks": [{"rank": g * r + j, "group": g, "stages": group["stages"], "replica": j, "device": dev}
-                      for g, group in enumerate(groups) for j, dev in enumerate(group["devices"])],
+            "microbatch_size": plan.stages[0].microbatches[0], "replicas": r, "tensor_parallel": t,
+            "mesh": mesh,
+            "ranks": [{"rank": g * n + k, "group": g, "stages": group["stages"], "replica": k // t, "device": dev,
+                       **({"tp_rank": k % t} if t > 1 else {})}
+                      for g, group in enumerate(groups) for k, dev in enumerate(group["devices"])],
             "groups": groups, "stages": stages, "stage_of_unit": stage_of_unit, "group_of_stage": group_of_stage,
             "tied": [[i, layer.tied_to] for i, layer in enumerate(graph.layers) if layer.tied_to is not None]}
 
@@ -153,6 +162,7 @@ def export_torch(plan: Plan, graph: LayerGraph, model: str | ModelRequest | None
         that cannot be read.
     """
     request = model if isinstance(model, ModelRequest) else export_request(graph, model)
+    check_degrees(plan)
     files: dict[str, str] = {}
     if not request.is_zoo:
         check_runnable(request, graph, graph_file)
@@ -160,6 +170,25 @@ def export_torch(plan: Plan, graph: LayerGraph, model: str | ModelRequest | None
     return {"schedule.csv": schedule_csv(plan),
             "stages.json": json.dumps(stages_config(plan, graph, request), indent=2) + "\n",
             "train.py": inspect.getsource(torch_train), **files}
+
+
+def check_degrees(plan: Plan, file: str = "-") -> None:
+    """Refuse stages of different ``tensor_parallel``: ``train.py``'s device mesh is ``pp x dp x tp``.
+
+    torch.distributed.pipelining sends a stage's outputs from each rank to the rank at the
+    same mesh coordinates of the next stage, so every stage has the same replicas and degree.
+
+    Raises
+    ------
+    InputError
+        Naming the first stage whose degree differs from stage 0's.
+    """
+    degrees = [st.tensor_parallel for st in plan.stages]
+    for s, t in enumerate(degrees):
+        if t != degrees[0]:
+            raise InputError(file, f"stages[{s}].tensor_parallel",
+                             f"stage {s} has tensor_parallel {t} but stage 0 has {degrees[0]}; the torch export "
+                             "builds one pp x dp x tp device mesh, so every stage needs the same degree")
 
 
 def export_request(graph: LayerGraph, model: str | None) -> ModelRequest:

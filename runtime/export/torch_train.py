@@ -17,6 +17,14 @@ the plan's schedule class (``Schedule1F1B``, ``ScheduleGPipe``,
 arguments of ``step`` to every stage), averages gradients over each group's replicas
 (the ``dp`` dimension of a 2-D ``DeviceMesh``), sums the gradients of tied weights, takes
 an SGD step, and prints ``step <k> loss <value>`` on rank 0.
+
+A plan with ``tensor_parallel`` t > 1 runs on a 3-D mesh ``pp x dp x tp``: each stage's
+units are split over ``tp`` with ``parallelize_module`` (attention and MLP column- then
+row-parallel, the plan of ``pipeplan.runtime.sharding.tensor_parallel_plan``; other units
+replicated), and each rank sends its stage's outputs to the rank of the same ``dp`` and
+``tp`` coordinates in the next stage (every rank of a replica holds them whole).  The
+parameters of stages with ``zero`` 1 or 2 are stepped by ``ZeroRedundancyOptimizer`` over
+``dp`` (under ``zero`` 2 each gradient is summed onto the rank that steps it only).
 """
 
 from __future__ import annotations
@@ -36,9 +44,11 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B,
                                           ScheduleInterleavedZeroBubble, ScheduleLoopedBFS, ScheduleZBVZeroBubble)
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+from torch.distributed.tensor.parallel import parallelize_module
 
 from pipeplan.models.errors import InputError
 from pipeplan.models.model_options import ModelRequest
+from pipeplan.runtime.sharding import RankOptimizer, local, tensor_parallel_plan
 from pipeplan.runtime.training_data import build_run_model, step_batch
 
 HERE = Path(__file__).resolve().parent
@@ -134,7 +144,9 @@ def make_schedule(config: dict, stages: list, loss_fn, folder: Path = HERE):
 
 
 def tie_groups(config: dict, replicas: int) -> dict[int, list]:
-    """For each tied pair of units on two device groups: one process group per replica index.
+    """For each tied pair of units on two device groups: one process group per rank index in a group.
+
+    ``replicas``: the ranks of each group (``dp x tp``).
 
     Every rank creates every group (``new_group`` is collective); returns the groups
     this rank belongs to, by the unit whose weights it shares.  Tied units on one
@@ -201,19 +213,20 @@ def main(argv: list[str] | None = None) -> int:
     config = json.loads((HERE / "stages.json").read_text())
     args = parse_args(config, argv)
     num_stages, groups, replicas = len(config["stages"]), len(config["groups"]), config["replicas"]
+    t = config.get("tensor_parallel", 1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world != groups * replicas:
-        raise SystemExit(f"error: {HERE / 'stages.json'}: ranks: the plan needs {groups * replicas} processes "
-                         f"({groups} device groups x {replicas} replicas), got {world}: run torchrun "
-                         f"--nproc-per-node={groups * replicas}")
+    if world != groups * replicas * t:
+        raise SystemExit(f"error: {HERE / 'stages.json'}: ranks: the plan needs {groups * replicas * t} processes "
+                         f"({groups} device groups x {replicas} replicas x {t} tensor-parallel), got {world}: run "
+                         f"torchrun --nproc-per-node={groups * replicas * t}")
     # NCCL takes one GPU per process: with fewer GPUs than local processes, train on the CPUs (gloo)
     cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     device = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timedelta(seconds=args.timeout))
-    mesh = init_device_mesh(device.type, (groups, replicas), mesh_dim_names=("pp", "dp"))
-    g, j = mesh.get_coordinate()
+    mesh = init_device_mesh(device.type, tuple(config["mesh"]["shape"]), mesh_dim_names=tuple(config["mesh"]["dims"]))
+    g, j = mesh.get_coordinate()[:2]
     mine = config["groups"][g]["stages"]
     try:
         model = build_run_model(model_request(config, args), seq_len=config["seq_len"], seed=args.seed)
@@ -228,13 +241,16 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"error: {HERE / 'stages.json'}: stages[{s}].units: model {args.model!r} has units "
                              f"{names}, the plan's stage {s} holds {spec['units']}")
         module = StageModule(model, *spec["layers"], spec["inputs"], spec["outputs"]).to(device)
+        if t > 1:  # every rank built the same weights: each keeps its shard (src_data_rank=None)
+            for unit in module.units:
+                parallelize_module(unit, mesh["tp"], tensor_parallel_plan(unit, t), src_data_rank=None)
         runner = checkpoint_wrapper(module) if spec["recompute"] else module
         modules.append(module)
         stages.append(PipelineStage(runner, s, num_stages, device, group=mesh["pp"].get_group()))
     schedule = make_schedule(config, stages, model.loss)
     parameters = list({id(p): p for module in modules for p in module.parameters()}.values())  # tied: once
-    optimizer = torch.optim.SGD(parameters, lr=args.lr)
-    ties = tie_groups(config, replicas)
+    ties = tie_groups(config, replicas * t)
+    optimizer = make_optimizer(config, model, modules, mine, parameters, ties, copies, mesh, args.lr)
     rows = replica_rows(config["microbatches"], config["microbatch_size"], replicas, j)
     first, last = 0 in mine, num_stages - 1 in mine
     for step in range(args.steps):
@@ -245,22 +261,54 @@ def main(argv: list[str] | None = None) -> int:
         schedule.step(*inputs, batch=x, **({"target": y, "losses": losses} if last else {}))
         for p, copy in copies:
             p.grad = copy.grad = p.grad + copy.grad
-        sync_gradients(parameters, mesh, replicas, model, ties)
+        sync_gradients(parameters, mesh, replicas, model, ties, optimizer.owners if zero_two(config, mine) else {})
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        report_loss(step, losses, replicas)
+        report_loss(step, losses, replicas * t)
     dist.destroy_process_group()
     return 0
 
 
-def sync_gradients(parameters: list[nn.Parameter], mesh, replicas: int, model, ties: dict[int, list]) -> None:
-    """Average over the group's replicas, then sum the tied copies' gradients across groups."""
+def zero_two(config: dict, mine: list[int]) -> bool:
+    """Whether this rank's stages shard their gradients (``zero`` 2)."""
+    return any(config["stages"][s].get("zero", 0) == 2 for s in mine)
+
+
+def make_optimizer(config: dict, model, modules: list, mine: list[int], parameters: list[nn.Parameter],
+                   ties: dict[int, list], copies: list, mesh, lr: float) -> RankOptimizer:
+    """SGD; over ``dp`` with ZeroRedundancyOptimizer for the parameters of stages with ``zero`` 1 or 2.
+
+    Tied parameters are summed across groups and stepped whole on each holder.
+    """
+    tied = {id(p) for groups in ties.values() for _, (unit, owner) in groups
+            for p in tied_parameters(model, unit, owner)} | {id(q) for pair in copies for q in pair}
+    zero = {id(p) for module, s in zip(modules, mine) if config["stages"][s].get("zero", 0)
+            for p in module.parameters()}
+    if config["replicas"] == 1:
+        return RankOptimizer(parameters, lr)
+    sharded = [p for p in parameters if id(p) in zero and id(p) not in tied]
+    return RankOptimizer(parameters, lr, sharded, mesh["dp"].get_group() if sharded else None)
+
+
+def sync_gradients(parameters: list[nn.Parameter], mesh, replicas: int, model, ties: dict[int, list],
+                   owners: dict[int, int] | None = None) -> None:
+    """Average over the group's replicas (ZeRO-2: onto each gradient's owner only), then sum the tied copies'
+    gradients across groups.  A tensor-parallel parameter's gradient is this rank's shard (``local``)."""
+    owners = owners or {}
     if replicas > 1:
         group = mesh["dp"].get_group()
         for p in parameters:
-            if p.grad is not None:
-                dist.all_reduce(p.grad, group=group)
-                p.grad /= replicas
+            if p.grad is None:
+                continue
+            grad = local(p.grad)
+            if id(p) in owners:
+                dist.reduce(grad, dst=owners[id(p)], group=group)
+                if owners[id(p)] != dist.get_rank():
+                    p.grad = None
+                    continue
+            else:
+                dist.all_reduce(grad, group=group)
+            grad /= replicas
     for groups in ties.values():
         for group, (unit, owner) in groups:
             for p in tied_parameters(model, unit, owner):
@@ -268,7 +316,10 @@ def sync_gradients(parameters: list[nn.Parameter], mesh, replicas: int, model, t
 
 
 def report_loss(step: int, losses: list[torch.Tensor], replicas: int) -> None:
-    """The global batch's mean loss on rank 0: the last stage's ranks hold it, each for its replica."""
+    """The global batch's mean loss on rank 0: the last stage's ranks hold it, each for its replica.
+
+    ``replicas``: the last stage's ranks (``dp x tp``: a replica's tensor-parallel ranks hold the same loss).
+    """
     mine = torch.stack(losses).mean().double() / replicas if losses else torch.zeros((), dtype=torch.float64)
     dist.all_reduce(mine)
     if dist.get_rank() == 0:

@@ -124,12 +124,22 @@ def work_bound(problem: PlanningProblem) -> float:
 
 
 
-def static_bound(data: ExactData, cutoff: float) -> float:
-    """``max_l min`` over arcs covering layer ``l`` of their standalone bound (``cutoff`` for pruned ones)."""
-    L = len(data.problem.graph)
-    lo, hi, value = data.table["lo"], data.table["hi"], data.table["standalone"]
-    best = np.full((L + 1, L + 1), np.inf)
-    np.minimum.at(best, (lo, hi), value)
+def covering_bound(best: np.ndarray, cutoff: float) -> float:
+    """The static bound: ``max_l min`` over the arcs covering layer ``l`` of their standalone bound.
+
+    ``best[lo, hi]`` is the least standalone bound of the arcs over ``[lo, hi)``.  Every
+    configuration holds, for each layer, one arc covering it, so its bound is at
+    least the smallest standalone bound of those arcs; an arc left out (``inf``) is one
+    whose bound reached ``cutoff``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> best = np.full((3, 3), np.inf); best[0, 1], best[1, 2], best[0, 2] = 2.0, 3.0, 5.0
+    >>> covering_bound(best, 10.0), covering_bound(best, 2.5)
+    (3.0, 2.5)
+    """
+    L = best.shape[0] - 1
     bound = 0.0
     for layer in range(L):
         covering = best[:layer + 1, layer + 1:]

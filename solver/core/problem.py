@@ -29,6 +29,12 @@ equal microbatches), ``splits`` (one stage per group, microbatch sizes chosen: `
 ``per_stage``) and ``virtual stages`` (device groups holding several stages: the interleaved,
 looped and zero-bubble schedules, ``M`` equal microbatches)."""
 
+TENSOR_PARALLEL_MODES = ("1", "uniform", "per-stage")
+"""``tensor_parallel`` choices: none, one chosen degree for every stage, a chosen degree per device group."""
+
+ZERO_CHOICES = ("0", "1", "2", "auto")
+"""``zero`` choices: a ZeRO level for every stage, or ``auto`` (chosen per stage)."""
+
 MAX_DEVICES = 4096
 """Most devices a planning problem may have: the largest clusters the solvers are measured
 to hold their time limits on (``experiments/bench_scale.py``, ``tests/test_scale.py``)."""
@@ -40,6 +46,31 @@ MAX_MICROBATCHES = 256
 """Most microbatches (``--microbatches``, and ``--max-microbatches`` with auto): the split
 searches and timelines grow with the count (``cpsat-split`` with a 2 s limit and
 ``K = 1000`` ran 36 s)."""
+
+
+def tensor_degrees(cluster: Cluster, most: int) -> list[int]:
+    """The degrees ``t <= most`` that divide the device count of at least one server, smallest first.
+
+    A replica's ``t`` devices sit in one server (docs/model.md 8.2); a degree that divides a
+    server's count tiles it with replicas, as Megatron-LM and torchtitan place them.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> tensor_degrees(load_cluster("examples/tp.cluster.json"), 8)
+    [1, 2, 4]
+    """
+    sizes = _server_sizes(cluster)
+    found = {t for n in sizes for t in range(1, min(n, most) + 1) if n % t == 0}
+    return sorted(found)
+
+
+def _server_sizes(cluster: Cluster) -> list[int]:
+    """The device count of each server that holds devices."""
+    counts: dict[str, int] = {}
+    for d in cluster.devices:
+        counts[d.server] = counts.get(d.server, 0) + 1
+    return list(counts.values())
 
 
 def probe_counts(top: int) -> list[int]:
@@ -127,6 +158,18 @@ class PlanningProblem:
     virtual_stages: int | None = None
     """``v``, stages per device group, for ``interleaved-1f1b``, ``interleaved-zb`` and ``looped-bfs``;
     ``None`` (``auto``) tries every ``v`` that fits.  ``zbv`` has ``v = 2``; version 1 has ``v = 1``."""
+    tensor_parallel: str = "1"
+    """The stages' tensor-parallel degrees (docs/model.md 8.2): ``"1"`` (none), ``"uniform"`` (one degree
+    ``t`` for every stage, chosen) or ``"per-stage"`` (each device group its own, chosen); see
+    :mod:`pipeplan.solver.heuristics.tensor_search`."""
+    max_tensor_parallel: int = 8
+    """Largest degree ``t`` tried (a degree must also divide the device count of a server)."""
+    zero: str = "0"
+    """The ZeRO level: ``"0"``, ``"1"``, ``"2"`` (every stage) or ``"auto"`` (each stage the lowest level up to
+    :attr:`max_zero` that makes the plan fastest and fit; docs/solvers.md)."""
+    max_zero: int = 2
+    """Highest ZeRO level ``auto`` may give a stage (1 for runtimes that take ZeRO-1 only, as DeepSpeed's
+    pipeline engine)."""
 
     def __post_init__(self) -> None:
         if not 1 <= self.global_batch <= MAX_SAMPLES:
@@ -150,6 +193,7 @@ class PlanningProblem:
             raise ValueError(f"max_microbatches ({self.max_microbatches}) is below microbatches "
                              f"({self.microbatches}); the equal split must stay in the search space")
 
+        self._check_tensor_parallel()
         check_size(self.graph, self.cluster, max(self.microbatches, self.max_microbatches or 0))
         what, why = overflow_cause(self.graph, self.cluster, self.global_batch, self.state_factor)
         if what:
@@ -168,6 +212,29 @@ class PlanningProblem:
         if self.needs.several_stages and self.per_stage:
             raise ValueError(f"{self.schedule} splits every stage alike (spec 7.2: all stages share one "
                              f"microbatches list), so per-stage splits do not apply; drop --per-stage")
+
+    def _check_tensor_parallel(self) -> None:
+        """Refuse an unknown degree mode or ZeRO choice, and ZeRO on a state too small to split."""
+        if self.tensor_parallel not in TENSOR_PARALLEL_MODES:
+            raise ValueError(f"tensor_parallel must be one of {', '.join(TENSOR_PARALLEL_MODES)}, "
+                             f"got {self.tensor_parallel!r}")
+        if not 1 <= self.max_tensor_parallel <= MAX_DEVICES:
+            raise ValueError(f"max_tensor_parallel must be 1 to {MAX_DEVICES} devices per replica, "
+                             f"got {self.max_tensor_parallel}")
+        if self.zero not in ZERO_CHOICES:
+            raise ValueError(f"zero must be one of {', '.join(ZERO_CHOICES)}, got {self.zero!r}")
+        if self.max_zero not in (1, 2):
+            raise ValueError(f"max_zero must be 1 or 2 (the highest level auto may choose), got {self.max_zero}")
+        if self.zero != "0" and self.state_factor < 2:
+            raise ValueError(f"ZeRO shards the optimizer state, the state_factor - 2 bytes per parameter byte "
+                             f"beyond the weights and gradients (docs/model.md 8.2), but state_factor is "
+                             f"{self.state_factor:g}; give --state-factor 2 or more, or --zero 0")
+
+    @property
+    def tensor_search(self) -> bool:
+        """Whether the degrees or ZeRO levels are decisions (:attr:`tensor_parallel` or :attr:`zero` not the
+        default): solvers then plan through :func:`pipeplan.solver.heuristics.tensor_search.solve_tensor_parallel`."""
+        return self.tensor_parallel != "1" or self.zero != "0"
 
     @property
     def needs(self) -> type[Schedule]:
@@ -266,7 +333,7 @@ class PlanningProblem:
         """
         if plan.schedule != self.schedule or len(plan.stages) > self.stage_limit:
             return False
-        if not self.allow_replication and any(len(st.devices) > 1 for st in plan.stages):
+        if not self.allow_replication and any(st.replicas > 1 for st in plan.stages):
             return False
         if not self.allow_recompute and any(st.recompute for st in plan.stages):
             return False
@@ -288,7 +355,7 @@ class PlanningProblem:
         """Whether ``plan`` respects this problem's switches."""
         if len(plan.stages) > self.stage_limit:
             return False
-        if not self.allow_replication and any(len(st.devices) > 1 for st in plan.stages):
+        if not self.allow_replication and any(st.replicas > 1 for st in plan.stages):
             return False
         if not self.allow_recompute and any(st.recompute for st in plan.stages):
             return False

@@ -289,6 +289,9 @@ class PartitionSearch:
     """Partitions synthesized (the counted work)."""
     stopped_by: str
     """``"complete"`` (no move improves the best partitions), ``"budget"`` (the evaluations ran out) or ``"time"``."""
+    pruned: int = 0
+    """Neighbours left unsynthesized (and uncounted): no program of theirs could beat the current partition
+    (:func:`order_lower_bound` not below its time)."""
 
 
 def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster: Cluster, *,
@@ -300,7 +303,10 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
     (:func:`~pipeplan.solver.schedules.synthesis.synthesize`); then, from the fastest
     seeds first, a first-improvement walk over :func:`neighbours` moves to a neighbour
     whose synthesized time is shorter, until no move improves or ``evaluations``
-    partitions have been synthesized.  A seed's own programs are a candidate on its
+    partitions have been synthesized.  A neighbour none of whose programs can be faster than
+    the current partition (:func:`order_lower_bound`, each group's work plus its all-reduce
+    and step, not below the current time) is skipped without being synthesized or counted:
+    the walk would not move there.  A seed's own programs are a candidate on its
     partition, and the first seed is always synthesized, so with the seeds fastest first
     the result is never slower than any seed.  The result depends on the seeds, the
     budget and the instance only (ties: the first found); ``deadline`` (a
@@ -351,6 +357,21 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
         seen[key] = made
         return made
 
+    pruned = 0
+
+    def cannot_improve(plan: Plan, time_: float) -> bool:
+        """Whether every program of ``plan``'s partition takes ``time_`` or longer (each group's work, all-reduce
+        and step, whole or split backwards): synthesizing it cannot give an improving move."""
+        nonlocal pruned
+        try:
+            instance = schedule_instance(plan, graph, cluster, memory_fraction=memory_fraction)
+        except ValueError:
+            return False  # score() says so
+        if min(order_lower_bound(instance, True), order_lower_bound(instance, False)) < time_:
+            return False
+        pruned += 1
+        return True
+
     def out_of_work() -> str:
         if count >= evaluations:
             return "budget"
@@ -380,7 +401,7 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
         while improved and stopped == "complete":
             improved = False
             for cand in neighbours(current.plan, allow_recompute):
-                if partition_key(cand) in seen:
+                if partition_key(cand) in seen or cannot_improve(cand, current.iteration_time):
                     continue
                 if (stop := out_of_work()):
                     stopped = stop
@@ -392,7 +413,7 @@ def search_partitions(seeds: list[tuple[str, Plan]], graph: LayerGraph, cluster:
                     break
         if best is None or current.iteration_time < best.iteration_time:
             best = current
-    return PartitionSearch(best, tuple(per_seed), count, stopped)
+    return PartitionSearch(best, tuple(per_seed), count, stopped, pruned)
 
 
 # --------------------------------------------------------------------------- the time-memory trade-off

@@ -14,7 +14,8 @@ from dataclasses import replace
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.formats.plan import Plan, load_plan
-from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.problem import PlanningProblem, tensor_degrees
+from pipeplan.solver.formats.cluster import Cluster
 from pipeplan.solver.core.result import SolverResult
 
 
@@ -62,9 +63,18 @@ def check_warm_start(plan: Plan, problem: PlanningProblem, where: str) -> Plan:
     InputError
         When the plan has another batch or schedule, lies outside the problem's switches
         (stages, replication, recompute, microbatches) or does not fit in memory, or uses
-        tensor parallelism or ZeRO, which no solver plans yet.
+        degrees or ZeRO levels the problem's ``tensor_parallel`` and ``zero`` do not allow.
     """
-    plan.refuse_tensor_parallel(where, "a solver's warm start")
+    if problem.tensor_search:
+        why = outside_options(plan, problem.cluster, problem.tensor_parallel, problem.max_tensor_parallel,
+                              problem.zero, problem.max_zero)
+        if why:
+            raise InputError(where, "stages", f"{why}; give the options it was made with")
+    elif plan.tensor_parallel_uses():
+        raise InputError(where, "stages", f"{plan.tensor_parallel_uses()[0]}, but a solver's warm start takes only "
+                                          f"tensor_parallel 1 and zero 0 unless --tensor-parallel or --zero lets "
+                                          f"the solver choose them (docs/solvers.md); give those options or a plan "
+                                          f"without them")
     if plan.global_batch != problem.global_batch:
         raise InputError(where, "global_batch", f"the plan is for a batch of {plan.global_batch} samples, the "
                                                 f"problem has --batch {problem.global_batch}; plan again or give "
@@ -106,3 +116,35 @@ def keep_better(problem: PlanningProblem, result: SolverResult, start: Plan) -> 
                    message=(result.message + "; " if result.message else "")
                    + "the warm-start plan was faster than any this solver found, so it is returned",
                    lower_bound=lower if lower is None or lower <= verdict.iteration_time else None)
+
+
+def outside_options(plan: Plan, cluster: Cluster, mode: str, most: int, zero: str, max_zero: int) -> str:
+    """Why ``plan``'s degrees or ZeRO levels lie outside the options (``--tensor-parallel mode``, ``--max-tensor-parallel
+    most``, ``--zero zero``, ``--max-zero max_zero``), in words; ``""`` when they lie inside.
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.cluster import load_cluster
+    >>> plan, cluster = load_plan("examples/tp.plan.json"), load_cluster("examples/tp.cluster.json")
+    >>> outside_options(plan, cluster, "1", 8, "0", 2)
+    'stage 0 has tensor_parallel 2, but --tensor-parallel 1 allows only 1'
+    >>> outside_options(plan, cluster, "per-stage", 8, "auto", 2)
+    ''
+    """
+    degrees = [st.tensor_parallel for st in plan.stages]
+    allowed = set(tensor_degrees(cluster, most)) if mode != "1" else {1}
+    for s, t in enumerate(degrees):
+        if t not in allowed:
+            return (f"stage {s} has tensor_parallel {t}, but --tensor-parallel {mode}"
+                    + (f" --max-tensor-parallel {most} allows {', '.join(map(str, sorted(allowed)))}"
+                       if mode != "1" else " allows only 1"))
+    if mode == "uniform" and len(set(degrees)) > 1:
+        return f"its stages have degrees {', '.join(map(str, sorted(set(degrees))))}, but --tensor-parallel uniform " \
+               f"gives every stage one"
+    for s in range(len(plan.stages)):
+        z = plan.stage_zero(s)
+        if zero == "auto" and z > max_zero:
+            return f"stage {s} has zero {z}, above --max-zero {max_zero}"
+        if zero != "auto" and z != int(zero):
+            return f"stage {s} has zero {z}, but --zero {zero} gives every stage {zero}"
+    return ""

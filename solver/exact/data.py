@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from pipeplan.solver.space.arcs import ARC_FIELDS, ExactData, tau_ops, two_round_trips
-from pipeplan.solver.bounds.terms import static_bound, work_bound
+from pipeplan.solver.bounds.terms import covering_bound, work_bound
 from pipeplan.solver.space.device_classes import device_classes
 from pipeplan.solver.evaluation.memory import range_peak_memory, settle_borderline, stash_points
 from pipeplan.solver.core.problem import PlanningProblem
@@ -31,6 +31,16 @@ Measured: 0.35 s for 1.9 million arcs once, but 5 s for 4.2 million and 17 s for
 million (44 layers x 14 devices of distinct speeds: 19 columns of 8 bytes, memory-bound).
 At 2.5e-7 a 20 s limit became 31-34 s on that instance; a table that may not be
 finished in time is not finished (no model, no bound from it)."""
+
+MAX_TABLE_ARCS = 8_000_000
+"""Most arcs :func:`build_data` keeps: 19 columns of 8 bytes make 1.2 GB, and finishing the table
+holds one more column at a time.  Uncapped, the arcs grow with the time the table gets: at
+``bench_scale``'s 64 devices (four device classes, 128 layers) the unfinished table held 5.2 GB
+after 60 s on the idle 2-core machine and 13 GB after 650 s, with no end in sight.  No model is
+built above :data:`pipeplan.solver.exact.solve.MAX_MODEL_ARCS` (150,000) arcs, and the
+configuration walk's tables over this many arcs would exceed its table budget on any cluster
+of more than 37 devices-left vectors, so past it the table is dropped and only its
+static bound is kept (counted, so the same on any machine)."""
 
 
 def _prefix(values: Sequence[float]) -> np.ndarray:
@@ -95,7 +105,8 @@ def _relax_single_trip_arcs(table: dict[str, np.ndarray], problem: PlanningProbl
     table["pivot_fwd"] = np.where(single, table["pivot_fwd"] - reach, table["pivot_fwd"])
 
 
-def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLimit | None = None) -> ExactData:
+def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLimit | None = None,
+               max_arcs: int = MAX_TABLE_ARCS) -> ExactData:
     """Enumerate the candidate arcs that fit in memory and whose standalone bound is below ``cutoff``.
 
     Vectorised over the layer ranges ``[lo, hi)``; one pass per (option, ``tau``).
@@ -108,6 +119,10 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
         for every configuration holding the arc) reaches it are dropped.
     clock : TimeLimit, optional
         Enumeration stops (``complete = False``) when it expires.
+    max_arcs : int
+        Most arcs kept (:data:`MAX_TABLE_ARCS`): past them the table is dropped
+        (``complete = False``, no arcs), but the enumeration goes on for the static bound,
+        which then holds if the enumeration ends before the clock.
     """
     graph, cluster = problem.graph, problem.cluster
     classes = device_classes(cluster)
@@ -159,7 +174,8 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
     speed_of = [c.speed for c in classes]
     columns: dict[str, list[np.ndarray]] = {name: [] for name in ARC_FIELDS}
     plain_fits: dict[tuple, np.ndarray] = {}
-    complete = True
+    complete, kept = True, 0
+    least = np.full((L + 1, L + 1), np.inf)  # least standalone bound per layer range, for the static bound
     for index, opt in enumerate(options):
         if clock is not None and clock.expired():
             complete = False
@@ -238,6 +254,11 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
             keep = np.flatnonzero(fits & (standalone < cutoff))
             if not len(keep):
                 continue
+            np.minimum.at(least, (lo_all[keep], hi_all[keep]), standalone[keep])
+            kept += len(keep)
+            if kept > max_arcs:  # too many to keep (see MAX_TABLE_ARCS): the static bound only
+                columns = {name: [] for name in ARC_FIELDS}
+                continue
             for name, col in (("lo", lo_all), ("hi", hi_all), ("busy_path", busy_path), ("pass_cost", pass_cost),
                               ("pivot_extra", delta), ("work", work), ("busy", busy), ("allreduce", ar),
                               ("head_f", head_f), ("head_fb", head_fb), ("standalone", standalone),
@@ -246,14 +267,21 @@ def build_data(problem: PlanningProblem, cutoff: float = math.inf, clock: TimeLi
                 columns[name].append(col[keep])
             columns["tau"].append(np.full(len(keep), t, dtype=np.int64))
             columns["option"].append(np.full(len(keep), index, dtype=np.int64))
-    arcs = sum(len(col) for col in columns["lo"])
-    if complete and (clock is None or clock.remaining() > FINISH_SECONDS_PER_ARC * arcs):
-        table = {name: np.concatenate(cols) if cols else _empty(name) for name, cols in columns.items()}
+    if complete and kept > max_arcs:  # every arc seen, too many kept: the static bound holds, no table
+        data = _unfinished(problem, classes, options, max_tau)
+        data.static_bound = max(covering_bound(least, cutoff), data.static_bound)
+        return data
+    if complete and (clock is None or clock.remaining() > FINISH_SECONDS_PER_ARC * kept):
+        table = {}
+        for name in list(columns):  # one column at a time: the lists go as their column is made
+            cols = columns.pop(name)
+            table[name] = np.concatenate(cols) if cols else _empty(name)
         order = np.lexsort((table["option"], table["tau"], table["hi"], table["lo"]))
-        table = {name: col[order] for name, col in table.items()}
+        for name in list(table):
+            table[name] = table[name][order]
         _relax_single_trip_arcs(table, problem, L, M)
         data = ExactData(problem, classes, options, table, max_tau, K, 0.0, True)
-        data.static_bound = max(static_bound(data, cutoff), work_bound(problem))
+        data.static_bound = max(covering_bound(least, cutoff), work_bound(problem))
         return data
     # Out of time, or too little left to sort and finish the table (its time is estimated
     # from the arcs): an unfinished table serves no model and no bound.

@@ -48,21 +48,29 @@ Spaces: ``in_order=False`` searches every order (any microbatch order on each st
 its ``W`` s in microbatch order (the space of the fixed schedules and of Zero Bubble's
 ILP), which is much smaller.
 
-When the microbatches are identical (the stages split alike, and on each stage every
-microbatch has the same samples, action times and transfer times), the in-order
-programs are as good as any, so the model searches them only, whichever space is
-asked.  Proof: take any programs and their timeline; on each stage give the ``i``-th
-``F`` (in program order) microbatch ``i``, and likewise the ``i``-th ``B``/``I`` and the
-``i``-th ``W``, keeping every action's position and times.  The ``i``-th ``F`` of stage
-``s + 1`` started after ``i`` distinct microbatches had arrived from stage ``s``, so after
-the arrival of stage ``s``'s ``i``-th ``F``: a link delivers in its sending order, and the
-arrivals of one stage's transfers rise with their order.  In the same way the ``i``-th
-``B``/``I`` of a stage starts after its ``i``-th ``F`` has ended and the ``i``-th gradient
-from the next stage has arrived, and the ``i``-th ``W`` after the ``i``-th ``I``.  Every
-transfer keeps its place and duration on its link, and the stash after each action
-depends on the kinds in program order only, so the relabelled programs are valid, fit
-where the originals fit, and their earliest timeline is no later.  (The brute-force
-tests of ``tests/test_order_model.py`` enumerate every order, so they check this too.)
+Microbatches that are alike (the stages split alike, and on every stage two
+microbatches have the same samples and action times, on every cut the same transfer
+times) can be run in microbatch order among themselves at no loss, so the model
+searches only such programs, whichever space is asked: when all microbatches are
+alike, the in-order programs; with, say, four microbatches of 5 samples and four of 4,
+those running the 5-sample ones in order and the 4-sample ones in order
+(:func:`microbatch_classes`).  Proof: take any programs and their timeline, and a class
+of alike microbatches ``c_1 < c_2 < ...``; on each stage give the ``i``-th ``F`` of the
+class (in program order) microbatch ``c_i``, and likewise the ``i``-th ``B``/``I`` and the
+``i``-th ``W`` of the class, keeping every action's position and times.  The ``i``-th ``F``
+of the class on stage ``s + 1`` started after ``i`` distinct microbatches of the class had
+arrived from stage ``s``, so after the arrival of stage ``s``'s ``i``-th ``F`` of the class: a
+link delivers in its sending order (a local hand-over at the end of the action, and a
+group's actions end in program order), so the arrivals of one stage's transfers of a
+class rise with their order.  In the same way the ``i``-th ``B``/``I`` of the class on a
+stage starts after its ``i``-th ``F`` of the class has ended and the ``i``-th gradient of
+the class from the next stage has arrived, and the ``i``-th ``W`` after the ``i``-th ``I``.
+Every transfer keeps its place and duration on its link (alike microbatches' transfers
+take the same time), and the stash after each action depends on the kinds and the
+samples in program order only, so the relabelled programs are valid, fit where the
+originals fit, and their earliest timeline is no later (:func:`canonical_programs`
+relabels the hint so).  (The brute-force tests of ``tests/test_order_model.py``
+enumerate every order, so they check this too.)
 """
 
 from __future__ import annotations
@@ -80,7 +88,8 @@ from pipeplan.solver.schedules.programs import (FORWARD, FULL_BACKWARD, INPUT_BA
 from pipeplan.solver.schedules.synthesis import (Programs, ProgramDeadlock, ScheduleInstance, Timeline, _timeline,
                                                  evaluate, split_backwards, synthesize)
 
-__all__ = ["OrderProblem", "OrderLimits", "OrderResult", "solve_order", "time_resolution", "floor_slack"]
+__all__ = ["OrderProblem", "OrderLimits", "OrderResult", "solve_order", "time_resolution", "floor_slack",
+           "microbatch_classes", "canonical_programs"]
 
 TIME_UNITS = 2 ** 24
 """Integer time units the serial work of an instance spans at the default resolution.
@@ -202,19 +211,51 @@ def _integer_instance(instance: ScheduleInstance, resolution: float) -> Schedule
     return replace(instance, stages=stages, boundaries=bounds, groups=groups)
 
 
-def _identical_microbatches(instance: ScheduleInstance) -> bool:
-    """Whether relabelling microbatches is a symmetry: equal splits, and every per-microbatch number equal."""
+def microbatch_classes(instance: ScheduleInstance) -> tuple[tuple[int, ...], ...]:
+    """The microbatches that relabelling may swap: classes of microbatches alike in every number.
+
+    With equal splits, microbatches ``j`` and ``k`` are alike when on every stage they have
+    the same samples and action times and on every cut the same transfer times; each
+    class lists its microbatches in increasing order.  Unequal splits (stage ``s + 1``'s
+    microbatch waiting for several of stage ``s``'s) give one class per microbatch: no
+    relabelling is known to be a symmetry then.
+    """
+    count = instance.stages[0].count if instance.stages else 0
     if not instance.equal_splits:
-        return False
-    for st in instance.stages:
-        for row in (st.samples, st.forward, st.backward, st.input_grad, st.weight_grad):
-            if any(x != row[0] for x in row):
-                return False
-    for b in instance.boundaries:
-        for row in (b.forward, b.backward):
-            if any(x != row[0] for x in row):
-                return False
-    return True
+        return tuple((k,) for k in range(count))
+
+    def signature(k: int) -> tuple:
+        rows = [(st.samples[k], st.forward[k], st.backward[k], st.input_grad[k], st.weight_grad[k])
+                for st in instance.stages]
+        return tuple(rows) + tuple((b.forward[k], b.backward[k]) for b in instance.boundaries)
+
+    classes: dict[tuple, list[int]] = {}
+    for k in range(count):
+        classes.setdefault(signature(k), []).append(k)
+    return tuple(tuple(ks) for ks in classes.values())
+
+
+def canonical_programs(instance: ScheduleInstance, programs: Sequence[Sequence[Action]]) -> Programs:
+    """``programs`` relabelled so that each stage runs each class's actions of one kind in microbatch order.
+
+    Per stage and kind, the ``i``-th action of a class of :func:`microbatch_classes` (in
+    program order) becomes the class's ``i``-th microbatch; every action keeps its
+    position.  By the module's argument the result is valid, keeps every peak and its
+    earliest timeline is no later.
+    """
+    classes = microbatch_classes(instance)
+    member = {k: (c, i) for c, ks in enumerate(classes) for i, k in enumerate(ks)}
+    seen: dict[tuple[int, str, int], int] = {}
+    out = []
+    for program in programs:
+        relabelled = []
+        for a in program:
+            c, _ = member[a.microbatch]
+            i = seen.get((a.stage, a.kind, c), 0)
+            seen[(a.stage, a.kind, c)] = i + 1
+            relabelled.append(Action(a.stage, a.kind, classes[c][i]))
+        out.append(tuple(relabelled))
+    return tuple(out)
 
 
 class _Model:
@@ -268,8 +309,10 @@ class _Model:
         stages = self.units.stages
         last = len(stages) - 1
         back = self.back
-        # identical microbatches: in-order programs are as good as any (see the module docstring)
-        in_order = self.problem.in_order or _identical_microbatches(self.problem.instance)
+        # alike microbatches run in microbatch order: as good as any order (see the module docstring)
+        previous = {k: ks[i - 1] for ks in microbatch_classes(self.problem.instance) for i, k in enumerate(ks) if i}
+        if self.problem.in_order:
+            previous = {k: k - 1 for k in range(1, max(st.count for st in stages))}
         preds: dict[Action, list[Action]] = {a: [] for acts in self.actions for a in acts}
         for s, st in enumerate(stages):
             for k in range(st.count):
@@ -283,9 +326,9 @@ class _Model:
                 preds[b].append(f)  # implied on every stage but the last
                 if back == INPUT_BACKWARD:
                     preds[Action(s, WEIGHT_BACKWARD, k)].append(b)
-                if in_order and k > 0:
+                if k in previous:
                     for kind in (FORWARD, back) + ((WEIGHT_BACKWARD,) if back == INPUT_BACKWARD else ()):
-                        preds[Action(s, kind, k)].append(Action(s, kind, k - 1))
+                        preds[Action(s, kind, k)].append(Action(s, kind, previous[k]))
         return preds
 
     def _ancestors(self) -> dict[Action, int]:
@@ -537,7 +580,18 @@ def solve_order(problem: OrderProblem, limits: OrderLimits = OrderLimits(), *,
         hint_programs, hint_timeline = None, None
     if hint_timeline is not None and not hint_timeline.fits:
         hint_programs, hint_timeline = None, None
-    model = _Model(problem, hint_programs)
+    model_hint = hint_programs
+    if hint_programs is not None and not problem.in_order:
+        # the model runs alike microbatches in order: the hint relabelled so, no slower (see the module docstring)
+        relabelled = canonical_programs(inst, hint_programs)
+        try:
+            canonical: Timeline | None = evaluate(inst, relabelled)
+        except ProgramDeadlock:  # cannot happen by the proof; the hint stays as given then
+            canonical = None
+        if canonical is not None and canonical.fits \
+                and canonical.iteration_time <= hint_timeline.iteration_time:  # type: ignore[union-attr]
+            hint_programs, hint_timeline, model_hint = relabelled, canonical, relabelled
+    model = _Model(problem, model_hint)
     solver = cp_model.CpSolver()
     params = solver.parameters
     params.max_deterministic_time = limits.work

@@ -88,6 +88,10 @@ def run_job(index: int, job: dict) -> int:
     finally:
         torch.set_num_threads(threads)  # pipeplan's worker takes one thread; train.py keeps torchrun's
         os.environ.update(saved)
+        # DTensor's caches hold the meshes of a tensor-parallel job, equal to the next job's by ranks alone
+        from pipeplan.runtime.sharding import forget_meshes
+
+        forget_meshes()
 
 
 def main() -> int:
