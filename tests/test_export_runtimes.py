@@ -10,6 +10,7 @@ pipeplan's own workers on the same plans, happen once for the module, in one tor
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -63,8 +64,9 @@ def cli(*argv: str) -> None:
 
 # ---------------------------------------------------------------- DeepSpeed: its pipeline engine trains
 DEEPSPEED_PLANS = {
-    # 4 processes: 1F1B, 2 stages x 2 data-parallel replicas of gpt-tiny (embedding and head tied across the cut)
-    "gpt-replicas": ("gpt-tiny", [(0, 3, ["cpu0", "cpu1"], [4, 4]), (3, 6, ["cpu2", "cpu3"], [4, 4])]),
+    # 4 processes: 1F1B, 2 stages x 2 data-parallel replicas of gpt-tiny (embedding and head tied across the cut),
+    # ZeRO-1: the optimizer state sharded over the replicas (zero_optimization stage 1)
+    "gpt-replicas": ("gpt-tiny", [(0, 3, ["cpu0", "cpu1"], [4, 4]), (3, 6, ["cpu2", "cpu3"], [4, 4])], 1),
     # 2 processes: the user model (tied head, a skip from the embedding over the cut), every stage recomputing
     "mymodel-recompute": ("mymodel", [(0, 3, ["cpu0"], [2, 2, 2, 2], True), (3, 6, ["cpu1"], [2, 2, 2, 2], True)]),
 }
@@ -96,8 +98,9 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
     cli("profile", MYMODEL, *[w for a in MYMODEL_ARGS for w in ("--model-arg", a)], "--analytic",
         "-o", graphs["mymodel"])
     runs, jobs = {}, []
-    for name, (model, stages) in DEEPSPEED_PLANS.items():
+    for name, (model, stages, *zero) in DEEPSPEED_PLANS.items():
         p = plan(stages, batch=8, schedule="1f1b")
+        p = dataclasses.replace(p, zero=zero[0]) if zero else p
         processes = sum(len(st.devices) for st in p.stages)
         graph = load_graph(graphs[model])
         plan_file = write_json(folder / f"{name}.plan.json",
@@ -228,8 +231,6 @@ class TestMegatronCore:
 class TestMegatronCoreTensorParallel:
     def test_flags_name_megatron_cores_settings(self):
         require("megatron.core")
-        import dataclasses
-
         from megatron.core.distributed import DistributedDataParallelConfig
         from megatron.core.transformer.transformer_config import TransformerConfig
 
