@@ -49,6 +49,7 @@ from pipeplan.models.profile_measured import (UnitProfile, leaf_args, out_bytes,
                                               saved_bytes, to_graph, unit_args, unit_errors)
 from pipeplan.models.profile_split import grad_inputs, split_backward
 from pipeplan.models.profile_step import OPTIMIZERS, estimated_step, trainable
+from pipeplan.models.profile_tp import with_tensor_parallel, zoo_work
 from pipeplan.models.zoo import ZooModel, build_model
 
 #: The two microbatch sizes counted; FLOPs are affine in the batch size.
@@ -198,7 +199,8 @@ def analyse_units(modules: Sequence[torch.nn.Module],
 
 
 def profile_analytic(name: str, *, device: DeviceModel | None = None, seq_len: int | None = None,
-                     dtype: torch.dtype = torch.float32, optimizer: str = "adam") -> LayerGraph:
+                     dtype: torch.dtype = torch.float32, optimizer: str = "adam",
+                     tensor_parallel: bool = True) -> LayerGraph:
     """Estimate the layer graph of zoo model ``name`` on a device of given speed.
 
     Parameters
@@ -214,12 +216,16 @@ def profile_analytic(name: str, *, device: DeviceModel | None = None, seq_len: i
         Dtype of parameters and activations (sets every byte count).
     optimizer : str
         The optimizer whose step ``step`` estimates (``adam`` or ``sgd``).
+    tensor_parallel : bool
+        Give the layers with a known tensor-parallel plan (transformer blocks, token
+        embeddings, language-model heads) their ``tp_share`` and ``tp_comm``
+        (:mod:`pipeplan.models.profile_tp`).
 
     Returns
     -------
     LayerGraph
-        A ``pipeplan.graph/2`` graph; each layer carries its FLOPs per sample in an
-        extra ``flops`` field.
+        A ``pipeplan.graph/2`` graph, ``/3`` when a layer has a tensor-parallel plan;
+        each layer carries its FLOPs per sample in an extra ``flops`` field.
 
     Raises
     ------
@@ -241,4 +247,5 @@ def profile_analytic(name: str, *, device: DeviceModel | None = None, seq_len: i
     for layer, counted in zip(graph.layers, flops):
         layer.extra.pop("fit", None)  # nothing was fitted
         layer.extra["flops"] = counted
-    return graph
+    return with_tensor_parallel(graph, [(u.name, u.module) for u in model.units], zoo_work(model)) \
+        if tensor_parallel else graph

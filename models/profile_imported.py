@@ -160,7 +160,7 @@ def _source(model: ImportedModel, method: str) -> dict[str, Any]:
 
 
 def profile_imported(model: ImportedModel, config: MeasureConfig | None = None, *,
-                     progress: bool = False) -> LayerGraph:
+                     progress: bool = False, tensor_parallel: bool = True) -> LayerGraph:
     """Measure an imported model's units on this machine; its layer graph.
 
     Parameters
@@ -171,6 +171,10 @@ def profile_imported(model: ImportedModel, config: MeasureConfig | None = None, 
         Batch sizes, warm-up, repeats, rounds, threads, seed (the zoo's defaults).
     progress : bool
         Show a progress bar on stderr.
+    tensor_parallel : bool
+        Give the units with a known tensor-parallel plan (Hugging Face GPT-2, Llama and
+        BERT blocks, token embeddings and heads) ``tp_share`` and ``tp_comm``
+        (:mod:`pipeplan.models.profile_tp`).
 
     Returns
     -------
@@ -183,14 +187,26 @@ def profile_imported(model: ImportedModel, config: MeasureConfig | None = None, 
     source = _source(model, "measured")
     source.update(version=PROFILE_VERSION, measure={**asdict(config), "batch_sizes": list(config.batch_sizes)},
                   machine=machine())
-    return imported_graph(model, profiles, source)
+    graph = imported_graph(model, profiles, source)
+    return _with_tensor_parallel(model, graph, config.seed) if tensor_parallel else graph
 
 
-def analyse_imported(model: ImportedModel, device: Any = None, optimizer: str = "adam") -> LayerGraph:
+def _with_tensor_parallel(model: ImportedModel, graph: LayerGraph, seed: int) -> LayerGraph:
+    """``graph`` with the version-3 fields of the units that have a tensor-parallel plan."""
+    from pipeplan.models.profile_tp import with_tensor_parallel
+
+    return with_tensor_parallel(graph, [(u.name, u.module) for u in model.units],
+                                lambda n: [(w[0], w[1]) for w in unit_work(model, n, seed)])
+
+
+def analyse_imported(model: ImportedModel, device: Any = None, optimizer: str = "adam", *,
+                     tensor_parallel: bool = True) -> LayerGraph:
     """Estimate an imported model's layer graph from FLOPs (see :mod:`pipeplan.models.profile_analytic`).
 
     The units are counted on the arguments of a real forward pass at 1 and 2 samples,
-    on the device the model is on (``meta``: no weights allocated).
+    on the device the model is on (``meta``: no weights allocated); with
+    ``tensor_parallel``, the units with a known tensor-parallel plan get ``tp_share``
+    and ``tp_comm`` (:mod:`pipeplan.models.profile_tp`).
     """
     from pipeplan.models.profile_analytic import SIZES, DeviceModel, analyse_units
 
@@ -204,4 +220,4 @@ def analyse_imported(model: ImportedModel, device: Any = None, optimizer: str = 
     graph = imported_graph(model, profiles, source)
     for layer, counted in zip(graph.layers, flops):
         layer.extra["flops"] = counted
-    return graph
+    return _with_tensor_parallel(model, graph, 0) if tensor_parallel else graph

@@ -42,6 +42,7 @@ from pipeplan.models.errors import InputError
 from pipeplan.models.fit import LinearFit, clamp_part, fit_linear
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.models.profile_split import SavedTensorLog, grad_inputs, input_backward, split_backward
+from pipeplan.models.profile_units import leaf_args, param_bytes, per_sample, unit_args
 from pipeplan.models.profile_step import OPTIMIZERS, median_step
 from pipeplan.models.zoo import ZooModel, build_model
 
@@ -107,24 +108,6 @@ class UnitProfile:
 
 
 # ------------------------------------------------------------------ helpers shared with the analytic profiler
-def leaf_args(args: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Detached copies of a unit's inputs; floating ones require grad as in a pipeline stage."""
-    leaves = []
-    for tensor in args:
-        leaf = tensor.detach()
-        if leaf.is_floating_point():
-            leaf.requires_grad_(True)
-        leaves.append(leaf)
-    return leaves
-
-
-def unit_args(model: ZooModel, inputs: torch.Tensor) -> list[list[torch.Tensor]]:
-    """Each unit's argument tensors for one batch (one gradient-free forward pass)."""
-    with torch.no_grad():
-        outputs = model.forward(inputs)
-    return [[outputs[j] for j in unit.inputs] for unit in model.units]
-
-
 def saved_bytes(module: nn.Module, args: Sequence[torch.Tensor]) -> tuple[torch.Tensor, int]:
     """Run ``module(*args)`` and count the bytes autograd saves for the backward pass.
 
@@ -140,21 +123,6 @@ def saved_bytes(module: nn.Module, args: Sequence[torch.Tensor]) -> tuple[torch.
     with log.hooks():
         output = module(*args)
     return output, log.saved_bytes()
-
-
-def per_sample(sizes: Sequence[int], values: Sequence[float]) -> float:
-    """Per-sample part of a quantity measured at several sizes: the slope between the
-    smallest and largest size (so per-call constants like a mask drop out), or
-    ``value / n`` when only one size was measured."""
-    lo, hi = min(range(len(sizes)), key=sizes.__getitem__), max(range(len(sizes)), key=sizes.__getitem__)
-    if sizes[lo] == sizes[hi]:
-        return max(values[hi] / sizes[hi], 0.0)
-    return max((values[hi] - values[lo]) / (sizes[hi] - sizes[lo]), 0.0)
-
-
-def param_bytes(module: nn.Module) -> int:
-    """Bytes of the module's (unique) parameters."""
-    return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
 def out_bytes(output: torch.Tensor) -> int:
@@ -420,7 +388,7 @@ def version2_fields(prof: UnitProfile) -> tuple[tuple[float, float] | None, floa
 
 def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len: int | None = None,
                      dtype: torch.dtype = torch.float32, use_cache: bool = True,
-                     progress: bool = False, device: str = "cpu") -> LayerGraph:
+                     progress: bool = False, device: str = "cpu", tensor_parallel: bool = True) -> LayerGraph:
     """Measure the zoo model ``name`` on this machine and return its layer graph.
 
     Parameters
@@ -440,6 +408,10 @@ def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len:
     device : str
         Where to measure: ``cpu`` or a CUDA device (``cuda``, ``cuda:1``); the graph's
         ``profile.device`` names a GPU measured on.
+    tensor_parallel : bool
+        Give the layers with a known tensor-parallel plan their ``tp_share`` and
+        ``tp_comm``, counted on the model (:mod:`pipeplan.models.profile_tp`; not cached:
+        counting is one forward pass at 1 and 2 samples).
 
     Returns
     -------
@@ -466,12 +438,19 @@ def profile_measured(name: str, *, config: MeasureConfig | None = None, seq_len:
         source["device"] = {"type": "cuda", "name": torch.cuda.get_device_name(model.device)}
     source["measure"]["batch_sizes"] = list(config.batch_sizes)
     key = cache_key("measured", {k: v for k, v in source.items() if k != "machine"})
+    graph = None
     if use_cache and (cached := load_cached("measured", key)) is not None:
         try:
-            return LayerGraph.from_dict(cached)
+            graph = LayerGraph.from_dict(cached)
         except InputError:
             pass  # a damaged entry: measure again and overwrite it
-    graph = to_graph(model, measure_model(model, config, progress=progress), source)
-    if use_cache:
-        store_cached("measured", key, graph.to_dict())
-    return graph
+    if graph is None:
+        graph = to_graph(model, measure_model(model, config, progress=progress), source)
+        if use_cache:
+            store_cached("measured", key, graph.to_dict())
+    if not tensor_parallel:
+        return graph
+    from pipeplan.models.profile_tp import with_tensor_parallel, zoo_work  # it imports this module
+
+    with torch_threads(config.threads):
+        return with_tensor_parallel(graph, [(u.name, u.module) for u in model.units], zoo_work(model, config.seed))

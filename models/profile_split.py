@@ -37,6 +37,16 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 from torch import nn
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+from torch.utils import flop_counter
+
+_aten = torch.ops.aten
+if _aten._scaled_dot_product_flash_attention_for_cpu.default not in flop_counter.flop_registry:
+    # torch's fused attention on the CPU (what scaled_dot_product_attention runs there, and what the zoo's Llama
+    # runs on the meta device) has no FLOP formula in FlopCounterMode; it computes what the CUDA flash kernel does
+    flop_counter.register_flop_formula(_aten._scaled_dot_product_flash_attention_for_cpu, get_raw=True)(
+        flop_counter.sdpa_flop)  # already shape-wrapped
+    flop_counter.register_flop_formula(_aten._scaled_dot_product_flash_attention_for_cpu_backward, get_raw=True)(
+        flop_counter.sdpa_backward_flop)
 
 
 def storage_key(tensor: torch.Tensor) -> tuple[Any, int]:

@@ -5,7 +5,9 @@ with ``--analytic`` estimates it from FLOPs for a device of given speed without
 allocating any weights.  The graph is written atomically as ``pipeplan.graph/2``: besides
 forward and backward times it carries each layer's weight-gradient part of the backward
 (``bwd_w``), the bytes the weight gradient still needs (``act_w``) and the optimizer
-step (``step``, for ``--optimizer``).
+step (``step``, for ``--optimizer``).  Layers with a known tensor-parallel plan
+(transformer blocks, token embeddings, language-model heads) also carry ``tp_share`` and
+``tp_comm`` (a ``pipeplan.graph/3`` file) unless ``--no-tensor-parallel`` is given.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def register(subparsers: Any) -> None:
 
     profile = subparsers.add_parser("profile", help="profile a model into a layer graph",
                                     description="Measure (or with --analytic estimate) a zoo model or your own "
-                                                "PyTorch model and write its pipeplan.graph/2 file.")
+                                                "PyTorch model and write its pipeplan.graph/2 file (/3 when "
+                                                "layers have a known tensor-parallel plan).")
     profile.add_argument("model", help=f"{SPEC_HELP} (zoo: {', '.join(model_names())})")
     profile.add_argument("-o", "--output", metavar="GRAPH.json", help="graph file to write (required unless --dry-run)")
     add_force_option(profile)
@@ -73,6 +76,10 @@ def register(subparsers: Any) -> None:
                          help="timed runs per op, median kept (default 5; measuring only)")
     profile.add_argument("--device", default=None, metavar="cpu|cuda[:N]",
                          help="where to measure (default cpu; measuring only): a graph for this GPU's kind")
+    profile.add_argument("--no-tensor-parallel", action="store_true",
+                         help="write no tp_share/tp_comm: the graph of a model none of whose layers tensor "
+                              "parallelism splits (by default transformer blocks, token embeddings and LM heads "
+                              "get them)")
     profile.add_argument("--no-cache", action="store_true",
                          help="measure again even if a cached result exists (measuring only)")
     profile.set_defaults(func=run_profile)
@@ -164,7 +171,7 @@ def _analytic_imported(args: argparse.Namespace) -> tuple[Any, Any]:
     device = _analytic_device(args)
     try:
         imported = imported_from_args(args, device="meta")
-        graph = analyse_imported(imported, device, args.optimizer)
+        graph = analyse_imported(imported, device, args.optimizer, tensor_parallel=not args.no_tensor_parallel)
     except InputError as exc:
         if exc.where != "forward" and not exc.where.startswith("unit ") and exc.where != "the units' arguments":
             raise
@@ -173,7 +180,7 @@ def _analytic_imported(args: argparse.Namespace) -> tuple[Any, Any]:
         return imported, graph
     imported = imported_from_args(args)
     _warn(args, imported)
-    return imported, analyse_imported(imported, device, args.optimizer)
+    return imported, analyse_imported(imported, device, args.optimizer, tensor_parallel=not args.no_tensor_parallel)
 
 
 def _measured_imported(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -185,7 +192,8 @@ def _measured_imported(args: argparse.Namespace) -> tuple[Any, Any]:
     config = _measure_config(args)
     imported = imported_from_args(args)
     _warn(args, imported)
-    return imported, profile_imported(imported, config, progress=sys.stderr.isatty())
+    return imported, profile_imported(imported, config, progress=sys.stderr.isatty(),
+                                      tensor_parallel=not args.no_tensor_parallel)
 
 
 MEASURE_DEFAULTS = {"batch_sizes": "1,2,4,8", "threads": "1", "rounds": "1", "warmup": "2", "repeats": "5",
@@ -197,7 +205,7 @@ def _analytic(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
     from pipeplan.models.profile_analytic import profile_analytic
 
     return profile_analytic(args.model, device=_analytic_device(args), seq_len=seq_len, dtype=dtype,
-                            optimizer=args.optimizer)
+                            optimizer=args.optimizer, tensor_parallel=not args.no_tensor_parallel)
 
 
 def _analytic_device(args: argparse.Namespace) -> Any:
@@ -223,7 +231,8 @@ def _measured(args: argparse.Namespace, dtype: torch.dtype, seq_len: int | None)
     device = _torch_device(args.device or MEASURE_DEFAULTS["device"])
     try:
         return profile_measured(args.model, config=config, seq_len=seq_len, dtype=dtype,
-                                use_cache=not args.no_cache, progress=sys.stderr.isatty(), device=device)
+                                use_cache=not args.no_cache, progress=sys.stderr.isatty(), device=device,
+                                tensor_parallel=not args.no_tensor_parallel)
     except RuntimeError as exc:
         if "alloc" not in str(exc):
             raise

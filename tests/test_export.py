@@ -24,7 +24,8 @@ from pipeplan.runtime.export.rules import check_plan, equal_count_near, placemen
 from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
 from pipeplan.runtime.export.torch_target import crossing, schedule_csv, stages_config, torch_schedule
 from pipeplan.runtime.export.torch_train import make_schedule
-from pipeplan.runtime.export.torchtitan import RELEASES, csv_schedule_name, module_fqns, toml_fragment
+from pipeplan.runtime.export.torchtitan import (RELEASES, config_module, csv_schedule_name, module_fqns,
+                                                toml_fragment)
 from pipeplan.runtime.report import step_losses
 from pipeplan.runtime.verify import reference_parameters
 from pipeplan.solver.formats.plan import Plan, Stage
@@ -79,6 +80,99 @@ def refusal(p, target: str, graph=None, *, approximate: bool = False) -> str:
     return info.value.line()
 
 
+def tp_plan(degrees=(2, 2), zero: int = 1, stage_zero=(None, None), replicas: int = 2) -> Plan:
+    """gpt-tiny in two stages of ``replicas`` replicas of ``degrees[s]`` devices each, ZeRO ``zero``."""
+    stages = tuple(Stage(layers, tuple(f"s{s}.{i}" for i in range(replicas * t)), (4, 4), tensor_parallel=t, zero=z)
+                   for s, (layers, t, z) in enumerate(zip([(0, 3), (3, 6)], degrees, stage_zero)))
+    return Plan("gpt-tiny-6", "c", 8, 4.0, "1f1b", stages, zero=zero)
+
+
+class TestTensorParallelExport:
+    """Each target's capabilities (targets.py): the keys it writes for a 3-D plan, the refusals with their numbers."""
+
+    @pytest.mark.parametrize("target", [TORCH, TORCHTITAN, DEEPSPEED, MEGATRON])
+    def test_every_refused_level_has_its_reason(self, target):
+        caps = target.parallelism
+        assert 0 in caps.zero_levels
+        assert set(caps.zero_reasons) == {0, 1, 2} - set(caps.zero_levels)
+        assert set(caps.zero_keys) <= set(caps.zero_levels) and caps.degree_reason
+
+    def test_torch_takes_each_stages_zero_level(self):
+        p = tp_plan(degrees=(2, 2), zero=1, stage_zero=(None, 2))
+        assert check_plan(p, TORCH, "p.json") == (p, [])
+
+    @pytest.mark.parametrize("target, says", [
+        ("torch", "stage 1 has tensor_parallel 1 but stage 0 has 2: torch.distributed.pipelining runs the plan on "
+                  "one pp x dp x tp device mesh"),
+        ("deepspeed", "stage 0 has tensor_parallel 2: DeepSpeed has no tensor parallelism of its own"),
+        ("megatron", "stage 1 has tensor_parallel 1 but stage 0 has 2: Megatron-LM runs one "
+                     "--tensor-model-parallel-size for every pipeline stage"),
+        ("torchtitan", "stage 1 has tensor_parallel 1 but stage 0 has 2: torchtitan runs one tensor_parallel_degree"),
+    ])
+    def test_degrees_refused(self, target, says):
+        line = refusal(tp_plan(degrees=(2, 1), zero=0), target)
+        assert says in line and "--allow-approximate changes no degree" in line
+        assert refusal(tp_plan(degrees=(2, 1), zero=0), target, approximate=True) == line
+
+    @pytest.mark.parametrize("target, zero, says", [
+        ("deepspeed", 2, "stage 0 has zero 2: DeepSpeed refuses ZeRO-2 and ZeRO-3 under its pipeline engine"),
+        ("megatron", 2, "stage 0 has zero 2: Megatron-LM shards gradients only under Megatron-FSDP"),
+        ("torchtitan", 2, "stage 0 has zero 2: torchtitan shards gradients only between steps"),
+    ])
+    def test_zero_levels_refused(self, target, zero, says):
+        line = refusal(tp_plan(degrees=(1, 1), zero=zero), target)
+        assert line.startswith("error: p.json: zero: ") and says in line
+
+    @pytest.mark.parametrize("target", ["deepspeed", "megatron", "torchtitan"])
+    def test_zero_per_stage_refused(self, target):
+        line = refusal(tp_plan(degrees=(1, 1), zero=1, stage_zero=(None, 0)), target)
+        assert line.startswith("error: p.json: stages[1].zero: stage 1 has zero 0 but stage 0 has 1: ")
+
+    def test_megatron_keys(self):
+        text = export_plan(tp_plan(), gpt_graph(), "megatron", plan_file="p.json").files["megatron.args"]
+        assert "2 pipeline stages x 2 data-parallel replicas x tensor-parallel size 2 = 8 processes" in text
+        flags = text.splitlines()[-1].split()
+        assert flags[flags.index("--tensor-model-parallel-size") + 1] == "2"
+        assert "--use-distributed-optimizer" in flags and "--sequence-parallel" not in flags
+        assert flags[flags.index("--micro-batch-size") + 1] == "2"  # 4 samples over 2 replicas
+        plain = export_plan(tp_plan(degrees=(1, 1), zero=0), gpt_graph(), "megatron").files["megatron.args"]
+        assert "--tensor-model-parallel-size" not in plain and "--use-distributed-optimizer" not in plain
+
+    @pytest.mark.parametrize("version", ["0.3", "0.2"])
+    def test_torchtitan_keys(self, version):
+        # the config itself (the installed torchtitan's debug model has other layers than gpt-tiny)
+        write = config_module if version == "0.3" else toml_fragment
+        text = write(tp_plan(), gpt_graph(), GPT, "p.json", RELEASES[version])
+        assert "2 stages on 2 pipeline ranks x 2 replicas x tensor-parallel degree 2 = 8 processes" in text
+        for key, value in (("tensor_parallel_degree", 2), ("data_parallel_shard_degree", 2),
+                           ("data_parallel_replicate_degree", 1), ("fsdp_reshard_after_forward", "never")):
+            assert re.search(rf'"?{key}"?( =|:) {json.dumps(value)}', text), key
+        assert ("enable_sequence_parallel" in text) == (version == "0.3")
+        ddp = write(tp_plan(degrees=(1, 1), zero=0), gpt_graph(), GPT, "p.json", RELEASES[version])
+        assert "tensor_parallel_degree" not in ddp and "fsdp_reshard_after_forward" not in ddp
+
+    def test_deepspeed_zero_1(self):
+        files = export_plan(tp_plan(degrees=(1, 1)), gpt_graph(), "deepspeed", model="gpt-tiny").files
+        config = json.loads(files["deepspeed_config.json"])
+        assert config["zero_optimization"] == {"stage": 1} and config["zero_allow_untested_optimizer"] is True
+        assert config["train_micro_batch_size_per_gpu"] == 2
+
+    def test_version_3_plan_file_round_trip(self, tmp_path):
+        path = tmp_path / "p.json"
+        path.write_text(json.dumps(tp_plan().to_dict()))
+        jsonschema = pytest.importorskip("jsonschema")
+        from referencing import Registry, Resource
+
+        from pipeplan.schema_files import SCHEMA_NAMES, schema
+
+        registry = Registry().with_resources((schema(n)["$id"], Resource.from_contents(schema(n)))
+                                             for n in SCHEMA_NAMES)
+        jsonschema.Draft202012Validator(schema("plan"), registry=registry).validate(json.loads(path.read_text()))
+        out = tmp_path / "out"
+        assert main(["export", str(path), "--graph", GPT, "--to", "megatron", "-o", str(out)]) == 0
+        assert "--tensor-model-parallel-size 2 --use-distributed-optimizer" in (out / "megatron.args").read_text()
+
+
 class TestCheckPlan:
     @pytest.mark.parametrize("target", ALL)
     def test_unequal_sizes_refused_by_every_target(self, target):
@@ -89,24 +183,6 @@ class TestCheckPlan:
     def test_torch_says_what_it_would_silently_do(self):
         line = refusal(two_stage(split0=(3, 3, 2), split1=(3, 3, 2)), "torch")
         assert "stage 0" in line and "tensor_split" in line and "silently" in line
-
-    @pytest.mark.parametrize("target", [t for t in ALL if t != "torch"])
-    def test_tensor_parallel_and_zero_refused_by_every_target(self, target):
-        from dataclasses import replace
-
-        p = two_stage(devices1=("d1", "d2"))
-        tp = replace(p, stages=(p.stages[0], replace(p.stages[1], tensor_parallel=2)))
-        assert refusal(tp, target).startswith(f"error: p.json: stages: stage 1 has tensor_parallel 2, but the {target} "
-                                              f"export takes only tensor_parallel 1 and zero 0")
-        assert "stage 0 has zero 1" in refusal(replace(p, zero=1), target)
-
-    def test_torch_takes_one_degree_for_all_stages(self):
-        from dataclasses import replace
-
-        p = two_stage(devices1=("d1", "d2"))
-        tp = replace(p, stages=(p.stages[0], replace(p.stages[1], tensor_parallel=2)))
-        assert refusal(tp, "torch").startswith("error: p.json: stages[1].tensor_parallel: stage 1 has tensor_parallel "
-                                               "2 but stage 0 has 1; the torch export builds one pp x dp x tp device")
 
     @pytest.mark.parametrize("target", ALL)
     def test_different_counts_refused(self, target):

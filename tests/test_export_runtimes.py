@@ -10,6 +10,7 @@ pipeplan's own workers on the same plans, happen once for the module, in one tor
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -31,6 +32,7 @@ from pipeplan.runtime.export import export_plan
 from pipeplan.runtime.export.torchtitan import check_module_names
 from pipeplan.runtime.report import step_losses
 from pipeplan.runtime.verify import reference_parameters
+from pipeplan.solver.formats.plan import Plan, Stage
 
 GPT = str(EXAMPLES / "gpt-tiny.graph.json")
 MYMODEL = f"{EXAMPLES / 'mymodel.py'}:build"
@@ -62,8 +64,9 @@ def cli(*argv: str) -> None:
 
 # ---------------------------------------------------------------- DeepSpeed: its pipeline engine trains
 DEEPSPEED_PLANS = {
-    # 4 processes: 1F1B, 2 stages x 2 data-parallel replicas of gpt-tiny (embedding and head tied across the cut)
-    "gpt-replicas": ("gpt-tiny", [(0, 3, ["cpu0", "cpu1"], [4, 4]), (3, 6, ["cpu2", "cpu3"], [4, 4])]),
+    # 4 processes: 1F1B, 2 stages x 2 data-parallel replicas of gpt-tiny (embedding and head tied across the cut),
+    # ZeRO-1: the optimizer state sharded over the replicas (zero_optimization stage 1)
+    "gpt-replicas": ("gpt-tiny", [(0, 3, ["cpu0", "cpu1"], [4, 4]), (3, 6, ["cpu2", "cpu3"], [4, 4])], 1),
     # 2 processes: the user model (tied head, a skip from the embedding over the cut), every stage recomputing
     "mymodel-recompute": ("mymodel", [(0, 3, ["cpu0"], [2, 2, 2, 2], True), (3, 6, ["cpu1"], [2, 2, 2, 2], True)]),
 }
@@ -95,8 +98,9 @@ def deepspeed_runs(tmp_path_factory) -> dict[str, dict]:
     cli("profile", MYMODEL, *[w for a in MYMODEL_ARGS for w in ("--model-arg", a)], "--analytic",
         "-o", graphs["mymodel"])
     runs, jobs = {}, []
-    for name, (model, stages) in DEEPSPEED_PLANS.items():
+    for name, (model, stages, *zero) in DEEPSPEED_PLANS.items():
         p = plan(stages, batch=8, schedule="1f1b")
+        p = dataclasses.replace(p, zero=zero[0]) if zero else p
         processes = sum(len(st.devices) for st in p.stages)
         graph = load_graph(graphs[model])
         plan_file = write_json(folder / f"{name}.plan.json",
@@ -224,6 +228,24 @@ class TestMegatronCore:
         assert "--untie-embeddings-and-output-weights" not in flags  # gpt-tiny's head is its embedding
 
 
+class TestMegatronCoreTensorParallel:
+    def test_flags_name_megatron_cores_settings(self):
+        require("megatron.core")
+        from megatron.core.distributed import DistributedDataParallelConfig
+        from megatron.core.transformer.transformer_config import TransformerConfig
+
+        stages = tuple(Stage(layers, tuple(f"s{s}.{i}" for i in range(4)), (4, 4), tensor_parallel=2)
+                       for s, layers in enumerate([(0, 3), (3, 6)]))
+        text = export_plan(Plan("gpt-tiny-6", "c", 8, 4.0, "1f1b", stages, zero=1), load_graph(GPT),
+                           "megatron").files["megatron.args"]
+        flags = megatron_flags_of(text)
+        config = TransformerConfig(num_layers=4, hidden_size=32, num_attention_heads=4,
+                                   tensor_model_parallel_size=int(flags["--tensor-model-parallel-size"]))
+        assert config.tensor_model_parallel_size == 2
+        assert "use_distributed_optimizer" in {f.name for f in dataclasses.fields(DistributedDataParallelConfig)}
+        assert "--use-distributed-optimizer" in text.split()
+
+
 # ---------------------------------------------------------------- torchtitan 0.3: its config loading and split
 TITAN_PLANS = {
     # 2 stages x 2 replicas, recomputing
@@ -321,6 +343,24 @@ class TestTorchtitanCurrent:
                 h = part(h, positions, masks)
             assert h.shape == (1, 128, 2048)  # the last stage returns logits (vocabulary 2048), not hidden states
             assert torch.equal(h, model(tokens, positions, masks))
+
+
+class TestTorchtitanTensorParallel:
+    def test_config_loads_with_the_plans_degree_and_fsdp(self, titan):
+        # 2 stages x 2 replicas x tensor-parallel degree 2, ZeRO-1: FSDP over the replicas
+        stages = tuple(Stage(layers, tuple(f"s{s}.{i}" for i in range(4)), (4, 4), tensor_parallel=2)
+                       for s, layers in enumerate([(0, 3), (3, 6)]))
+        p = Plan("gpt-tiny-6", "c", 8, 4.0, "1f1b", stages, zero=1)
+        files = export_plan(p, load_graph(GPT), "torchtitan", model="gpt-tiny", torchtitan_model=TITAN_MODEL).files
+        folder = titan["folder"] / "tensor-parallel"
+        folder.mkdir()
+        (folder / "pipeplan_torchtitan.py").write_text(files["pipeplan_torchtitan.py"])
+        par = (config := load_titan_config(titan, folder)).parallelism
+        assert (par.tensor_parallel_degree, par.enable_sequence_parallel) == (2, False)
+        assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree) == (2, 1)
+        assert par.fsdp_reshard_after_forward == "never"
+        assert config.training.local_batch_size * par.data_parallel_shard_degree == 8
+        assert "= 8 processes" in files["pipeplan_torchtitan.py"]
 
 
 class TestTorchtitanRefusals:

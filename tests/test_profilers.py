@@ -22,7 +22,7 @@ import pipeplan.models.profile_measured as measured
 from pipeplan.cli import main
 from pipeplan.models.errors import InputError
 from pipeplan.models.fit import LinearFit, clamp_part, fit_linear
-from pipeplan.models.graph import GRAPH_FORMAT, GRAPH_FORMAT_V2, load_graph
+from pipeplan.models.graph import GRAPH_FORMAT, GRAPH_FORMAT_V2, GRAPH_FORMAT_V3, load_graph
 from pipeplan.models.profile_analytic import DeviceModel, analyse_units, profile_analytic
 from pipeplan.models.profile_measured import (MeasureConfig, leaf_args, measure_units, per_sample, profile_measured,
                                               saved_bytes)
@@ -133,7 +133,7 @@ class TestProfileMeasured:
         assert block.fwd[0] + block.fwd[1] > 0 and block.bwd[0] + block.bwd[1] > 0
         assert all(min(layer.fwd + layer.bwd) >= 0 for layer in graph.layers)
         assert "fwd_residual" in block.extra["fit"]
-        assert graph.format == GRAPH_FORMAT_V2
+        assert graph.format == GRAPH_FORMAT_V3  # its blocks, embedding and head have a tensor-parallel plan
         assert all(layer.bwd_w is not None and layer.act_w is not None and layer.step > 0 for layer in graph.layers)
         assert "bwd_w_residual" in graph.layers[1].extra["fit"]
         assert graph.extra["profile"]["measure"]["optimizer"] == "adam"
@@ -167,9 +167,10 @@ class TestProfileMeasured:
         with monkeypatch.context() as patch:
             patch.setattr(measured, "PROFILE_VERSION", 3)
             patch.setattr(measured, "to_graph", without_v2)
-            assert profile_measured("gpt-tiny", config=FAST).format == GRAPH_FORMAT
-            assert profile_measured("gpt-tiny", config=FAST).format == GRAPH_FORMAT  # served from the cache
-        assert profile_measured("gpt-tiny", config=FAST).format == GRAPH_FORMAT_V2
+            assert profile_measured("gpt-tiny", config=FAST, tensor_parallel=False).format == GRAPH_FORMAT
+            # served from the cache
+            assert profile_measured("gpt-tiny", config=FAST, tensor_parallel=False).format == GRAPH_FORMAT
+        assert profile_measured("gpt-tiny", config=FAST, tensor_parallel=False).format == GRAPH_FORMAT_V2
 
     def test_optimizer_is_part_of_the_key(self) -> None:
         adam = profile_measured("gpt-tiny", config=FAST)
@@ -219,7 +220,7 @@ class TestProfileAnalytic:
 
     def test_gpt3_without_allocating_weights(self) -> None:
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-        graph = profile_analytic("gpt3-1.3b", dtype=torch.bfloat16)
+        graph = profile_analytic("gpt3-1.3b", dtype=torch.bfloat16, tensor_parallel=False)  # weights only here
         grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
         assert grown < 500 * 1024  # the bf16 weights alone would be 2.6 GB
         assert len(graph) == 26 and graph.layers[-1].tied_to == 0
@@ -503,7 +504,7 @@ class TestRunProfile:
         for optimizer in ("adam", "sgd"):
             out = tmp_path / f"{optimizer}.json"
             assert main(["profile", "gpt-tiny", "--analytic", "--optimizer", optimizer, "--bandwidth", "1e12",
-                         "-o", str(out)]) == 0
+                         "--no-tensor-parallel", "-o", str(out)]) == 0
             data = json.loads(out.read_text())
             assert data["format"] == GRAPH_FORMAT_V2
             steps[optimizer] = [layer["step"] for layer in data["layers"]]

@@ -25,6 +25,7 @@ class TestBuildModel:
         ("bert-large", 335_141_888 + 1024 * 2 + 2),  # published BertModel count + 2-class classifier
         ("gpt2-medium", 354_823_168),
         ("gpt3-1.3b", 1_315_723_264),
+        ("llama3-70b", 70_553_706_496),  # Meta-Llama-3-70B's published count
     ])
     def test_published_parameter_counts(self, name: str, expected: int) -> None:
         assert build_model(name, device="meta").num_parameters() == expected
@@ -36,7 +37,8 @@ class TestBuildModel:
 
     @pytest.mark.parametrize(("name", "units"), [("gpt1", 14), ("gpt-tiny", 6), ("gpt2-medium", 26),
                                                  ("gpt3-1.3b", 26), ("bert-large", 26), ("vgg16", 16),
-                                                 ("resnet50", 18), ("unet", 8), ("vgg-tiny", 6)])
+                                                 ("resnet50", 18), ("unet", 8), ("vgg-tiny", 6),
+                                                 ("llama-tiny", 4), ("llama3-70b", 82)])
     def test_unit_counts(self, name: str, units: int) -> None:
         assert len(build_model(name, device="meta").units) == units
 
@@ -87,7 +89,7 @@ class TestBuildModel:
         assert inputs.shape == targets.shape == (3, 8)
         assert model.input_bytes_per_sample == 8 * 8  # int64 token ids
 
-    @pytest.mark.parametrize("name", ["gpt-tiny", "unet"])
+    @pytest.mark.parametrize("name", ["gpt-tiny", "unet", "llama-tiny"])
     def test_units_run_one_by_one(self, name: str) -> None:
         model = build_model(name)
         inputs, targets = model.example_batch(2, seed=1)
@@ -102,8 +104,8 @@ class TestBuildModel:
 class TestModelNames:
     def test_all_models_listed(self) -> None:
         assert model_names() == list(ZOO)
-        assert set(model_names()) == {"gpt-tiny", "gpt1", "gpt2-medium", "gpt3-1.3b", "bert-large",
-                                      "vgg16", "vgg-tiny", "resnet50", "unet"}
+        assert set(model_names()) == {"gpt-tiny", "gpt1", "gpt2-medium", "gpt3-1.3b", "llama-tiny", "llama3-70b",
+                                      "bert-large", "vgg16", "vgg-tiny", "resnet50", "unet"}
 
 
 class TestZooModel:

@@ -26,6 +26,8 @@ _BUILDERS: dict[str, tuple[str, str]] = {
     "gpt1": ("gpt", "build_gpt"),
     "gpt2-medium": ("gpt", "build_gpt"),
     "gpt3-1.3b": ("gpt", "build_gpt"),
+    "llama-tiny": ("llama", "build_llama"),
+    "llama3-70b": ("llama", "build_llama"),
     "bert-large": ("bert", "build_bert"),
     "vgg16": ("vgg", "build_vgg16"),
     "vgg-tiny": ("vgg_tiny", "build_vgg_tiny"),

@@ -14,7 +14,7 @@ from pipeplan.runtime.export.deepspeed import export_deepspeed
 from pipeplan.runtime.export.megatron import export_megatron
 from pipeplan.runtime.export.rules import Change, Target, check_plan
 from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
-from pipeplan.runtime.export.torch_target import check_degrees, export_request, export_torch
+from pipeplan.runtime.export.torch_target import export_request, export_torch
 from pipeplan.runtime.export.torchtitan import choose_release, export_torchtitan
 from pipeplan.solver.formats.plan import Plan
 
@@ -76,7 +76,6 @@ def export_plan(plan: Plan, graph: LayerGraph, target: str, *, model: str | None
     >>> sorted(export_plan(load_plan("examples/custom.plan.json"), g, "torch", model="gpt-tiny").files)
     ['schedule.csv', 'stages.json', 'train.py']
     """
-    check_degrees(plan, plan_file) if target == "torch" else plan.refuse_tensor_parallel(plan_file, f"the {target} export")
     runnable, changes = check_plan(plan, TARGETS[target], plan_file, approximate)
     if target == "torch":
         files = export_torch(runnable, graph, model, graph_file)

@@ -118,8 +118,19 @@ def checkpoint_interval(plan: Plan) -> int:
 def deepspeed_config(plan: Plan) -> dict:
     """The DeepSpeed config: the batch keys (per replica: one microbatch's part),
     ``gradient_clipping`` 0 (DeepSpeed 0.19 clips to norm 1.0 unless told, ``pipeplan run``
-    does not clip), and the non-reentrant checkpoint when the stages recompute (see the
-    module docs)."""
+    does not clip), the non-reentrant checkpoint when the stages recompute (see the
+    module docs), and for a ZeRO-1 plan ``zero_optimization.stage`` 1 with
+    ``zero_allow_untested_optimizer`` (``train.py`` steps a ``torch.optim.SGD``, which
+    DeepSpeed's ZeRO wraps only when allowed so).
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import Stage
+    >>> p = Plan("g", "c", 8, 4.0, "1f1b", (Stage((0, 1), ("a", "b"), (4, 4)), Stage((1, 2), ("c", "d"), (4, 4))),
+    ...          zero=1)
+    >>> deepspeed_config(p)["zero_optimization"]
+    {'stage': 1}
+    """
     st = plan.stages[0]
     config: dict = {"train_batch_size": plan.global_batch,
                     "train_micro_batch_size_per_gpu": st.microbatches[0] // st.replicas,
@@ -127,6 +138,9 @@ def deepspeed_config(plan: Plan) -> dict:
                     "gradient_clipping": 0.0}
     if st.recompute:
         config["pipeline"] = {"use_reentrant": False}
+    if plan.stage_zero(0) == 1:  # the optimizer state sharded across the replicas (the target refuses 2)
+        config["zero_optimization"] = {"stage": 1}
+        config["zero_allow_untested_optimizer"] = True
     return config
 
 

@@ -1,5 +1,11 @@
 """``pipeplan export --to megatron``: the ``--pipeline-model-parallel-layout`` string and its flags.
 
+A plan's one tensor-parallel degree above 1 is ``--tensor-model-parallel-size`` (Megatron
+then takes its data-parallel size as world / (tp x pp), the plan's replicas), and ZeRO 1
+is ``--use-distributed-optimizer`` (the optimizer state and master weights sharded across
+the replicas, the gradients reduce-scattered into a whole buffer); Megatron's own
+``--sequence-parallel`` stays off, so that it runs the plan's all-reduces.
+
 Megatron-LM's layout grammar (``core/transformer/pipeline_parallel_layer_layout.py``):
 ``E`` embedding, ``t`` decoder layer, ``L`` loss / output head, ``|`` between
 stages, ``t*n`` a repeat.  Stage ``i`` goes to pipeline rank ``i``.
@@ -74,6 +80,10 @@ def megatron_flags(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: st
              "--num-layers", str(roles.count("t")),
              "--micro-batch-size", str(st.microbatches[0] // st.replicas),
              "--global-batch-size", str(plan.global_batch)]
+    if st.tensor_parallel > 1:  # Megatron's data-parallel size is then world / (tp * pp): the replicas
+        flags += ["--tensor-model-parallel-size", str(st.tensor_parallel)]
+    if plan.stage_zero(0) == 1:  # the optimizer state (and fp32 master weights) sharded across the replicas
+        flags.append("--use-distributed-optimizer")
     if graph.layers[-1].tied_to != 0:
         # Megatron's GPT shares the output layer's weight with the embedding unless told not to
         flags.append("--untie-embeddings-and-output-weights")
@@ -150,13 +160,13 @@ def check_interleaved(plan: Plan, file: str = "-") -> None:
 def export_megatron(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: str = "-") -> dict[str, str]:
     """``{"megatron.args": ...}``: the flags as one shell line, with how many processes to start.
 
-    The data-parallel degree is Megatron's world size / pipeline size, so the run takes
-    ``stages x replicas`` processes.
+    The data-parallel degree is Megatron's world size / (tensor-parallel size x pipeline
+    size), so the run takes ``stages x replicas x t`` processes.
     """
     flags = megatron_flags(plan, graph, file, plan_file)
-    r = plan.stages[0].replicas
+    r, t = plan.stages[0].replicas, plan.stages[0].tensor_parallel
     ranks = len(plan.groups)
-    world = ranks * r
+    world = ranks * r * t
     virtual = f" ({len(plan.stages)} virtual stages, {len(plan.stages) // ranks} per rank)" if ranks < len(
         plan.stages) else ""
     tie = ("# Tied weights: the head shares the embedding's weight, as Megatron's GPTModel does by default "
@@ -164,6 +174,7 @@ def export_megatron(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: s
            if graph.layers[-1].tied_to == 0 else
            "# Untied weights: the head has a weight of its own (--untie-embeddings-and-output-weights)\n")
     head = (f"# Megatron-LM flags for plan on graph {graph.name!r}: {ranks} pipeline stages{virtual} x "
-            f"{r} data-parallel {'replica' if r == 1 else 'replicas'} = {world} processes "
+            f"{r} data-parallel {'replica' if r == 1 else 'replicas'}"
+            f"{f' x tensor-parallel size {t}' if t > 1 else ''} = {world} processes "
             f"(torchrun --nproc-per-node={world} pretrain_gpt.py ...)\n{tie}")
     return {"megatron.args": head + " ".join(shlex.quote(f) for f in flags) + "\n"}

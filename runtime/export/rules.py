@@ -22,6 +22,36 @@ from pipeplan.solver.formats.plan import Plan, Stage
 from pipeplan.solver.schedules.schedule import NAMED_V2, ZBV, group_programs, schedule_for
 
 
+NO_DEGREE = "none"
+"""A target that runs no tensor parallelism: every stage's degree must be 1."""
+GLOBAL_DEGREE = "global"
+"""A target with one tensor-parallel degree for the whole model (Megatron-LM, torchtitan)."""
+STAGE_DEGREE = "per-stage"
+"""A target that takes each stage's own degree."""
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    """What a target runs of tensor parallelism and sharded training state (docs/model.md section 8)."""
+
+    degrees: str = NO_DEGREE
+    """:data:`NO_DEGREE`, :data:`GLOBAL_DEGREE` or :data:`STAGE_DEGREE`."""
+    degree_reason: str = ""
+    """Why it takes no degree (``none``) or only one for all stages (``global``), in the runtime's terms."""
+    degree_key: str = ""
+    """Where the degree goes in the target's files (``--tensor-model-parallel-size``)."""
+    zero_levels: tuple[int, ...] = (0,)
+    """The ZeRO levels it runs (0: every replica keeps all its state)."""
+    zero_reasons: dict[int, str] = field(default_factory=dict)
+    """Why each other level is refused."""
+    zero_keys: dict[int, str] = field(default_factory=dict)
+    """Where each level it runs goes in its files."""
+    zero_per_stage: bool = False
+    """Whether stages may use different ZeRO levels (else one setting for all)."""
+    zero_per_stage_reason: str = ""
+    """The target's one setting, for the refusal."""
+
+
 @dataclass(frozen=True)
 class Target:
     """What one runtime can express."""
@@ -42,6 +72,8 @@ class Target:
     """Why a particular schedule is refused, where ``schedule_reason`` does not say it."""
     multi_stage_reason: str = ""
     """Why several stages on one device group are refused; empty when the runtime runs them."""
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    """What it runs of tensor parallelism and ZeRO."""
 
 
 @dataclass(frozen=True)
@@ -91,12 +123,69 @@ def check_plan(plan: Plan, target: Target, file: str, approximate: bool = False)
     >>> q.stages[1].microbatches, len(changes)
     ((4, 4), 1)
     """
+    check_parallelism(plan, target, file)
     changes: list[Change] = []
     for rule in (_schedule, _replicas, _split, _recompute):
         plan = rule(plan, target, file, approximate, changes)
     if changes:
         plan.validate(file=file)  # the nearest plan obeys the spec like any other
     return plan, changes
+
+
+_NOT_APPROXIMATED = ("--allow-approximate changes no degree or ZeRO level: either changes the devices a stage "
+                     "needs or the memory it holds")
+
+
+def check_parallelism(plan: Plan, target: Target, file: str) -> None:
+    """Refuse a plan whose tensor-parallel degrees or ZeRO levels the target cannot run.
+
+    Raises
+    ------
+    InputError
+        Naming the first stage the target cannot run, the numbers and the reason (with
+        or without ``--allow-approximate``: see :data:`_NOT_APPROXIMATED`).
+
+    Examples
+    --------
+    >>> from pipeplan.runtime.export.targets import DEEPSPEED
+    >>> p = Plan("g", "c", 8, 4.0, "1f1b", (Stage((0, 1), ("a", "b"), (4, 4), tensor_parallel=2),
+    ...                                     Stage((1, 2), ("c", "d"), (4, 4), tensor_parallel=2)))
+    >>> check_parallelism(p, DEEPSPEED, "p.json")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    pipeplan.models.errors.InputError: p.json: stages[0].tensor_parallel: stage 0 has tensor_parallel 2: DeepSpeed ...
+    """
+    caps = target.parallelism
+    degrees = [st.tensor_parallel for st in plan.stages]
+    if caps.degrees == NO_DEGREE and max(degrees) > 1:
+        s = next(i for i, t in enumerate(degrees) if t > 1)
+        raise InputError(file, f"stages[{s}].tensor_parallel",
+                         f"stage {s} has tensor_parallel {degrees[s]}: {target.title} {caps.degree_reason}; export a "
+                         f"plan whose stages all have tensor_parallel 1 ({_NOT_APPROXIMATED})")
+    if caps.degrees == GLOBAL_DEGREE and len(set(degrees)) > 1:
+        s = next(i for i, t in enumerate(degrees) if t != degrees[0])
+        raise InputError(file, f"stages[{s}].tensor_parallel",
+                         f"stage {s} has tensor_parallel {degrees[s]} but stage 0 has {degrees[0]}: {target.title} "
+                         f"{caps.degree_reason}; re-plan with one degree for every stage (pipeplan plan "
+                         f"--tensor-parallel uniform) ({_NOT_APPROXIMATED})")
+    levels = [plan.stage_zero(s) for s in range(len(plan.stages))]
+    bad = next((s for s, z in enumerate(levels) if z not in caps.zero_levels), None)
+    if bad is not None:
+        runs = " or ".join(str(z) for z in caps.zero_levels)
+        raise InputError(file, _zero_where(plan, bad),
+                         f"stage {bad} has zero {levels[bad]}: {target.title} {caps.zero_reasons[levels[bad]]}; "
+                         f"export a plan with zero {runs} ({_NOT_APPROXIMATED})")
+    if not caps.zero_per_stage and len(set(levels)) > 1:
+        s = next(i for i, z in enumerate(levels) if z != levels[0])
+        raise InputError(file, _zero_where(plan, s),
+                         f"stage {s} has zero {levels[s]} but stage 0 has {levels[0]}: {target.title} "
+                         f"{caps.zero_per_stage_reason}; give every stage the same ZeRO level "
+                         f"({_NOT_APPROXIMATED})")
+
+
+def _zero_where(plan: Plan, s: int) -> str:
+    """Where stage ``s``'s ZeRO level is written: its own ``zero``, else the plan's."""
+    return f"stages[{s}].zero" if plan.stages[s].zero is not None else "zero"
 
 
 def _refuse_or(approximate: bool, error: InputError, changes: list[Change], change: Change) -> None:

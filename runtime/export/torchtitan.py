@@ -17,8 +17,9 @@ Fields of both: ``pipeline_parallel_degree`` (the plan's device groups),
 ``pipeline_parallel_schedule`` (``GPipe``, ``1F1B``, ``Interleaved1F1B``,
 ``InterleavedZeroBubble``, ``LoopedBFS``, ``ZBVZeroBubble``) or
 ``pipeline_parallel_schedule_csv``, ``module_fqns_per_model_part`` (one model part per
-stage), ``data_parallel_replicate_degree``, ``pipeline_parallel_microbatch_size`` and
-``local_batch_size``.
+stage), ``data_parallel_replicate_degree`` and ``data_parallel_shard_degree`` (DDP for ZeRO 0,
+FSDP for ZeRO 1: :func:`data_parallel`), ``tensor_parallel_degree`` (a plan's one degree
+above 1), ``pipeline_parallel_microbatch_size`` and ``local_batch_size``.
 
 torchtitan's split (``_split_module`` in ``torchtitan/distributed/pipeline_parallel.py``)
 keeps in each part the modules named and sets every other top-level module to ``None``
@@ -268,10 +269,18 @@ def split_names(model) -> list[str]:
 
 def _header(plan: Plan, graph: LayerGraph, release: Release) -> list[str]:
     st = plan.stages[0]
-    groups = len(plan.groups)
+    groups, t = len(plan.groups), st.tensor_parallel
     replicas = f"{st.replicas} {'replica' if st.replicas == 1 else 'replicas'}"
+    tp = f" x tensor-parallel degree {t}" if t > 1 else ""
     lines = [f"torchtitan {release.version} config for plan on graph {json.dumps(graph.name)}: {len(plan.stages)} "
-             f"stages on {groups} pipeline ranks x {replicas} = {groups * st.replicas} processes"]
+             f"stages on {groups} pipeline ranks x {replicas}{tp} = {groups * st.replicas * t} processes"]
+    if t > 1 and release.version == "0.2":
+        lines.append("Tensor parallelism: torchtitan 0.2 always adds sequence parallelism to it (SequenceParallel "
+                     "norms): the same bytes move as the plan's all-reduces, and the norms' activations are split.")
+    if plan.stage_zero(0) == 1:
+        lines.append("ZeRO-1: FSDP (data_parallel_shard_degree) under pipeline parallelism keeps whole weights and "
+                     "gradients through the step and reduce-scatters the gradients once after the last "
+                     "microbatch; the optimizer state is sharded.")
     tied = [layer.name for layer in graph.layers if layer.tied_to is not None]
     if tied:
         lines.append(f"Tied weights: the graph's {', '.join(tied)} shares its embedding's weights; torchtitan refuses "
@@ -289,8 +298,40 @@ def parallelism(plan: Plan, graph: LayerGraph, file: str, plan_file: str, releas
     if plan.schedule not in SCHEDULE_NAMES:
         fields["pipeline_parallel_schedule_csv"] = "schedule.csv"
     fields.update({"module_fqns_per_model_part": module_fqns(plan, graph, file, release),
-                   "pipeline_parallel_microbatch_size": st.microbatches[0] // st.replicas,
-                   "data_parallel_replicate_degree": st.replicas, "data_parallel_shard_degree": 1})
+                   "pipeline_parallel_microbatch_size": st.microbatches[0] // st.replicas})
+    fields.update(data_parallel(plan, release))
+    return fields
+
+
+def data_parallel(plan: Plan, release: Release) -> dict:
+    """The data- and tensor-parallel ``[parallelism]`` fields (the target checked one degree and one ZeRO level).
+
+    ZeRO 0 is DDP (``data_parallel_replicate_degree``); ZeRO 1 is FSDP
+    (``data_parallel_shard_degree``, ``fsdp_reshard_after_forward = "never"``: one
+    all-gather of the weights per step, which under pipeline parallelism also keeps the
+    gradients whole until the last microbatch's backward, as torch's ``PipelineStage``
+    runs FSDP).  A degree above 1 is ``tensor_parallel_degree``; on 0.3, with
+    ``enable_sequence_parallel = false``, so that it runs the plan's all-reduces
+    (docs/model.md section 8).
+
+    Examples
+    --------
+    >>> from pipeplan.solver.formats.plan import Stage
+    >>> p = Plan("g", "c", 8, 4.0, "1f1b", (Stage((0, 1), ("a", "b", "c", "d"), (8,), tensor_parallel=2),), zero=1)
+    >>> data_parallel(p, RELEASES["0.3"])  # doctest: +NORMALIZE_WHITESPACE
+    {'data_parallel_replicate_degree': 1, 'data_parallel_shard_degree': 2, 'fsdp_reshard_after_forward': 'never',
+     'tensor_parallel_degree': 2, 'enable_sequence_parallel': False}
+    """
+    st = plan.stages[0]
+    if plan.stage_zero(0) == 1:
+        fields: dict = {"data_parallel_replicate_degree": 1, "data_parallel_shard_degree": st.replicas,
+                        "fsdp_reshard_after_forward": "never"}
+    else:
+        fields = {"data_parallel_replicate_degree": st.replicas, "data_parallel_shard_degree": 1}
+    if st.tensor_parallel > 1:
+        fields["tensor_parallel_degree"] = st.tensor_parallel
+        if release.version != "0.2":  # 0.2 has no such key: it always adds sequence parallelism
+            fields["enable_sequence_parallel"] = False
     return fields
 
 
@@ -414,10 +455,17 @@ def config_module(plan: Plan, graph: LayerGraph, file: str = "-", plan_file: str
     """torchtitan 0.3's config module ``pipeplan_torchtitan.py`` (see the module docs)."""
     st = plan.stages[0]
     fields = parallelism(plan, graph, file, plan_file, release)
-    body = "{\n" + ",\n".join(f"    {json.dumps(key)}: {json.dumps(value)}" for key, value in fields.items()) + ",\n}"
-    return _MODULE.format(header="\n".join(_header(plan, graph, release)), world=len(plan.groups) * st.replicas,
+    entries = [f"    {json.dumps(key)}: {_python_literal(value)}" for key, value in fields.items()]
+    body = "{\n" + ",\n".join(entries) + ",\n}"
+    return _MODULE.format(header="\n".join(_header(plan, graph, release)),
+                          world=len(plan.groups) * st.replicas * st.tensor_parallel,
                           base=model or release.model, parallelism=body, local_batch=plan.global_batch // st.replicas,
                           global_batch=plan.global_batch, recompute=st.recompute)
+
+
+def _python_literal(value: object) -> str:
+    """``value`` (a string, number, boolean or list of them) as Python source: JSON's, but ``True``/``False``."""
+    return repr(value) if isinstance(value, bool) else json.dumps(value)
 
 
 def check_runs_a_pipeline(plan: Plan, file: str = "-") -> None:
