@@ -34,8 +34,9 @@ class TestBuildModel:
         assert build_model("gpt1", device="meta").num_parameters() == gpt_params(12, 768, 40478, 512, False)
         assert build_model("gpt3-1.3b", device="meta").num_parameters() == gpt_params(24, 2048, 50257, 2048, True)
         assert build_model("gpt-tiny", device="meta").num_parameters() == gpt_params(4, 32, 64, 16, True)
+        assert build_model("gpt-tiny-16", device="meta").num_parameters() == gpt_params(14, 32, 64, 16, True)
 
-    @pytest.mark.parametrize(("name", "units"), [("gpt1", 14), ("gpt-tiny", 6), ("gpt2-medium", 26),
+    @pytest.mark.parametrize(("name", "units"), [("gpt1", 14), ("gpt-tiny", 6), ("gpt-tiny-16", 16), ("gpt2-medium", 26),
                                                  ("gpt3-1.3b", 26), ("bert-large", 26), ("vgg16", 16),
                                                  ("resnet50", 18), ("unet", 8), ("vgg-tiny", 6),
                                                  ("llama-tiny", 4), ("llama3-70b", 82)])
@@ -104,7 +105,7 @@ class TestBuildModel:
 class TestModelNames:
     def test_all_models_listed(self) -> None:
         assert model_names() == list(ZOO)
-        assert set(model_names()) == {"gpt-tiny", "gpt1", "gpt2-medium", "gpt3-1.3b", "llama-tiny", "llama3-70b",
+        assert set(model_names()) == {"gpt-tiny", "gpt-tiny-16", "gpt1", "gpt2-medium", "gpt3-1.3b", "llama-tiny", "llama3-70b",
                                       "bert-large", "vgg16", "vgg-tiny", "resnet50", "unet"}
 
 
