@@ -45,7 +45,7 @@ is judged in pipeplan's cost model; Metis's own estimate of its plan is printed 
 Usage::
 
     python -m pipeplan.experiments.metis_compare --metis /path/to/Metis [--instances gpt-1b,gpt-7b,llama-70b]
-        [--solver group-search] [--time-limit 60] [--metis-timeout 300] [--json OUT.json]
+        [--solver group-search] [--time-limit 60] [--metis-timeout 600] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -511,13 +512,16 @@ def check_metis(path: str) -> Path:
 def run_metis(metis: Path, python: str, inputs: MetisInputs, *, batch: int, variance: int, permute: int,
               timeout: float) -> tuple[list[MetisPlan], float, str]:
     """Run Metis's search; its ranked plans, its wall time and a status (``ok``, ``timeout`` or the failure)."""
+    found = shutil.which(python)
+    if found is None:
+        raise InputError(python, "--metis-python", "no such program; give the Python that runs Metis")
     log = Path(inputs.directory) / "metis.out"
     started = time.perf_counter()
     with open(log, "w") as out:
         try:
             # Metis orders device kinds by iterating a set of enum members: fix the hash seed so a run repeats
             env = dict(os.environ, PYTHONHASHSEED="0")
-            done = subprocess.run([python, str(metis / METIS_SCRIPT), *inputs.arguments(batch, variance, permute)],
+            done = subprocess.run([os.path.abspath(found), str(metis / METIS_SCRIPT), *inputs.arguments(batch, variance, permute)],
                                   cwd=str(metis), stdout=out, stderr=subprocess.STDOUT, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:
             return [], time.perf_counter() - started, f"timeout after {timeout:g} s"
@@ -551,6 +555,10 @@ def metis_side(inst: Instance, metis: Path, python: str, *, top: int, variance: 
         inputs = write_metis_inputs(inst.graph, inst.cluster, directory, batch=inst.batch, max_tp=max_tp)
         plans, wall, status = run_metis(metis, python, inputs, batch=inst.batch, variance=variance, permute=permute,
                                         timeout=timeout)
+    devices = len(inst.cluster.devices)
+    if status != "ok" and devices & (devices - 1):
+        status += (f" (Metis's search starts from a one-stage plan on one device group of a power-of-two size; "
+                   f"{devices} devices are not one)")
     full = [p for p in plans if p.costed_stages is None]
     out: dict[str, Any] = {"status": status, "wall_time": wall, "plans_found": len(plans), "max_tp": inputs.max_tp,
                            "names": inputs.names, "short_costed": len(plans) - len(full), "scored": []}
@@ -662,7 +670,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--instances", default=",".join(instances()), help="comma-separated names")
     ap.add_argument("--solver", default="group-search")
     ap.add_argument("--time-limit", type=float, default=60.0, help="seconds per pipeplan solve")
-    ap.add_argument("--metis-timeout", type=float, default=300.0, help="seconds per Metis search")
+    ap.add_argument("--metis-timeout", type=float, default=600.0, help="seconds per Metis search")
     ap.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel degree Metis may choose")
     ap.add_argument("--top", type=int, default=10, help="Metis's best plans to translate and score")
     ap.add_argument("--variance", type=int, default=1, help="Metis's --min_group_scale_variance")

@@ -114,6 +114,16 @@ class TestParseMetisOutput:
         assert first.cost == 812.5 and first.kinds == ("A100", "V100") and first.groups == (8, 8)
         assert first.strategies == ((2, 4), (4, 2)) and first.microbatches == 4 and first.partition == (0, 3, 6)
 
+    def test_plans_estimated_from_fewer_stages_are_marked(self):
+        log = ("node_sequence: (<DeviceType.A100: 'a100'>, <DeviceType.V100: 'v100'>), device_group: [8, 8], "
+               "num_stage: 1, batches: 4, gbs: 8, strategies: [(2, 4), (4, 2)], layer_partition: [0, 3, 6]\n"
+               "cost: 812.5\n"
+               "node_sequence: (<DeviceType.V100: 'v100'>, <DeviceType.A100: 'a100'>), device_group: [4, 4, 8], "
+               "num_stage: 3, batches: 2, gbs: 8, strategies: [(4, 1), (1, 4), (8, 1)], layer_partition: [0, 2, 2, 6]\n"
+               "cost: 900.0\n")
+        first, second, third = mc.parse_metis_output(log + OUTPUT)
+        assert first.costed_stages == 1 and second.costed_stages is None and third.costed_stages is None
+
     def test_no_header_no_plans(self):
         assert mc.parse_metis_output("inter_stage_plan: ...\ncost: 3.0\n") == []
 
@@ -165,6 +175,11 @@ class TestMain:
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path / 'nowhere'}: --metis: no cost_het_cluster.py")
         assert not (tmp_path / "out.json").exists()
+
+    def test_missing_python_is_an_input_error(self, graph, cluster, tmp_path):
+        inputs = mc.write_metis_inputs(graph, cluster, str(tmp_path), batch=8)
+        with pytest.raises(InputError, match="--metis-python: no such program"):
+            mc.run_metis(tmp_path, str(tmp_path / "no-python"), inputs, batch=8, variance=1, permute=4, timeout=5)
 
     def test_unknown_instance(self, tmp_path, capsys):
         (tmp_path / "cost_het_cluster.py").write_text("")
