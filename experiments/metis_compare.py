@@ -63,7 +63,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 from pipeplan.experiments.tp_70b import STATE_FACTOR, _layer, llama70b_graph, tutorial_cluster
 from pipeplan.models.errors import InputError
@@ -370,35 +370,48 @@ _COSTED = re.compile(r"^node_sequence: \((.*?)\), device_group: \[([\d, ]*)\], n
                      r"gbs: \d+, strategies: \[(.*?)\], layer_partition: \[([\d, ]*)\]")
 
 
-def short_costed(text: str) -> dict[tuple[Any, ...], int]:
-    """The plans whose estimate in Metis's log covers fewer stages than the plan has, with the count it covers.
+def _short_key(m: re.Match[str]) -> tuple[Any, ...]:
+    strategies = tuple((int(a), int(b)) for a, b in re.findall(r"\((\d+), (\d+)\)", m.group(5)))
+    return (tuple(re.findall(r"DeviceType\.(\w+)", m.group(1))), _ints(m.group(2)), strategies, int(m.group(4)),
+            _ints(m.group(6)))
 
-    Metis's cost estimator sums over ``range(plan.num_stage)``; for every device-kind
-    order after the first, its plan generator moves to two stages without raising
-    ``num_stage`` (``InterStagePlanGenerator._find_next_node_sequence`` drops the value
-    ``_find_next_stage_device_groups`` returns), so the first two-stage plans of that
-    order are estimated from their first stage alone.  Its log line before each ``cost:``
-    shows both numbers.
+
+def parse_metis_lines(lines: Iterable[str]) -> list[MetisPlan]:
+    """The ranked plans Metis prints after its ``rank, cost, node_sequence, ...`` header, best first.
+
+    Its log before the header says, for each plan it estimates, how many stages the
+    estimate covers: Metis's cost estimator sums over ``range(plan.num_stage)``, and for
+    every device-kind order after the first its plan generator moves to two stages
+    without raising ``num_stage`` (``InterStagePlanGenerator._find_next_node_sequence``
+    drops the value ``_find_next_stage_device_groups`` returns), so the first two-stage
+    plans of that order are estimated from their first stage alone.  Such a plan says so
+    in :attr:`MetisPlan.costed_stages`.  The lines are read one at a time (Metis's log of
+    a 32-device search runs to hundreds of megabytes).
     """
-    found: dict[tuple[Any, ...], int] = {}
-    for line in text.splitlines():
-        m = _COSTED.match(line)
+    short: dict[tuple[Any, ...], int] = {}
+    found: list[MetisPlan] = []
+    ranked = False
+    for line in lines:
+        if not ranked:
+            if line.startswith("node_sequence: "):
+                m = _COSTED.match(line)
+                if m is not None and int(m.group(3)) < len(_ints(m.group(2))):
+                    short[_short_key(m)] = int(m.group(3))
+            elif line.startswith("rank, cost, node_sequence"):
+                ranked = True
+            continue
+        m = _LINE.match(line)
         if m is None:
             continue
-        groups = _ints(m.group(2))
-        if int(m.group(3)) < len(groups):
-            strategies = tuple((int(a), int(b)) for a, b in re.findall(r"\((\d+), (\d+)\)", m.group(5)))
-            key = (tuple(re.findall(r"DeviceType\.(\w+)", m.group(1))), groups, strategies, int(m.group(4)),
-                   _ints(m.group(6)))
-            found[key] = int(m.group(3))
+        strategies = tuple((int(a), int(b)) for a, b in re.findall(r"\((\d+), (\d+)\)", m.group(5)))
+        plan_ = MetisPlan(int(m.group(1)), float(m.group(2)), tuple(re.findall(r"DeviceType\.(\w+)", m.group(3))),
+                          _ints(m.group(4)), strategies, int(m.group(6)), _ints(m.group(7)))
+        found.append(replace(plan_, costed_stages=short[plan_.key]) if plan_.key in short else plan_)
     return found
 
 
 def parse_metis_output(text: str) -> list[MetisPlan]:
-    """The ranked plans Metis prints after its ``rank, cost, node_sequence, ...`` header, best first.
-
-    Each plan whose estimate covers only some of its stages (:func:`short_costed`) says so
-    in :attr:`MetisPlan.costed_stages`.
+    """:func:`parse_metis_lines` of a whole text.
 
     Examples
     --------
@@ -407,20 +420,7 @@ def parse_metis_output(text: str) -> list[MetisPlan]:
     >>> parse_metis_output(out)[0].strategies
     ((1, 2), (2, 1))
     """
-    lines = text.splitlines()
-    start = next((i for i, line in enumerate(lines) if line.startswith("rank, cost, node_sequence")), None)
-    if start is None:
-        return []
-    found = []
-    for line in lines[start + 1:]:
-        m = _LINE.match(line)
-        if m is None:
-            continue
-        strategies = tuple((int(a), int(b)) for a, b in re.findall(r"\((\d+), (\d+)\)", m.group(5)))
-        found.append(MetisPlan(int(m.group(1)), float(m.group(2)), tuple(re.findall(r"DeviceType\.(\w+)", m.group(3))),
-                               _ints(m.group(4)), strategies, int(m.group(6)), _ints(m.group(7))))
-    short = short_costed("\n".join(lines[:start]))
-    return [replace(p, costed_stages=short[p.key]) if p.key in short else p for p in found]
+    return parse_metis_lines(text.splitlines())
 
 
 class Untranslatable(ValueError):
@@ -526,11 +526,13 @@ def run_metis(metis: Path, python: str, inputs: MetisInputs, *, batch: int, vari
         except subprocess.TimeoutExpired:
             return [], time.perf_counter() - started, f"timeout after {timeout:g} s"
     wall = time.perf_counter() - started
-    text = log.read_text(errors="replace")
-    plans = parse_metis_output(text)
+    with open(log, errors="replace") as lines:
+        plans = parse_metis_lines(lines)
     if done.returncode != 0:
-        last = text.strip().splitlines()[-1] if text.strip() else ""
-        return plans, wall, f"exit {done.returncode}: {last[:200]}"
+        with open(log, "rb") as raw:
+            raw.seek(max(0, log.stat().st_size - 4096))
+            tail = raw.read().decode(errors="replace").strip().splitlines()
+        return plans, wall, f"exit {done.returncode}: {tail[-1][:200] if tail else ''}"
     return plans, wall, "ok"
 
 
