@@ -37,7 +37,8 @@ and a plan whose memory exceeds a device in pipeplan's model is scored and flagg
 
 **pipeplan** plans the same instance with ``--solver`` (group-search by default),
 ``--tensor-parallel per-stage`` and ``--zero auto``, and again with ``--zero 0`` (Metis has
-no ZeRO), ``1f1b`` and ``"auto"`` microbatches (the solver chooses the count, as Metis does).
+no ZeRO), ``1f1b``, once for each of 8, 16 and 32 microbatches (those that divide the batch;
+Metis chooses the count among the batch's divisors), keeping the fastest plan that fits.
 
 The ratio is Metis's iteration time over pipeplan's, both from pipeplan's simulator, so it
 is judged in pipeplan's cost model; Metis's own estimate of its plan is printed beside it.
@@ -45,7 +46,7 @@ is judged in pipeplan's cost model; Metis's own estimate of its plan is printed 
 Usage::
 
     python -m pipeplan.experiments.metis_compare --metis /path/to/Metis [--instances gpt-1b,gpt-7b,llama-70b]
-        [--solver group-search] [--time-limit 60] [--metis-timeout 600] [--json OUT.json]
+        [--solver group-search] [--time-limit 60] [--metis-timeout 600] [--keep DIR [--reuse]] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -550,13 +551,26 @@ def score(p: Plan, graph: LayerGraph, cluster: Cluster) -> dict[str, Any]:
 
 
 def metis_side(inst: Instance, metis: Path, python: str, *, top: int, variance: int, permute: int, max_tp: int,
-               timeout: float, keep: str | None) -> dict[str, Any]:
-    """Write Metis's inputs, run it, translate and score its ``top`` best plans."""
+               timeout: float, keep: str | None, reuse: bool = False) -> dict[str, Any]:
+    """Write Metis's inputs, run it, translate and score its ``top`` best plans.
+
+    With ``keep``, the inputs, Metis's log and ``run.json`` (its wall time and status) stay
+    there; with ``reuse`` too, a log left there by an earlier run is read instead of running
+    Metis again.
+    """
     with tempfile.TemporaryDirectory(prefix=f"metis-{inst.name}-") as tmp:
         directory = keep or tmp
         inputs = write_metis_inputs(inst.graph, inst.cluster, directory, batch=inst.batch, max_tp=max_tp)
-        plans, wall, status = run_metis(metis, python, inputs, batch=inst.batch, variance=variance, permute=permute,
-                                        timeout=timeout)
+        record = Path(directory) / "run.json"
+        if keep and reuse and record.is_file():
+            earlier = json.loads(record.read_text())
+            wall, status = float(earlier["wall_time"]), str(earlier["status"])
+            with open(Path(directory) / "metis.out", errors="replace") as lines:
+                plans = parse_metis_lines(lines)
+        else:
+            plans, wall, status = run_metis(metis, python, inputs, batch=inst.batch, variance=variance,
+                                            permute=permute, timeout=timeout)
+            atomic_write_text(record, json.dumps({"wall_time": wall, "status": status}))
     devices = len(inst.cluster.devices)
     if status != "ok" and devices & (devices - 1):
         status += (f" (Metis's search starts from a one-stage plan on one device group of a power-of-two size; "
@@ -581,18 +595,38 @@ def metis_side(inst: Instance, metis: Path, python: str, *, top: int, variance: 
     return out
 
 
-def pipeplan_side(inst: Instance, zero: str, *, solver: str, time_limit: float) -> dict[str, Any]:
-    """pipeplan's best plan with per-stage tensor parallelism and ``zero``."""
+def pipeplan_side(inst: Instance, zero: str, *, solver: str, time_limit: float,
+                  counts: tuple[int, ...]) -> dict[str, Any]:
+    """pipeplan's best plan with per-stage tensor parallelism and ``zero``, over the microbatch ``counts``.
+
+    One solve per count (``1f1b``); the fastest fitting plan wins, and the wall time is
+    that of all the solves.
+    """
     started = time.perf_counter()
-    done = plan(inst.graph, inst.cluster, batch=inst.batch, microbatches="auto", solver=solver, schedule="1f1b",
-                state_factor=STATE_FACTOR, tensor_parallel="per-stage", zero=zero, time_limit=time_limit)
-    wall = time.perf_counter() - started
-    out: dict[str, Any] = {"zero": zero, "solver": solver, "wall_time": wall,
-                           "status": done.record.status if done.record else "no result"}
-    if done.plan is not None:
-        out.update(score(done.plan, inst.graph, inst.cluster))
-        out["plan"] = done.plan.to_dict()
+    best: dict[str, Any] | None = None
+    statuses = []
+    for m in counts:
+        done = plan(inst.graph, inst.cluster, batch=inst.batch, microbatches=m, solver=solver, schedule="1f1b",
+                    state_factor=STATE_FACTOR, tensor_parallel="per-stage", zero=zero, time_limit=time_limit)
+        statuses.append(f"m {m}: {done.record.status if done.record else 'no result'}")
+        if done.plan is not None:
+            scored = score(done.plan, inst.graph, inst.cluster)
+            if scored["fits"] and (best is None or scored["iteration_time"] < best["iteration_time"]):
+                best = dict(scored, plan=done.plan.to_dict(), status=done.record.status)
+    out: dict[str, Any] = {"zero": zero, "solver": solver, "wall_time": time.perf_counter() - started,
+                           "solves": statuses, "status": "; ".join(statuses)}
+    if best is not None:
+        out.update(best)
     return out
+
+
+def microbatch_counts(batch: int, low: int = 8, high: int = 32) -> tuple[int, ...]:
+    """The powers of two from ``low`` to ``high`` that divide ``batch`` (all of them at most ``batch``).
+
+    >>> microbatch_counts(64)
+    (8, 16, 32)
+    """
+    return tuple(m for m in powers_of_two(min(batch, high)) if m >= min(low, batch) and batch % m == 0)
 
 
 # --------------------------------------------------------------------------- the table
@@ -678,6 +712,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variance", type=int, default=1, help="Metis's --min_group_scale_variance")
     ap.add_argument("--permute", type=int, default=4, help="Metis's --max_permute_len")
     ap.add_argument("--keep", metavar="DIR", help="keep Metis's inputs and output under DIR/<instance>")
+    ap.add_argument("--reuse", action="store_true", help="with --keep: read the Metis logs an earlier run left there")
     ap.add_argument("--json", metavar="OUT.json", help="also write every result as JSON")
     args = ap.parse_args(argv)
     try:
@@ -692,8 +727,11 @@ def main(argv: list[str] | None = None) -> int:
             inst = known[name]
             keep = os.path.join(args.keep, name) if args.keep else None
             m = metis_side(inst, metis, args.metis_python, top=args.top, variance=args.variance,
-                           permute=args.permute, max_tp=args.max_tp, timeout=args.metis_timeout, keep=keep)
-            sides = {z: pipeplan_side(inst, z, solver=args.solver, time_limit=args.time_limit) for z in ("auto", "0")}
+                           permute=args.permute, max_tp=args.max_tp, timeout=args.metis_timeout, keep=keep,
+                           reuse=args.reuse)
+            counts = microbatch_counts(inst.batch)
+            sides = {z: pipeplan_side(inst, z, solver=args.solver, time_limit=args.time_limit, counts=counts)
+                     for z in ("auto", "0")}
             results.append({"instance": name, "graph": inst.graph.name, "cluster": inst.cluster.name,
                             "devices": len(inst.cluster.devices), "batch": inst.batch, "metis": m, "pipeplan": sides})
             print(json.dumps({"instance": name, "metis": m["status"], "metis_wall": round(m["wall_time"], 1),
