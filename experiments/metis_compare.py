@@ -25,7 +25,7 @@ it prints with pipeplan's simulator.
   ``sequence_length * hidden_size`` values per sample, so it gets ``sequence_length`` 1
   and ``hidden_size`` = the largest bytes per sample crossing a boundary of the graph.
 
-**Metis's plans** (:func:`parse_metis_output`, :func:`translate`): its ranked list gives per
+**Metis's plans** (:func:`parse_metis_lines`, :func:`translate`): its ranked list gives per
 plan the device-kind order, the device-group size of each stage, each stage's
 ``(dp, tp)``, the number of microbatches and the layer partition.  Rank ``i`` is the
 ``i``-th device when the kinds are taken in Metis's order; a stage of ``dp * tp`` devices
@@ -40,13 +40,18 @@ and a plan whose memory exceeds a device in pipeplan's model is scored and flagg
 no ZeRO), ``1f1b``, once for each of 8, 16 and 32 microbatches (those that divide the batch;
 Metis chooses the count among the batch's divisors), keeping the fastest plan that fits.
 
-The ratio is Metis's iteration time over pipeplan's, both from pipeplan's simulator, so it
-is judged in pipeplan's cost model; Metis's own estimate of its plan is printed beside it.
+The table shows Metis's first plan as it prints it; *Metis's choice*, its best-ranked plan
+whose estimate covers all its stages (its log shows that the estimate of some plans leaves
+the last stage out, :func:`parse_metis_lines`); and the fastest, by pipeplan's simulator,
+of its first ``--top`` such plans.  The ratios are Metis's iteration time over pipeplan's,
+both from pipeplan's simulator, so they are judged in pipeplan's cost model; Metis's own
+estimates are in the JSON.
 
 Usage::
 
-    python -m pipeplan.experiments.metis_compare --metis /path/to/Metis [--instances gpt-1b,gpt-7b,llama-70b]
+    python -m pipeplan.experiments.metis_compare --metis /path/to/Metis [--instances gpt-1b,gpt-7b,llama-70b,llama-70b-32]
         [--solver group-search] [--time-limit 60] [--metis-timeout 600] [--keep DIR [--reuse]] [--json OUT.json]
+        [--markdown OUT.md]
 """
 
 from __future__ import annotations
@@ -127,16 +132,24 @@ class Instance:
 
 
 def instances() -> dict[str, Instance]:
-    """The instances, by name: two GPT-like models on two device kinds, and the 70B-class model of tp_70b."""
+    """The instances, by name: two GPT-like models on two device kinds, and the 70B-class model of tp_70b.
+
+    The 70B model runs on the tutorial's 48 devices (2 servers of 8 A100-80GB, 4 of 8
+    V100-32GB), where Metis's search cannot start (48 is not a power of two), and on 32 of
+    them (2 servers of each kind).
+    """
     gpt1b = gpt_graph("gpt-1.3b-s2048", 24, 2048, 16, 50257, 2048)
     gpt7b = gpt_graph("gpt-6.7b-s2048", 32, 4096, 32, 50257, 2048)
     small = build_cluster([parse_server_group("1x8:a100-40g:nvlink3"), parse_server_group("1x8:v100-16g:pcie3")],
                           "ib-hdr")
     medium = build_cluster([parse_server_group("2x8:a100-80g:nvlink3"), parse_server_group("2x8:v100-32g:pcie3")],
                            "ib-hdr")
+    half = build_cluster([parse_server_group("2x8:a100-80g:nvlink3"), parse_server_group("2x8:v100-32g:pcie3")],
+                         "ib-hdr")
     return {"gpt-1b": Instance("gpt-1b", gpt1b, small, 32),
             "gpt-7b": Instance("gpt-7b", gpt7b, medium, 64),
-            "llama-70b": Instance("llama-70b", llama70b_graph(), tutorial_cluster(), 64)}
+            "llama-70b": Instance("llama-70b", llama70b_graph(), tutorial_cluster(), 64),
+            "llama-70b-32": Instance("llama-70b-32", llama70b_graph(), half, 64)}
 
 
 # --------------------------------------------------------------------------- Metis's inputs
@@ -714,6 +727,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--keep", metavar="DIR", help="keep Metis's inputs and output under DIR/<instance>")
     ap.add_argument("--reuse", action="store_true", help="with --keep: read the Metis logs an earlier run left there")
     ap.add_argument("--json", metavar="OUT.json", help="also write every result as JSON")
+    ap.add_argument("--markdown", metavar="OUT.md", help="also write the table")
     args = ap.parse_args(argv)
     try:
         metis = check_metis(args.metis)
@@ -742,6 +756,8 @@ def main(argv: list[str] | None = None) -> int:
     print(table(results))
     if args.json:
         atomic_write_text(args.json, json.dumps(results, indent=1))
+    if args.markdown:
+        atomic_write_text(args.markdown, table(results) + "\n")
     return 0
 
 
