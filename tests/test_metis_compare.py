@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -185,3 +186,65 @@ class TestMain:
         (tmp_path / "cost_het_cluster.py").write_text("")
         assert mc.main(["--metis", str(tmp_path), "--instances", "gpt-9t"]) == 2
         assert "--instances: unknown 'gpt-9t'" in capsys.readouterr().err
+
+
+FAKE_METIS = '''import sys
+args = dict(zip(sys.argv[1::2], sys.argv[2::2]))
+assert args["--num_layers"] == "6" and args["--gbs"] == "8" and args["--max_profiled_tp_degree"] == "4"
+print("node_sequence: (<DeviceType.A100: 'a100'>, <DeviceType.V100: 'v100'>), device_group: [8, 8], num_stage: 1, "
+      "batches: 4, gbs: 8, strategies: [(2, 4), (4, 2)], layer_partition: [0, 3, 6]")
+print(open(sys.argv[0].replace("cost_het_cluster.py", "ranked.txt")).read())
+'''
+
+
+@pytest.fixture(scope="module")
+def fake_metis(tmp_path_factory):
+    """A stand-in for Metis's search that prints a fixed ranked list (the plan ranked 1 estimated from one stage)."""
+    where = tmp_path_factory.mktemp("fake-metis")
+    (where / "cost_het_cluster.py").write_text(FAKE_METIS)
+    (where / "ranked.txt").write_text(OUTPUT)
+    return where
+
+
+class TestMetisSide:
+    def test_runs_translates_and_scores(self, fake_metis, graph, cluster, tmp_path):
+        inst = mc.Instance("tiny", graph, cluster, 8)
+        out = mc.metis_side(inst, fake_metis, sys.executable, top=10, variance=1, permute=4, max_tp=4,
+                            timeout=60, keep=str(tmp_path))
+        assert out["status"] == "ok" and out["plans_found"] == 3 and out["short_costed"] == 1
+        first, second, third = out["scored"]
+        assert first["costed_stages"] == 1 and first["fits"] and first["degrees"] == [4, 2]
+        assert "no layers" in second["untranslatable"] and "server a100-0" in third["untranslatable"]
+        assert mc.metis_choice(out) is second and mc.best_scored(out) is None
+        assert json.loads((tmp_path / "run.json").read_text())["status"] == "ok"
+
+    def test_reuse_reads_the_kept_log(self, fake_metis, graph, cluster, tmp_path):
+        inst = mc.Instance("tiny", graph, cluster, 8)
+        kw = dict(top=10, variance=1, permute=4, max_tp=4, timeout=60, keep=str(tmp_path))
+        mc.metis_side(inst, fake_metis, sys.executable, **kw)
+        again = mc.metis_side(inst, tmp_path / "no-metis-here", sys.executable, reuse=True, **kw)
+        assert again["plans_found"] == 3 and again["status"] == "ok"
+
+    def test_a_failing_metis_is_reported(self, graph, cluster, tmp_path):
+        broken = tmp_path / "metis"
+        broken.mkdir()
+        (broken / "cost_het_cluster.py").write_text("raise IndexError('list index out of range')\n")
+        inst = mc.Instance("tiny", graph, cluster, 8)
+        out = mc.metis_side(inst, broken, sys.executable, top=10, variance=1, permute=4, max_tp=4, timeout=60,
+                            keep=None)
+        assert out["status"] == "exit 1: IndexError: list index out of range" and out["scored"] == []
+
+
+class TestTable:
+    def test_rows_say_what_they_could_not_score(self, fake_metis, graph, cluster, tmp_path):
+        inst = mc.Instance("tiny", graph, cluster, 8)
+        m = mc.metis_side(inst, fake_metis, sys.executable, top=10, variance=1, permute=4, max_tp=4, timeout=60,
+                          keep=None)
+        pipeplan = {"iteration_time": 1.0, "fits": True, "max_memory_share": 0.5, "stages": 1, "degrees": [1],
+                    "replicas": [8], "zero": [0], "microbatches": 4, "recompute": 0, "wall_time": 0.1}
+        text = mc.table([{"instance": "tiny", "devices": 16, "batch": 8, "metis": m,
+                          "pipeplan": {"auto": pipeplan, "0": dict(pipeplan)}}])
+        row = text.splitlines()[-1]
+        assert "estimated 0.812 s from 1 of 2 stages" in row
+        assert "plan 2, estimated 0.900 s: not expressible: stage 1 of 3 has no layers" in row
+        assert "none fits" in row
