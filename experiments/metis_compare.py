@@ -49,8 +49,8 @@ estimates are in the JSON.
 
 Usage::
 
-    python -m pipeplan.experiments.metis_compare --metis /path/to/Metis [--instances gpt-1b,gpt-7b,llama-70b,llama-70b-32]
-        [--solver group-search] [--time-limit 60] [--metis-timeout 600] [--keep DIR [--reuse]] [--json OUT.json]
+    python -m pipeplan.experiments.metis_compare --metis /path/to/Metis
+        [--instances gpt-1b,gpt-7b,llama-70b,llama-70b-32] [--solver group-search] [--time-limit 60] [--metis-timeout 600] [--keep DIR [--reuse]] [--json OUT.json]
         [--markdown OUT.md]
 """
 
@@ -252,7 +252,8 @@ class MetisInputs:
         return ["--model_name", "GPT", "--model_size", "pipeplan", "--num_layers", str(self.num_layers),
                 "--gbs", str(batch), "--hidden_size", str(self.hidden), "--sequence_length", "1",
                 "--vocab_size", str(self.hidden), "--attention_head_size", "1",
-                "--hostfile_path", os.path.join(d, "hostfile"), "--clusterfile_path", os.path.join(d, "clusterfile.json"),
+                "--hostfile_path", os.path.join(d, "hostfile"),
+                "--clusterfile_path", os.path.join(d, "clusterfile.json"),
                 "--profile_data_path", os.path.join(d, "profile"), "--max_profiled_tp_degree", str(self.max_tp),
                 "--max_profiled_batch_size", str(self.max_bs), "--min_group_scale_variance", str(variance),
                 "--max_permute_len", str(permute), "--log_path", os.path.join(d, "logs"), "--home_dir", d]
@@ -535,8 +536,9 @@ def run_metis(metis: Path, python: str, inputs: MetisInputs, *, batch: int, vari
         try:
             # Metis orders device kinds by iterating a set of enum members: fix the hash seed so a run repeats
             env = dict(os.environ, PYTHONHASHSEED="0")
-            done = subprocess.run([os.path.abspath(found), str(metis / METIS_SCRIPT), *inputs.arguments(batch, variance, permute)],
-                                  cwd=str(metis), stdout=out, stderr=subprocess.STDOUT, timeout=timeout, env=env)
+            command = [os.path.abspath(found), str(metis / METIS_SCRIPT), *inputs.arguments(batch, variance, permute)]
+            done = subprocess.run(command, cwd=str(metis), stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env=env)
         except subprocess.TimeoutExpired:
             return [], time.perf_counter() - started, f"timeout after {timeout:g} s"
     wall = time.perf_counter() - started
@@ -730,6 +732,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--markdown", metavar="OUT.md", help="also write the table")
     args = ap.parse_args(argv)
     try:
+        for flag in ("max_tp", "top", "variance", "permute"):
+            if getattr(args, flag) < 1:
+                raise InputError("-", f"--{flag.replace('_', '-')}", f"must be at least 1, got {getattr(args, flag)}")
         metis = check_metis(args.metis)
         known = instances()
         chosen = [n.strip() for n in args.instances.split(",") if n.strip()]

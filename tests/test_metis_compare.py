@@ -182,6 +182,10 @@ class TestMain:
         with pytest.raises(InputError, match="--metis-python: no such program"):
             mc.run_metis(tmp_path, str(tmp_path / "no-python"), inputs, batch=8, variance=1, permute=4, timeout=5)
 
+    def test_a_degree_below_one_is_refused(self, tmp_path, capsys):
+        assert mc.main(["--metis", str(tmp_path), "--max-tp", "0"]) == 2
+        assert capsys.readouterr().err == "error: -: --max-tp: must be at least 1, got 0\n"
+
     def test_unknown_instance(self, tmp_path, capsys):
         (tmp_path / "cost_het_cluster.py").write_text("")
         assert mc.main(["--metis", str(tmp_path), "--instances", "gpt-9t"]) == 2
