@@ -476,7 +476,7 @@ class TestRunProfile:
     def test_unknown_model_exits_2(self, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         assert main(["profile", "gpt5", "-o", str(tmp_path / "x.json")]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("error: -: model: unknown model 'gpt5'; valid: gpt-tiny, gpt1,")
+        assert err.startswith("error: -: model: unknown model 'gpt5'; valid: gpt-tiny, gpt-tiny-16, gpt1,")
         assert not (tmp_path / "x.json").exists()
 
     @pytest.mark.parametrize("args", [["--batch-sizes", "0,x"], ["--batch-sizes", "1,x"], ["--dtype", "int8"],
