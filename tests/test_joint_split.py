@@ -10,7 +10,7 @@ from pipeplan.models.errors import DeadlockError
 from pipeplan.models.graph import LayerGraph
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.core.termination import TimeLimit
-from pipeplan.solver.splits.joint_split import fits_some_split, pipeline_bound, pipelines, solve_joint
+from pipeplan.solver.splits.joint_split import _device_groups, fits_some_split, pipeline_bound, pipelines, solve_joint
 from pipeplan.solver.formats.plan import Plan, Stage
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.evaluation.simulator import simulate
@@ -66,6 +66,43 @@ def instance(seed, per_stage, schedule):
                        Device("d2", "s1", 0.5, rng.choice([30, 1e9]))))
     return PlanningProblem(graph, cluster, 4, 2, schedule, auto_microbatches=True, max_microbatches=3,
                            per_stage=per_stage)
+
+
+def walked_device_groups(problem, stages):
+    """The reference: every combination of free devices, each pattern kept the first time it is reached."""
+    key = {d.id: (d.server, d.speed, d.memory) for d in problem.cluster.devices}
+    ids = [d.id for d in problem.cluster.devices]
+    max_size = len(ids) if problem.allow_replication else 1
+    seen, found = set(), []
+
+    def extend(used, prefix):
+        if len(prefix) == stages:
+            pattern = tuple(tuple(sorted(key[d] for d in g)) for g in prefix)
+            if pattern not in seen:
+                seen.add(pattern)
+                found.append(prefix)
+            return
+        free = [d for d in ids if d not in used]
+        for size in range(1, min(max_size, len(free) - (stages - len(prefix) - 1)) + 1):
+            for group in combinations(free, size):
+                extend(used | set(group), prefix + (group,))
+
+    extend(frozenset(), ())
+    return found
+
+
+class TestDeviceGroups:
+    @pytest.mark.parametrize("seed", range(12))
+    def test_same_sequences_in_the_same_order_as_the_walk_over_combinations(self, seed):
+        rng = random.Random(seed)
+        devices = tuple(Device(f"d{i}", f"s{rng.randrange(2)}", rng.choice((1.0, 0.5)), rng.choice((1e9, 2e9)))
+                        for i in range(rng.randint(1, 6)))
+        cluster = Cluster("c", (Link(1e10, 1e-6, "s0"), Link(1e10, 1e-6, "s1")), Link(1e9, 1e-5), devices)
+        graph = LayerGraph.chain("g", [make_layer(i) for i in range(4)])
+        for replication in (True, False):
+            problem = PlanningProblem(graph, cluster, 8, 2, allow_replication=replication)
+            for stages in range(1, len(devices) + 1):
+                assert list(_device_groups(problem, stages)) == walked_device_groups(problem, stages)
 
 
 class TestSolveJoint:

@@ -49,28 +49,45 @@ def _device_groups(problem: PlanningProblem, stages: int) -> Iterator[tuple[tupl
     """Ordered disjoint non-empty device groups, one per stage, up to identical devices.
 
     Devices with the same ``(server, speed, memory)`` are interchangeable, so only one
-    group sequence per multiset pattern is produced (the lexicographically first ids).
+    group sequence per multiset pattern is produced: each group takes the first free
+    devices of each kind (the lexicographically first ids), so a group is a count per
+    kind.  The sequences come in the order of a walk over every combination of free
+    devices (by group size, then by the combination's positions), yielding each pattern
+    the first time it is reached; generating the counts directly makes each sequence cost
+    one step, where the walk over combinations visits every interchangeable copy
+    (65,535 groups of 16 devices for a one-stage pipeline).
     """
     devices = problem.cluster.devices
-    key = {d.id: (d.server, d.speed, d.memory) for d in devices}
     ids = [d.id for d in devices]
+    positions: dict[tuple, list[int]] = {}  # each kind's devices, in the cluster's order
+    for index, d in enumerate(devices):
+        positions.setdefault((d.server, d.speed, d.memory), []).append(index)
+    kinds = list(positions.values())
     max_size = len(ids) if problem.allow_replication else 1
-    seen: set[tuple] = set()
 
-    def extend(used: frozenset, prefix: tuple) -> Iterator[tuple]:
-        if len(prefix) == stages:
-            pattern = tuple(tuple(sorted(key[d] for d in g)) for g in prefix)
-            if pattern not in seen:
-                seen.add(pattern)
-                yield prefix
+    def counts(kind: int, used: tuple[int, ...], cap: int) -> Iterator[tuple[int, ...]]:
+        """Every count per kind from ``kind`` on, within the free devices, summing to at most ``cap``."""
+        if kind == len(kinds):
+            yield ()
             return
-        free = [d for d in ids if d not in used]
-        room = len(free) - (stages - len(prefix) - 1)  # leave a device for each later stage
-        for size in range(1, min(max_size, room) + 1):
-            for group in combinations(free, size):
-                yield from extend(used | set(group), prefix + (group,))
+        for c in range(min(len(kinds[kind]) - used[kind], cap) + 1):
+            for rest in counts(kind + 1, used, cap - c):
+                yield (c, *rest)
 
-    yield from extend(frozenset(), ())
+    def extend(used: tuple[int, ...], prefix: tuple) -> Iterator[tuple]:
+        if len(prefix) == stages:
+            yield prefix
+            return
+        room = len(ids) - sum(used) - (stages - len(prefix) - 1)  # leave a device for each later stage
+        groups = []
+        for taken in counts(0, used, min(max_size, room)):
+            picked = sorted(p for k, c in enumerate(taken) for p in kinds[k][used[k]:used[k] + c])
+            if picked:
+                groups.append((len(picked), picked, taken))
+        for _, picked, taken in sorted(groups):
+            yield from extend(tuple(u + c for u, c in zip(used, taken)), prefix + (tuple(ids[p] for p in picked),))
+
+    yield from extend((0,) * len(kinds), ())
 
 
 def pipelines(problem: PlanningProblem, limit: int = MAX_PIPELINES) -> list[Pipeline] | None:
