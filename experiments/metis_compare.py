@@ -71,7 +71,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from pipeplan.experiments.tp_70b import STATE_FACTOR, _layer, llama70b_graph, tutorial_cluster
+from pipeplan.experiments.tp_70b import STATE_FACTOR, _layer, llama70b_graph, runs_text, tutorial_cluster
 from pipeplan.models.errors import InputError
 from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.models.jsonio import atomic_write_text
@@ -645,17 +645,6 @@ def microbatch_counts(batch: int, low: int = 8, high: int = 32) -> tuple[int, ..
 
 
 # --------------------------------------------------------------------------- the table
-def _runs(values: list[Any]) -> str:
-    """``[1, 1, 2] -> "1x2, 2"``."""
-    runs: list[list[Any]] = []
-    for v in values:
-        if runs and runs[-1][0] == v:
-            runs[-1][1] += 1
-        else:
-            runs.append([v, 1])
-    return ", ".join(f"{v}x{n}" if n > 1 else f"{v}" for v, n in runs)
-
-
 def describe(row: dict[str, Any]) -> str:
     """A scored plan in a few words: time, stages, degrees, replicas, microbatches, memory."""
     if "untranslatable" in row:
@@ -664,10 +653,10 @@ def describe(row: dict[str, Any]) -> str:
         return f"no plan ({row.get('status', '?')})"
     memory = "fits" if row["fits"] else \
         f"EXCEEDS memory ({100 * row['max_memory_share']:.0f}% of a device in pipeplan's model)"
-    zero = f"; ZeRO {_runs(row['zero'])}" if any(row["zero"]) else ""
+    zero = f"; ZeRO {runs_text(row['zero'])}" if any(row["zero"]) else ""
     recompute = f"; recompute {row['recompute']} of {row['stages']}" if row["recompute"] else ""
-    return (f"{row['iteration_time']:.3f} s: {row['stages']} stages, tp {_runs(row['degrees'])}, "
-            f"dp {_runs(row['replicas'])}, m {row['microbatches']}{zero}{recompute}; {memory}")
+    return (f"{row['iteration_time']:.3f} s: {row['stages']} stages, tp {runs_text(row['degrees'])}, "
+            f"dp {runs_text(row['replicas'])}, m {row['microbatches']}{zero}{recompute}; {memory}")
 
 
 def best_scored(metis: dict[str, Any]) -> dict[str, Any] | None:

@@ -130,7 +130,7 @@ def row(graph: LayerGraph, cluster: Cluster, mode: str, zero: str, *, solver: st
     return out
 
 
-def _runs(values: list[Any]) -> str:
+def runs_text(values: list[Any]) -> str:
     """``values`` as runs: ``[1, 1, 2] -> "1x2, 2"``."""
     runs: list[list[Any]] = []
     for v in values:
@@ -150,8 +150,8 @@ def _table(rows: list[dict[str, Any]]) -> str:
             lines.append(f"| {r['tensor_parallel']} | {r['zero']} | no plan ({r['status']}) | | | | | | | | | |")
             continue
         lines.append(f"| {r['tensor_parallel']} | {r['zero']} | {r['iteration_time']:.3f} | {r['throughput']:.2f} | "
-                     f"{r['stages']} | {_runs(r['degrees'])} | {_runs(r['replicas'])} | "
-                     f"{_runs(r['zero_levels'])} | {r['devices_used']} | "
+                     f"{r['stages']} | {runs_text(r['degrees'])} | {runs_text(r['replicas'])} | "
+                     f"{runs_text(r['zero_levels'])} | {r['devices_used']} | "
                      f"{sum(r['recompute'])} of {r['stages']} | {r['max_memory'] / 1e9:.1f} | "
                      f"{100 * r['max_memory_share']:.0f}% |")
     return "\n".join(lines)
