@@ -26,8 +26,9 @@ from pipeplan.solver.core.warm_start import check_warm_start, outside_options
 from pipeplan.solver.evaluation.simulator import simulate
 from pipeplan.solver.formats.cluster import Cluster, Device, Link, load_cluster
 from pipeplan.solver.formats.plan import Plan, Stage, load_plan
+from pipeplan.solver.bounds.terms import work_bound
 from pipeplan.solver.heuristics.tensor_search import (Phase, combined_bound, fallbacks, phases_for, relaxed_state,
-                                                      state_hints, work_bound, zero_levels)
+                                                      state_hints, zero_levels)
 from pipeplan.solver.planning import plan, problem_for
 from pipeplan.solver.space.tensor_parallel import (collective_terms, degree_graph, expand_plan, homogeneous_servers,
                                                    replica_cluster, resplit, with_degree, with_zero)

@@ -115,10 +115,13 @@ def work_bound(problem: PlanningProblem) -> float:
     """``T >= W / V``: the whole model's work at full batch over the summed device speeds.
 
     Each stage keeps ``r_s`` devices of speed ``>= v_s`` busy ``busy_s <= T``, and
-    ``busy_s r_s v_s >= M (a_f + a_b) + B (b_f + b_b)`` over its layers (``r q_k >= n_k``).
+    ``busy_s r_s v_s >= M (a_f + a_b) + B (b_f + b_b)`` over its layers (``r q_k >= n_k``),
+    with ``M`` the fewest microbatches the problem allows.  It holds at every
+    tensor-parallel degree and ZeRO level too: a replica of ``t`` devices spends at least
+    the degree-1 device-seconds on each layer (section 8.3).
     """
-    graph, sizes = problem.graph, problem.split
-    fixed = sum(l.fwd[0] + l.bwd[0] for l in graph.layers) * len(sizes)
+    graph = problem.graph
+    fixed = sum(l.fwd[0] + l.bwd[0] for l in graph.layers) * min(problem.split_counts)
     per_sample = sum(l.fwd[1] + l.bwd[1] for l in graph.layers) * problem.global_batch
     return (fixed + per_sample) / sum(d.speed for d in problem.cluster.devices)
 

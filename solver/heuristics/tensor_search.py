@@ -35,6 +35,7 @@ from typing import Any, Callable
 
 from pipeplan.models.errors import DeadlockError, InputError
 from pipeplan.models.graph import LayerGraph
+from pipeplan.solver.bounds.terms import work_bound
 from pipeplan.solver.core.problem import PlanningProblem, tensor_degrees
 from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.core.termination import TimeLimit
@@ -112,19 +113,6 @@ def zero_levels(plan: Plan, graph: LayerGraph, cluster: Cluster, problem: Planni
         return found
     made = with_zero(plan, raised)
     return Candidate(made, simulate(made, graph, cluster))
-
-
-def work_bound(problem: PlanningProblem) -> float:
-    """``T >= W / V`` over every plan the problem allows, whatever the degrees and ZeRO levels.
-
-    ``W`` is the model's work at degree 1 (the fewest microbatches the problem allows pay
-    the per-microbatch terms), ``V`` the summed speeds: every device is busy at most ``T``,
-    and a replica of ``t`` devices spends at least the degree-1 device-seconds on each layer.
-    """
-    layers, count = problem.graph.layers, min(problem.split_counts)
-    fixed = sum(l.fwd[0] + l.bwd[0] for l in layers) * count
-    per_sample = sum(l.fwd[1] + l.bwd[1] for l in layers) * problem.global_batch
-    return (fixed + per_sample) / sum(d.speed for d in problem.cluster.devices)
 
 
 @dataclass(frozen=True)
