@@ -88,8 +88,19 @@ qualifies whatever ``T*``, so ``T* >= f(cap)`` outright.  The bound is the large
 these values over the ``t`` tried (a bisection between the work bound and the upper
 end; each value holds on its own, the bisection needs no monotonicity), never below
 :func:`pipeplan.solver.bounds.terms.work_bound`, lowered by :data:`ROUNDING_MARGIN` for the
-float sums.  Multipliers are the speed weights' (``g(v) = v``, ``G = V``) at the
-multiples :data:`MULTIPLIERS` of ``work_bound / V``.
+float sums.
+
+**Multipliers.**  Any ``mu >= 0`` gives a valid ``f``, so the multipliers are searched, not
+derived: one per device class ``k`` (``g`` adds ``mu_k`` for every stage of slowest speed
+``>= v_k``, ``G`` adds ``mu_k N_k``) and one on the speed weights (``g(v) = lambda v``,
+``G = lambda V``).  The class counts are what binds on clusters with a few fast devices:
+the speed weights alone charge a fast device no more per unit of speed than a slow one,
+so a bound priced by them lets every stage run on the fastest class.  At each ``t`` a
+coordinate ascent (:func:`_ascend`) starts from the best multipliers of the previous
+``t``, from none and from the speed weights alone at :data:`SPEED_MULTIPLIER` (the best of the three),
+moves one multiplier at a time by a step while ``f`` grows, halves the steps after a
+round without a move, and stops after :data:`ASCENT_ROUNDS` rounds or once ``f >= t``:
+a fixed sequence of evaluations, so the bound does not depend on the machine's speed.
 """
 
 from __future__ import annotations
@@ -113,9 +124,15 @@ BISECTION_STEPS = 10
 """Geometric halvings of the bracket on ``t`` (a ratio ``hi / lo`` of 1,000 shrinks to 1.007): a fixed count,
 so the bound does not depend on the machine's speed (only an expiring clock cuts it short)."""
 
-MULTIPLIERS = (0.0, 1.5)
-"""``lambda`` tried at each ``t``, as multiples of ``work_bound / V`` (seconds per unit of summed speed); the
-Lagrangian peaks near 1.5 on experiments/bench_scale.py's instances at 256 and 1,024 devices."""
+SPEED_MULTIPLIER = 1.5
+"""The speed weights' ``lambda`` the first ascent also starts from, as a multiple of ``work_bound / V``
+(seconds per unit of summed speed): with speed weights alone the Lagrangian peaks near 1.5 on
+experiments/bench_scale.py's instances at 256 and 1,024 devices."""
+
+ASCENT_ROUNDS = 5
+"""Rounds of the multipliers' coordinate ascent at each ``t``; a round without a move halves the steps.
+On experiments/known_optimum.py's two-generation members at 256 and 1,024 devices the bound stops
+moving after three."""
 
 DELTA_STEPS = 32
 """Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
@@ -300,7 +317,8 @@ def _largest_pivot(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, t: 
 
 
 def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int) -> float:
-    """``f(t)`` of the module docstring for one multiplier and weighting: the larger of the two endings."""
+    """``f(t)`` of the module docstring for one weighting ``lam * weight`` of the stage types: the larger of the
+    two endings, less ``lam * budget``."""
     allowed = types.stage_time <= t
     extra = lam * types.replicas * weight
     first = (types.lo == 0)[None, :]
@@ -310,6 +328,55 @@ def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, bud
                                 _best(types, allowed, types.crit + types.allreduce + extra, L),
                                 _best(types, allowed, u, L))
     return max(ending_at_stage0, ending_at_pivot) - lam * budget
+
+
+def device_weights(problem: PlanningProblem, types: StageTypes) -> list[tuple[np.ndarray, float]]:
+    """The constraints of term (e) the multipliers price, as ``(g per stage type, G)``.
+
+    One per device class ``k``, fastest first: ``g = 1`` on the types of slowest speed ``>= v_k``
+    (``N_k`` devices of speed ``>= v_k`` hold them all); then the speed weights ``g(v) = v``, ``G = V``.
+    """
+    speeds = sorted({d.speed for d in problem.cluster.devices}, reverse=True)
+    counts = [(types.speeds >= v).astype(float) for v in speeds]
+    held = [float(sum(1 for d in problem.cluster.devices if d.speed >= v)) for v in speeds]
+    total = float(sum(d.speed for d in problem.cluster.devices))
+    return list(zip(counts, held)) + [(types.speeds, total)]
+
+
+def _ascend(evaluate, starts: list[tuple[float, ...]], steps: list[float], t: float,
+            clock: TimeLimit | None) -> tuple[float, tuple[float, ...]] | None:
+    """Coordinate ascent of ``evaluate`` over multipliers ``>= 0`` (module docstring, "Multipliers").
+
+    Returns the largest value seen and its multipliers, or ``None`` when ``clock`` expires first.
+    Stops early once a value reaches ``t`` (only ``min(t, f)`` is used).
+    """
+    best, best_mu = -math.inf, starts[0]
+    for mu in starts:
+        if clock is not None and clock.expired():
+            return None
+        f = evaluate(mu)
+        if f > best:
+            best, best_mu = f, mu
+    step = list(steps)
+    for _ in range(ASCENT_ROUNDS):
+        moved = False
+        for k in range(len(step)):
+            for sign in (1.0, -1.0):
+                while best < t:
+                    trial = best_mu[:k] + (max(0.0, best_mu[k] + sign * step[k]),) + best_mu[k + 1:]
+                    if trial == best_mu:
+                        break
+                    if clock is not None and clock.expired():
+                        return None
+                    f = evaluate(trial)
+                    if f <= best:
+                        break
+                    best, best_mu, moved = f, trial, True
+        if best >= t:
+            break
+        if not moved:
+            step = [x / 2 for x in step]
+    return best, best_mu
 
 
 def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper: float | None = None) -> float:
@@ -350,17 +417,26 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     if types is None:
         return floor
     L = len(problem.graph)
-    budget = float(sum(d.speed for d in problem.cluster.devices))
-    multipliers = [m * floor / budget for m in MULTIPLIERS]
+    weights = device_weights(problem, types)
+    steps = [floor / budget if budget > 0 else 0.0 for _, budget in weights]
+    none = tuple(0.0 for _ in weights)
+    by_speed = none[:-1] + (SPEED_MULTIPLIER * steps[-1],)
+    previous: list[tuple[float, ...]] = []
 
     def value(t: float) -> float:
-        """Max over the multipliers of ``f(t)`` (each is a valid ``f``, so is their max); ``-inf`` once out of time."""
-        best_f = -math.inf
-        for lam in multipliers:
-            if clock is not None and clock.expired():
-                return -math.inf
-            best_f = max(best_f, _path_value(types, t, types.speeds, lam, budget, L))
-        return best_f
+        """``f(t)`` at the best multipliers the ascent finds (each is a valid ``f``); ``-inf`` once out of time."""
+        def evaluate(mu: tuple[float, ...]) -> float:
+            weight = sum(m * column for m, (column, _) in zip(mu, weights))
+            budget = sum(m * total for m, (_, total) in zip(mu, weights))
+            return _path_value(types, t, weight, 1.0, budget, L)
+
+        # from where the previous t ended, and from the speed weights alone (so never below that bound)
+        found = _ascend(evaluate, list(dict.fromkeys(previous + [none, by_speed])), steps, t, clock)
+        if found is None:
+            return -math.inf
+        f, mu = found
+        previous[:] = [mu]
+        return f
 
     fitting = types.stage_time[np.isfinite(types.stage_time)]
     if not fitting.size:
