@@ -45,6 +45,16 @@ class TestStageTypes:
         assert types.crit[0, last] == pytest.approx(6.0)
         assert types.tf0[0, last] == pytest.approx(1.0)
         assert types.allreduce[0].tolist() == [0.0, 0.0, 0.0]
+        # by position: [0, 1) as the last stage runs all 6 s after F0 (delta 3), with one later stage
+        # F1 runs before B0 arrives (crit 5, delta 2); u = 3
+        assert types.extra_at.shape == (2, 1, 3)
+        assert types.extra_at[0, 0, first] == pytest.approx(3.0)
+        assert types.extra_at[1, 0, first] == pytest.approx(2.0)
+
+    def test_gpipe_has_no_positions(self):
+        problem = PlanningProblem(_layers(2), _cluster(1), global_batch=2, microbatches=2, schedule="gpipe",
+                                  allow_replication=False, allow_recompute=False)
+        assert stage_types(problem).extra_at.shape[0] == 0
 
     def test_memory_that_does_not_fit_is_infinite(self):
         graph = LayerGraph.chain("g", [Layer("a", (0.0, 1.0), (0.0, 2.0), 1e12, 0.0, 0.0)], input_bytes=0.0)
@@ -181,3 +191,26 @@ class TestClassCountsBind:
                                   microbatches=rng.choice([1, 2, 4]), schedule=("gpipe", "1f1b")[seed % 2])
         best = brute_force(problem)
         assert work_bound(problem) * (1 - 1e-9) <= class_bound(problem) <= best * (1 + REL)
+
+
+class TestPositions:
+    @pytest.mark.parametrize("seed", range(6))
+    def test_telling_positions_apart_never_lowers_the_bound(self, seed, monkeypatch):
+        import pipeplan.solver.bounds.class_bound as module
+        problem = sized_problem(2000 + seed, layers=6, devices=4, schedule="1f1b")
+        positioned = class_bound(problem)
+        monkeypatch.setattr(module, "POSITIONS", 1)  # the last stage only: w_max for every other
+        assert positioned >= class_bound(problem) * (1 - 1e-12)
+
+    def test_a_short_warm_up_raises_the_bound(self, monkeypatch):
+        # 12 equal layers, 4 one-device stages of 3 layers each at best, 8 microbatches: the stages near
+        # the end keep short warm-ups, which w_max (8 forwards) cannot see
+        import pipeplan.solver.bounds.class_bound as module
+        problem = PlanningProblem(_layers(12), _cluster(4), global_batch=8, microbatches=8,
+                                  allow_replication=False, allow_recompute=False)
+        positioned = class_bound(problem)
+        monkeypatch.setattr(module, "POSITIONS", 1)
+        assert positioned > class_bound(problem) * 1.01
+        best = problem.evaluate(problem.make_plan([(0, 3), (3, 6), (6, 9), (9, 12)], [("d0",), ("d1",), ("d2",), ("d3",)],
+                                                  [False] * 4)).iteration_time
+        assert positioned <= best * (1 + REL)

@@ -73,7 +73,13 @@ sequence of qualifying types covering ``[0, L)`` in order:
   stage's bucket is ``<= b``, so ``U + AR_0 >= C(b)``, the cheapest cover by types of
   bucket ``<= b`` costing ``u`` (plus ``AR`` on the one starting at layer 0) and the
   Lagrange terms; and ``delta* >= e_b``, the smallest ``delta`` of any type that fits
-  with bucket ``>= b``.  So ``f1 = min_b (e_b + C(b))``;
+  with bucket ``>= b``.  So ``f1 = min_b (e_b + C(b))``.  *Positions*: a stage's
+  ``delta`` with ``w = min(k, M)`` for its ``k`` later stages is at least the one with
+  ``w_max`` (``k <= L - hi``), so the cover may filter each stage by the former: ``C(b)``
+  is then a shortest path over (layer boundary, stages after it), built from the end,
+  ``k`` told exactly below :data:`POSITIONS` (or ``M``) and ``w_max`` used from there on.  A stage
+  *is* at the position the path gives it (it counts the stages after it), so the
+  optimal plan's stages, each with its own ``delta <= delta*``, still form one such path;
 - ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0)``, the pivot ``crit +
   AR``, stages after it ``u``, plus the Lagrange terms;
 
@@ -101,6 +107,8 @@ coordinate ascent (:func:`_ascend`) starts from the best multipliers of the prev
 moves one multiplier at a time by a step while ``f`` grows, halves the steps after a
 round without a move, and stops after :data:`ASCENT_ROUNDS` rounds or once ``f >= t``:
 a fixed sequence of evaluations, so the bound does not depend on the machine's speed.
+The ascent evaluates ending 1 without positions (``POSITIONS + 1`` times cheaper); ``f``
+at its last multipliers is then evaluated with them, which only raises it.
 """
 
 from __future__ import annotations
@@ -129,10 +137,17 @@ SPEED_MULTIPLIER = 1.5
 (seconds per unit of summed speed): with speed weights alone the Lagrangian peaks near 1.5 on
 experiments/bench_scale.py's instances at 256 and 1,024 devices."""
 
-ASCENT_ROUNDS = 5
+ASCENT_ROUNDS = 3
 """Rounds of the multipliers' coordinate ascent at each ``t``; a round without a move halves the steps.
-On experiments/known_optimum.py's two-generation members at 256 and 1,024 devices the bound stops
-moving after three."""
+Three: on experiments/bench_scale.py's 64- and 256-device instances the bound is no smaller than with five
+(19.3 % and 25.4 % below the best plans against 20.1 % and 25.6 %) in half the time (2026-12-02)."""
+
+POSITIONS = 16
+"""Stage positions from the end told apart in ending 1 (``k = 0 .. POSITIONS - 1`` later stages, at most
+``M``; any more share ``w_max``).  On experiments/bench_scale.py's 64- and 256-device instances (8 and 16
+microbatches) the bound is 23.5 % and 27.4 % below the best plans with none told apart, 17.2 % and 23.0 %
+with 8, 17.2 % and 22.6 % with 16 (2026-12-02); each costs one more table in ending 1's last evaluation at
+each ``t``."""
 
 DELTA_STEPS = 32
 """Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
@@ -161,7 +176,10 @@ class StageTypes:
     speeds: np.ndarray
     """``v_c`` of each type (a column vector)."""
     extra: np.ndarray
-    """``crit - u``: what the pivot adds to one microbatch's passes."""
+    """``crit - u``: what the pivot adds to one microbatch's passes, with ``w_max`` of term (d)."""
+    extra_at: np.ndarray
+    """``crit - u`` with exactly ``k`` later stages, ``k = 0 .. min(POSITIONS, M) - 1`` (first axis; 1F1B only,
+    else empty): the warm-up is ``w = min(k, M)``, so fewer forwards leave the critical ops."""
     fitting_extra: np.ndarray
     """``extra`` of every type and range that fits in memory, sorted."""
 
@@ -208,6 +226,8 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
                  for c in device_classes(problem.cluster)}
     flags = (False, True) if problem.allow_recompute else (False,)
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("stage_time", "u", "tf0", "crit", "allreduce")}
+    positioned = problem.needs.warmup_per_later_stage and not problem.needs.forwards_first
+    at: list[list[np.ndarray]] = [[] for _ in range(min(POSITIONS, M) if positioned else 0)]
     replicas, speeds = [], []
     for c in device_classes(problem.cluster):
         most = speeds_ge[c.speed] if problem.allow_replication else 1
@@ -236,12 +256,17 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
                 rows["stage_time"].append(np.where(fits, f_all + b_all + ar, np.inf))
                 for name, value in (("u", u), ("tf0", tf0), ("crit", crit), ("allreduce", ar)):
                     rows[name].append(np.broadcast_to(value, lo.shape).astype(float))
+                for k, column in enumerate(at):  # k later stages: F_1 .. F_min(k, M-1) run before B_0
+                    skipped = min(k, M - 1)
+                    early = (skipped * AF + BF * float(q[1:skipped + 1].sum())) / v
+                    column.append(f_all + b_all - early - u)
                 replicas.append(r)
                 speeds.append(c.speed)
     stack = {k: np.vstack(v) for k, v in rows.items()}
     return StageTypes(lo, hi, stack["stage_time"], stack["u"], stack["tf0"], stack["crit"], stack["allreduce"],
                       np.array(replicas, dtype=float)[:, None], np.array(speeds, dtype=float)[:, None],
                       stack["crit"] - stack["u"],
+                      np.array([np.vstack(column) for column in at]).reshape(len(at), *stack["u"].shape),
                       np.sort((stack["crit"] - stack["u"])[np.isfinite(stack["stage_time"])]))
 
 
@@ -290,25 +315,35 @@ def _shortest(before: np.ndarray, pivot: np.ndarray, after: np.ndarray) -> float
     return float(tail[L])
 
 
-def _largest_pivot(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, t: float, L: int) -> float:
-    """Ending 1 with the pivot the stage of largest ``delta = crit - u``: ``min_i e_i + C(i)`` (module docstring)."""
+def _largest_pivot(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, t: float, L: int,
+                   positioned: bool = True) -> float:
+    """Ending 1 with the pivot the stage of largest ``delta = crit - u``: ``min_i e_i + C(i)`` (module docstring).
+
+    With :attr:`StageTypes.extra_at`, ``C(i)`` is a shortest path over (layer boundary, later stages): a
+    stage with ``k < POSITIONS`` later stages is filtered by its ``delta`` at ``k``, any other by ``w_max``'s.
+    Without ``positioned`` every stage is filtered by ``w_max``'s (a smaller bound, ``POSITIONS + 1`` times
+    cheaper).
+    """
     scale = DELTA_STEPS / t
 
     def bucket_of(delta: np.ndarray) -> np.ndarray:  # monotone in delta: a float product and ceil are
         return np.clip(np.ceil(delta * scale), 1, DELTA_STEPS).astype(np.int64)
 
-    # per range the cheapest allowed type of each bucket, then of the buckets up to i: C(i)
+    # per position and range the cheapest allowed type of each bucket, then of the buckets up to i: C(i)
     ranges = cost.shape[1]
-    cheapest = np.full((DELTA_STEPS + 1) * ranges, np.inf)
+    levels = (list(types.extra_at) if positioned else []) + [types.extra]  # the last level: every other position
+    allowed_cost = np.where(allowed, cost, np.inf)
     columns = np.arange(ranges)
-    for row, b in zip(np.where(allowed, cost, np.inf), bucket_of(types.extra)):
-        flat = b * ranges + columns
-        cheapest[flat] = np.minimum(cheapest[flat], row)
-    cheapest = np.minimum.accumulate(cheapest.reshape(DELTA_STEPS + 1, ranges), axis=0)[1:]
-    matrices = np.full((DELTA_STEPS, (L + 1) * (L + 1)), np.inf)
-    matrices[:, types.lo * (L + 1) + types.hi] = cheapest
-    covers = _cover(matrices.reshape(DELTA_STEPS, L + 1, L + 1))
-    # e_i: the smallest delta of a type that fits, among those of bucket i or later
+    matrices = np.full((DELTA_STEPS, len(levels), (L + 1) * (L + 1)), np.inf)
+    for level, deltas in enumerate(levels):
+        cheapest = np.full((DELTA_STEPS + 1) * ranges, np.inf)
+        for row, b in zip(allowed_cost, bucket_of(deltas)):
+            flat = b * ranges + columns
+            cheapest[flat] = np.minimum(cheapest[flat], row)
+        cheapest = np.minimum.accumulate(cheapest.reshape(DELTA_STEPS + 1, ranges), axis=0)[1:]
+        matrices[:, level, types.lo * (L + 1) + types.hi] = cheapest
+    covers = _cover_by_position(matrices.reshape(DELTA_STEPS, len(levels), L + 1, L + 1))
+    # e_i: the smallest delta of a type that fits, among those of bucket i or later (w_max's are the smallest)
     known = types.fitting_extra
     first = np.searchsorted(bucket_of(known), np.arange(1, DELTA_STEPS + 1), side="left")
     smallest = np.where(first < len(known), known[np.minimum(first, max(len(known) - 1, 0))], np.inf) \
@@ -316,14 +351,32 @@ def _largest_pivot(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, t: 
     return float(np.min(smallest + covers))
 
 
-def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int) -> float:
+def _cover_by_position(cost: np.ndarray) -> np.ndarray:
+    """Cheapest cover of ``[0, L)`` per bucket, a stage costing ``cost[g, k, lo, hi]`` with ``k`` later stages.
+
+    ``k`` runs over the levels ``0 .. K-1`` of the second axis, the last level standing for ``K-1`` or more.
+    Built from the end: ``rest[g, h, k]`` covers ``[h, L)`` with ``k`` stages.
+    """
+    groups, K, L = cost.shape[0], cost.shape[1], cost.shape[-1] - 1
+    rest = np.full((groups, L + 1, K), np.inf)
+    rest[:, L, 0] = 0.0
+    for lo in range(L - 1, -1, -1):
+        ahead = cost[:, :, lo, lo + 1:] + rest[:, lo + 1:, :].transpose(0, 2, 1)  # (g, k, h)
+        stage = ahead.min(axis=2)  # the stage [lo, h) with k stages after it
+        rest[:, lo, 1:] = stage[:, :-1]
+        rest[:, lo, K - 1] = np.minimum(rest[:, lo, K - 1], stage[:, K - 1])
+    return rest[:, 0, :].min(axis=1)
+
+
+def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int,
+                positioned: bool = True) -> float:
     """``f(t)`` of the module docstring for one weighting ``lam * weight`` of the stage types: the larger of the
     two endings, less ``lam * budget``."""
     allowed = types.stage_time <= t
     extra = lam * types.replicas * weight
     first = (types.lo == 0)[None, :]
     u = types.u + extra
-    ending_at_stage0 = _largest_pivot(types, allowed, u + first * types.allreduce, t, L)
+    ending_at_stage0 = _largest_pivot(types, allowed, u + first * types.allreduce, t, L, positioned)
     ending_at_pivot = _shortest(_best(types, allowed, types.tf0 + extra, L),
                                 _best(types, allowed, types.crit + types.allreduce + extra, L),
                                 _best(types, allowed, u, L))
@@ -425,10 +478,10 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
 
     def value(t: float) -> float:
         """``f(t)`` at the best multipliers the ascent finds (each is a valid ``f``); ``-inf`` once out of time."""
-        def evaluate(mu: tuple[float, ...]) -> float:
+        def evaluate(mu: tuple[float, ...], positioned: bool = False) -> float:
             weight = sum(m * column for m, (column, _) in zip(mu, weights))
             budget = sum(m * total for m, (_, total) in zip(mu, weights))
-            return _path_value(types, t, weight, 1.0, budget, L)
+            return _path_value(types, t, weight, 1.0, budget, L, positioned)
 
         # from where the previous t ended, and from the speed weights alone (so never below that bound)
         found = _ascend(evaluate, list(dict.fromkeys(previous + [none, by_speed])), steps, t, clock)
@@ -436,7 +489,10 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
             return -math.inf
         f, mu = found
         previous[:] = [mu]
-        return f
+        if f >= t or not len(types.extra_at):
+            return f
+        # the ascent prices stages by w_max alone; the positions only raise f, at its multipliers
+        return max(f, evaluate(mu, positioned=True))
 
     fitting = types.stage_time[np.isfinite(types.stage_time)]
     if not fitting.size:
