@@ -51,6 +51,22 @@ class TestStageTypes:
         assert types.extra_at[0, 0, first] == pytest.approx(3.0)
         assert types.extra_at[1, 0, first] == pytest.approx(2.0)
 
+    def test_transfers_over_the_network_unless_a_server_has_room(self):
+        # 1 MB per sample after layer 0; microbatches of 1 sample
+        graph = LayerGraph.chain("g", [Layer(f"l{i}", (0.0, 1.0), (0.0, 2.0), 0.0, 0.0, 1e6) for i in range(2)],
+                                 input_bytes=0.0)
+        apart = Cluster("c", (Link(1e10, 0.0, "s0"), Link(1e10, 0.0, "s1")), Link(1e9, 1e-3),
+                        (Device("a", "s0", 1.0, 1e12), Device("b", "s1", 1.0, 1e12)))
+        problem = PlanningProblem(graph, apart, global_batch=2, microbatches=2, allow_replication=False)
+        types = stage_types(problem)
+        by_range = {(int(a), int(b)): k for k, (a, b) in enumerate(zip(types.lo, types.hi))}
+        assert types.send[0, by_range[(0, 1)]] == pytest.approx(1e-3 + 1e6 / 1e9)  # no server holds both
+        assert types.send[0, by_range[(1, 2)]] == 0.0 and types.send[0, by_range[(0, 2)]] == 0.0
+        together = Cluster("c", (Link(1e10, 1e-6, "s0"),), Link(1e9, 1e-3),
+                           (Device("a", "s0", 1.0, 1e12), Device("b", "s0", 1.0, 1e12)))
+        problem = PlanningProblem(graph, together, global_batch=2, microbatches=2, allow_replication=False)
+        assert stage_types(problem).send[0, by_range[(0, 1)]] == pytest.approx(1e-6 + 1e6 / 1e10)
+
     def test_gpipe_has_no_positions(self):
         problem = PlanningProblem(_layers(2), _cluster(1), global_batch=2, microbatches=2, schedule="gpipe",
                                   allow_replication=False, allow_recompute=False)

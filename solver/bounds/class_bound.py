@@ -53,7 +53,16 @@ its last op is ``B_{M-1}``, after which either
    stage 0 all-reduces: ``T >= sum_{j != p} u_j + crit_p + AR_0``; or
 2. ``p`` all-reduces: ``T >= sum_{j < p} TF_j(n_0) + crit_p + AR_p + sum_{j > p} u_j``.
 
-Transfers take ``>= 0`` and are left out.
+Transfers.  Microbatch 0 crosses each cut ``j`` it passes in both directions, once each
+way, so every ``u_j`` above may carry ``2 t_j`` (the pivot's own cut included in ending 1,
+where ``T >= AR_0 + sum_{j != p} (u_j + 2 t_j) + crit_p + 2 t_p``), and a stage before the
+pivot of ending 2 its ``t_j``.  A transfer takes ``lat + n cut / (min(r_j, r_{j+1}) bw)``
+over the worst pair of the two groups (spec 4), ``>= t_j = lat_lb + n_min cut_j /
+(r_hi bw_ub)`` with ``r_hi`` the largest replica count of the type's ``q`` vector
+(``r_j <= r_hi``); the two groups share no device, so a pair talks over the network
+unless one server holds the ``r_j >= r`` devices of speed ``>= v_c`` and one more:
+``bw_ub``, ``lat_lb`` are over the network and such servers.  The last stage sends
+nothing (``t = 0``).
 
 **(e) Devices.**  For each class ``k`` the stages whose slowest speed is ``>= v_k`` use
 at most ``N_k`` devices (their devices are all of speed ``>= v_k``).  For weights
@@ -67,7 +76,7 @@ of its path terms.  Two shortest paths over layer boundaries, each minimised ove
 sequence of qualifying types covering ``[0, L)`` in order:
 
 - ``f1(t)``, ending 1 with ``p`` the stage of largest ``delta = crit - u``:
-  ``T >= U + delta* + AR_0`` with ``U = sum_j u_j`` and ``delta* = max_s delta_s``.
+  ``T >= U + delta* + AR_0`` with ``U = sum_j (u_j + 2 t_j)`` and ``delta* = max_s delta_s``.
   Put each ``delta`` in the bucket ``ceil(delta K / t)`` clipped to ``1 .. K`` (``K`` =
   :data:`DELTA_STEPS`; monotone in ``delta``).  If ``delta*`` is in bucket ``b``, every
   stage's bucket is ``<= b``, so ``U + AR_0 >= C(b)``, the cheapest cover by types of
@@ -80,8 +89,8 @@ sequence of qualifying types covering ``[0, L)`` in order:
   ``k`` told exactly below :data:`POSITIONS` (or ``M``) and ``w_max`` used from there on.  A stage
   *is* at the position the path gives it (it counts the stages after it), so the
   optimal plan's stages, each with its own ``delta <= delta*``, still form one such path;
-- ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0)``, the pivot ``crit +
-  AR``, stages after it ``u``, plus the Lagrange terms;
+- ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0) + t``, the pivot ``crit +
+  2 t + AR``, stages after it ``u + 2 t``, plus the Lagrange terms;
 
 each minus ``lambda G``, and ``f = max(f1, f2)``, maximised over the multipliers.  If
 the optimal plan's time ``T*`` is below ``t``, every one of its stages qualifies at
@@ -171,6 +180,8 @@ class StageTypes:
     """The pivot's critical ops (term d)."""
     allreduce: np.ndarray
     """Lower bound on ``AR`` (term b)."""
+    send: np.ndarray
+    """Lower bound ``t`` on one transfer across the cut after the range (term d, "Transfers"); 0 for the last."""
     replicas: np.ndarray
     """``r`` of each type (a column vector)."""
     speeds: np.ndarray
@@ -206,6 +217,19 @@ def _link_bounds(problem: PlanningProblem, speed: float, r: int) -> tuple[float,
     return max(l.bandwidth for l in links), min(l.latency for l in links)
 
 
+def _send_bounds(problem: PlanningProblem, speed: float, r: int) -> tuple[float, float]:
+    """``(bw_ub, lat_lb)`` of a transfer from ``>= r`` devices of speed ``>= speed`` to a group of other devices."""
+    cluster = problem.cluster
+    held: dict[str, int] = {}
+    every: dict[str, int] = {}
+    for d in cluster.devices:
+        every[d.server] = every.get(d.server, 0) + 1
+        if d.speed >= speed:
+            held[d.server] = held.get(d.server, 0) + 1
+    links = [cluster.network] + [s for s in cluster.servers if held.get(s.id, 0) >= r and every.get(s.id, 0) > r]
+    return max(l.bandwidth for l in links), min(l.latency for l in links)
+
+
 def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> StageTypes | None:
     """The terms (a)-(d) of every stage type on every layer range (see the module docstring).
 
@@ -221,19 +245,23 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
     AF, BF, AB, BB, PAR, ACT = (np.concatenate([np.cumsum(np.array(vals[n][x:], dtype=float)) for x in range(L)])
                                 for n in ("af", "bf", "ab", "bb", "par", "act"))
     INP = np.array([graph.stage_input_bytes(x) for x in range(L)])[lo]
+    CUT = np.array([graph.cut_bytes(h - 1) if 0 < h < L else 0.0 for h in range(L + 1)])[hi]
     last = hi == L
     speeds_ge = {c.speed: sum(1 for d in problem.cluster.devices if d.speed >= c.speed)
                  for c in device_classes(problem.cluster)}
     flags = (False, True) if problem.allow_recompute else (False,)
-    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("stage_time", "u", "tf0", "crit", "allreduce")}
+    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("stage_time", "u", "tf0", "crit", "allreduce", "send")}
     positioned = problem.needs.warmup_per_later_stage and not problem.needs.forwards_first
     at: list[list[np.ndarray]] = [[] for _ in range(min(POSITIONS, M) if positioned else 0)]
     replicas, speeds = [], []
     for c in device_classes(problem.cluster):
         most = speeds_ge[c.speed] if problem.allow_replication else 1
-        for r in _replica_counts(sizes, most):
+        counts = _replica_counts(sizes, most)
+        for r, r_hi in zip(counts, [c - 1 for c in counts[1:]] + [most]):
             if clock is not None and clock.expired():
                 return None
+            send_bw, send_lat = _send_bounds(problem, c.speed, r)
+            send = np.where(last, 0.0, send_lat + min(sizes) * CUT / (r_hi * send_bw))
             q = np.array([-(-n // r) for n in sizes], dtype=float)
             qm, Q = -(-min(sizes) // r), float(q.sum())
             bw, lat = _link_bounds(problem, c.speed, r)
@@ -254,7 +282,7 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
                 peak = problem.state_factor * PAR + _stash_peak(problem, q, last, INP, ACT, rc)
                 fits = peak <= c.memory * (1 + ROUNDING_MARGIN)
                 rows["stage_time"].append(np.where(fits, f_all + b_all + ar, np.inf))
-                for name, value in (("u", u), ("tf0", tf0), ("crit", crit), ("allreduce", ar)):
+                for name, value in (("u", u), ("tf0", tf0), ("crit", crit), ("allreduce", ar), ("send", send)):
                     rows[name].append(np.broadcast_to(value, lo.shape).astype(float))
                 for k, column in enumerate(at):  # k later stages: F_1 .. F_min(k, M-1) run before B_0
                     skipped = min(k, M - 1)
@@ -264,6 +292,7 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
                 speeds.append(c.speed)
     stack = {k: np.vstack(v) for k, v in rows.items()}
     return StageTypes(lo, hi, stack["stage_time"], stack["u"], stack["tf0"], stack["crit"], stack["allreduce"],
+                      stack["send"],
                       np.array(replicas, dtype=float)[:, None], np.array(speeds, dtype=float)[:, None],
                       stack["crit"] - stack["u"],
                       np.array([np.vstack(column) for column in at]).reshape(len(at), *stack["u"].shape),
@@ -375,10 +404,10 @@ def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, bud
     allowed = types.stage_time <= t
     extra = lam * types.replicas * weight
     first = (types.lo == 0)[None, :]
-    u = types.u + extra
+    u = types.u + 2 * types.send + extra  # a pass: both ways across the cut after the stage
     ending_at_stage0 = _largest_pivot(types, allowed, u + first * types.allreduce, t, L, positioned)
-    ending_at_pivot = _shortest(_best(types, allowed, types.tf0 + extra, L),
-                                _best(types, allowed, types.crit + types.allreduce + extra, L),
+    ending_at_pivot = _shortest(_best(types, allowed, types.tf0 + types.send + extra, L),
+                                _best(types, allowed, types.crit + 2 * types.send + types.allreduce + extra, L),
                                 _best(types, allowed, u, L))
     return max(ending_at_stage0, ending_at_pivot) - lam * budget
 
