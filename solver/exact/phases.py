@@ -29,9 +29,11 @@ from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.exact.enumeration import DEFAULT_PREFIXES, DEFAULT_TABLE_CELLS
 from pipeplan.solver.exact.search import Search
 
-CLASS_BOUND_SHARE = 0.2
+CLASS_BOUND_SHARE = 0.4
 """Most of the time limit :func:`pipeplan.solver.bounds.class_bound.class_bound` may take (it runs a fixed number of
-steps, about 2 s at 256 to 4,096 devices; the share only cuts it short under short limits)."""
+steps: 8 to 22 s at 64 to 4,096 devices on experiments/bench_scale.py's instances, 2-core machine, 2026-12-02).
+With a fifth of a 60 s limit it was cut at 1,024 and 4,096 devices (gaps 27.2 % and 31.4 % against 26.6 % and
+26.6 % uncut); group-search, which runs after it, finds its plans there in its first seconds (docs/scale.md)."""
 
 
 def scaled_count(count: int, factor: float) -> int:
