@@ -39,7 +39,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.core.algorithm import Solver
@@ -81,7 +81,8 @@ def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, dea
 def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int,
              budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
              proves: bool = True, evaluate: Callable[[Plan], Simulation] | None = None,
-             incumbent: tuple[Plan, float] | None = None, settled: frozenset[int] = frozenset()) -> SolverResult:
+             incumbent: tuple[Plan, float] | None = None, settled: frozenset[int] = frozenset(),
+             seeds: Sequence[Candidate] = ()) -> SolverResult:
     """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
 
     Parameters
@@ -110,6 +111,11 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
         Values of ``v`` whose plans a proof has already settled (none fits, or none is faster than
         ``incumbent``): their candidates are not searched again, and the proof still covers the
         whole space.
+    seeds : sequence of Candidate
+        Candidates simulated first, in order, each on one simulation of the budget (with every stage
+        recomputing too when it does not fit and the problem allows it): the search starts from the
+        fastest that fits, so its plan is never slower than any fitting seed (the version-2 forms of
+        the best version-1 plans, :func:`pipeplan.solver.space.virtual_space.from_partition`).
 
     Returns
     -------
@@ -120,11 +126,27 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
     budget = budget or WorkBudget(DEFAULT_SIMULATIONS, stops=clock.stops)
     evaluate = evaluate or problem.evaluate
     bounder = Bounder(problem)
-    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
-    listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
     best, best_time = incumbent if incumbent is not None else (None, math.inf)
     trace = [TracePoint(0.0, best_time, None)] if incumbent is not None else []
-    simulated, next_bound, finished, listed_count = 0, None, True, len(pool)
+    simulated, next_bound, finished = 0, None, True
+    for start in dict.fromkeys(seeds):
+        if bounder.overflows(start):
+            continue
+        flags = [start.recompute] + ([(True,) * len(start.bounds)] if problem.allow_recompute else [])
+        for recompute in dict.fromkeys(flags):  # every stage recomputing only when the plain seed does not fit
+            if past(deadline) or not budget.spend():
+                break
+            simulated += 1
+            plan = to_plan(problem, replace(start, recompute=recompute))
+            result = evaluate(plan)
+            if result.fits:
+                if result.iteration_time < best_time:
+                    best, best_time = plan, result.iteration_time
+                    trace.append(TracePoint(clock.elapsed(), best_time, None))
+                break
+    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
+    listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
+    listed_count = len(pool)
     while pool:
         bound, order, candidate = pool[0]
         if bound * (1 - BOUND_TOL) >= best_time:
