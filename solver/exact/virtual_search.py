@@ -49,6 +49,7 @@ from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.evaluation.simulator import Simulation
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.bounds.virtual_bound import Bounder, space_bound
+from pipeplan.solver.exact.virtual_model import ModelBound, virtual_model_bound
 from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, boundary_choices, candidates, empty_space,
                                                 flags_exhaustive, group_choices, recompute_variants, to_plan)
 
@@ -57,6 +58,10 @@ MAX_CANDIDATES = 40_000
 
 DEFAULT_SIMULATIONS = 20_000
 """Simulations one version-2 solve may run by default (its work budget)."""
+
+MODEL_SHARE = 0.3
+"""Most of the time left that the version-2 model's solves may take before the best-first search (a cap: their
+work is counted in nodes or deterministic seconds)."""
 
 BOUND_TOL = 1e-9
 """Relative margin a bound must clear the incumbent by to prune: the bound and the simulator
@@ -220,9 +225,12 @@ class VirtualBnB(VirtualSolver):
     """With ``v`` left to the search, its plan is never slower than its own ``v = 1`` solve's
     (:meth:`_one_stage_per_group`): a planner need not solve ``v = 1`` again."""
 
-    def __init__(self, start: tuple[StartPhase, ...] = ()) -> None:
+    def __init__(self, start: tuple[StartPhase, ...] = (), model: str | None = None) -> None:
         self.start = start
         """The phases run first for an incumbent, in order."""
+        self.model = model
+        """The form of :mod:`pipeplan.solver.exact.virtual_model` solved for the bound when the search does not
+        prove its plan (``milp``: HiGHS, ``cpsat``: CP-SAT), or ``None``."""
 
     def check(self, problem: PlanningProblem) -> None:
         """As :meth:`VirtualSolver.check`, and refuse ``auto_microbatches``.
@@ -261,6 +269,9 @@ class VirtualBnB(VirtualSolver):
             ran.append([phase.solver.name, found.status, found.iteration_time])
             if found.plan is not None and (incumbent is None or found.iteration_time < incumbent[1]):
                 incumbent, plan_by = (found.plan, found.iteration_time), phase.solver.name
+        # the model before the search, on a share of the time left, so that a short limit still gets a bound
+        model = virtual_model_bound(problem, self.model, clock.within(MODEL_SHARE * clock.left())) \
+            if self.model is not None else None
         work = WorkBudget(max(1.0, total - spent), stops=clock.stops)
         # a proved v = 1 solve settles every one-stage candidate: none is faster than its plan, which the
         # incumbent is or beats
@@ -269,8 +280,28 @@ class VirtualBnB(VirtualSolver):
                         settled=settled)
         details = dict(full.details, simulations=full.details["simulations"] + spent, start_phases=ran)
         improved = incumbent is None or full.plan is not incumbent[0]
-        return replace(full, wall_time=clock.elapsed(), details=details,
-                       plan_by=self.name if improved else plan_by)
+        full = replace(full, details=details, plan_by=self.name if improved else plan_by)
+        if model is not None and full.status in ("feasible", "timeout-no-solution"):
+            full = self._model_bound(model, clock, full)
+        return replace(full, wall_time=clock.elapsed())
+
+    def _model_bound(self, model: ModelBound, clock: TimeLimit, found: SolverResult) -> SolverResult:
+        """``found`` with ``model``'s bound where it is higher (``optimal`` when it reaches the plan)."""
+        details = dict(found.details, bound_model=self.model, model_complete=model.complete,
+                       model_groups=" ".join(f"R={o.groups}:{o.status}" for o in model.outcomes))
+        bound = found.lower_bound if found.lower_bound is not None else 0.0
+        if not model.complete or model.bound <= bound:
+            return replace(found, details=details)
+        by = "version-2 MILP (HiGHS)" if self.model == "milp" else "version-2 CP-SAT model"
+        if found.plan is not None and model.bound >= found.iteration_time * (1 - BOUND_TOL):
+            trace = found.trace + (TracePoint(clock.elapsed(), found.iteration_time, found.iteration_time),)
+            return replace(found, status="optimal", lower_bound=found.iteration_time, trace=trace, details=details,
+                           bound_by=by, message="")
+        if found.plan is not None:
+            bound = min(found.iteration_time, model.bound)
+            trace = found.trace + (TracePoint(clock.elapsed(), found.iteration_time, bound),)
+            return replace(found, lower_bound=bound, trace=trace, details=details, bound_by=by)
+        return replace(found, lower_bound=model.bound, details=details, bound_by=by)
 
     def _one_stage_per_group(self, problem: PlanningProblem, clock: TimeLimit, total: float,
                              seed: int) -> SolverResult | None:
