@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -70,6 +71,13 @@ class TestVirtualModelBound:
         p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
         found = virtual_model_bound(p, "milp", TimeLimit(0.0))
         assert not found.complete and found.bound == space_bound(p)
+
+    def test_resumes_an_earlier_answer(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
+        full = virtual_model_bound(p, "milp", TimeLimit(60.0))
+        assert virtual_model_bound(p, "milp", TimeLimit(0.0), earlier=full) == full  # nothing left to solve
+        part = replace(full, outcomes=full.outcomes[:1], complete=False)
+        assert virtual_model_bound(p, "milp", TimeLimit(60.0), earlier=part).bound == full.bound
 
     def test_refuses_an_unknown_backend(self):
         p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)

@@ -479,13 +479,16 @@ def fixed_virtual(problem: PlanningProblem) -> int | None:
     return problem.needs.stages_per_group or problem.virtual_stages
 
 
-def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit) -> ModelBound:
+def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit,
+                        earlier: ModelBound | None = None) -> ModelBound:
     """The smallest bound of the models of every group count (see the module docstring), never below
     :func:`space_bound`.
 
     Each model runs on :data:`NODES_PER_MODEL` HiGHS nodes or :data:`DETERMINISTIC_PER_MODEL`
     CP-SAT deterministic seconds; ``clock`` caps them all.  A problem that leaves ``v`` to the search,
     or a clock that runs out before every model ran, gives :func:`space_bound` (``complete`` false).
+    ``earlier`` (an incomplete answer for the same problem and backend) is resumed: its models are not
+    solved again.
 
     Examples
     --------
@@ -506,14 +509,19 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     types = group_types(problem)
     co = coefficients(problem, types, layer_units(problem))
     outcomes = []
+    done = {o.groups: o for o in earlier.outcomes} if earlier is not None and earlier.backend == backend else {}
     for groups in group_counts(problem):
         if schedule_accepts(problem.schedule, groups, problem.microbatches):
             continue
         stages = num_stages(problem.schedule, groups, v)
         if stages > len(problem.graph) or (problem.max_stages is not None and stages > problem.max_stages):
             continue
+        if groups in done and done[groups].status != "cut":
+            outcomes.append(done[groups])
+            continue
         if clock.expired():
-            return ModelBound(floor_, backend, tuple(outcomes), False)
+            return ModelBound(floor_, backend, tuple(outcomes) + tuple(o for g, o in done.items() if g > groups),
+                              False)
         if backend == "milp":
             status, bound = solve_highs(build_rows(problem, groups, v, types, co), clock.remaining(), NODES_PER_MODEL)
         else:

@@ -30,6 +30,16 @@ solves the problem with one stage per group, as ``--virtual-stages 1`` alone wou
 starts from that plan: the space over every ``v`` is often too large to finish, and its
 best-first order can spend the budget before it reaches the one-stage plans.
 
+Seeds.  :func:`solve_v2` simulates the candidates it is given as ``seeds`` first (the
+version-2 forms of the best version-1 partitions, from ``group-search-virtual``), so its
+plan is never slower than any of them that fits.
+
+The model.  Built with ``model`` (``ilp``: ``milp``, ``cpsat``: ``cpsat``),
+:class:`VirtualBnB` also solves :mod:`pipeplan.solver.exact.virtual_model` before its
+best-first search, on at most :data:`MODEL_SHARE` of the time left, and after the search,
+on what it left, the models not yet solved: a bound over every plan of the space, which
+replaces the search's when higher, and proves the plan optimal when it reaches it.
+
 The work is counted in simulations (:class:`pipeplan.solver.core.termination.WorkBudget`):
 same inputs and budget, same plan on any machine.
 """
@@ -282,6 +292,8 @@ class VirtualBnB(VirtualSolver):
         improved = incumbent is None or full.plan is not incumbent[0]
         full = replace(full, details=details, plan_by=self.name if improved else plan_by)
         if model is not None and full.status in ("feasible", "timeout-no-solution"):
+            if not model.complete and not past(clock):  # the search left time: the models not yet solved
+                model = virtual_model_bound(problem, self.model, clock, earlier=model)
             full = self._model_bound(model, clock, full)
         return replace(full, wall_time=clock.elapsed())
 
