@@ -227,6 +227,30 @@ def version2_row(layers: int, devices: int, time_limit: float, solvers: tuple[st
             "version1": {**v1, "solvers": one}, "cases": cases}
 
 
+def model_summary(details: dict) -> str:
+    """``R 1-3 solved, R 4 cut, all`` from a record's ``model_groups`` and ``model_complete``.
+
+    Examples
+    --------
+    >>> model_summary({"model_groups": "R=1:optimal R=2:optimal R=3:cut", "model_complete": False})
+    'R 1-2 solved, R 3 cut'
+    >>> model_summary({})
+    'no model'
+    """
+    parts = [p.split(":") for p in details.get("model_groups", "").split()]
+    if not parts:
+        return "no model"
+
+    def span(status: str) -> str:
+        rs = [int(r[2:]) for r, s in parts if s == status]
+        return "" if not rs else f"R {rs[0]}" if len(rs) == 1 else f"R {rs[0]}-{rs[-1]}" \
+            if rs == list(range(rs[0], rs[-1] + 1)) else "R " + ",".join(map(str, rs))
+
+    text = ", ".join(f"{span(s)} {word}" for s, word in (("optimal", "solved"), ("infeasible", "infeasible"),
+                                                         ("cut", "cut")) if span(s))
+    return text + (", all" if details.get("model_complete") else "")
+
+
 def version2_markdown(row: dict) -> str:
     """One line per version-2 case: each solver's ``plan / bound / gap (bound by, model R solved)``, the best."""
     solvers = list(row["cases"][0]["solvers"]) if row["cases"] else []
@@ -241,11 +265,9 @@ def version2_markdown(row: dict) -> str:
                 cells.append(r.get("refused", r.get("status", "-")))
                 continue
             d = r["details"]
-            model = d.get("model_groups", "")
-            solved = sum(1 for part in model.split() if part.endswith(":optimal"))
             cells.append(f"{1e3 * r['iteration_time']:.1f} / {_fmt(r['lower_bound'] and 1e3 * r['lower_bound'], '.1f')} ms"
                          f" / {_fmt(r['gap'] and 100 * r['gap'], '.2f')} % ({r.get('bound_by') or '-'}; "
-                         f"{solved} of {len(model.split())} R{', all' if d.get('model_complete') else ''})")
+                         f"{model_summary(d)})")
         gap = f"{100 * case['gap']:.2f} %" if case["gap"] is not None else "-"
         cells += [f"{1e3 * case['best']:.1f} ms / {gap}" if case["best"] else "-",
                   f"{1e3 * v1['best']:.1f} ms" if v1["best"] else "-", "yes" if case["beats_v1"] else "no"]
