@@ -221,3 +221,12 @@ class TestVersion2Row:
         assert case["beats_v1"] == (case["best"] <= row["version1"]["best"] * (1 + 1e-12))
         table = solvers_bench.version2_markdown(row).splitlines()
         assert len(table) == 3 and table[2].startswith("| looped-bfs v=2 |")
+
+
+class TestModelSummary:
+    def test_spans(self):
+        d = {"model_groups": "R=1:optimal R=2:optimal R=3:infeasible R=4:cut", "model_complete": True}
+        assert solvers_bench.model_summary(d) == "R 1-2 solved, R 3 infeasible, R 4 cut, all"
+
+    def test_without_a_model(self):
+        assert solvers_bench.model_summary({}) == "no model"

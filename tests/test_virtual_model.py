@@ -79,6 +79,13 @@ class TestVirtualModelBound:
         part = replace(full, outcomes=full.outcomes[:1], complete=False)
         assert virtual_model_bound(p, "milp", TimeLimit(60.0), earlier=part).bound == full.bound
 
+    def test_a_model_too_large_is_not_built(self, monkeypatch):
+        from pipeplan.solver.exact import virtual_model
+        monkeypatch.setattr(virtual_model, "MAX_COLUMNS", 1)
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
+        found = virtual_model_bound(p, "milp", TimeLimit(60.0))
+        assert not found.complete and found.outcomes == () and found.bound == space_bound(p)
+
     def test_refuses_an_unknown_backend(self):
         p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
         with pytest.raises(ValueError, match="backend"):

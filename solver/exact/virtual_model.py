@@ -88,6 +88,10 @@ NODES_PER_MODEL = 2_000
 DETERMINISTIC_PER_MODEL = 1.0
 """CP-SAT deterministic seconds per ``R`` model (the CP-SAT form's counted work)."""
 
+MAX_COLUMNS = 100_000
+"""Most unit-stage-type columns one model may have; a group count beyond it is not modelled (the answer is then
+incomplete), so that building a model never takes long on a large cluster."""
+
 BACKENDS = ("milp", "cpsat")
 
 
@@ -519,7 +523,7 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
         if groups in done and done[groups].status != "cut":
             outcomes.append(done[groups])
             continue
-        if clock.expired():
+        if clock.expired() or len(co.sizes) * stages * len(types) > MAX_COLUMNS:
             return ModelBound(floor_, backend, tuple(outcomes) + tuple(o for g, o in done.items() if g > groups),
                               False)
         if backend == "milp":
