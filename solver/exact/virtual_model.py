@@ -85,7 +85,7 @@ CPSAT_UNIT = 1e-7
 NODES_PER_MODEL = 2_000
 """HiGHS branch-and-bound nodes per ``R`` model (the MILP form's counted work)."""
 
-DETERMINISTIC_PER_MODEL = 1.0
+DETERMINISTIC_PER_MODEL = 4.0
 """CP-SAT deterministic seconds per ``R`` model (the CP-SAT form's counted work)."""
 
 MAX_COLUMNS = 100_000
@@ -455,6 +455,9 @@ def solve_cpsat(m: Rows, time_limit: float, deterministic: float) -> tuple[str, 
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
     solver.parameters.random_seed = 0
+    # the full linear relaxation at every node: on bench_solvers' 16 x 4 instance it proves the R = 3 and 4 models
+    # in 0.5 and 2.4 s, against 1.8 and 3.0 s with the default level
+    solver.parameters.linearization_level = 2
     solver.parameters.max_time_in_seconds = max(0.01, time_limit)
     solver.parameters.max_deterministic_time = deterministic
     code = solver.solve(model)
