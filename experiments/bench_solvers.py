@@ -18,10 +18,17 @@ The grid pairs layers with devices as the issue asks: (16, 4), (32, 8), (64, 16)
 ``pipedream``) give up on the large instances, and the table shows ``-`` for a
 baseline that returned no plan.  HiGHS's banner is silenced at the fd level.
 
+``--version2 64x16`` prints only the version-2 row of issue 37 for that pair: ``ilp`` and
+``cpsat`` on every version-2 case of :data:`SCHEDULE_CASES` (their plan, proved bound, gap,
+what proved the bound and how many of the version-2 model's group counts were solved), next
+to the best version-1 plan (``ilp`` and ``cpsat`` under ``1f1b``, same limit), and whether the
+version-2 plan is at least as fast.
+
 Usage::
 
     python -m pipeplan.experiments.bench_solvers [--quick] [--time-limit 60] [--out bench.json]
         [--schedules gpipe,interleaved-1f1b:2,interleaved-1f1b:4,interleaved-zb:2,looped-bfs:2,zbv]
+    python -m pipeplan.experiments.bench_solvers --version2 64x16 --time-limit 5
 """
 
 from __future__ import annotations
@@ -146,7 +153,7 @@ def solve_row(name: str, problem: PlanningProblem, limit: float) -> dict:
     return {"status": result.status, "iteration_time": result.iteration_time,
             "lower_bound": result.lower_bound, "gap": result.gap,
             "wall_time": time.perf_counter() - start,
-            "stages": len(result.plan.stages) if result.plan else None,
+            "stages": len(result.plan.stages) if result.plan else None, "bound_by": result.bound_by,
             "details": {k: v for k, v in result.details.items() if isinstance(v, (int, float, str))}}
 
 
@@ -203,6 +210,71 @@ def schedule_markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def version2_row(layers: int, devices: int, time_limit: float, solvers: tuple[str, ...] = EXACT) -> dict:
+    """``solvers`` on every version-2 case of :data:`SCHEDULE_CASES` for ``(layers, devices)``, and the best
+    version-1 plan (the same solvers under ``1f1b``) to compare with."""
+    one = {name: solve_row(name, schedule_problem(layers, devices, "1f1b", 1), time_limit) for name in solvers}
+    v1 = best_and_gap(one)
+    cases = []
+    for schedule, virtual in SCHEDULE_CASES:
+        if not schedule_for(schedule).several_stages:
+            continue
+        case = bench_schedule(layers, devices, schedule, virtual, time_limit, time_limit, solvers)
+        case["beats_v1"] = (case["best"] is not None and v1["best"] is not None
+                            and case["best"] <= v1["best"] * (1 + 1e-12))
+        cases.append(case)
+    return {"layers": layers, "devices": devices, "servers": SERVERS[devices], "time_limit": time_limit,
+            "version1": {**v1, "solvers": one}, "cases": cases}
+
+
+def model_summary(details: dict) -> str:
+    """``R 1-3 solved, R 4 cut, all`` from a record's ``model_groups`` and ``model_complete``.
+
+    Examples
+    --------
+    >>> model_summary({"model_groups": "R=1:optimal R=2:optimal R=3:cut", "model_complete": False})
+    'R 1-2 solved, R 3 cut'
+    >>> model_summary({})
+    'no model'
+    """
+    parts = [p.split(":") for p in details.get("model_groups", "").split()]
+    if not parts:
+        return "no model"
+
+    def span(status: str) -> str:
+        rs = [int(r[2:]) for r, s in parts if s == status]
+        return "" if not rs else f"R {rs[0]}" if len(rs) == 1 else f"R {rs[0]}-{rs[-1]}" \
+            if rs == list(range(rs[0], rs[-1] + 1)) else "R " + ",".join(map(str, rs))
+
+    text = ", ".join(f"{span(s)} {word}" for s, word in (("optimal", "solved"), ("infeasible", "infeasible"),
+                                                         ("cut", "cut")) if span(s))
+    return text + (", all" if details.get("model_complete") else "")
+
+
+def version2_markdown(row: dict) -> str:
+    """One line per version-2 case: each solver's ``plan / bound / gap (bound by, model R solved)``, the best."""
+    solvers = list(row["cases"][0]["solvers"]) if row["cases"] else []
+    lines = ["| schedule | " + " | ".join(f"{n}: plan / bound / gap (bound by; model)" for n in solvers)
+             + " | best v2 | best v1 (1f1b) | v2 <= v1 |", "|" + "---|" * (len(solvers) + 4)]
+    v1 = row["version1"]
+    for case in row["cases"]:
+        cells = [case["name"]]
+        for n in solvers:
+            r = case["solvers"][n]
+            if r.get("iteration_time") is None:
+                cells.append(r.get("refused", r.get("status", "-")))
+                continue
+            d = r["details"]
+            cells.append(f"{1e3 * r['iteration_time']:.1f} / {_fmt(r['lower_bound'] and 1e3 * r['lower_bound'], '.1f')} ms"
+                         f" / {_fmt(r['gap'] and 100 * r['gap'], '.2f')} % ({r.get('bound_by') or '-'}; "
+                         f"{model_summary(d)})")
+        gap = f"{100 * case['gap']:.2f} %" if case["gap"] is not None else "-"
+        cells += [f"{1e3 * case['best']:.1f} ms / {gap}" if case["best"] else "-",
+                  f"{1e3 * v1['best']:.1f} ms" if v1["best"] else "-", "yes" if case["beats_v1"] else "no"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _fmt(value, spec):
     return "-" if value is None else format(value, spec)
 
@@ -234,7 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, help="write the results as JSON here")
     parser.add_argument("--schedules", help="a column per schedule, e.g. gpipe,interleaved-1f1b:2,zbv "
                                             "(v after the colon); all: every case of SCHEDULE_CASES")
+    parser.add_argument("--version2", metavar="LxD", help="only the version-2 row for one pair, e.g. 64x16")
     args = parser.parse_args(argv)
+    if args.version2:
+        layers, devices = (int(v) for v in args.version2.split("x"))
+        row = version2_row(layers, devices, args.time_limit)
+        print(version2_markdown(row))
+        if args.out:
+            args.out.write_text(json.dumps(row, indent=1))
+        return 0
     cases = (list(SCHEDULE_CASES) if args.schedules == "all" else
              parse_schedules(args.schedules) if args.schedules else [])
     if args.pairs:

@@ -23,7 +23,8 @@ bounds         proved lower bounds (per-term, class-level, virtual-stage, path f
                proofs that no plan fits
 exact          the exact solvers: the candidate table, the bound model, the enumeration,
                the phases around the model, the ILP (``ilp.py``), the CP-SAT model
-               (``cpsat.py``) and ``virtual-bnb`` (``virtual_search.py``)
+               (``cpsat.py``), ``virtual-bnb`` (``virtual_search.py``) and the version-2
+               model it solves for its bound (``virtual_model.py``)
 baselines      the published planners, each in one module
 heuristics     searches without proofs: group-search and NSGA-II
 splits         unequal and per-stage microbatch splits: the CP-SAT split model and the

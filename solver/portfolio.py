@@ -23,7 +23,10 @@ improvement        NSGA-II from the incumbent                            :data:`
 left to the search, first its own solve with one stage per group (on the whole budget,
 its simulations counted against it); then ``group-search-virtual``, on
 :data:`VIRTUAL_START_SHARE` of the simulation budget (at most what is left), then the
-best-first search over the whole space from the best plan so far.
+best-first search over the whole space from the best plan so far; when that does not prove
+its plan, the version-2 model (:mod:`pipeplan.solver.exact.virtual_model`: ``ilp`` its MILP
+form with HiGHS, ``cpsat`` its CP-SAT form) on what is left of the time limit, each group
+count's model on a counted budget.
 
 ``nsga`` (:func:`nsga_seeds`): its first population holds the plans of ``group-search``,
 every baseline up to its size (:func:`seeding_cells`), and the exact solvers' plans when
@@ -296,9 +299,15 @@ def cpsat_joint() -> CpSatJoint:
     return CpSatJoint(phases=EXACT)
 
 
-def virtual_bnb() -> VirtualBnB:
-    """``virtual-bnb`` from ``group-search-virtual``'s plan, on :data:`VIRTUAL_START_SHARE` of the budget."""
-    return VirtualBnB(start=(StartPhase(VirtualGroupSearch(), VIRTUAL_START_SHARE),))
+def virtual_bnb(model: str | None = "milp") -> VirtualBnB:
+    """``virtual-bnb`` from ``group-search-virtual``'s plan, on :data:`VIRTUAL_START_SHARE` of the budget, its bound
+    raised by the version-2 model's ``model`` form (``ilp``: ``milp``, ``cpsat``: ``cpsat``)."""
+    return VirtualBnB(start=(StartPhase(VirtualGroupSearch(), VIRTUAL_START_SHARE),), model=model)
+
+
+def virtual_bnb_cpsat() -> VirtualBnB:
+    """:func:`virtual_bnb` with the CP-SAT form of the version-2 model (what ``cpsat`` runs)."""
+    return virtual_bnb("cpsat")
 
 
 def nsga() -> Nsga:

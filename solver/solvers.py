@@ -74,7 +74,7 @@ SOLVERS: dict[str, dict[str, Factory]] = {
     "autopipe-slicing": _one_stage(AutoPipeSlicing),
     "group-search": {**_one_stage(GroupSearch), VIRTUAL: VirtualGroupSearch},
     "ilp": {PIPELINES: portfolio.ilp, VIRTUAL: portfolio.virtual_bnb},
-    "cpsat": {PIPELINES: portfolio.cpsat, SPLITS: portfolio.cpsat_joint, VIRTUAL: portfolio.virtual_bnb},
+    "cpsat": {PIPELINES: portfolio.cpsat, SPLITS: portfolio.cpsat_joint, VIRTUAL: portfolio.virtual_bnb_cpsat},
     "virtual-bnb": {VIRTUAL: portfolio.virtual_bnb},
     "cpsat-split": _one_stage(portfolio.cpsat_split),
     "nsga": {**_one_stage(portfolio.nsga), VIRTUAL: VirtualNsga},

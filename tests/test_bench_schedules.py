@@ -206,3 +206,27 @@ class TestSchedulesTable:
         assert lines[2] == "| zbv | 4 / 2 | 10.00 ms | 12.50 ms | -20.0 % | +2.0 % |"
         assert lines[5] == "| median over 3 plans | | | | 20.0 % | 2.0 % |"
         assert lines[-1] == "- looped-bfs v=2: not planned: error: no"
+
+
+class TestVersion2Row:
+    """``bench_solvers --version2``: the version-2 row (issue 37) on a tiny pair, one solver, short limits."""
+
+    def test_row_and_table(self, monkeypatch):
+        monkeypatch.setitem(solvers_bench.SERVERS, 2, 1)
+        monkeypatch.setattr(solvers_bench, "SCHEDULE_CASES", (("1f1b", 1), ("looped-bfs", 2)))
+        row = solvers_bench.version2_row(4, 2, 5.0, solvers=("group-search",))
+        assert [c["name"] for c in row["cases"]] == ["looped-bfs v=2"]
+        case = row["cases"][0]
+        assert case["best"] is not None and row["version1"]["best"] is not None
+        assert case["beats_v1"] == (case["best"] <= row["version1"]["best"] * (1 + 1e-12))
+        table = solvers_bench.version2_markdown(row).splitlines()
+        assert len(table) == 3 and table[2].startswith("| looped-bfs v=2 |")
+
+
+class TestModelSummary:
+    def test_spans(self):
+        d = {"model_groups": "R=1:optimal R=2:optimal R=3:infeasible R=4:cut", "model_complete": True}
+        assert solvers_bench.model_summary(d) == "R 1-2 solved, R 3 infeasible, R 4 cut, all"
+
+    def test_without_a_model(self):
+        assert solvers_bench.model_summary({}) == "no model"

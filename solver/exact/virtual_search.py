@@ -30,6 +30,16 @@ solves the problem with one stage per group, as ``--virtual-stages 1`` alone wou
 starts from that plan: the space over every ``v`` is often too large to finish, and its
 best-first order can spend the budget before it reaches the one-stage plans.
 
+Seeds.  :func:`solve_v2` simulates the candidates it is given as ``seeds`` first (the
+version-2 forms of the best version-1 partitions, from ``group-search-virtual``), so its
+plan is never slower than any of them that fits.
+
+The model.  Built with ``model`` (``ilp``: ``milp``, ``cpsat``: ``cpsat``),
+:class:`VirtualBnB` also solves :mod:`pipeplan.solver.exact.virtual_model` before its
+best-first search, on at most :data:`MODEL_SHARE` of the time left, and after the search,
+on what it left, the models not yet solved: a bound over every plan of the space, which
+replaces the search's when higher, and proves the plan optimal when it reaches it.
+
 The work is counted in simulations (:class:`pipeplan.solver.core.termination.WorkBudget`):
 same inputs and budget, same plan on any machine.
 """
@@ -39,7 +49,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Sequence
 
 from pipeplan.models.errors import InputError
 from pipeplan.solver.core.algorithm import Solver
@@ -49,6 +59,7 @@ from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.evaluation.simulator import Simulation
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.bounds.virtual_bound import Bounder, space_bound
+from pipeplan.solver.exact.virtual_model import ModelBound, virtual_model_bound
 from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, boundary_choices, candidates, empty_space,
                                                 flags_exhaustive, group_choices, recompute_variants, to_plan)
 
@@ -57,6 +68,10 @@ MAX_CANDIDATES = 40_000
 
 DEFAULT_SIMULATIONS = 20_000
 """Simulations one version-2 solve may run by default (its work budget)."""
+
+MODEL_SHARE = 0.3
+"""Most of the time left that the version-2 model's solves may take before the best-first search (a cap: their
+work is counted in nodes or deterministic seconds)."""
 
 BOUND_TOL = 1e-9
 """Relative margin a bound must clear the incumbent by to prune: the bound and the simulator
@@ -81,7 +96,8 @@ def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, dea
 def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int,
              budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
              proves: bool = True, evaluate: Callable[[Plan], Simulation] | None = None,
-             incumbent: tuple[Plan, float] | None = None, settled: frozenset[int] = frozenset()) -> SolverResult:
+             incumbent: tuple[Plan, float] | None = None, settled: frozenset[int] = frozenset(),
+             seeds: Sequence[Candidate] = ()) -> SolverResult:
     """Plan ``problem`` (a version-2 schedule) by the search of the module docstring.
 
     Parameters
@@ -110,6 +126,11 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
         Values of ``v`` whose plans a proof has already settled (none fits, or none is faster than
         ``incumbent``): their candidates are not searched again, and the proof still covers the
         whole space.
+    seeds : sequence of Candidate
+        Candidates simulated first, in order, each on one simulation of the budget (with every stage
+        recomputing too when it does not fit and the problem allows it): the search starts from the
+        fastest that fits, so its plan is never slower than any fitting seed (the version-2 forms of
+        the best version-1 plans, :func:`pipeplan.solver.space.virtual_space.from_partition`).
 
     Returns
     -------
@@ -120,11 +141,27 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
     budget = budget or WorkBudget(DEFAULT_SIMULATIONS, stops=clock.stops)
     evaluate = evaluate or problem.evaluate
     bounder = Bounder(problem)
-    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
-    listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
     best, best_time = incumbent if incumbent is not None else (None, math.inf)
     trace = [TracePoint(0.0, best_time, None)] if incumbent is not None else []
-    simulated, next_bound, finished, listed_count = 0, None, True, len(pool)
+    simulated, next_bound, finished = 0, None, True
+    for start in dict.fromkeys(seeds):
+        if bounder.overflows(start):
+            continue
+        flags = [start.recompute] + ([(True,) * len(start.bounds)] if problem.allow_recompute else [])
+        for recompute in dict.fromkeys(flags):  # every stage recomputing only when the plain seed does not fit
+            if past(deadline) or not budget.spend():
+                break
+            simulated += 1
+            plan = to_plan(problem, replace(start, recompute=recompute))
+            result = evaluate(plan)
+            if result.fits:
+                if result.iteration_time < best_time:
+                    best, best_time = plan, result.iteration_time
+                    trace.append(TracePoint(clock.elapsed(), best_time, None))
+                break
+    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
+    listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
+    listed_count = len(pool)
     while pool:
         bound, order, candidate = pool[0]
         if bound * (1 - BOUND_TOL) >= best_time:
@@ -198,9 +235,12 @@ class VirtualBnB(VirtualSolver):
     """With ``v`` left to the search, its plan is never slower than its own ``v = 1`` solve's
     (:meth:`_one_stage_per_group`): a planner need not solve ``v = 1`` again."""
 
-    def __init__(self, start: tuple[StartPhase, ...] = ()) -> None:
+    def __init__(self, start: tuple[StartPhase, ...] = (), model: str | None = None) -> None:
         self.start = start
         """The phases run first for an incumbent, in order."""
+        self.model = model
+        """The form of :mod:`pipeplan.solver.exact.virtual_model` solved for the bound when the search does not
+        prove its plan (``milp``: HiGHS, ``cpsat``: CP-SAT), or ``None``."""
 
     def check(self, problem: PlanningProblem) -> None:
         """As :meth:`VirtualSolver.check`, and refuse ``auto_microbatches``.
@@ -239,6 +279,9 @@ class VirtualBnB(VirtualSolver):
             ran.append([phase.solver.name, found.status, found.iteration_time])
             if found.plan is not None and (incumbent is None or found.iteration_time < incumbent[1]):
                 incumbent, plan_by = (found.plan, found.iteration_time), phase.solver.name
+        # the model before the search, on a share of the time left, so that a short limit still gets a bound
+        model = virtual_model_bound(problem, self.model, clock.within(MODEL_SHARE * clock.left())) \
+            if self.model is not None else None
         work = WorkBudget(max(1.0, total - spent), stops=clock.stops)
         # a proved v = 1 solve settles every one-stage candidate: none is faster than its plan, which the
         # incumbent is or beats
@@ -247,8 +290,30 @@ class VirtualBnB(VirtualSolver):
                         settled=settled)
         details = dict(full.details, simulations=full.details["simulations"] + spent, start_phases=ran)
         improved = incumbent is None or full.plan is not incumbent[0]
-        return replace(full, wall_time=clock.elapsed(), details=details,
-                       plan_by=self.name if improved else plan_by)
+        full = replace(full, details=details, plan_by=self.name if improved else plan_by)
+        if model is not None and full.status in ("feasible", "timeout-no-solution"):
+            if not model.complete and not past(clock):  # the search left time: the models not yet solved
+                model = virtual_model_bound(problem, self.model, clock, earlier=model)
+            full = self._model_bound(model, clock, full)
+        return replace(full, wall_time=clock.elapsed())
+
+    def _model_bound(self, model: ModelBound, clock: TimeLimit, found: SolverResult) -> SolverResult:
+        """``found`` with ``model``'s bound where it is higher (``optimal`` when it reaches the plan)."""
+        details = dict(found.details, bound_model=self.model, model_complete=model.complete,
+                       model_groups=" ".join(f"R={o.groups}:{o.status}" for o in model.outcomes))
+        bound = found.lower_bound if found.lower_bound is not None else 0.0
+        if not model.complete or model.bound <= bound:
+            return replace(found, details=details)
+        by = "version-2 MILP (HiGHS)" if self.model == "milp" else "version-2 CP-SAT model"
+        if found.plan is not None and model.bound >= found.iteration_time * (1 - BOUND_TOL):
+            trace = found.trace + (TracePoint(clock.elapsed(), found.iteration_time, found.iteration_time),)
+            return replace(found, status="optimal", lower_bound=found.iteration_time, trace=trace, details=details,
+                           bound_by=by, message="")
+        if found.plan is not None:
+            bound = min(found.iteration_time, model.bound)
+            trace = found.trace + (TracePoint(clock.elapsed(), found.iteration_time, bound),)
+            return replace(found, lower_bound=bound, trace=trace, details=details, bound_by=by)
+        return replace(found, lower_bound=model.bound, details=details, bound_by=by)
 
     def _one_stage_per_group(self, problem: PlanningProblem, clock: TimeLimit, total: float,
                              seed: int) -> SolverResult | None:

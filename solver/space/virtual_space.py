@@ -259,3 +259,78 @@ class VirtualSolver(Solver):
         empty = empty_space(problem)
         if empty:
             raise InputError("-", "--virtual-stages" if problem.virtual_stages else "--schedule", empty)
+
+
+def split_range(work: Sequence[float], lo: int, hi: int, parts: int) -> tuple[tuple[int, int], ...] | None:
+    """``parts`` contiguous non-empty ranges of layers ``lo .. hi-1`` balancing ``work`` (a cut where the prefix
+    sum first reaches ``j / parts`` of the range's total), the even split where that leaves a range empty;
+    ``None`` when the range has fewer than ``parts`` layers.
+
+    Examples
+    --------
+    >>> split_range([1.0, 1.0, 2.0, 1.0, 1.0], 1, 5, 2)
+    ((1, 3), (3, 5))
+    >>> split_range([1.0, 1.0], 0, 2, 3) is None
+    True
+    """
+    if hi - lo < parts:
+        return None
+    total = sum(work[lo:hi])
+    cuts, running, j = [lo], 0.0, 1
+    for layer in range(lo, hi):
+        running += work[layer]
+        while j < parts and running >= total * j / parts - 1e-12 * total:
+            cuts.append(layer + 1)
+            j += 1
+    cuts = (cuts + [hi] * parts)[:parts] + [hi]
+    if total > 0 and all(a < b for a, b in zip(cuts, cuts[1:])):
+        return tuple(zip(cuts[:-1], cuts[1:]))
+    size, extra = divmod(hi - lo, parts)
+    edges = [lo]
+    for s in range(parts):
+        edges.append(edges[-1] + size + (1 if s < extra else 0))
+    return tuple(zip(edges[:-1], edges[1:]))
+
+
+def from_partition(problem: PlanningProblem, groups: Sequence[Sequence[str]],
+                   ranges: Sequence[tuple[int, int]], virtual: int) -> Candidate | None:
+    """The version-2 form of a version-1 partition: group ``g`` (devices ``groups[g]``, layers ``ranges[g]``) keeps
+    its layers' share, split into ``virtual`` work-balanced chunks (:func:`split_range` over ``b_f + b_b``) that
+    become its stages in the schedule's stage-to-group order; ``None`` when a group holds fewer layers than
+    chunks, the schedule refuses the group count for ``M`` or the stages exceed ``max_stages``.
+
+    Stage ``s`` on group ``g = stage_group(s)``, the ``j``-th of ``g``'s stages, takes as many layers as
+    chunk ``j`` of ``ranges[g]``; the stages' ranges follow one another from layer 0.  Each group thus runs
+    the same amount of layers as in the version-1 plan, with its fill and drain cut by the interleaving.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> g = LayerGraph.chain("g", [Layer(f"l{i}", (0, 1), (0, 2), 0, 0, 0) for i in range(6)])
+    >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("a", "s0", 1, 1e9), Device("b", "s0", 1, 1e9)))
+    >>> p = PlanningProblem(g, c, global_batch=2, microbatches=2, schedule="interleaved-1f1b", virtual_stages=2)
+    >>> from_partition(p, [("a",), ("b",)], [(0, 2), (2, 6)], 2).bounds  # a: 1 + 1 layers, b: 2 + 2
+    ((0, 1), (1, 3), (3, 4), (4, 6))
+    """
+    count = len(groups)
+    if count != len(ranges) or schedule_accepts(problem.schedule, count, problem.microbatches):
+        return None
+    stages = num_stages(problem.schedule, count, virtual)
+    if problem.max_stages is not None and stages > problem.max_stages:
+        return None
+    work = [l.fwd[1] + l.bwd[1] for l in problem.graph.layers]
+    chunks = [split_range(work, lo, hi, virtual) for lo, hi in ranges]
+    if any(c is None for c in chunks):
+        return None
+    taken = [0] * count
+    edges = [0]
+    for s in range(stages):
+        g = stage_group(problem.schedule, s, count)
+        lo, hi = chunks[g][taken[g]]
+        taken[g] += 1
+        edges.append(edges[-1] + hi - lo)
+    if edges[-1] != len(problem.graph):
+        return None
+    return Candidate(virtual, tuple(tuple(d) for d in groups), tuple(zip(edges[:-1], edges[1:])),
+                     (False,) * stages)

@@ -1,0 +1,103 @@
+"""The version-2 model's bound (solver/exact/virtual_model.py) against every plan, and its place in ilp/cpsat."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import virtual_brute_force, virtual_problem
+from pipeplan.solver.bounds.virtual_bound import space_bound
+from pipeplan.solver.core.termination import TimeLimit
+from pipeplan.solver.exact.virtual_model import (CPSAT_UNIT, build_rows, coefficients, group_types, layer_units,
+                                                 solve_cpsat, solve_highs, virtual_model_bound)
+from pipeplan.solver.solvers import get_solver
+
+VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
+V2 = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
+
+
+def fixed_v(schedule: str, virtual: int = 2) -> int | None:
+    return None if schedule == "zbv" else virtual
+
+
+class TestVirtualModelBound:
+    @settings(max_examples=int(os.environ.get("PIPEPLAN_MODEL_EXAMPLES", "24")), deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(VALUES, st.sampled_from(V2), st.integers(1, 2), st.sampled_from([1e12, 2400.0, 1300.0]),
+           st.sampled_from([(2, 4), (3, 4), (2, 5)]))
+    def test_never_above_the_optimum(self, values, schedule, servers, memory, shape):
+        """Every plan of the space simulated (the brute force): neither form's bound exceeds the best that fits."""
+        devices, layers = shape
+        p = virtual_problem(values, schedule, devices=devices, layers=layers, batch=4, m=2, servers=servers,
+                            memory=memory, virtual=fixed_v(schedule))
+        best, _ = virtual_brute_force(p)
+        for backend in ("milp", "cpsat"):
+            found = virtual_model_bound(p, backend, TimeLimit(60.0))
+            assert found.complete
+            if math.isfinite(best):
+                assert found.bound <= best * (1 + 1e-9), (backend, found)
+
+    @pytest.mark.parametrize("schedule", V2)
+    def test_above_the_cluster_wide_bound_where_groups_idle(self, schedule):
+        # a slow second device: the cluster-wide bound counts its speed, the model sees the pipeline
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
+        p = virtual_problem(values, schedule, devices=2, layers=4, batch=4, m=2, virtual=fixed_v(schedule))
+        best, _ = virtual_brute_force(p)
+        found = virtual_model_bound(p, "milp", TimeLimit(60.0))
+        assert space_bound(p) < found.bound <= best * (1 + 1e-9)
+
+    def test_the_two_forms_agree_up_to_rounding_when_solved(self):
+        p = virtual_problem([0.5 + 0.05 * i for i in range(40)], "looped-bfs", devices=2, layers=4, virtual=2)
+        types = group_types(p)
+        co = coefficients(p, types, layer_units(p))
+        for groups in (1, 2):
+            status, milp = solve_highs(build_rows(p, groups, 2, types, co), 60.0, 10_000)
+            code, units = solve_cpsat(build_rows(p, groups, 2, types, co, unit=CPSAT_UNIT), 60.0, 100.0)
+            assert status == code == "optimal"
+            # the CP-SAT form is integral (at least the MILP's relaxation), less its rounding
+            assert units * CPSAT_UNIT >= milp * (1 - 1e-6) - 4 * len(co.sizes) * 8 * CPSAT_UNIT
+
+    def test_leaves_v_to_the_search_alone(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4)
+        found = virtual_model_bound(p, "milp", TimeLimit(60.0))
+        assert not found.complete and found.bound == space_bound(p)
+
+    def test_an_expired_clock_gives_the_cluster_wide_bound(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
+        found = virtual_model_bound(p, "milp", TimeLimit(0.0))
+        assert not found.complete and found.bound == space_bound(p)
+
+    def test_resumes_an_earlier_answer(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
+        full = virtual_model_bound(p, "milp", TimeLimit(60.0))
+        assert virtual_model_bound(p, "milp", TimeLimit(0.0), earlier=full) == full  # nothing left to solve
+        part = replace(full, outcomes=full.outcomes[:1], complete=False)
+        assert virtual_model_bound(p, "milp", TimeLimit(60.0), earlier=part).bound == full.bound
+
+    def test_a_model_too_large_is_not_built(self, monkeypatch):
+        from pipeplan.solver.exact import virtual_model
+        monkeypatch.setattr(virtual_model, "MAX_COLUMNS", 1)
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
+        found = virtual_model_bound(p, "milp", TimeLimit(60.0))
+        assert not found.complete and found.outcomes == () and found.bound == space_bound(p)
+
+    def test_refuses_an_unknown_backend(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
+        with pytest.raises(ValueError, match="backend"):
+            virtual_model_bound(p, "cbc", TimeLimit(60.0))
+
+
+class TestExactSolversRunTheModel:
+    @pytest.mark.parametrize("name, form", [("ilp", "milp"), ("cpsat", "cpsat")])
+    def test_record_names_the_form(self, name, form):
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
+        p = virtual_problem(values, "interleaved-1f1b", devices=3, layers=6, batch=4, m=2, virtual=2)
+        result = get_solver(name).solve(p, time_limit=60, seed=0, budget=3)
+        assert result.algorithm == "virtual-bnb"
+        assert result.details["bound_model"] == form and result.details["model_complete"]
+        assert result.lower_bound <= result.iteration_time

@@ -1,0 +1,106 @@
+"""Version-2 searches started from version-1 partitions (solver/space/virtual_space.py, virtual_groups.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from helpers import owner, virtual_problem
+from pipeplan.solver.core.termination import TimeLimit, WorkBudget
+from pipeplan.solver.exact.virtual_search import solve_v2
+from pipeplan.solver.heuristics.group_search import group_search
+from pipeplan.solver.heuristics.virtual_groups import PARTITION_PLANS, VirtualGroupSearch, partition_seeds
+from pipeplan.solver.space.virtual_space import Candidate, from_partition, split_range, to_plan
+
+VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
+V2 = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
+
+
+class TestSplitRange:
+    def test_balances_the_work(self):
+        assert split_range([1.0, 1.0, 2.0, 1.0, 1.0], 0, 5, 2) == ((0, 3), (3, 5))
+
+    def test_even_split_when_balance_leaves_a_part_empty(self):
+        assert split_range([10.0, 0.0, 0.0], 0, 3, 3) == ((0, 1), (1, 2), (2, 3))
+
+    def test_too_few_layers(self):
+        assert split_range([1.0] * 4, 1, 3, 3) is None
+
+    @given(st.lists(st.floats(0.0, 5.0), min_size=1, max_size=12), st.integers(1, 4))
+    @settings(max_examples=30, deadline=None, derandomize=True)
+    def test_covers_the_range_with_non_empty_parts(self, work, parts):
+        found = split_range(work, 0, len(work), parts)
+        if len(work) < parts:
+            assert found is None
+            return
+        assert len(found) == parts and found[0][0] == 0 and found[-1][1] == len(work)
+        assert all(lo < hi for lo, hi in found) and all(a[1] == b[0] for a, b in zip(found, found[1:]))
+
+
+class TestFromPartition:
+    @pytest.mark.parametrize("schedule", V2)
+    def test_each_group_keeps_its_layer_count(self, schedule):
+        p = virtual_problem([1.0] * 40, schedule, devices=2, layers=8, virtual=None if schedule == "zbv" else 2)
+        groups, ranges = [("d0",), ("d1",)], [(0, 3), (3, 8)]
+        candidate = from_partition(p, groups, ranges, 2)
+        held = [0, 0]
+        for s, (lo, hi) in enumerate(candidate.bounds):
+            held[owner(schedule, s, 2)] += hi - lo
+        assert held == [3, 5] and candidate.bounds[0][0] == 0 and candidate.bounds[-1][1] == 8
+        assert candidate.groups == (("d0",), ("d1",)) and candidate.recompute == (False,) * 4
+
+    def test_refuses_a_group_with_fewer_layers_than_chunks(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
+        assert from_partition(p, [("d0",), ("d1",)], [(0, 1), (1, 4)], 2) is None
+
+    def test_refuses_a_group_count_torch_refuses(self):
+        # m = 5 on 2 groups: rounds = 2 does not divide 5
+        p = virtual_problem([1.0] * 40, "interleaved-1f1b", devices=2, layers=4, batch=5, m=5, virtual=2)
+        assert from_partition(p, [("d0",), ("d1",)], [(0, 2), (2, 4)], 2) is None
+
+
+class TestSeeds:
+    def test_solve_v2_is_never_slower_than_a_fitting_seed(self):
+        p = virtual_problem([0.5 + 0.1 * i for i in range(40)], "looped-bfs", devices=2, layers=4, virtual=2)
+        seed = Candidate(2, (("d1",), ("d0",)), ((0, 1), (1, 2), (2, 3), (3, 4)), (False,) * 4)
+        seeded = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=WorkBudget(1), seeds=[seed])
+        assert seeded.details["simulations"] == 1
+        assert seeded.iteration_time == p.evaluate(to_plan(p, seed)).iteration_time
+
+    def test_a_seed_that_does_not_fit_is_tried_with_recompute(self):
+        p = virtual_problem([0.5 + 0.1 * i for i in range(40)], "looped-bfs", devices=2, layers=4, virtual=2,
+                            memory=8000.0)
+        seed = Candidate(2, (("d0",), ("d1",)), ((0, 1), (1, 2), (2, 3), (3, 4)), (False,) * 4)
+        plain, again = (p.evaluate(to_plan(p, replace(seed, recompute=f))) for f in ((False,) * 4, (True,) * 4))
+        assert not plain.fits and again.fits
+        seeded = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=WorkBudget(2), seeds=[seed])
+        assert seeded.iteration_time == again.iteration_time
+
+
+class TestPartitionSeeds:
+    @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(VALUES, st.sampled_from(V2), st.integers(1, 2))
+    def test_never_slower_than_the_v2_form_of_the_best_v1_partitions(self, values, schedule, servers):
+        """For a fixed ``v``: the plan is at most every fitting version-2 form of group-search's best
+        version-1 partitions (what :func:`partition_seeds` guarantees; not the version-1 plans' own times)."""
+        p = virtual_problem(values, schedule, devices=3, layers=6, batch=4, m=2, servers=servers,
+                            virtual=None if schedule == "zbv" else 2)
+        found = VirtualGroupSearch().solve(p, time_limit=60, seed=0)
+        one = group_search(replace(p, schedule="1f1b", virtual_stages=None), TimeLimit(60.0))
+        forms = [from_partition(p, [s.devices for s in j.plan.stages], [s.layers for s in j.plan.stages], 2)
+                 for j in one.plans[:PARTITION_PLANS]]
+        times = [p.evaluate(to_plan(p, c)) for c in forms if c is not None]
+        fitting = [t.iteration_time for t in times if t.fits]
+        if fitting:
+            assert found.iteration_time <= min(fitting) * (1 + 1e-12)
+        assert found.details["v1_patterns"] >= 1 and found.details["seeds"] >= len([c for c in forms if c])
+
+    def test_counts_the_patterns_against_the_budget(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=8, virtual=2)
+        budget = WorkBudget(1000)
+        seeds, spent = partition_seeds(p, TimeLimit(60.0), budget)
+        assert spent >= 1 and budget.spent == spent and seeds
+        assert partition_seeds(p, TimeLimit(60.0), WorkBudget(1000)) == (seeds, spent)  # deterministic
