@@ -245,6 +245,18 @@ def test_time_limit_holds_with_many_device_classes(solver):
     assert over.seconds < 0.3 and result.plan is not None
 
 
+@pytest.mark.parametrize("solver", ["ilp", "cpsat"])
+def test_time_limit_holds_with_v_left_to_the_search(solver):
+    # experiments/bench_solvers.py's 64 layers on 16 devices under looped-bfs, v left to the search: the
+    # v = 1 solve and then group-search-virtual each got the whole limit (6.3 s at a 5 s limit)
+    from dataclasses import replace
+    from pipeplan.experiments.bench_solvers import schedule_problem
+    problem = replace(schedule_problem(64, 16, "looped-bfs", 2), virtual_stages=None)
+    with cpu_past(2.0) as over:
+        result = get_solver(solver).solve(problem, time_limit=2.0, seed=0)
+    assert over.seconds < 0.5 and result.plan is not None
+
+
 class TestBuildData:
     def test_stage_options_stop_when_the_clock_expires(self):
         problem = sized_problem(15, layers=5, devices=4, schedule="1f1b")

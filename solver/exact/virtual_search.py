@@ -272,8 +272,8 @@ class VirtualBnB(VirtualSolver):
             if spent >= total:
                 break
             # the phase spending its share is not the solve's stop: its clock and interrupts are
-            within = clock.phase(clock.seconds)
-            found = phase.solver.solve(problem, time_limit=clock.seconds, seed=seed,
+            within = clock.phase(clock.left())
+            found = phase.solver.solve(problem, time_limit=clock.left(), seed=seed,
                                        budget=max(1.0, min(phase.share * total, total - spent)), within=within)
             spent += found.details["simulations"]
             ran.append([phase.solver.name, found.status, found.iteration_time])
@@ -320,8 +320,9 @@ class VirtualBnB(VirtualSolver):
         """The solve of ``problem`` with ``virtual_stages=1``, on the whole ``total`` budget, when ``v`` is left to
         the search and one stage per group is a plan of the schedule (else ``None``).
 
-        It is the solve ``--virtual-stages 1`` gets alone (same budget, seed and time limit), so the search over
-        every ``v`` starts from its plan and is never slower than it: the best-first search over every ``v``
+        It is the search ``--virtual-stages 1`` runs alone (same budget and seed; the time limit is the solve's,
+        it runs first; without the version-2 model, whose bound covers ``v = 1`` only and would take the time
+        the phases after it need), so the search over every ``v`` starts from its plan and is never slower than it: the best-first search over every ``v``
         can run out of budget before it reaches the one-stage plans that the smaller ``v = 1`` space proves (on
         issue 36's two-server instance, ``interleaved-zb``: 126.52 ms over every ``v``, 115.40 ms, proved, with
         ``v = 1``).  Its simulations count against ``total``; the phases after it share what is left.
@@ -333,5 +334,7 @@ class VirtualBnB(VirtualSolver):
             self.check(one)
         except (InputError, ValueError):
             return None
-        # its budget running out ends this phase, not the solve; its clock and interrupts are the solve's
-        return self.solve(one, time_limit=clock.seconds, seed=seed, budget=total, within=clock.phase(clock.seconds))
+        # its budget running out ends this phase, not the solve; its clock and interrupts are the solve's.  No
+        # version-2 model: its bound covers v = 1 only, and it would take the time the phases after it need
+        search = VirtualBnB(self.start, model=None)
+        return search.solve(one, time_limit=clock.left(), seed=seed, budget=total, within=clock.phase(clock.left()))
