@@ -36,6 +36,14 @@ With a fifth of a 60 s limit it was cut at 1,024 and 4,096 devices (gaps 27.2 % 
 26.6 % uncut); group-search, which runs after it, finds its plans there in its first seconds (docs/scale.md)."""
 
 
+REFINED_BOUND_DEVICES = 64
+"""Clusters of at least this many devices get the refined class bound (``refine``).  From 64 devices on the
+configuration walk and the model do not finish in a minute and the class bound is the bound the exact solvers
+return (experiments/bench_scale.py, docs/scale.md).  Below, the walk proves the optimum of
+experiments/bench_solvers.py's instances, and the refined bound only costs time: 0.2 s at 16 x 4 (of a 0.34 s
+solve) and 0.9 s at 64 x 16, against 0.02 s and 0.1 s unrefined (2026-12-02)."""
+
+
 def scaled_count(count: int, factor: float) -> int:
     """``count`` times ``factor``, rounded up, at least 1.
 
@@ -67,7 +75,8 @@ class Phase(Protocol):
 
 @dataclass(frozen=True)
 class ClassBoundPhase:
-    """The class bound (:func:`pipeplan.solver.bounds.class_bound.class_bound`): a fixed number of steps."""
+    """The class bound (:func:`pipeplan.solver.bounds.class_bound.class_bound`, refined from
+    :data:`REFINED_BOUND_DEVICES` devices on): a fixed number of steps."""
 
     share: float = CLASS_BOUND_SHARE
     """Most of the time limit it may take (a cap: only short limits cut it)."""
@@ -75,7 +84,8 @@ class ClassBoundPhase:
 
     def run(self, problem: PlanningProblem, search: Search, clock: TimeLimit, seed: int) -> dict[str, Any]:
         cap = clock.within(self.share * clock.seconds)
-        search.raise_bound(class_bound(problem, cap), by=self.name)
+        refine = len(problem.cluster.devices) >= REFINED_BOUND_DEVICES
+        search.raise_bound(class_bound(problem, cap, refine=refine), by=self.name)
         cap.expired()  # the cap cut the bound's counted steps: noted, the bound depends on the machine
         return {}
 
