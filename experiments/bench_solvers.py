@@ -165,9 +165,9 @@ def best_and_gap(rows: dict[str, dict]) -> dict:
 
     Examples
     --------
-    >>> best_and_gap({"a": {"iteration_time": 2.0, "lower_bound": 1.0}, "b": {"iteration_time": 1.6},
+    >>> best_and_gap({"a": {"iteration_time": 2.0, "lower_bound": 1.0}, "b": {"iteration_time": 1.25},
     ...               "c": {"refused": "no"}})
-    {'best': 1.6, 'solver': 'b', 'lower_bound': 1.0, 'gap': 0.375}
+    {'best': 1.25, 'solver': 'b', 'lower_bound': 1.0, 'gap': 0.2}
     """
     found = {n: r["iteration_time"] for n, r in rows.items() if r.get("iteration_time")}
     bounds = [r["lower_bound"] for r in rows.values() if r.get("lower_bound") is not None]
