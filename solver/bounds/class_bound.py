@@ -123,12 +123,14 @@ at its last multipliers is then evaluated with them, which only raises it.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
 
 from pipeplan.solver.space.arcs import tau_ops
 from pipeplan.solver.bounds.terms import work_bound
+from pipeplan.solver.space.class_stages import q_classes
 from pipeplan.solver.space.device_classes import device_classes
 from pipeplan.solver.evaluation.memory import stash_points
 from pipeplan.solver.core.problem import PlanningProblem
@@ -195,38 +197,13 @@ class StageTypes:
     """``extra`` of every type and range that fits in memory, sorted."""
 
 
-def _replica_counts(sizes: tuple[int, ...], most: int) -> list[int]:
-    """The smallest ``r`` for each distinct vector ``ceil(n_k / r)``, ``r <= most``."""
-    counts, last = [], None
-    for r in range(1, min(most, max(sizes)) + 1):
-        q = tuple(-(-n // r) for n in sizes)
-        if q != last:
-            counts.append(r)
-            last = q
-    return counts
-
-
-def _link_bounds(problem: PlanningProblem, speed: float, r: int) -> tuple[float, float]:
-    """``(bw_ub, lat_lb)`` of term b for ``r`` devices of speed ``>= speed``."""
+def _link_bounds(problem: PlanningProblem, speed: float, r: int, room: int = 0) -> tuple[float, float]:
+    """``(bw_ub, lat_lb)`` over the network and the servers holding ``r`` devices of speed ``>= speed`` and
+    ``room`` devices more: term b's all-reduce (``room = 0``), a transfer to a neighbour (``room = 1``)."""
     cluster = problem.cluster
-    held: dict[str, int] = {}
-    for d in cluster.devices:
-        if d.speed >= speed:
-            held[d.server] = held.get(d.server, 0) + 1
-    links = [cluster.network] + [s for s in cluster.servers if held.get(s.id, 0) >= r]
-    return max(l.bandwidth for l in links), min(l.latency for l in links)
-
-
-def _send_bounds(problem: PlanningProblem, speed: float, r: int) -> tuple[float, float]:
-    """``(bw_ub, lat_lb)`` of a transfer from ``>= r`` devices of speed ``>= speed`` to a group of other devices."""
-    cluster = problem.cluster
-    held: dict[str, int] = {}
-    every: dict[str, int] = {}
-    for d in cluster.devices:
-        every[d.server] = every.get(d.server, 0) + 1
-        if d.speed >= speed:
-            held[d.server] = held.get(d.server, 0) + 1
-    links = [cluster.network] + [s for s in cluster.servers if held.get(s.id, 0) >= r and every.get(s.id, 0) > r]
+    held = Counter(d.server for d in cluster.devices if d.speed >= speed)
+    every = Counter(d.server for d in cluster.devices)
+    links = [cluster.network] + [s for s in cluster.servers if held[s.id] >= r and every[s.id] >= r + room]
     return max(l.bandwidth for l in links), min(l.latency for l in links)
 
 
@@ -256,13 +233,12 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
     replicas, speeds = [], []
     for c in device_classes(problem.cluster):
         most = speeds_ge[c.speed] if problem.allow_replication else 1
-        counts = _replica_counts(sizes, most)
-        for r, r_hi in zip(counts, [c - 1 for c in counts[1:]] + [most]):
+        for r, r_hi, q_vector in q_classes(sizes, most):  # the smallest r of each q vector stands for the class
             if clock is not None and clock.expired():
                 return None
-            send_bw, send_lat = _send_bounds(problem, c.speed, r)
+            send_bw, send_lat = _link_bounds(problem, c.speed, r, room=1)
             send = np.where(last, 0.0, send_lat + min(sizes) * CUT / (r_hi * send_bw))
-            q = np.array([-(-n // r) for n in sizes], dtype=float)
+            q = np.array(q_vector, dtype=float)
             qm, Q = -(-min(sizes) // r), float(q.sum())
             bw, lat = _link_bounds(problem, c.speed, r)
             ar = np.where(PAR > 0, 2 * (r - 1) * (lat + PAR / (r * bw)), 0.0) if r > 1 else np.zeros_like(PAR)

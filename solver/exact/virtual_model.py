@@ -73,6 +73,7 @@ from pipeplan.solver.bounds.virtual_bound import space_bound
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.schedules.schedule import num_stages, stage_group
+from pipeplan.solver.space.class_stages import q_classes
 from pipeplan.solver.space.device_classes import device_classes
 from pipeplan.solver.space.virtual_space import group_counts, schedule_accepts
 
@@ -122,12 +123,7 @@ def group_types(problem: PlanningProblem) -> list[GroupType]:
     for c in classes:
         faster = [d for d in problem.cluster.devices if d.speed >= c.speed]
         most = len(faster) if problem.allow_replication else 1
-        seen = set()
-        for r in range(1, most + 1):
-            qs = tuple(-(-n // r) for n in problem.split)
-            if qs in seen:
-                continue
-            seen.add(qs)
+        for r, _, qs in q_classes(problem.split, most):
             # one server holds the whole group only if it holds its slowest device (of class c) too
             own = {server for server, _ in c.ids_by_server}
             links = [net] + [servers[s] for s in servers
