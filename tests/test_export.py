@@ -23,7 +23,8 @@ from pipeplan.runtime.export.megatron import check_interleaved, layout, megatron
 from pipeplan.runtime.export.rules import check_plan, equal_count_near, placement
 from pipeplan.runtime.export.targets import DEEPSPEED, MEGATRON, TORCH, TORCHTITAN
 from pipeplan.runtime.export.torch_target import crossing, schedule_csv, stages_config, torch_schedule
-from pipeplan.runtime.export.torch_train import make_schedule
+from pipeplan.runtime.export import torch_train
+from pipeplan.runtime.export.torch_train import make_schedule, tie_classes, tie_groups
 from pipeplan.runtime.export.torchtitan import (RELEASES, config_module, csv_schedule_name, module_fqns,
                                                 toml_fragment)
 from pipeplan.runtime.report import step_losses
@@ -465,6 +466,53 @@ class TestTrainScriptSchedule:
             order = schedule.pipeline_order
             assert sorted(order) == list(range(groups))
             assert [[str(a) for a in order[r] if a is not None] for r in range(groups)] == expected
+
+
+class FakeDist:
+    """Records the process groups ``tie_groups`` creates, as rank lists, for one rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.rank, self.created = rank, []
+
+    def get_rank(self) -> int:
+        return self.rank
+
+    def new_group(self, ranks: list[int]) -> tuple[int, ...]:
+        self.created.append(tuple(ranks))
+        return tuple(ranks)
+
+
+class TestTieClasses:
+    def test_units_by_the_unit_owning_the_weights(self):
+        assert tie_classes({"tied": [[4, 0], [8, 0]]}) == {0: [0, 4, 8]}
+
+    def test_a_chain_of_ties_ends_at_its_owner(self):
+        assert tie_classes({"tied": [[5, 2], [9, 5], [3, 1]]}) == {1: [1, 3], 2: [2, 5, 9]}
+
+
+class TestTieGroups:
+    @staticmethod
+    def groups(monkeypatch, config: dict, replicas: int, rank: int) -> tuple[list, list]:
+        fake = FakeDist(rank)
+        monkeypatch.setattr(torch_train, "dist", fake)
+        return tie_groups(config, replicas), fake.created
+
+    def test_one_sum_when_a_group_holds_two_tied_units(self, monkeypatch):
+        # BART cut after the encoder: its embedding on group 0, the decoder's embedding and the
+        # head (one Parameter in the process) on group 1; a sum per tied pair counted group 0 twice
+        config = {"tied": [[4, 0], [8, 0]], "stage_of_unit": [0] * 4 + [1] * 5, "group_of_stage": [0, 1]}
+        for rank in (0, 1):
+            mine, created = self.groups(monkeypatch, config, 1, rank)
+            assert created == [(0, 1)] and mine == [((0, 1), [0, 4, 8])]
+
+    def test_three_holders_sum_in_one_group_per_replica(self, monkeypatch):
+        config = {"tied": [[2, 0], [5, 0]], "stage_of_unit": [0, 0, 1, 1, 2, 2], "group_of_stage": [0, 1, 2]}
+        mine, created = self.groups(monkeypatch, config, 2, 3)
+        assert created == [(0, 2, 4), (1, 3, 5)] and mine == [((1, 3, 5), [0, 2, 5])]
+
+    def test_no_group_when_one_process_holds_every_tied_unit(self, monkeypatch):
+        config = {"tied": [[3, 0]], "stage_of_unit": [0, 1, 2, 3], "group_of_stage": [0, 1, 1, 0]}
+        assert self.groups(monkeypatch, config, 2, 0) == ([], [])
 
 
 class TestMegatron:

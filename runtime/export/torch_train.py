@@ -143,28 +143,49 @@ def make_schedule(config: dict, stages: list, loss_fn, folder: Path = HERE):
     return schedule
 
 
-def tie_groups(config: dict, replicas: int) -> dict[int, list]:
-    """For each tied pair of units on two device groups: one process group per rank index in a group.
+def tie_classes(config: dict) -> dict[int, list[int]]:
+    """The units that share weights, by the unit owning them: ``owner -> [owner, unit, ...]``."""
+    owner_of = {unit: owner for unit, owner in config["tied"]}
+    classes: dict[int, list[int]] = {}
+    for unit in sorted(owner_of):
+        root = unit
+        while root in owner_of:  # a chain of ties ends at the unit that owns the weights
+            root = owner_of[root]
+        classes.setdefault(root, [root]).append(unit)
+    return classes
+
+
+def tie_groups(config: dict, replicas: int) -> list[tuple[object, list[int]]]:
+    """For each set of tied units on two or more device groups: one process group per rank index over them all.
 
     ``replicas``: the ranks of each group (``dp x tp``).
 
-    Every rank creates every group (``new_group`` is collective); returns the groups
-    this rank belongs to, by the unit whose weights it shares.  Tied units on one
-    group (ZB-V's first and last stage) are summed in the process (:func:`untie_within_rank`).
+    One sum over every holder, not one per tied pair: a group holding two of the units holds
+    one Parameter (BART's encoder and decoder embeddings and its head), which pairwise sums
+    would count twice, and a third holder would get only part of the sum.  Every rank creates
+    every group (``new_group`` is collective); returns the ``(group, units)`` this rank belongs
+    to.  Tied units on one group (ZB-V's first and last stage) are summed in the process
+    (:func:`untie_within_rank`).
     """
     rank = dist.get_rank()
     group_of_unit = [config["group_of_stage"][s] for s in config["stage_of_unit"]]
-    mine: dict[int, list] = {}
-    for unit, owner in config["tied"]:
-        g_unit, g_owner = group_of_unit[unit], group_of_unit[owner]
-        if g_unit == g_owner:
-            continue  # one process holds both
+    mine: list[tuple[object, list[int]]] = []
+    for owner, units in sorted(tie_classes(config).items()):
+        holders = sorted({group_of_unit[unit] for unit in units})
+        if len(holders) < 2:
+            continue  # one process holds them all
         for j in range(replicas):
-            ranks = [g_unit * replicas + j, g_owner * replicas + j]
+            ranks = [g * replicas + j for g in holders]
             group = dist.new_group(ranks)
             if rank in ranks:
-                mine.setdefault(unit if rank == ranks[0] else owner, []).append((group, (unit, owner)))
+                mine.append((group, units))
     return mine
+
+
+def shared_parameters(model, units: list[int]) -> list[nn.Parameter]:
+    """The Parameters the owner ``units[0]`` shares with the other units, each once."""
+    found = {id(p): p for unit in units[1:] for p in tied_parameters(model, unit, units[0])}
+    return list(found.values())
 
 
 def tied_parameters(model, unit: int, owner: int) -> list[nn.Parameter]:
@@ -275,13 +296,13 @@ def zero_two(config: dict, mine: list[int]) -> bool:
 
 
 def make_optimizer(config: dict, model, modules: list, mine: list[int], parameters: list[nn.Parameter],
-                   ties: dict[int, list], copies: list, mesh, lr: float) -> RankOptimizer:
+                   ties: list[tuple[object, list[int]]], copies: list, mesh, lr: float) -> RankOptimizer:
     """SGD; over ``dp`` with ZeroRedundancyOptimizer for the parameters of stages with ``zero`` 1 or 2.
 
     Tied parameters are summed across groups and stepped whole on each holder.
     """
-    tied = {id(p) for groups in ties.values() for _, (unit, owner) in groups
-            for p in tied_parameters(model, unit, owner)} | {id(q) for pair in copies for q in pair}
+    tied = {id(p) for _, units in ties for p in shared_parameters(model, units)}
+    tied |= {id(q) for pair in copies for q in pair}
     zero = {id(p) for module, s in zip(modules, mine) if config["stages"][s].get("zero", 0)
             for p in module.parameters()}
     if config["replicas"] == 1:
@@ -290,7 +311,7 @@ def make_optimizer(config: dict, model, modules: list, mine: list[int], paramete
     return RankOptimizer(parameters, lr, sharded, mesh["dp"].get_group() if sharded else None)
 
 
-def sync_gradients(parameters: list[nn.Parameter], mesh, replicas: int, model, ties: dict[int, list],
+def sync_gradients(parameters: list[nn.Parameter], mesh, replicas: int, model, ties: list[tuple[object, list[int]]],
                    owners: dict[int, int] | None = None) -> None:
     """Average over the group's replicas (ZeRO-2: onto each gradient's owner only), then sum the tied copies'
     gradients across groups.  A tensor-parallel parameter's gradient is this rank's shard (``local``)."""
@@ -309,10 +330,9 @@ def sync_gradients(parameters: list[nn.Parameter], mesh, replicas: int, model, t
             else:
                 dist.all_reduce(grad, group=group)
             grad /= replicas
-    for groups in ties.values():
-        for group, (unit, owner) in groups:
-            for p in tied_parameters(model, unit, owner):
-                dist.all_reduce(p.grad, group=group)
+    for group, units in ties:
+        for p in shared_parameters(model, units):
+            dist.all_reduce(p.grad, group=group)
 
 
 def report_loss(step: int, losses: list[torch.Tensor], replicas: int) -> None:
