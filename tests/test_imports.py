@@ -9,6 +9,7 @@ a function to dodge a circle is still an edge).  Layers, lowest first: ``models`
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import networkx as nx
@@ -84,6 +85,12 @@ def import_graph(root: Path = ROOT, folders: dict[str, str] = FOLDERS) -> nx.DiG
     return graph
 
 
+@functools.cache
+def project_graph() -> nx.DiGraph:
+    """:func:`import_graph` of the checkout, parsed once for the tests that only read it."""
+    return import_graph()
+
+
 def folder_cycle(graph: nx.DiGraph, folder: str) -> list[tuple[str, str]]:
     """An import circle among the modules of ``folder``, as edges, or ``[]`` if there is none."""
     inside = graph.subgraph(n for n, data in graph.nodes(data=True) if data["folder"] == folder)
@@ -152,7 +159,7 @@ class TestImportGraph:
                                                          ("pipeplan.solver.b", "pipeplan.solver.c")}
 
     def test_the_exact_solver_imports_its_parts_and_none_of_them_reaches_it(self):
-        graph = import_graph()
+        graph = project_graph()
         parts = [f"pipeplan.solver.{part}" for part in
                  ("exact.enumeration", "exact.phases", "exact.search", "exact.bound_model", "exact.data")]
         assert all(graph.has_edge("pipeplan.solver.exact.solve", part) for part in parts)
@@ -179,10 +186,10 @@ class TestFolderCycle:
 
     @pytest.mark.parametrize("folder", ["solver", "models", "runtime", "pipeplan", "experiments"])
     def test_the_project_has_none(self, folder):
-        assert folder_cycle(import_graph(), folder) == []
+        assert folder_cycle(project_graph(), folder) == []
 
     def test_the_project_as_a_whole_has_none(self):
-        graph = import_graph()
+        graph = project_graph()
         assert nx.is_directed_acyclic_graph(graph), nx.find_cycle(graph)
 
 
@@ -201,7 +208,7 @@ class TestLayerViolations:
         assert layer_violations(import_graph(root, self.TWO)) == []
 
     def test_the_project_has_none(self):
-        assert layer_violations(import_graph()) == []
+        assert layer_violations(project_graph()) == []
 
 
 SOLVER_LAYERS = ("schedules", "formats", "evaluation", "views", "core", "space", "bounds", "exact", "baselines",
@@ -251,7 +258,7 @@ class TestSolverLayer:
                                                                   "pipeplan.solver.exact.ilp")]
 
     def test_the_project_has_none(self):
-        assert solver_violations(import_graph()) == []
+        assert solver_violations(project_graph()) == []
 
     def test_no_module_is_named_after_a_spec_version(self):
         named = [p for p in (ROOT / "solver").rglob("*.py") if p.stem.startswith(("v1_", "v2_"))]
