@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from operator import add, itemgetter
+from operator import add, itemgetter, neg
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -125,14 +125,15 @@ class StashWalk:
         for s in self.stages:  # the layout of the rows: see __init__ (a batched walk builds the same)
             mem = stages[s]
             per_replica = mem.per_replica[:self.counts[s]]
-            added = [q * mem.stash for q in per_replica]
+            # each product once per distinct q (a split repeats a size or two), then looked up per microbatch
+            rows = {q: (q * mem.stash, q * mem.weight, q * mem.working) for q in set(per_replica)}
+            added, kept, working = zip(*map(rows.__getitem__, per_replica))
             table += added
-            table += [-x for x in added]
+            table += map(neg, added)
             if self.split[s]:
-                kept = [q * mem.weight for q in per_replica]
                 table += kept
-                table += [-x for x in kept]
-            held += [q * mem.working for q in per_replica]
+                table += map(neg, kept)
+            held += working
         walk = [0.0, *accumulate(self._deltas(table))]
         after = self._after_f(walk)
         during = map(add, self._before_b(walk), self._working(held))

@@ -120,6 +120,10 @@ class SyncEvent:
 NO_WAIT, SEVERAL = -1, -2
 """Codes of :attr:`Wiring.waits` besides a slot number: the action waits for nothing; for several slots."""
 
+CompiledRun = tuple[int, tuple[tuple[int, int, int, int], ...]]
+"""``(group, actions)``: consecutive actions of one group, each ``(position, wait, send, before)``
+(:meth:`Wiring.compiled_runs`)."""
+
 
 def overlaps(mine: Sequence[int], theirs: Sequence[int]) -> tuple[tuple[int, int], ...]:
     """For each of my microbatches, the inclusive range of theirs sharing a sample.
@@ -243,6 +247,8 @@ class Wiring:
             self.sends.append(sends)
         self.lengths: list[int] = [len(p) for p in self.programs]
         """Actions per group."""
+        self._recorded: list[tuple[int, int, int]] | None = None  # the first sweep's order (record_order)
+        self._runs: tuple[CompiledRun, ...] | None = None  # compiled from it (compiled_runs)
 
     @cached_property
     def layouts(self) -> tuple["GroupLayout", ...]:
@@ -279,6 +285,43 @@ class Wiring:
             If the dependencies form a cycle.
         """
         return tuple(self.sweep_order("-"))
+
+    def record_order(self, runs: list[tuple[int, int, int]]) -> None:
+        """Keep the order a sweep ran every action in, as runs ``(group, first, stop)`` of program positions."""
+        if self._runs is None:
+            self._recorded = runs
+
+    def compiled_runs(self) -> tuple[CompiledRun, ...] | None:
+        """The recorded order (:meth:`record_order`) compiled for :func:`run_programs`; ``None`` before one is kept.
+
+        Each run is ``(group, actions)``, each action ``(position, wait, send, before)``:
+        its program position, :attr:`waits` entry, :attr:`sends` entry and, for a
+        transfer over a link, the slot sent over that link just before it (:attr:`slots`
+        for the link's first, whose link is free from 0), else ``-1``.  Timing the
+        actions in this order needs no check of what has arrived, and any order that
+        puts each action after what it waits for gives the same floating-point numbers:
+        each start is the same maximum, each end the same sum, and each link carries one
+        sender group's transfers in that group's program order.
+        """
+        if self._runs is None and self._recorded is not None:
+            self._runs = self._compile(self._recorded)
+            self._recorded = None
+            _WIRED[0] += sum(self.lengths)  # the cache's budget counts the compiled actions too
+        return self._runs
+
+    def _compile(self, runs: list[tuple[int, int, int]]) -> tuple[CompiledRun, ...]:
+        before, last_on = [NO_WAIT] * self.slots, [self.slots] * len(self.links)
+        for g, first, stop in runs:  # each link's transfers in the order its (one) sender group sends them
+            for o in self.sends[g][first:stop]:
+                if o >= 0 and self.slot_link[o] >= 0:
+                    link = self.slot_link[o]
+                    before[o], last_on[link] = last_on[link], o
+        out = []
+        for g, first, stop in runs:
+            waits, sends = self.waits[g], self.sends[g]
+            out.append((g, tuple((p, waits[p], sends[p], before[sends[p]] if sends[p] >= 0 else NO_WAIT)
+                                 for p in range(first, stop))))
+        return tuple(out)
 
     def sweep_order(self, file: str = "-") -> list[tuple[int, int]]:
         """:attr:`order`, reporting a deadlock against ``file``."""
@@ -528,7 +571,8 @@ def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "
     """Seconds each of ``sender``'s microbatches takes across the cut to ``receiver``."""
     lat = cluster.lat(sender.devices, receiver.devices)
     rate = min(sender.replicas, receiver.replicas) * cluster.bw(sender.devices, receiver.devices)
-    return tuple(lat + n * cut_bytes / rate for n in sender.microbatches)
+    seconds = {n: lat + n * cut_bytes / rate for n in set(sender.microbatches)}  # a split repeats a size or two
+    return tuple(map(seconds.__getitem__, sender.microbatches))
 
 
 def _stage_links(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", s: int) -> StageLinks:
@@ -569,16 +613,18 @@ def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: 
         st = stages[s]
         lo, hi = st.layers
         af, bf, ab, bb = graph.range_time(lo, hi)
-        q = tuple(-(-n // r) for n in st.microbatches)
+        aw, bw = graph.range_weight_time(lo, hi) if split else (0.0, 0.0)  # unused unless split
+        rows = {}  # computed once per distinct microbatch size (a split repeats a size or two)
+        for n in set(st.microbatches):
+            q = -(-n // r)
+            f = (af + bf * q) / speed
+            x = f if st.recompute else 0.0
+            b = (ab + bb * q) / speed + x
+            rows[n] = q, f, b, ((ab - aw) + (bb - bw) * q) / speed + x, (aw + bw * q) / speed
+        q, fwd, bwd, inp, wgt = zip(*map(rows.__getitem__, st.microbatches))
         zeros = (0.0,) * len(q)
-        fwd = tuple((af + bf * n) / speed for n in q)
         rec = fwd if st.recompute else zeros
-        bwd = tuple((ab + bb * n) / speed + x for n, x in zip(q, rec))
-        if split:
-            aw, bw = graph.range_weight_time(lo, hi)
-            inp = tuple(((ab - aw) + (bb - bw) * n) / speed + x for n, x in zip(q, rec))
-            wgt = tuple((aw + bw * n) / speed for n in q)
-        else:
+        if not split:
             inp = wgt = zeros
         durations += fwd + bwd + inp + wgt
         recompute += zeros + rec + rec + zeros
@@ -858,11 +904,57 @@ def simulate(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", *, file: str
 def run_programs(costs: PlanCosts, file: str = "-") -> Simulation:
     """The timeline of precomputed costs; see :func:`simulate`.
 
+    The first timeline of a plan structure sweeps the groups, advancing each as far as
+    its inputs allow, and its wiring keeps the order the actions ran in; later ones run
+    the actions in that order (:meth:`Wiring.compiled_runs`), with no check of what has
+    arrived.  Both give the same numbers, bit for bit.
+
     Raises
     ------
     DeadlockError
         If some action can never start.
     """
+    wiring, groups = costs.wiring, costs.groups
+    runs = wiring.compiled_runs()
+    if runs is None:
+        return _sweep(costs, file)
+    arrival: list = [None] * wiring.slots + [0.0]  # the last entry: when each link is first free
+    tx_start = [0.0] * wiring.slots
+    send_time = costs.send_times
+    all_starts = tuple([0.0] * n for n in wiring.lengths)
+    all_ends = tuple([0.0] * n for n in wiring.lengths)
+    per_group = tuple(zip(wiring.several, (g.durations for g in groups), all_starts, all_ends))
+    clock = [0.0] * len(groups)
+    for g, actions in runs:
+        several, durations, starts, ends = per_group[g]
+        now = clock[g]
+        for p, w, o, before in actions:
+            if w >= 0:
+                a = arrival[w]
+                if a > now:
+                    now = a
+            elif w != NO_WAIT:
+                for x in several[p]:
+                    a = arrival[x]
+                    if a > now:
+                        now = a
+            starts[p] = now
+            now += durations[p]
+            ends[p] = now
+            if before >= 0:  # over a link, free when what it carried before has arrived
+                free = arrival[before]
+                t0 = now if now > free else free
+                tx_start[o] = t0
+                arrival[o] = t0 + send_time[o]
+            elif o >= 0:  # a hand-over on the group
+                arrival[o] = now
+        clock[g] = now
+    del arrival[-1]
+    return _simulation(costs, all_starts, all_ends, tx_start, arrival)
+
+
+def _sweep(costs: PlanCosts, file: str) -> Simulation:
+    """:func:`run_programs` by sweeping the groups until every action ran; keeps the order on the wiring."""
     wiring, groups = costs.wiring, costs.groups
     count, lengths = len(groups), wiring.lengths
     arrival: list = [None] * wiring.slots
@@ -872,6 +964,7 @@ def run_programs(costs: PlanCosts, file: str = "-") -> Simulation:
     all_starts = tuple([0.0] * n for n in lengths)
     all_ends = tuple([0.0] * n for n in lengths)
     ptr, clock = [0] * count, [0.0] * count
+    runs: list[tuple[int, int, int]] = []
     remaining = sum(lengths)
     while remaining:
         progressed = 0
@@ -917,13 +1010,21 @@ def run_programs(costs: PlanCosts, file: str = "-") -> Simulation:
                         tx_start[o] = t0
                         arrival[o] = t1
                 p += 1
-            progressed += p - first
+            if p > first:
+                runs.append((g, first, p))
+                progressed += p - first
             ptr[g], clock[g] = p, now
         if not progressed:
             raise wiring.deadlock(ptr, arrival, file)
         remaining -= progressed
-    iteration = max(ends[-1] + g.allreduce + g.step for g, ends in zip(groups, all_ends))
-    return Simulation(iteration, costs, all_starts, all_ends, tx_start, arrival)
+    wiring.record_order(runs)
+    return _simulation(costs, all_starts, all_ends, tx_start, arrival)
+
+
+def _simulation(costs: PlanCosts, starts: tuple[list[float], ...], ends: tuple[list[float], ...],
+                transfer_starts: list[float], arrivals: list) -> Simulation:
+    iteration = max(e[-1] + g.allreduce + g.step for g, e in zip(costs.groups, ends))
+    return Simulation(iteration, costs, starts, ends, transfer_starts, arrivals)
 
 
 def check_deadlock_free(plan: "Plan", file: str = "-") -> None:
