@@ -36,7 +36,8 @@ from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from pipeplan.models.errors import DeadlockError, InputError
-from pipeplan.solver.evaluation.memory import StageMemory, StashWalk, gather, group_peak_memory, training_state
+from pipeplan.solver.evaluation.memory import (StageMemory, StashWalk, by_size, gather, group_peak_memory,
+                                               training_state)
 from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, INPUT, WEIGHT, Action, format_action, stage_actions
 
 if TYPE_CHECKING:
@@ -260,7 +261,7 @@ class Wiring:
             duration_at, sample_at, d, q = {}, {}, 0, 0
             for s in held:
                 duration_at[s], sample_at[s] = d, q
-                d += 4 * len(self.sizes[s])
+                d += (4 if s in weighted else 2) * len(self.sizes[s])
                 q += len(self.sizes[s])
             durations = [duration_at[s] + _KIND_ROW[kind] * len(self.sizes[s]) + k for s, kind, k in program]
             samples = [sample_at[s] + k for s, _, k in program]
@@ -384,7 +385,8 @@ class Wiring:
 
 
 _KIND_ROW = {FORWARD: 0, BACKWARD: 1, INPUT: 2, WEIGHT: 3}
-"""Where each kind's durations sit in a stage's table: forwards, backwards, input-gradient halves, weight halves."""
+"""Where each kind's durations sit in a stage's table: forwards, backwards, then (a stage that splits its
+backwards only) input-gradient halves and weight halves."""
 
 
 @dataclass(frozen=True)
@@ -571,8 +573,7 @@ def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "
     """Seconds each of ``sender``'s microbatches takes across the cut to ``receiver``."""
     lat = cluster.lat(sender.devices, receiver.devices)
     rate = min(sender.replicas, receiver.replicas) * cluster.bw(sender.devices, receiver.devices)
-    seconds = {n: lat + n * cut_bytes / rate for n in set(sender.microbatches)}  # a split repeats a size or two
-    return tuple(map(seconds.__getitem__, sender.microbatches))
+    return by_size({n: (lat + n * cut_bytes / rate,) for n in set(sender.microbatches)}, sender.microbatches)[0]
 
 
 def _stage_links(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", s: int) -> StageLinks:
@@ -606,7 +607,8 @@ def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: 
     found = [cluster.device_index[d] for d in devices]
     speed = min(d.speed for d in found)
     durations: list[float] = []
-    recompute: list[float] = []
+    recompute: list[float] = []  # filled only if a stage recomputes: else every entry is 0.0
+    recomputes = any(stages[s].recompute for s in held)
     samples: list[int] = []
     memory = {}
     for s, split in zip(held, layout.split):
@@ -614,29 +616,41 @@ def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: 
         lo, hi = st.layers
         af, bf, ab, bb = graph.range_time(lo, hi)
         aw, bw = graph.range_weight_time(lo, hi) if split else (0.0, 0.0)  # unused unless split
-        rows = {}  # computed once per distinct microbatch size (a split repeats a size or two)
+        rows = {}
         for n in set(st.microbatches):
             q = -(-n // r)
             f = (af + bf * q) / speed
             x = f if st.recompute else 0.0
             b = (ab + bb * q) / speed + x
             rows[n] = q, f, b, ((ab - aw) + (bb - bw) * q) / speed + x, (aw + bw * q) / speed
-        q, fwd, bwd, inp, wgt = zip(*map(rows.__getitem__, st.microbatches))
-        zeros = (0.0,) * len(q)
-        rec = fwd if st.recompute else zeros
-        if not split:
-            inp = wgt = zeros
-        durations += fwd + bwd + inp + wgt
-        recompute += zeros + rec + rec + zeros
+        q, fwd, bwd, inp, wgt = by_size(rows, st.microbatches)
+        durations += fwd
+        durations += bwd
+        if split:
+            durations += inp
+            durations += wgt
+        if recomputes:
+            _recompute_rows(recompute, fwd if st.recompute else (0.0,) * len(q), split)
         samples += q
         memory[s] = StageMemory.of(q, graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo),
                                    graph.range_act_weight(lo, hi) if split else 0.0, st.recompute)
     params = sum(graph.range_sum("params", *stages[s].layers) for s in held)
     step = sum(graph.range_step(*stages[s].layers) for s in held) / speed
     peak = group_peak_memory(plan.state_factor, params, layout.walk, memory)
-    return GroupCost(tuple(devices), held, program, layout.durations(durations), layout.durations(recompute),
+    return GroupCost(tuple(devices), held, program, layout.durations(durations),
+                     layout.durations(recompute) if recomputes else (0.0,) * len(program),
                      layout.samples(samples), _allreduce(cluster, devices, params), step, peak,
                      min(d.memory for d in found))
+
+
+def _recompute_rows(table: list[float], rec: tuple[float, ...], split: bool) -> None:
+    """Append a stage's recompute seconds in the rows of its durations: none in ``F``, ``rec`` in ``B`` (and
+    ``I``), none in ``W``."""
+    table += (0.0,) * len(rec)
+    table += rec
+    if split:
+        table += rec
+        table += (0.0,) * len(rec)
 
 
 def _allreduce(cluster: "Cluster", devices: tuple[str, ...], params: float, replicas: int | None = None) -> float:
@@ -690,13 +704,12 @@ def _sharded_group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", p
         rec = fwd if st.recompute else zeros
         back = tuple(collective(tp.bwd_calls, n * tp.bwd_bytes) for n in q)
         bwd = tuple((tp.ab + tp.bb * n) / speed + c + x for n, c, x in zip(q, back, rec))
+        durations += fwd + bwd
         if split:
-            inp = tuple(((tp.ab - tp.aw) + (tp.bb - tp.bw) * n) / speed + c + x for n, c, x in zip(q, back, rec))
-            wgt = tuple((tp.aw + tp.bw * n) / speed for n in q)
-        else:
-            inp = wgt = zeros
-        durations += fwd + bwd + inp + wgt
-        recompute += zeros + rec + rec + zeros
+            durations += tuple(((tp.ab - tp.aw) + (tp.bb - tp.bw) * n) / speed + c + x
+                               for n, c, x in zip(q, back, rec))
+            durations += tuple((tp.aw + tp.bw * n) / speed for n in q)
+        _recompute_rows(recompute, rec, split)
         samples += q
         memory[s] = StageMemory.of(q, tp.act, graph.stage_input_bytes(lo), tp.act_w if split else 0.0, st.recompute)
         zero = plan.stage_zero(s)
