@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from operator import add, itemgetter
+from operator import add, itemgetter, neg
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -125,18 +125,35 @@ class StashWalk:
         for s in self.stages:  # the layout of the rows: see __init__ (a batched walk builds the same)
             mem = stages[s]
             per_replica = mem.per_replica[:self.counts[s]]
-            added = [q * mem.stash for q in per_replica]
+            rows = {q: (q * mem.stash, q * mem.weight, q * mem.working) for q in set(per_replica)}
+            added, kept, working = by_size(rows, per_replica)
             table += added
-            table += [-x for x in added]
+            table += map(neg, added)
             if self.split[s]:
-                kept = [q * mem.weight for q in per_replica]
                 table += kept
-                table += [-x for x in kept]
-            held += [q * mem.working for q in per_replica]
+                table += map(neg, kept)
+            held += working
         walk = [0.0, *accumulate(self._deltas(table))]
         after = self._after_f(walk)
         during = map(add, self._before_b(walk), self._working(held))
         return max(chain((0.0,), after, during))
+
+
+def by_size(rows: Mapping[int, tuple], sizes: Sequence[int]) -> tuple[tuple, ...]:
+    """The row of each size in ``sizes``, as columns: one tuple per entry of a row, one item per size.
+
+    Callers compute a row once per distinct microbatch size (a split repeats a size or
+    two), so every item of a column is the same float its own computation would give.
+
+    Examples
+    --------
+    >>> by_size({2: (2, 0.5), 3: (3, 0.75)}, (2, 3, 2))
+    ((2, 3, 2), (0.5, 0.75, 0.5))
+    """
+    if len(rows) == 1:  # one size (an equal split): each column repeats one value
+        (row,) = rows.values()
+        return tuple((value,) * len(sizes) for value in row)
+    return tuple(zip(*map(rows.__getitem__, sizes)))
 
 
 def gather(index: list[int]):

@@ -23,7 +23,9 @@ Three layers keep the sweep cheap:
   and with a cache recomputes only the groups and stages a change touched.
 * :func:`run_programs`: the sweep, recording every start, end and arrival in
   preallocated lists; the result (:class:`Simulation`) builds its events from them
-  only when asked.
+  only when asked.  The wiring keeps the order the first sweep of its structure ran
+  the actions in, and later plans of that structure run in that order with no check
+  of what has arrived (:meth:`Wiring.compiled_runs`).
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from itertools import accumulate, chain
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from pipeplan.models.errors import DeadlockError, InputError
-from pipeplan.solver.evaluation.memory import StageMemory, StashWalk, gather, group_peak_memory, training_state
+from pipeplan.solver.evaluation.memory import (StageMemory, StashWalk, by_size, gather, group_peak_memory,
+                                               training_state)
 from pipeplan.solver.schedules.schedule import BACKWARD, FORWARD, INPUT, WEIGHT, Action, format_action, stage_actions
 
 if TYPE_CHECKING:
@@ -119,6 +122,10 @@ class SyncEvent:
 # ------------------------------------------------------------------------- the wiring
 NO_WAIT, SEVERAL = -1, -2
 """Codes of :attr:`Wiring.waits` besides a slot number: the action waits for nothing; for several slots."""
+
+CompiledRun = tuple[int, tuple[tuple[int, int, int, int], ...]]
+"""``(group, actions)``: consecutive actions of one group, each ``(position, wait, send, before)``
+(:meth:`Wiring.compiled_runs`)."""
 
 
 def overlaps(mine: Sequence[int], theirs: Sequence[int]) -> tuple[tuple[int, int], ...]:
@@ -243,6 +250,8 @@ class Wiring:
             self.sends.append(sends)
         self.lengths: list[int] = [len(p) for p in self.programs]
         """Actions per group."""
+        self._recorded: list[tuple[int, int, int]] | None = None  # the first sweep's order (record_order)
+        self._runs: tuple[CompiledRun, ...] | None = None  # compiled from it (compiled_runs)
 
     @cached_property
     def layouts(self) -> tuple["GroupLayout", ...]:
@@ -254,7 +263,7 @@ class Wiring:
             duration_at, sample_at, d, q = {}, {}, 0, 0
             for s in held:
                 duration_at[s], sample_at[s] = d, q
-                d += 4 * len(self.sizes[s])
+                d += (4 if s in weighted else 2) * len(self.sizes[s])
                 q += len(self.sizes[s])
             durations = [duration_at[s] + _KIND_ROW[kind] * len(self.sizes[s]) + k for s, kind, k in program]
             samples = [sample_at[s] + k for s, _, k in program]
@@ -279,6 +288,43 @@ class Wiring:
             If the dependencies form a cycle.
         """
         return tuple(self.sweep_order("-"))
+
+    def record_order(self, runs: list[tuple[int, int, int]]) -> None:
+        """Keep the order a sweep ran every action in, as runs ``(group, first, stop)`` of program positions."""
+        if self._runs is None:
+            self._recorded = runs
+
+    def compiled_runs(self) -> tuple[CompiledRun, ...] | None:
+        """The recorded order (:meth:`record_order`) compiled for :func:`run_programs`; ``None`` before one is kept.
+
+        Each run is ``(group, actions)``, each action ``(position, wait, send, before)``:
+        its program position, :attr:`waits` entry, :attr:`sends` entry and, for a
+        transfer over a link, the slot sent over that link just before it (:attr:`slots`
+        for the link's first, whose link is free from 0), else ``-1``.  Timing the
+        actions in this order needs no check of what has arrived, and any order that
+        puts each action after what it waits for gives the same floating-point numbers:
+        each start is the same maximum, each end the same sum, and each link carries one
+        sender group's transfers in that group's program order.
+        """
+        if self._runs is None and self._recorded is not None:
+            self._runs = self._compile(self._recorded)
+            self._recorded = None
+            _WIRED[0] += sum(self.lengths)  # the cache's budget counts the compiled actions too
+        return self._runs
+
+    def _compile(self, runs: list[tuple[int, int, int]]) -> tuple[CompiledRun, ...]:
+        before, last_on = [NO_WAIT] * self.slots, [self.slots] * len(self.links)
+        for g, first, stop in runs:  # each link's transfers in the order its (one) sender group sends them
+            for o in self.sends[g][first:stop]:
+                if o >= 0 and self.slot_link[o] >= 0:
+                    link = self.slot_link[o]
+                    before[o], last_on[link] = last_on[link], o
+        out = []
+        for g, first, stop in runs:
+            waits, sends = self.waits[g], self.sends[g]
+            out.append((g, tuple((p, waits[p], sends[p], before[sends[p]] if sends[p] >= 0 else NO_WAIT)
+                                 for p in range(first, stop))))
+        return tuple(out)
 
     def sweep_order(self, file: str = "-") -> list[tuple[int, int]]:
         """:attr:`order`, reporting a deadlock against ``file``."""
@@ -341,7 +387,8 @@ class Wiring:
 
 
 _KIND_ROW = {FORWARD: 0, BACKWARD: 1, INPUT: 2, WEIGHT: 3}
-"""Where each kind's durations sit in a stage's table: forwards, backwards, input-gradient halves, weight halves."""
+"""Where each kind's durations sit in a stage's table: forwards, backwards, then (a stage that splits its
+backwards only) input-gradient halves and weight halves."""
 
 
 @dataclass(frozen=True)
@@ -361,7 +408,10 @@ class GroupLayout:
 
 
 WIRING_CACHE_ACTIONS = 2_000_000
-"""Actions the wirings :func:`plan_wiring` keeps may hold in all before the cache is cleared (some 100 MB)."""
+"""Actions the wirings :func:`plan_wiring` keeps may hold in all before the cache is cleared; a wiring whose
+order is compiled (:meth:`Wiring.compiled_runs`) counts its actions twice.  A wiring with its layouts takes about
+150 bytes an action and a compiled order about 100 more (tracemalloc, bench_simulator's 8 x 64 1F1B plan): some
+300 MB in all."""
 
 _WIRINGS: dict[tuple, Wiring] = {}
 _WIRED = [0]  # actions held by _WIRINGS
@@ -528,7 +578,7 @@ def _send_times(sender: "Stage", receiver: "Stage", cut_bytes: float, cluster: "
     """Seconds each of ``sender``'s microbatches takes across the cut to ``receiver``."""
     lat = cluster.lat(sender.devices, receiver.devices)
     rate = min(sender.replicas, receiver.replicas) * cluster.bw(sender.devices, receiver.devices)
-    return tuple(lat + n * cut_bytes / rate for n in sender.microbatches)
+    return by_size({n: (lat + n * cut_bytes / rate,) for n in set(sender.microbatches)}, sender.microbatches)[0]
 
 
 def _stage_links(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", s: int) -> StageLinks:
@@ -562,35 +612,50 @@ def _group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", program: 
     found = [cluster.device_index[d] for d in devices]
     speed = min(d.speed for d in found)
     durations: list[float] = []
-    recompute: list[float] = []
+    recompute: list[float] = []  # filled only if a stage recomputes: else every entry is 0.0
+    recomputes = any(stages[s].recompute for s in held)
     samples: list[int] = []
     memory = {}
     for s, split in zip(held, layout.split):
         st = stages[s]
         lo, hi = st.layers
         af, bf, ab, bb = graph.range_time(lo, hi)
-        q = tuple(-(-n // r) for n in st.microbatches)
-        zeros = (0.0,) * len(q)
-        fwd = tuple((af + bf * n) / speed for n in q)
-        rec = fwd if st.recompute else zeros
-        bwd = tuple((ab + bb * n) / speed + x for n, x in zip(q, rec))
+        aw, bw = graph.range_weight_time(lo, hi) if split else (0.0, 0.0)  # unused unless split
+        rows = {}
+        for n in set(st.microbatches):
+            q = -(-n // r)
+            f = (af + bf * q) / speed
+            x = f if st.recompute else 0.0
+            b = (ab + bb * q) / speed + x
+            rows[n] = q, f, b, ((ab - aw) + (bb - bw) * q) / speed + x, (aw + bw * q) / speed
+        q, fwd, bwd, inp, wgt = by_size(rows, st.microbatches)
+        durations += fwd
+        durations += bwd
         if split:
-            aw, bw = graph.range_weight_time(lo, hi)
-            inp = tuple(((ab - aw) + (bb - bw) * n) / speed + x for n, x in zip(q, rec))
-            wgt = tuple((aw + bw * n) / speed for n in q)
-        else:
-            inp = wgt = zeros
-        durations += fwd + bwd + inp + wgt
-        recompute += zeros + rec + rec + zeros
+            durations += inp
+            durations += wgt
+        if recomputes:
+            _recompute_rows(recompute, fwd if st.recompute else (0.0,) * len(q), split)
         samples += q
         memory[s] = StageMemory.of(q, graph.range_sum("act", lo, hi), graph.stage_input_bytes(lo),
                                    graph.range_act_weight(lo, hi) if split else 0.0, st.recompute)
     params = sum(graph.range_sum("params", *stages[s].layers) for s in held)
     step = sum(graph.range_step(*stages[s].layers) for s in held) / speed
     peak = group_peak_memory(plan.state_factor, params, layout.walk, memory)
-    return GroupCost(tuple(devices), held, program, layout.durations(durations), layout.durations(recompute),
+    return GroupCost(tuple(devices), held, program, layout.durations(durations),
+                     layout.durations(recompute) if recomputes else (0.0,) * len(program),
                      layout.samples(samples), _allreduce(cluster, devices, params), step, peak,
                      min(d.memory for d in found))
+
+
+def _recompute_rows(table: list[float], rec: tuple[float, ...], split: bool) -> None:
+    """Append a stage's recompute seconds in the rows of its durations: none in ``F``, ``rec`` in ``B`` (and
+    ``I``), none in ``W``."""
+    table += (0.0,) * len(rec)
+    table += rec
+    if split:
+        table += rec
+        table += (0.0,) * len(rec)
 
 
 def _allreduce(cluster: "Cluster", devices: tuple[str, ...], params: float, replicas: int | None = None) -> float:
@@ -644,13 +709,12 @@ def _sharded_group_cost(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", p
         rec = fwd if st.recompute else zeros
         back = tuple(collective(tp.bwd_calls, n * tp.bwd_bytes) for n in q)
         bwd = tuple((tp.ab + tp.bb * n) / speed + c + x for n, c, x in zip(q, back, rec))
+        durations += fwd + bwd
         if split:
-            inp = tuple(((tp.ab - tp.aw) + (tp.bb - tp.bw) * n) / speed + c + x for n, c, x in zip(q, back, rec))
-            wgt = tuple((tp.aw + tp.bw * n) / speed for n in q)
-        else:
-            inp = wgt = zeros
-        durations += fwd + bwd + inp + wgt
-        recompute += zeros + rec + rec + zeros
+            durations += tuple(((tp.ab - tp.aw) + (tp.bb - tp.bw) * n) / speed + c + x
+                               for n, c, x in zip(q, back, rec))
+            durations += tuple((tp.aw + tp.bw * n) / speed for n in q)
+        _recompute_rows(recompute, rec, split)
         samples += q
         memory[s] = StageMemory.of(q, tp.act, graph.stage_input_bytes(lo), tp.act_w if split else 0.0, st.recompute)
         zero = plan.stage_zero(s)
@@ -858,11 +922,57 @@ def simulate(plan: "Plan", graph: "LayerGraph", cluster: "Cluster", *, file: str
 def run_programs(costs: PlanCosts, file: str = "-") -> Simulation:
     """The timeline of precomputed costs; see :func:`simulate`.
 
+    The first timeline of a plan structure sweeps the groups, advancing each as far as
+    its inputs allow, and its wiring keeps the order the actions ran in; later ones run
+    the actions in that order (:meth:`Wiring.compiled_runs`), with no check of what has
+    arrived.  Both give the same numbers, bit for bit.
+
     Raises
     ------
     DeadlockError
         If some action can never start.
     """
+    wiring, groups = costs.wiring, costs.groups
+    runs = wiring.compiled_runs()
+    if runs is None:
+        return _sweep(costs, file)
+    arrival: list = [None] * wiring.slots + [0.0]  # the last entry: when each link is first free
+    tx_start = [0.0] * wiring.slots
+    send_time = costs.send_times
+    all_starts = tuple([0.0] * n for n in wiring.lengths)
+    all_ends = tuple([0.0] * n for n in wiring.lengths)
+    per_group = tuple(zip(wiring.several, (g.durations for g in groups), all_starts, all_ends))
+    clock = [0.0] * len(groups)
+    for g, actions in runs:
+        several, durations, starts, ends = per_group[g]
+        now = clock[g]
+        for p, w, o, before in actions:
+            if w >= 0:
+                a = arrival[w]
+                if a > now:
+                    now = a
+            elif w != NO_WAIT:
+                for x in several[p]:
+                    a = arrival[x]
+                    if a > now:
+                        now = a
+            starts[p] = now
+            now += durations[p]
+            ends[p] = now
+            if before >= 0:  # over a link, free when what it carried before has arrived
+                free = arrival[before]
+                t0 = now if now > free else free
+                tx_start[o] = t0
+                arrival[o] = t0 + send_time[o]
+            elif o >= 0:  # a hand-over on the group
+                arrival[o] = now
+        clock[g] = now
+    del arrival[-1]
+    return _simulation(costs, all_starts, all_ends, tx_start, arrival)
+
+
+def _sweep(costs: PlanCosts, file: str) -> Simulation:
+    """:func:`run_programs` by sweeping the groups until every action ran; keeps the order on the wiring."""
     wiring, groups = costs.wiring, costs.groups
     count, lengths = len(groups), wiring.lengths
     arrival: list = [None] * wiring.slots
@@ -872,6 +982,7 @@ def run_programs(costs: PlanCosts, file: str = "-") -> Simulation:
     all_starts = tuple([0.0] * n for n in lengths)
     all_ends = tuple([0.0] * n for n in lengths)
     ptr, clock = [0] * count, [0.0] * count
+    runs: list[tuple[int, int, int]] = []
     remaining = sum(lengths)
     while remaining:
         progressed = 0
@@ -917,13 +1028,21 @@ def run_programs(costs: PlanCosts, file: str = "-") -> Simulation:
                         tx_start[o] = t0
                         arrival[o] = t1
                 p += 1
-            progressed += p - first
+            if p > first:
+                runs.append((g, first, p))
+                progressed += p - first
             ptr[g], clock[g] = p, now
         if not progressed:
             raise wiring.deadlock(ptr, arrival, file)
         remaining -= progressed
-    iteration = max(ends[-1] + g.allreduce + g.step for g, ends in zip(groups, all_ends))
-    return Simulation(iteration, costs, all_starts, all_ends, tx_start, arrival)
+    wiring.record_order(runs)
+    return _simulation(costs, all_starts, all_ends, tx_start, arrival)
+
+
+def _simulation(costs: PlanCosts, starts: tuple[list[float], ...], ends: tuple[list[float], ...],
+                transfer_starts: list[float], arrivals: list) -> Simulation:
+    iteration = max(e[-1] + g.allreduce + g.step for g, e in zip(costs.groups, ends))
+    return Simulation(iteration, costs, starts, ends, transfer_starts, arrivals)
 
 
 def check_deadlock_free(plan: "Plan", file: str = "-") -> None:
