@@ -65,6 +65,12 @@ configuration's bound and optimistic time are remembered across passes, and one
 simulated on every placement is not simulated again.  On timeout a pass reports the
 smallest bound of the prefixes it had not finished.
 
+The walk reaches the same layer, labels and devices left from many prefixes (16,725
+expansions over 1,033 of them at 64 layers x 16 devices), so a child's columns and the
+completion tables' values after it are looked up once per table build
+(:meth:`_Walk.choices`); only the terms made of the prefix's own state are computed per
+prefix.
+
 Where it stops helping: on the largest benchmark instances (96 layers x 32 or 64
 devices) the prefixes whose bound lies a few per cent above the proved bound number in
 the hundreds of thousands; the walk then returns its proved bound and the solvers go on
@@ -127,6 +133,49 @@ MAX_SHIFT_ENTRIES = 3e8
 """Largest shift table the walk builds (int64: 2.4 GB); 15 devices of distinct speeds would need 8.6 GB."""
 
 __all__ = ["EnumerationResult", "enumerate_configurations"]
+
+
+MAX_CHOICE_ENTRIES = 25_000_000
+"""Values the walk keeps in its remembered children (:meth:`_Walk.choices`, 8 bytes each: 200 MB);
+past them it forgets them all and starts afresh.  ``bench_solvers``' 64 layers x 16 devices hold
+5.0 million at most (1,000 keys, 40 MB)."""
+
+
+@dataclass(frozen=True)
+class _Choices:
+    """The children of one ``(layer, labels, devices left)``: their columns and the completion tables' values after them.
+
+    What :meth:`_Walk._child_bounds` needs besides the prefix's state, one entry per child.
+    """
+
+    arcs: np.ndarray  # the data's arc ids
+    final: np.ndarray  # ends at layer L
+    hi: np.ndarray
+    tau: np.ndarray
+    busy: np.ndarray
+    allreduce: np.ndarray
+    busy_path: np.ndarray
+    pass_cost: np.ndarray
+    pivot_ar: np.ndarray
+    pivot2_ar: np.ndarray
+    pivot2_extra: np.ndarray
+    pivot_extra: np.ndarray
+    work: np.ndarray
+    head_f: np.ndarray
+    head_fb: np.ndarray
+    left: np.ndarray  # devices left after the child (flat index)
+    speed: np.ndarray  # summed speed of the child's devices
+    rest: np.ndarray  # work of the layers after the child
+    later_pass: np.ndarray  # completion tables after the child: least pass_cost sum,
+    later_work: np.ndarray  # least work sum,
+    later_delta: np.ndarray  # least largest pivot_extra,
+    alone: np.ndarray  # largest standalone bound, the child's own and the least of any completion
+    ends: np.ndarray | None  # banded pass sums, then later_pass ([Note: delta bands]); None without bands
+
+    @property
+    def entries(self) -> int:
+        """Values held (for :data:`MAX_CHOICE_ENTRIES`)."""
+        return len(self.arcs) * (22 + (0 if self.ends is None else self.ends.shape[1]))
 
 
 class _Stop(Exception):
@@ -239,6 +288,8 @@ class _Walk:
                 self.groups[(int(keys[a, 0]), int(keys[a, 1]))] = order[a:b]
         self._completion_tables()
         self._children_cache: dict[tuple[int, tuple[int, ...]], tuple[np.ndarray, dict]] = {}
+        self._choices: dict[tuple, _Choices | None] = {}  # see choices()
+        self._choice_entries = 0
 
     def next_labels(self, label: int) -> tuple[int, ...]:
         """Labels the stage after a stage labelled ``label`` may carry.
@@ -275,6 +326,7 @@ class _Walk:
                 (np.add if how == "sum" else np.maximum)(value, later, out=later)
                 self.best[name][h, t, :self.size] = later.min(axis=0)
         self.edges = self._band_edges()
+        self.band_floors = np.concatenate((self.edges[:1], self.edges))[None, :]  # band k: largest delta above it
         self.banded = np.full((L + 1, T, self.size + 1, len(self.edges)), np.inf)
         self.banded[L, :, :self.size] = 0.0
         if not len(self.edges):
@@ -362,55 +414,35 @@ class _Walk:
             self._children_cache[key] = (self.ids[ids], cols)
         return self._children_cache[key]
 
-    def expand(self, h: int, labels: tuple[int, ...], state: dict, path: list[int]) -> None:
-        self.prefixes += 1
-        if not self.budget.spend() or (self.prefixes % CHECK_EVERY == 0 and self.clock.expired()):
-            raise _Stop
-        ids, c = self.children(h, labels)
-        if not len(ids):
-            return
-        avail = state["avail"]
-        fits = (c["comp"] <= self.avail[avail]).all(axis=1)
-        stages_left = self.data.stage_limit - len(path)
-        final = c["hi"] == self.L
-        if stages_left <= 1:
-            fits &= final
-        if not fits.any():
-            return
-        sel = np.flatnonzero(fits)
-        cutoff = self.cutoff()
-        lb, child_state = self._child_bounds(state, {k: v[sel] for k, v in c.items()}, avail)
-        keep = lb < cutoff
-        if not keep.all():
-            self.pruned(float(lb[~keep].min()))
-        keep = np.flatnonzero(keep)
-        order = keep[np.argsort(lb[keep], kind="stable")]
-        for j in order.tolist():
-            if lb[j] >= self.cutoff():
-                self.pruned(float(lb[j]))
-                break  # sorted: every later child is pruned too
-            arc = int(ids[sel[j]])
-            path.append(arc)
-            self.open_bounds.append(float(lb[j]))
-            if final[sel[j]]:
-                self._leaf(path)
-            else:
-                nxt = {k: v[j] for k, v in child_state.items()}
-                self.expand(int(c["hi"][sel[j]]), self.next_labels(int(c["tau"][sel[j]])), nxt, path)
-            self.open_bounds.pop()
-            path.pop()
+    def choices(self, h: int, labels: tuple[int, ...], avail: int, last: bool) -> _Choices | None:
+        """The children of a prefix ending at layer ``h`` with ``avail`` devices left, with all that the prefix does not change.
 
-    def _child_bounds(self, s: dict, c: dict, avail: int) -> tuple[np.ndarray, dict]:
-        """Bounds of every child prefix (vectorised), and the state each child passes on."""
-        busy = np.maximum.reduce([np.full(len(c["hi"]), s["busy"]), s["hfb"] + c["busy"],
-                                  s["hf"] + c["busy"] + c["allreduce"], c["busy_path"]])
-        sp = s["sp"] + c["pass_cost"]
-        x1 = np.maximum(s["x1"], s["hf"] + c["pivot_ar"] - sp)
-        x2 = np.maximum(s["x2"], s["hf"] + c["pivot2_ar"] - 2 * sp)
-        x3 = np.maximum(s["x3"], c["pivot2_extra"] - sp)
-        md = np.maximum(s["md"], c["pivot_extra"])
-        work = s["work"] + c["work"]
-        hf, hfb = s["hf"] + c["head_f"], s["hfb"] + c["head_fb"]
+        ``None`` when no child fits (``last``: only the stages ending the pipeline may
+        follow).  Remembered until the tables are rebuilt (see the module docstring) or
+        :data:`MAX_CHOICE_ENTRIES` is passed.
+        """
+        key = (h, labels, avail, last)
+        if key in self._choices:
+            return self._choices[key]
+        ids, c = self.children(h, labels)
+        found = None
+        if len(ids):
+            fits = (c["comp"] <= self.avail[avail]).all(axis=1)
+            final = c["hi"] == self.L
+            if last:
+                fits &= final
+            if fits.any():
+                sel = np.flatnonzero(fits)
+                found = self._choices_of(ids[sel], final[sel], {k: v[sel] for k, v in c.items()}, avail)
+        if self._choice_entries > MAX_CHOICE_ENTRIES:  # memory: start afresh (only speed depends on it)
+            self._choices.clear()
+            self._choice_entries = 0
+        self._choices[key] = found
+        self._choice_entries += 0 if found is None else found.entries
+        return found
+
+    def _choices_of(self, arcs: np.ndarray, final: np.ndarray, c: dict, avail: int) -> _Choices:
+        """:class:`_Choices` of the children ``arcs`` (columns ``c``) with ``avail`` devices left."""
         left = avail - c["comp_index"]
         later = {name: np.empty(len(left)) for name in self.best}  # row L of the tables: nothing follows
         banded = np.empty((len(left), len(self.edges)))
@@ -421,25 +453,69 @@ class _Walk:
                 table[rows] = self._later(name, cells)
             if len(self.edges):
                 banded[rows] = self._later("banded", cells)
-        later_pass, later_work, later_delta, later_alone = (
-            later[name] for name in ("pass_cost", "work", "pivot_extra", "standalone"))
-        total = sp + later_pass
-        pivot = total + np.maximum(md, later_delta)
-        if len(self.edges):  # [Note: delta bands]: never below the line above (each band adds at least later_pass)
-            floors = np.concatenate((self.edges[:1], self.edges))[None, :]  # band k: largest delta above floors[k]
-            ends = np.concatenate((banded, later_pass[:, None]), axis=1)  # the last band: every completion
-            least = np.maximum(np.maximum(md, later_delta)[:, None], floors)
-            pivot = (sp[:, None] + ends + least).min(axis=1)
-        speed_left = s["speed_left"] - c["speed"]
-        rest = self.rest_work[c["hi"]]
+        ends = np.concatenate((banded, later["pass_cost"][:, None]), axis=1) if len(self.edges) else None
+        alone = np.maximum(c["standalone"], later["standalone"])
+        return _Choices(arcs, final, c["hi"], c["tau"], c["busy"], c["allreduce"], c["busy_path"],
+                        c["pass_cost"], c["pivot_ar"], c["pivot2_ar"], c["pivot2_extra"], c["pivot_extra"],
+                        c["work"], c["head_f"], c["head_fb"], left, c["speed"], self.rest_work[c["hi"]],
+                        later["pass_cost"], later["work"], later["pivot_extra"], alone, ends)
+
+    def expand(self, h: int, labels: tuple[int, ...], state: dict, path: list[int]) -> None:
+        self.prefixes += 1
+        if not self.budget.spend() or (self.prefixes % CHECK_EVERY == 0 and self.clock.expired()):
+            raise _Stop
+        avail = state["avail"]
+        c = self.choices(h, labels, int(avail), self.data.stage_limit - len(path) <= 1)
+        if c is None:
+            return
+        cutoff = self.cutoff()
+        lb, child_state = self._child_bounds(state, c)
+        keep = lb < cutoff
+        if not keep.all():
+            self.pruned(float(lb[~keep].min()))
+        keep = np.flatnonzero(keep)
+        order = keep[np.argsort(lb[keep], kind="stable")]
+        for j in order.tolist():
+            if lb[j] >= self.cutoff():
+                self.pruned(float(lb[j]))
+                break  # sorted: every later child is pruned too
+            path.append(int(c.arcs[j]))
+            self.open_bounds.append(float(lb[j]))
+            if c.final[j]:
+                self._leaf(path)
+            else:
+                nxt = {k: v[j] for k, v in child_state.items()}
+                self.expand(int(c.hi[j]), self.next_labels(int(c.tau[j])), nxt, path)
+            self.open_bounds.pop()
+            path.pop()
+
+    def _child_bounds(self, s: dict, c: _Choices) -> tuple[np.ndarray, dict]:
+        """Bounds of every child prefix (vectorised), and the state each child passes on."""
+        busy = np.maximum(np.maximum(np.maximum(s["hfb"] + c.busy, s["hf"] + c.busy + c.allreduce), c.busy_path), s["busy"])
+        sp = s["sp"] + c.pass_cost
+        x1 = np.maximum(s["x1"], s["hf"] + c.pivot_ar - sp)
+        x2 = np.maximum(s["x2"], s["hf"] + c.pivot2_ar - 2 * sp)
+        x3 = np.maximum(s["x3"], c.pivot2_extra - sp)
+        md = np.maximum(s["md"], c.pivot_extra)
+        work = s["work"] + c.work
+        hf, hfb = s["hf"] + c.head_f, s["hfb"] + c.head_fb
+        total = sp + c.later_pass
+        if c.ends is None:
+            pivot = total + np.maximum(md, c.later_delta)
+        else:  # [Note: delta bands]: never below the line above (each band adds at least later_pass)
+            least = np.maximum(np.maximum(md, c.later_delta)[:, None], self.band_floors)
+            pivot = (sp[:, None] + c.ends + least).min(axis=1)
+        speed_left = s["speed_left"] - c.speed
+        rest = c.rest
         with np.errstate(divide="ignore", invalid="ignore"):
             share = np.where(rest > 0, rest / np.where(speed_left > 1e-12, speed_left, 0.0), 0.0)
-        lb = np.maximum.reduce([busy, pivot, x1 + total, x2 + 2 * total,
-                                x3 + 2 * total, work + later_work, hf + share, hfb + share,
-                                c["standalone"], later_alone])
-        lb = np.where(np.isnan(lb), np.inf, lb)
+        twice = 2 * total
+        lb = np.maximum(busy, pivot)
+        for term in (x1 + total, x2 + twice, x3 + twice, work + c.later_work, hf + share, hfb + share, c.alone):
+            np.maximum(lb, term, out=lb)
+        lb[np.isnan(lb)] = np.inf
         state = {"busy": busy, "sp": sp, "x1": x1, "x2": x2, "x3": x3, "md": md, "work": work, "hf": hf,
-                 "hfb": hfb, "avail": left, "speed_left": speed_left}
+                 "hfb": hfb, "avail": c.left, "speed_left": speed_left}
         return lb, state
 
     def pruned(self, bound: float) -> None:
