@@ -254,7 +254,9 @@ def test_time_limit_holds_with_v_left_to_the_search(solver):
     problem = replace(schedule_problem(64, 16, "looped-bfs", 2), virtual_stages=None)
     with cpu_past(2.0) as over:
         result = get_solver(solver).solve(problem, time_limit=2.0, seed=0)
-    assert over.seconds < 0.5 and result.plan is not None
+    assert over.seconds < 0.5
+    # on a loaded machine 2 s may buy no plan: then the record says the clock ended the solve
+    assert result.plan is not None or (result.status == "timeout-no-solution" and result.stopped_by == "time")
 
 
 class TestBuildData:
