@@ -32,13 +32,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.evaluation.memory import stash_points
+from pipeplan.solver.exact.linear import LinearModel
 from pipeplan.solver.space.arcs import tau_ops
 from pipeplan.solver.space.class_stages import SINGLE, SPREAD, ServerKind, StageType, server_kinds, stage_types
 from pipeplan.solver.space.device_classes import DeviceClass, device_classes
@@ -163,38 +164,6 @@ def memory_forms(problem: PlanningProblem, t: StageType, warmup: int, input_min:
 
 
 # ---------------------------------------------------------------------------------------------------- rows
-@dataclass
-class _Model:
-    """A MILP in triplet form, built variable block by variable block."""
-
-    names: list[str] = field(default_factory=list)
-    lower: list[float] = field(default_factory=list)
-    upper: list[float] = field(default_factory=list)
-    integer: list[bool] = field(default_factory=list)
-    row_of: list[int] = field(default_factory=list)
-    col_of: list[int] = field(default_factory=list)
-    val_of: list[float] = field(default_factory=list)
-    row_lower: list[float] = field(default_factory=list)
-    row_upper: list[float] = field(default_factory=list)
-
-    def var(self, name: str, lower: float = 0.0, upper: float = math.inf, integer: bool = False) -> int:
-        self.names.append(name)
-        self.lower.append(lower)
-        self.upper.append(upper)
-        self.integer.append(integer)
-        return len(self.names) - 1
-
-    def row(self, terms: dict[int, float], lower: float = -math.inf, upper: float = math.inf) -> None:
-        index = len(self.row_lower)
-        for col, val in terms.items():
-            if val != 0.0:
-                self.row_of.append(index)
-                self.col_of.append(col)
-                self.val_of.append(float(val))
-        self.row_lower.append(lower)
-        self.row_upper.append(upper)
-
-
 def _add(terms: dict[int, float], var: int, coef: float) -> None:
     terms[var] = terms.get(var, 0.0) + coef
 
@@ -211,7 +180,7 @@ class PositionModel:
     """``K``: explicit positions."""
     upper: float
     """Incumbent time the model is cut at (``inf``: none)."""
-    model: _Model
+    model: LinearModel
     T: int
     g: dict[tuple[int, int], int]
     z: dict[tuple[int, int], int]
@@ -221,7 +190,7 @@ class PositionModel:
     @property
     def size(self) -> tuple[int, int, int]:
         """``(variables, rows, nonzeros)``."""
-        return len(self.model.names), len(self.model.row_lower), len(self.model.val_of)
+        return self.model.size
 
 
 def build_position_model(problem: PlanningProblem, upper: float = math.inf,
@@ -260,8 +229,8 @@ def build_position_model(problem: PlanningProblem, upper: float = math.inf,
     one_f_one_b = problem.needs.warmup_per_later_stage
     every_layer_has_params = bool(np.all(layer_attr[:, 4] > 0))
 
-    m = _Model()
-    T = m.var("T", 0.0, upper if math.isfinite(upper) else math.inf)
+    m = LinearModel()
+    T = m.objective = m.var("T", 0.0, upper if math.isfinite(upper) else math.inf)
     # boundaries: g[k, h] = [b_k >= h]
     g = {(k, h): m.var(f"g{k},{h}", 0, 1, True) for k in range(1, K + 1) for h in range(1, L + 1)}
     for k in range(1, K + 1):
@@ -518,7 +487,7 @@ def t_speed(classes: tuple[DeviceClass, ...], t: StageType) -> float:
     return classes[t.cls].speed
 
 
-def _device_rows(m: _Model, problem: PlanningProblem, classes, kinds, types, z, n) -> None:
+def _device_rows(m: LinearModel, problem: PlanningProblem, classes, kinds, types, z, n) -> None:
     """Nested speed rows, per-server-kind rows and packing cuts over positions and the pool (term D)."""
     devices = problem.cluster.devices
     speeds = sorted({d.speed for d in devices}, reverse=True)
@@ -603,27 +572,8 @@ def solve_position_model(pm: PositionModel, time_limit: float, node_limit: int |
         Its ``bound`` never exceeds the iteration time of a plan faster than ``upper``.
     """
     import highspy
-    from scipy.sparse import csc_matrix
     start = time.perf_counter()
-    m = pm.model
-    nvar, nrow = len(m.names), len(m.row_lower)
-    mat = csc_matrix((np.array(m.val_of), (np.array(m.row_of), np.array(m.col_of))), shape=(nrow, nvar))
-    mat.sum_duplicates()
-    lp = highspy.HighsLp()
-    lp.num_col_, lp.num_row_ = nvar, nrow
-    inf = highspy.kHighsInf
-    lp.col_cost_ = np.array([1.0 if i == pm.T else 0.0 for i in range(nvar)])
-    lp.col_lower_ = np.array(m.lower)
-    lp.col_upper_ = np.array([u if math.isfinite(u) else inf for u in m.upper])
-    lp.row_lower_ = np.array([v if math.isfinite(v) else -inf for v in m.row_lower])
-    lp.row_upper_ = np.array([v if math.isfinite(v) else inf for v in m.row_upper])
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kColwise
-    lp.a_matrix_.start_ = mat.indptr.astype(np.int32)
-    lp.a_matrix_.index_ = mat.indices.astype(np.int32)
-    lp.a_matrix_.value_ = mat.data
-    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = nvar, nrow
-    lp.integrality_ = [highspy.HighsVarType.kInteger if b else highspy.HighsVarType.kContinuous
-                       for b in m.integer]
+    lp = pm.model.highs_lp()
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("random_seed", int(seed))

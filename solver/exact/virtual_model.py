@@ -65,13 +65,14 @@ lowered by :data:`ROUNDING_MARGIN`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from pipeplan.solver.bounds.virtual_bound import space_bound
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.termination import TimeLimit
+from pipeplan.solver.exact.linear import LinearModel
 from pipeplan.solver.schedules.schedule import num_stages, stage_group
 from pipeplan.solver.space.class_stages import q_classes
 from pipeplan.solver.space.device_classes import device_classes
@@ -222,36 +223,8 @@ def coefficients(problem: PlanningProblem, types: list[GroupType], units: list[U
                         np.array([len(u.layers) for u in units]))
 
 
-@dataclass
-class Rows:
-    """A linear model ``min T`` over bounded variables and ranged rows, for either backend."""
-
-    lower: list[float] = field(default_factory=list)
-    upper: list[float] = field(default_factory=list)
-    integer: list[bool] = field(default_factory=list)
-    names: list[str] = field(default_factory=list)
-    rows: list[tuple[list[int], list[float], float, float]] = field(default_factory=list)
-    """``(columns, coefficients, lower, upper)``."""
-    objective: int = 0
-    """The column of ``T``."""
-
-    def var(self, name: str, lo: float = 0.0, hi: float = math.inf, integer: bool = False) -> int:
-        self.lower.append(lo)
-        self.upper.append(hi)
-        self.integer.append(integer)
-        self.names.append(name)
-        return len(self.lower) - 1
-
-    def row(self, columns: list[int], coefs: list[float], lo: float, hi: float) -> None:
-        merged: dict[int, float] = {}
-        for c, a in zip(columns, coefs):
-            merged[c] = merged.get(c, 0.0) + a
-        kept = [(c, a) for c, a in merged.items() if a != 0.0]
-        self.rows.append(([c for c, _ in kept], [a for _, a in kept], lo, hi))
-
-
 def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[GroupType],
-               co: Coefficients, unit: float | None = None) -> Rows:
+               co: Coefficients, unit: float | None = None) -> LinearModel:
     """The model of the module docstring for ``groups`` groups of ``virtual`` stages each.
 
     With ``unit`` (seconds), every time coefficient and constant is rounded down to a whole number of
@@ -275,7 +248,7 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
                                                                     co.work, co.tail))
     const = rounded(co.tail_const)
 
-    m = Rows()
+    m = LinearModel()
     T = m.objective = m.var("T")
     z = [[m.var(f"z{p},{i}", 0, 1, True) for i in kinds] for p in range(groups)]
     # x[u, s, i]: layers of unit u in stage s, whose group has type i (the perspective of the stage's layers
@@ -283,14 +256,14 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
     x = {(u, s, i): m.var(f"x{u},{s},{i}", 0, float(co.sizes[u]), bool(unit))
          for u in range(U) for s in range(S) for i in kinds}
     for p in range(groups):
-        m.row(z[p], [1.0] * len(types), 1, 1)
+        m.row(zip(z[p], [1.0] * len(types)), 1, 1)
     for u in range(U):
-        m.row([x[u, s, i] for s in range(S) for i in kinds], [1.0] * (S * len(types)), co.sizes[u], co.sizes[u])
+        m.row(((x[u, s, i], 1.0) for s in range(S) for i in kinds), co.sizes[u], co.sizes[u])
         for s in range(S):
             for i in kinds:
-                m.row([x[u, s, i], z[owner[s]][i]], [1, -float(co.sizes[u])], -math.inf, 0)
+                m.row([(x[u, s, i], 1.0), (z[owner[s]][i], -float(co.sizes[u]))], -math.inf, 0)
     for s in range(S):
-        m.row([x[u, s, i] for u in range(U) for i in kinds], [1.0] * (U * len(types)), 1, math.inf)
+        m.row(((x[u, s, i], 1.0) for u in range(U) for i in kinds), 1, math.inf)
         # contiguity's ends: the first layer (unit 0) in stage 0, the last (unit U-1) in the last stage
         for i in kinds:
             if s > 0:
@@ -300,12 +273,12 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
     for k in sorted({t.speed for t in types}):
         cap = sum(1 for d in problem.cluster.devices if d.speed >= k)
         chosen = [(z[p][i], float(types[i].replicas)) for p in range(groups) for i in kinds if types[i].speed >= k]
-        m.row([c for c, _ in chosen], [a for _, a in chosen], -math.inf, cap)
+        m.row(chosen, -math.inf, cap)
     for key in sorted({(t.speed, t.memory) for t in types}):
         # each group of a class-c type holds its own device of class c (its slowest)
         cap = sum(1 for d in problem.cluster.devices if (d.speed, d.memory) == key)
         chosen = [z[p][i] for p in range(groups) for i in kinds if (types[i].speed, types[i].memory) == key]
-        m.row(chosen, [1.0] * len(chosen), -math.inf, cap)
+        m.row(((c, 1.0) for c in chosen), -math.inf, cap)
 
     def total(name: str, stages: list[int], weights: np.ndarray, extra: list[tuple[int, float]] = ()) -> int:
         """A column equal to ``sum over s in stages, l, i of weights[i, l] x[l, s, i]`` plus ``extra``."""
@@ -320,7 +293,7 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
         for c, a in extra:
             cols.append(c)
             coefs.append(-a)
-        m.row(cols, coefs, 0, 0)
+        m.row(zip(cols, coefs), 0, 0)
         return col
 
     F = [total(f"F{s}", [s], fwd) for s in range(S)]
@@ -333,8 +306,8 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
         for i in kinds:
             memory = (math.floor if unit else float)(types[i].memory / mem_unit) if mem_unit else types[i].memory
             if float(np.sum(state * co.sizes)) > memory:
-                m.row([x[u, t, i] for t in mine[p] for u in range(U)] + [z[p][i]],
-                      [float(state[u]) for t in mine[p] for u in range(U)] + [-float(memory)], -math.inf, 0)
+                m.row([(x[u, t, i], float(state[u])) for t in mine[p] for u in range(U)] + [(z[p][i], -float(memory))],
+                      -math.inf, 0)
     whole = not problem.needs.split_backward
     Z = [total(f"Z{s}", [s], weight) for s in range(S)]
     for p, program in enumerate(problem.needs.programs(groups, problem.microbatches, virtual)):
@@ -352,19 +325,20 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
                 col = F[a.stage] if a.kind == "F" else Z[a.stage] if a.kind == "W" else B[a.stage]
                 count[col] = count.get(col, 0.0) + 1.0
             cols, coefs = list(count), [-c for c in count.values()]
-            m.row([T] + cols + [Y[p]], [1.0] + coefs + [-1.0], 0, math.inf)
+            m.row(zip([T] + cols + [Y[p]], [1.0] + coefs + [-1.0]), 0, math.inf)
             if whole and first[p] > 0:
-                m.row([T] + cols + B[:first[p]] + [Y[owner[0]]], [1.0] + coefs + [-1.0] * first[p] + [-1.0],
+                m.row(zip([T] + cols + B[:first[p]] + [Y[owner[0]]], [1.0] + coefs + [-1.0] * first[p] + [-1.0]),
                       0, math.inf)
     for s in range(S):
         p = owner[s]
         before = [t for t in mine[p] if t < s]
         # T >= sum_{t<s} F_t + (W_p - sum of p's forwards before s) + Y_p
-        m.row([T] + F[:s] + [Wk[p]] + [Fa[t] for t in before] + [Y[p]],
-              [1.0] + [-1.0] * s + [-1.0] + [1.0] * len(before) + [-1.0], 0, math.inf)
+        m.row(zip([T] + F[:s] + [Wk[p]] + [Fa[t] for t in before] + [Y[p]],
+                  [1.0] + [-1.0] * s + [-1.0] + [1.0] * len(before) + [-1.0]), 0, math.inf)
         if whole and first[p] > 0:
-            m.row([T] + F[:s] + [Wk[p]] + [Fa[t] for t in before] + B[:first[p]] + [Y[owner[0]]],
-                  [1.0] + [-1.0] * s + [-1.0] + [1.0] * len(before) + [-1.0] * first[p] + [-1.0], 0, math.inf)
+            m.row(zip([T] + F[:s] + [Wk[p]] + [Fa[t] for t in before] + B[:first[p]] + [Y[owner[0]]],
+                      [1.0] + [-1.0] * s + [-1.0] + [1.0] * len(before) + [-1.0] * first[p] + [-1.0]),
+                  0, math.inf)
     return m
 
 
@@ -381,7 +355,7 @@ class ModelOutcome:
     """Seconds since the bound's clock started, when this model was done."""
 
 
-def solve_highs(m: Rows, time_limit: float, nodes: int) -> tuple[str, float]:
+def solve_highs(m: LinearModel, time_limit: float, nodes: int) -> tuple[str, float]:
     """The MILP form with HiGHS: ``(status, bound)``, the status read from HiGHS's model status."""
     import highspy
 
@@ -395,27 +369,7 @@ def solve_highs(m: Rows, time_limit: float, nodes: int) -> tuple[str, float]:
     h.setOptionValue("mip_rel_gap", 1e-6)
     h.setOptionValue("time_limit", float(max(0.01, time_limit)))
     h.setOptionValue("mip_max_nodes", int(nodes))
-    lp = highspy.HighsLp()
-    n = len(m.lower)
-    lp.num_col_ = n
-    lp.num_row_ = len(m.rows)
-    cost = np.zeros(n)
-    cost[m.objective] = 1.0
-    lp.col_cost_ = cost
-    lp.col_lower_ = np.array(m.lower)
-    lp.col_upper_ = np.where(np.isinf(m.upper), highspy.kHighsInf, m.upper)
-    lp.row_lower_ = np.array([-highspy.kHighsInf if math.isinf(lo) else lo for _, _, lo, _ in m.rows])
-    lp.row_upper_ = np.array([highspy.kHighsInf if math.isinf(hi) else hi for _, _, _, hi in m.rows])
-    starts, index, value = [0], [], []
-    for cols, coefs, _, _ in m.rows:
-        index += cols
-        value += coefs
-        starts.append(len(index))
-    lp.a_matrix_.format_ = highspy.MatrixFormat.kRowwise
-    lp.a_matrix_.start_ = np.array(starts, dtype=np.int32)
-    lp.a_matrix_.index_ = np.array(index, dtype=np.int32)
-    lp.a_matrix_.value_ = np.array(value, dtype=float)
-    lp.integrality_ = [highspy.HighsVarType.kInteger if i else highspy.HighsVarType.kContinuous for i in m.integer]
+    lp = m.highs_lp()
     h.passModel(lp)
     h.run()
     status = h.getModelStatus()
@@ -432,7 +386,7 @@ def solve_highs(m: Rows, time_limit: float, nodes: int) -> tuple[str, float]:
     return "cut", bound if math.isfinite(bound) and bound > 0 else 0.0
 
 
-def solve_cpsat(m: Rows, time_limit: float, deterministic: float) -> tuple[str, float]:
+def solve_cpsat(m: LinearModel, time_limit: float, deterministic: float) -> tuple[str, float]:
     """The CP-SAT form (rows of :func:`build_rows` with a ``unit``: whole coefficients, ``e`` binary):
     ``(status, bound in units)``."""
     from ortools.sat.python import cp_model
@@ -441,7 +395,7 @@ def solve_cpsat(m: Rows, time_limit: float, deterministic: float) -> tuple[str, 
     top = 10 ** 13
     cols = [model.new_int_var(int(math.ceil(lo)), top if math.isinf(hi) else int(math.floor(hi)), n)
             for lo, hi, n in zip(m.lower, m.upper, m.names)]
-    for columns, coefs, lo, hi in m.rows:
+    for columns, coefs, lo, hi in m.rows():
         expr = sum(int(a) * cols[c] for c, a in zip(columns, coefs))
         if not math.isinf(lo):
             model.add(expr >= int(math.ceil(lo)))
