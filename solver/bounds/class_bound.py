@@ -586,7 +586,8 @@ def _quiet_stdout():
 
 def _cut_search(types: StageTypes, t: float, weights: list[tuple[np.ndarray, float]], L: int,
                 starts: list[tuple[float, ...]], scale: np.ndarray, best_known: float,
-                steps: int, prepared: dict | None = None) -> tuple[float, tuple[float, ...], int]:
+                steps: int, prepared: dict | None = None,
+                clock: TimeLimit | None = None) -> tuple[float, tuple[float, ...], int]:
     """Kelley's cutting planes on ending 1 over multipliers ``mu = x * scale``, ``0 <= x <= CUT_BOX``.
 
     Each step evaluates ``f`` at one point (the starts first, then the maximiser of the cuts' model, an LP
@@ -594,13 +595,14 @@ def _cut_search(types: StageTypes, t: float, weights: list[tuple[np.ndarray, flo
     seen, its multipliers and the evaluations made: at most ``steps``, fewer once ``f >= t``, once the
     model's maximum over the box (an upper bound on ending 1 there) is below both ``t`` and ``best_known``,
     or once it is no more than ending 1 at the trust region's center (that is ending 1's maximum).  The LP's
-    points lie within the trust region, a box around the best point of ending 1 (module docstring).
+    points lie within the trust region, a box around the best point of ending 1 (module docstring).  An
+    expiring ``clock`` stops it after any evaluation but the first.
     """
     model = _CutModel(len(scale), scale)
     best, best_mu, made = -math.inf, starts[0], 0
     center, center_f1, radius = None, -math.inf, CUT_RADIUS
     queue = [np.asarray(mu, dtype=float) for mu in starts]
-    while made < steps and queue:
+    while made < steps and queue and not (made and clock is not None and clock.expired()):
         mu = queue.pop(0)
         f, f1, slope = _value_and_slope(types, t, weights, mu, L, prepared)
         made += 1
@@ -748,7 +750,7 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
         # those the cutting planes find from there and from the previous t's
         starts = list(dict.fromkeys([mu] + cut_previous))
         cut, cut_mu, made = _cut_search(types, t, weights, L, starts, scale, bound_so_far[0], CUT_STEPS,
-                                        prepared)
+                                        prepared, clock)
         evaluations[0] += made
         cut_previous[:] = [cut_mu]
         return max(f, cut)
