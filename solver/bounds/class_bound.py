@@ -116,13 +116,26 @@ coordinate ascent (:func:`_ascend`) starts from the best multipliers of the prev
 moves one multiplier at a time by a step while ``f`` grows, halves the steps after a
 round without a move, and stops after :data:`ASCENT_ROUNDS` rounds or once ``f >= t``:
 a fixed sequence of evaluations, so the bound does not depend on the machine's speed.
-The ascent evaluates ending 1 without positions (``POSITIONS + 1`` times cheaper); ``f``
-at its last multipliers is then evaluated with them, which only raises it.
+The ascent evaluates ending 1 without positions (several times cheaper).  Then (with
+``refine``) a cutting-plane search (:func:`_cut_search`, Kelley's method in a trust region)
+evaluates ``f`` with positions, from the ascent's multipliers and from the previous ``t``'s
+best: ending 1 is a minimum over paths of functions linear in the multipliers, hence concave,
+and the cheapest path's device use less the budgets, ``sum_s r_s g_k(v_s) - G_k``, is a
+supergradient (read off the path's stage types); the cuts ``f1 <= f1(mu_i) + slope_i (mu -
+mu_i)`` make an LP whose maximiser is the next point.  ``f(t)`` is the largest value seen,
+ascent included.  The search is a search: the value at any ``mu >= 0`` holds, the cuts only
+choose where to look; it makes at most :data:`CUT_STEPS` evaluations (a count, never the
+clock), stops once ``f >= t``, once the cuts' maximum over the box is below ``t`` and the
+bound so far (no point of the box gets ending 1 there), and once that maximum is at the best
+point already (ending 1's maximum over the box).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import sys
 from collections import Counter
 from dataclasses import dataclass
 
@@ -159,6 +172,21 @@ POSITIONS = 16
 microbatches) the bound is 23.5 % and 27.4 % below the best plans with none told apart, 17.2 % and 23.0 %
 with 8, 17.2 % and 22.6 % with 16 (2026-12-02); each costs one more table in ending 1's last evaluation at
 each ``t``."""
+
+CUT_STEPS = 8
+"""Evaluations (positions told apart) of the cutting-plane search at each ``t`` (:func:`_cut_search`).  Eight:
+on experiments/bench_scale.py's 64-, 256- and 1,024-device instances the bound is 13.8 %, 17.6 % and 23.8 %
+below the best plans (16.8 %, 20.9 % and 26.6 % with the ascent alone), with five 14.9 %, 18.7 % and 24.2 %,
+with twelve 13.8 %, 17.5 % and 23.8 % (2026-12-02)."""
+
+CUT_BOX = 8.0
+"""The cutting-plane search's box: each multiplier at most this many ascent steps (``work_bound / G_k``);
+the multipliers of the best bounds on experiments/bench_scale.py's instances stay below 1.2."""
+
+CUT_RADIUS = 0.25
+"""The trust region's first half-width in ascent steps (doubled after a step that raises ending 1, halved
+after one that does not).  Plain Kelley over the whole box reached 361.9 ms in 15 evaluations at ``t`` = 380
+ms on experiments/bench_scale.py's 64-device instance, this region 366.8 ms in 5 and 369.3 ms in 15."""
 
 DELTA_STEPS = 32
 """Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
@@ -292,11 +320,47 @@ def _stash_peak(problem: PlanningProblem, q: np.ndarray, last: np.ndarray, input
     return np.where(last, peak(0), peak(min(1, M)))
 
 
-def _best(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, L: int) -> np.ndarray:
-    """``(L+1) x (L+1)`` matrix of the cheapest ``allowed`` type's ``cost`` per range (``inf`` if none)."""
-    out = np.full((L + 1, L + 1), np.inf)
-    out[types.lo, types.hi] = np.where(allowed, cost, np.inf).min(axis=0)
-    return out
+@dataclass(frozen=True)
+class _Allowed:
+    """The (type, range) pairs qualifying at one ``t`` (``stage_time <= t``), sorted by range then type, and
+    the path terms there that do not depend on the multipliers: every evaluation at ``t`` works on these."""
+
+    rows: np.ndarray
+    """Each pair's type."""
+    columns: np.ndarray
+    """Each pair's range."""
+    used: np.ndarray
+    """The ranges with a pair, ascending."""
+    starts: np.ndarray
+    """Where each range of ``used`` starts among the pairs."""
+    cells: np.ndarray
+    """Each range of ``used`` as a flat index into an ``(L+1) x (L+1)`` matrix."""
+    passes: np.ndarray
+    """``u + 2 t`` (a pass, both ways across the cut after the stage)."""
+    first: np.ndarray
+    """``AR`` on a range starting at layer 0, else 0 (ending 1's stage 0 all-reduces)."""
+    before: np.ndarray
+    """``TF(n_0) + t`` (ending 2, a stage before the pivot)."""
+    pivot: np.ndarray
+    """``crit + 2 t + AR`` (ending 2's pivot)."""
+
+
+def _allowed(types: StageTypes, t: float, L: int) -> _Allowed:
+    """The qualifying pairs at ``t`` and their terms (:class:`_Allowed`)."""
+    columns, rows = np.nonzero((types.stage_time <= t).T)
+    used, starts = np.unique(columns, return_index=True)
+    at = (rows, columns)
+    return _Allowed(rows, columns, used, starts, types.lo[used] * (L + 1) + types.hi[used],
+                    types.u[at] + 2 * types.send[at], (types.lo[columns] == 0) * types.allreduce[at],
+                    types.tf0[at] + types.send[at], types.crit[at] + 2 * types.send[at] + types.allreduce[at])
+
+
+def _best(allowed: _Allowed, cost: np.ndarray, L: int) -> np.ndarray:
+    """``(L+1) x (L+1)`` matrix of the cheapest allowed pair's ``cost`` per range (``inf`` if none)."""
+    out = np.full((L + 1) * (L + 1), np.inf)
+    if len(cost):
+        out[allowed.cells] = np.minimum.reduceat(cost, allowed.starts)
+    return out.reshape(L + 1, L + 1)
 
 
 def _cover(cost: np.ndarray) -> np.ndarray:
@@ -307,6 +371,7 @@ def _cover(cost: np.ndarray) -> np.ndarray:
     for h in range(1, L + 1):
         head[:, h] = np.min(head[:, :h] + cost[:, :h, h], axis=1)
     return head[:, L]
+
 
 
 def _shortest(before: np.ndarray, pivot: np.ndarray, after: np.ndarray) -> float:
@@ -320,47 +385,99 @@ def _shortest(before: np.ndarray, pivot: np.ndarray, after: np.ndarray) -> float
     return float(tail[L])
 
 
-def _largest_pivot(types: StageTypes, allowed: np.ndarray, cost: np.ndarray, t: float, L: int,
-                   positioned: bool = True) -> float:
+def _bucket_of(delta: np.ndarray, t: float) -> np.ndarray:
+    """``ceil(delta K / t)`` clipped to ``1 .. K`` (``K`` = :data:`DELTA_STEPS`): monotone in ``delta``, as a
+    float product and ``ceil`` are."""
+    return np.clip(np.ceil(delta * (DELTA_STEPS / t)), 1, DELTA_STEPS).astype(np.int64)
+
+
+def _bucket_tables(types: StageTypes, allowed: _Allowed, t: float,
+                   positioned: bool) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+    """Per level of ending 1 (positions, then ``w_max``) what depends on ``t`` alone.
+
+    The allowed pairs' buckets; the pairs sorted by range then bucket; where each (range, bucket) group
+    starts among them; the group's cell in a (range of ``allowed.used``, bucket) table.
+    """
+    levels = (list(types.extra_at) if positioned else []) + [types.extra]  # the last level: every other position
+    slot = np.searchsorted(allowed.used, allowed.columns)
+    out = []
+    for deltas in levels:
+        bucket = _bucket_of(deltas[allowed.rows, allowed.columns], t)
+        order = np.lexsort((bucket, allowed.columns))
+        cell = slot[order] * DELTA_STEPS + bucket[order] - 1
+        starts = np.flatnonzero(np.concatenate(([True], cell[1:] != cell[:-1]))) if len(cell) else cell
+        out.append((bucket, order, starts, cell[starts]))
+    return out
+
+
+def _largest_pivot(types: StageTypes, allowed: _Allowed, cost: np.ndarray, t: float, L: int,
+                   positioned: bool = True, chosen: list | None = None,
+                   prepared: dict | None = None) -> float:
     """Ending 1 with the pivot the stage of largest ``delta = crit - u``: ``min_i e_i + C(i)`` (module docstring).
 
-    With :attr:`StageTypes.extra_at`, ``C(i)`` is a shortest path over (layer boundary, later stages): a
-    stage with ``k < POSITIONS`` later stages is filtered by its ``delta`` at ``k``, any other by ``w_max``'s.
-    Without ``positioned`` every stage is filtered by ``w_max``'s (a smaller bound, ``POSITIONS + 1`` times
-    cheaper).
+    ``cost`` holds each allowed pair's.  With :attr:`StageTypes.extra_at`, ``C(i)`` is a shortest path over
+    (layer boundary, later stages): a stage with ``k < POSITIONS`` later stages is filtered by its ``delta``
+    at ``k``, any other by ``w_max``'s.  Without ``positioned`` every stage is filtered by ``w_max``'s (a
+    smaller bound, one table of ranges instead of ``POSITIONS + 1``).  ``chosen``, when given, receives the
+    cheapest path's stage types.  ``prepared``, a dictionary kept for one ``t``, holds
+    :func:`_bucket_tables` between calls.
     """
-    scale = DELTA_STEPS / t
-
-    def bucket_of(delta: np.ndarray) -> np.ndarray:  # monotone in delta: a float product and ceil are
-        return np.clip(np.ceil(delta * scale), 1, DELTA_STEPS).astype(np.int64)
-
-    # per position and range the cheapest allowed type of each bucket, then of the buckets up to i: C(i)
-    ranges = cost.shape[1]
-    levels = (list(types.extra_at) if positioned else []) + [types.extra]  # the last level: every other position
-    allowed_cost = np.where(allowed, cost, np.inf)
-    columns = np.arange(ranges)
+    prepared = {} if prepared is None else prepared
+    if positioned not in prepared:
+        prepared[positioned] = _bucket_tables(types, allowed, t, positioned)
+    levels = prepared[positioned]
+    # per position and range the cheapest allowed type of the buckets up to i: C(i)
     matrices = np.full((DELTA_STEPS, len(levels), (L + 1) * (L + 1)), np.inf)
-    for level, deltas in enumerate(levels):
-        cheapest = np.full((DELTA_STEPS + 1) * ranges, np.inf)
-        for row, b in zip(allowed_cost, bucket_of(deltas)):
-            flat = b * ranges + columns
-            cheapest[flat] = np.minimum(cheapest[flat], row)
-        cheapest = np.minimum.accumulate(cheapest.reshape(DELTA_STEPS + 1, ranges), axis=0)[1:]
-        matrices[:, level, types.lo * (L + 1) + types.hi] = cheapest
-    covers = _cover_by_position(matrices.reshape(DELTA_STEPS, len(levels), L + 1, L + 1))
+    for level, (_, order, starts, cells) in enumerate(levels):
+        dense = np.full((len(allowed.used), DELTA_STEPS), np.inf)  # (range, bucket): the cheapest type
+        if len(order):
+            dense.ravel()[cells] = np.minimum.reduceat(cost[order], starts)
+        np.minimum.accumulate(dense, axis=1, out=dense)  # of the buckets up to i
+        matrices[:, level, allowed.cells] = dense.T
+    tables = matrices.reshape(DELTA_STEPS, len(levels), L + 1, L + 1)
+    rest = _cover_by_position(tables)
+    covers = rest[:, 0, :].min(axis=1)
     # e_i: the smallest delta of a type that fits, among those of bucket i or later (w_max's are the smallest)
     known = types.fitting_extra
-    first = np.searchsorted(bucket_of(known), np.arange(1, DELTA_STEPS + 1), side="left")
+    first = np.searchsorted(_bucket_of(known, t), np.arange(1, DELTA_STEPS + 1), side="left")
     smallest = np.where(first < len(known), known[np.minimum(first, max(len(known) - 1, 0))], np.inf) \
         if len(known) else np.full(DELTA_STEPS, np.inf)
-    return float(np.min(smallest + covers))
+    total = smallest + covers
+    if chosen is not None and np.isfinite(total.min()):
+        g = int(np.argmin(total))
+        for level, lo, hi in _walk_by_position(tables[g], rest[g]):
+            at = np.searchsorted(allowed.used, _range_index(lo, hi, L))
+            pairs = np.arange(allowed.starts[at], allowed.starts[at + 1] if at + 1 < len(allowed.used)
+                              else len(cost))
+            fit = pairs[levels[level][0][pairs] <= g + 1]
+            chosen.append(int(allowed.rows[fit[np.argmin(cost[fit])]]))
+    return float(np.min(total))
+
+
+def _range_index(lo: int, hi: int, L: int) -> int:
+    """The column of range ``[lo, hi)`` in :class:`StageTypes` (``np.triu_indices(L + 1, 1)`` order)."""
+    return lo * L - lo * (lo - 1) // 2 + (hi - lo - 1)
+
+
+def _walk_by_position(cost: np.ndarray, rest: np.ndarray) -> list[tuple[int, int, int]]:
+    """The stages ``(level, lo, hi)`` of the cheapest cover in :func:`_cover_by_position`'s tables of one bucket."""
+    L, K = cost.shape[-1] - 1, cost.shape[0]
+    lo, after, stages = 0, int(np.argmin(rest[0])), []
+    while lo < L:
+        # the first stage of a cover of [lo, L) by `after` stages (K-1: that many or more) has after-1 behind it
+        levels = sorted({max(after - 1, 0), K - 1} if after == K - 1 else {after - 1})
+        level, h = min(((k, lo + 1 + int(np.argmin(cost[k, lo, lo + 1:] + rest[lo + 1:, k]))) for k in levels),
+                       key=lambda kh: cost[kh[0], lo, kh[1]] + rest[kh[1], kh[0]])
+        stages.append((level, lo, h))
+        lo, after = h, level
+    return stages
 
 
 def _cover_by_position(cost: np.ndarray) -> np.ndarray:
     """Cheapest cover of ``[0, L)`` per bucket, a stage costing ``cost[g, k, lo, hi]`` with ``k`` later stages.
 
     ``k`` runs over the levels ``0 .. K-1`` of the second axis, the last level standing for ``K-1`` or more.
-    Built from the end: ``rest[g, h, k]`` covers ``[h, L)`` with ``k`` stages.
+    Built from the end: ``rest[g, h, k]`` covers ``[h, L)`` with ``k`` stages; returns ``rest``.
     """
     groups, K, L = cost.shape[0], cost.shape[1], cost.shape[-1] - 1
     rest = np.full((groups, L + 1, K), np.inf)
@@ -370,22 +487,144 @@ def _cover_by_position(cost: np.ndarray) -> np.ndarray:
         stage = ahead.min(axis=2)  # the stage [lo, h) with k stages after it
         rest[:, lo, 1:] = stage[:, :-1]
         rest[:, lo, K - 1] = np.minimum(rest[:, lo, K - 1], stage[:, K - 1])
-    return rest[:, 0, :].min(axis=1)
+    return rest
+
 
 
 def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int,
-                positioned: bool = True) -> float:
+                positioned: bool = True, prepared: dict | None = None, chosen: list | None = None) -> float:
     """``f(t)`` of the module docstring for one weighting ``lam * weight`` of the stage types: the larger of the
-    two endings, less ``lam * budget``."""
-    allowed = types.stage_time <= t
-    extra = lam * types.replicas * weight
-    first = (types.lo == 0)[None, :]
-    u = types.u + 2 * types.send + extra  # a pass: both ways across the cut after the stage
-    ending_at_stage0 = _largest_pivot(types, allowed, u + first * types.allreduce, t, L, positioned)
-    ending_at_pivot = _shortest(_best(types, allowed, types.tf0 + types.send + extra, L),
-                                _best(types, allowed, types.crit + 2 * types.send + types.allreduce + extra, L),
-                                _best(types, allowed, u, L))
+    two endings, less ``lam * budget``.  ``prepared``: what :func:`_largest_pivot` keeps for one ``t``,
+    and the qualifying pairs (:func:`_allowed`); ``chosen``: ending 1's types, with its value at
+    ``prepared["ending 1"]``."""
+    prepared = {} if prepared is None else prepared
+    if "allowed" not in prepared:
+        prepared["allowed"] = _allowed(types, t, L)
+    allowed = prepared["allowed"]
+    extra = (lam * types.replicas * weight)[allowed.rows, 0]
+    u = allowed.passes + extra
+    ending_at_stage0 = _largest_pivot(types, allowed, u + allowed.first, t, L, positioned, chosen, prepared)
+    ending_at_pivot = _shortest(_best(allowed, allowed.before + extra, L),
+                                _best(allowed, allowed.pivot + extra, L), _best(allowed, u, L))
+    prepared["ending 1"] = ending_at_stage0 - lam * budget
     return max(ending_at_stage0, ending_at_pivot) - lam * budget
+
+
+def _value_and_slope(types: StageTypes, t: float, weights: list[tuple[np.ndarray, float]], mu: np.ndarray,
+                     L: int, prepared: dict | None = None) -> tuple[float, float, np.ndarray]:
+    """``f(t)`` at multipliers ``mu`` (positions told apart), ending 1's value and its slope in ``mu``.
+
+    Ending 1 is a minimum over paths of functions linear in ``mu``, so the cheapest path's device use less the
+    budgets, ``sum_s r_s g_k(v_s) - G_k`` per constraint, is a supergradient of it (concave in ``mu``).
+    """
+    prepared = {} if prepared is None else prepared
+    weight = sum(m * column for m, (column, _) in zip(mu, weights))
+    budget = sum(m * total for m, (_, total) in zip(mu, weights))
+    chosen: list[int] = []
+    f = _path_value(types, t, weight, 1.0, budget, L, True, prepared, chosen)
+    used = np.array([sum(float(types.replicas[row, 0] * column[row, 0]) for row in chosen) for column, _ in weights])
+    return f, prepared["ending 1"], used - np.array([total for _, total in weights])
+
+
+class _CutModel:
+    """The cutting-plane model ``max z, z <= f_i + slope_i . (mu - mu_i)``, ``mu = x * scale``,
+    ``0 <= x <= CUT_BOX``: one HiGHS LP, a row added per cut."""
+
+    def __init__(self, size: int, scale: np.ndarray) -> None:
+        import highspy
+
+        with _quiet_stdout():  # HiGHS prints its banner from C++ when a model is created
+            self.highs = highspy.Highs()
+        self.highs.setOptionValue("output_flag", False)
+        self.highs.setOptionValue("threads", 1)
+        self.size, self.scale, self.inf = size, scale, highspy.kHighsInf
+        for k in range(size):
+            self.highs.addVar(0.0, CUT_BOX)
+        self.highs.addVar(-self.inf, self.inf)  # z
+        self.highs.changeColCost(size, 1.0)
+        self.highs.changeObjectiveSense(highspy.ObjSense.kMaximize)
+        self.ok = highspy.HighsModelStatus.kOptimal
+
+    def add(self, value: float, mu: np.ndarray, slope: np.ndarray) -> None:
+        """The cut at ``mu``: ``z - (slope * scale) . x <= value - slope . mu``."""
+        coefficients = np.concatenate((-slope * self.scale, [1.0]))
+        self.highs.addRow(-self.inf, float(value - slope @ mu), self.size + 1,
+                          np.arange(self.size + 1, dtype=np.int32), coefficients)
+
+    def maximise(self, center: np.ndarray | None = None, radius: float = CUT_BOX) -> tuple[float, np.ndarray | None]:
+        """The model's maximum over the box, or over its part within ``radius`` (in ``x``) of ``center`` (in
+        ``mu``), and the multipliers reaching it (``None`` if the LP fails)."""
+        x0 = np.zeros(self.size) if center is None else center / self.scale
+        upper = np.minimum(x0 + radius, CUT_BOX)
+        lower = np.minimum(np.maximum(x0 - radius, 0.0), upper)  # a center outside the box: its face
+        for k in range(self.size):
+            self.highs.changeColBounds(k, float(lower[k]), float(upper[k]))
+        self.highs.run()
+        if self.highs.getModelStatus() != self.ok:
+            return math.inf, None
+        x = np.array(self.highs.getSolution().col_value)
+        return float(x[self.size]), np.clip(x[:self.size], lower, upper) * self.scale
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence fd 1 while HiGHS starts (it prints from C++)."""
+    try:
+        sys.stdout.flush()
+        saved = os.dup(1)
+    except (OSError, ValueError):  # no real stdout (captured or closed): nothing to silence
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 1)
+            yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def _cut_search(types: StageTypes, t: float, weights: list[tuple[np.ndarray, float]], L: int,
+                starts: list[tuple[float, ...]], scale: np.ndarray, best_known: float,
+                steps: int, prepared: dict | None = None,
+                clock: TimeLimit | None = None) -> tuple[float, tuple[float, ...], int]:
+    """Kelley's cutting planes on ending 1 over multipliers ``mu = x * scale``, ``0 <= x <= CUT_BOX``.
+
+    Each step evaluates ``f`` at one point (the starts first, then the maximiser of the cuts' model, an LP
+    over the box) and adds the cut ``f1(mu') <= f1(mu) + slope . (mu' - mu)``.  Returns the largest ``f``
+    seen, its multipliers and the evaluations made: at most ``steps``, fewer once ``f >= t``, once the
+    model's maximum over the box (an upper bound on ending 1 there) is below both ``t`` and ``best_known``,
+    or once it is no more than ending 1 at the trust region's center (that is ending 1's maximum).  The LP's
+    points lie within the trust region, a box around the best point of ending 1 (module docstring).  An
+    expiring ``clock`` stops it after any evaluation but the first.
+    """
+    model = _CutModel(len(scale), scale)
+    best, best_mu, made = -math.inf, starts[0], 0
+    center, center_f1, radius = None, -math.inf, CUT_RADIUS
+    queue = [np.asarray(mu, dtype=float) for mu in starts]
+    while made < steps and queue and not (made and clock is not None and clock.expired()):
+        mu = queue.pop(0)
+        f, f1, slope = _value_and_slope(types, t, weights, mu, L, prepared)
+        made += 1
+        if f > best:
+            best, best_mu = f, tuple(float(m) for m in mu)
+        if best >= t or not math.isfinite(f1):
+            break
+        model.add(f1, mu, slope)
+        if f1 > center_f1:  # a serious step: the trust region moves there and grows
+            center, center_f1, radius = mu, f1, (2 * radius if center is not None else radius)
+        elif not queue:
+            radius /= 2  # a null step: the new cut sharpens the model, the region shrinks
+        if queue:
+            continue
+        top, _ = model.maximise()  # over the whole box: an upper bound on ending 1 there
+        if top < t and top <= best_known or top <= center_f1 + 1e-9 * abs(center_f1):
+            break  # f < t at every point of the box and none raises the bound, or the center is the maximum
+        _, proposal = model.maximise(center, radius)
+        if proposal is None:
+            break
+        queue.append(proposal)
+    return best, best_mu, made
 
 
 def device_weights(problem: PlanningProblem, types: StageTypes) -> list[tuple[np.ndarray, float]]:
@@ -452,8 +691,9 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
         A time no bound needs to exceed (an incumbent's): the search's upper end.  Without
         it, the longest stage that fits in memory.
     refine : bool
-        Search the multipliers and count positions (module docstring).  Without, only the
-        two starting multipliers and ``w_max``: a smaller bound in about a tenth of the time.
+        Search the multipliers (ascent and cutting planes) and count positions (module
+        docstring).  Without, only the two starting multipliers and ``w_max``: a smaller
+        bound in a fraction of the time.
 
     Returns
     -------
@@ -484,13 +724,18 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     none = tuple(0.0 for _ in weights)
     by_speed = none[:-1] + (SPEED_MULTIPLIER * steps[-1],)
     previous: list[tuple[float, ...]] = []
+    cut_previous: list[tuple[float, ...]] = []
+    scale = np.array(steps)
+    bound_so_far, evaluations = [floor], [0]
 
     def value(t: float) -> float:
         """``f(t)`` at the best multipliers the ascent finds (each is a valid ``f``); ``-inf`` once out of time."""
+        prepared: dict = {}  # what ending 1 needs at this t alone
+
         def evaluate(mu: tuple[float, ...], positioned: bool = False) -> float:
             weight = sum(m * column for m, (column, _) in zip(mu, weights))
             budget = sum(m * total for m, (_, total) in zip(mu, weights))
-            return _path_value(types, t, weight, 1.0, budget, L, positioned)
+            return _path_value(types, t, weight, 1.0, budget, L, positioned, prepared)
 
         # from where the previous t ended, and from the speed weights alone (so never below that bound)
         found = _ascend(evaluate, list(dict.fromkeys(previous + [none, by_speed])), steps, t, clock,
@@ -501,8 +746,14 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
         previous[:] = [mu]
         if f >= t or not len(types.extra_at) or not refine:
             return f
-        # the ascent prices stages by w_max alone; the positions only raise f, at its multipliers
-        return max(f, evaluate(mu, positioned=True))
+        # the ascent prices stages by w_max alone; the positions only raise f, at its multipliers and at
+        # those the cutting planes find from there and from the previous t's
+        starts = list(dict.fromkeys([mu] + cut_previous))
+        cut, cut_mu, made = _cut_search(types, t, weights, L, starts, scale, bound_so_far[0], CUT_STEPS,
+                                        prepared, clock)
+        evaluations[0] += made
+        cut_previous[:] = [cut_mu]
+        return max(f, cut)
 
     fitting = types.stage_time[np.isfinite(types.stage_time)]
     if not fitting.size:
@@ -515,11 +766,13 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     if at_cap >= cap:
         return max(floor, at_cap) * (1 - ROUNDING_MARGIN)
     best, lo, hi = max(floor, at_cap), floor, cap if upper is None else min(cap, upper)
+    bound_so_far[0] = best
     for _ in range(BISECTION_STEPS):
         if clock is not None and clock.expired():
             break  # every min(t, f(t)) so far holds
         t = math.sqrt(lo * hi) if lo > 0 else 0.5 * (lo + hi)  # geometric: the bracket may span decades
         f = value(t)
         best = max(best, min(t, f))
+        bound_so_far[0] = best
         lo, hi = (t, hi) if f >= t else (lo, t)
     return best * (1 - ROUNDING_MARGIN)
