@@ -25,7 +25,7 @@ from pipeplan.solver.exact.cpsat import CpSatSolver
 from pipeplan.solver.exact.ilp import IlpSolver
 from pipeplan.solver.exact.phases import Walk
 from pipeplan.solver.portfolio import EXACT
-from pipeplan.solver.exact.ilp import quiet_stdout
+from pipeplan.solver.core.native_output import quiet_stdout
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.solvers import get_solver

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from pipeplan.experiments.bench_scale import GENERATIONS, scale_cluster, scale_problem
-from pipeplan.solver.exact.ilp import quiet_stdout
+from pipeplan.solver.core.native_output import quiet_stdout
 from pipeplan.solver.solvers import get_solver, solver_names
 from conftest import cpu_past
 

@@ -132,10 +132,7 @@ point already (ending 1's maximum over the box).
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 from collections import Counter
 from dataclasses import dataclass
 
@@ -146,6 +143,7 @@ from pipeplan.solver.bounds.terms import work_bound
 from pipeplan.solver.space.class_stages import q_classes
 from pipeplan.solver.space.device_classes import device_classes
 from pipeplan.solver.evaluation.memory import stash_points
+from pipeplan.solver.core.native_output import quiet_stdout
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.termination import TimeLimit
 
@@ -363,17 +361,6 @@ def _best(allowed: _Allowed, cost: np.ndarray, L: int) -> np.ndarray:
     return out.reshape(L + 1, L + 1)
 
 
-def _cover(cost: np.ndarray) -> np.ndarray:
-    """Cheapest cover of ``[0, L)`` by consecutive ranges, for each ``(L+1) x (L+1)`` matrix of ``cost[g]``."""
-    L = cost.shape[-1] - 1
-    head = np.full((cost.shape[0], L + 1), np.inf)
-    head[:, 0] = 0.0
-    for h in range(1, L + 1):
-        head[:, h] = np.min(head[:, :h] + cost[:, :h, h], axis=1)
-    return head[:, L]
-
-
-
 def _shortest(before: np.ndarray, pivot: np.ndarray, after: np.ndarray) -> float:
     """Cheapest cover of ``[0, L)``: stages of ``before`` cost, one ``pivot``, then ``after`` ones."""
     L = before.shape[0] - 1
@@ -533,7 +520,7 @@ class _CutModel:
     def __init__(self, size: int, scale: np.ndarray) -> None:
         import highspy
 
-        with _quiet_stdout():  # HiGHS prints its banner from C++ when a model is created
+        with quiet_stdout():  # HiGHS prints its banner from C++ when a model is created
             self.highs = highspy.Highs()
         self.highs.setOptionValue("output_flag", False)
         self.highs.setOptionValue("threads", 1)
@@ -564,24 +551,6 @@ class _CutModel:
             return math.inf, None
         x = np.array(self.highs.getSolution().col_value)
         return float(x[self.size]), np.clip(x[:self.size], lower, upper) * self.scale
-
-
-@contextlib.contextmanager
-def _quiet_stdout():
-    """Silence fd 1 while HiGHS starts (it prints from C++)."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError):  # no real stdout (captured or closed): nothing to silence
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 def _cut_search(types: StageTypes, t: float, weights: list[tuple[np.ndarray, float]], L: int,

@@ -14,16 +14,14 @@ instead of rebuilding it.  With CBC, PuLP solves the whole model each iteration.
 
 from __future__ import annotations
 
-import contextlib
 import math
-import os
-import sys
 import time
 from typing import Sequence
 
 import pulp
 
 from pipeplan.solver.core.algorithm import Solver
+from pipeplan.solver.core.native_output import quiet_stdout
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult
 from pipeplan.solver.core.termination import Stops, TimeLimit, WorkBudget, on_interrupt
@@ -45,24 +43,6 @@ Measured on 179,819 arcs (31 layers x 7 devices of distinct speeds): 9.4-14.9 s 
 the model, 10.1-11.0 s for PuLP's translation into HiGHS; neither can be interrupted.
 With :data:`pipeplan.solver.exact.solve.BUILD_SECONDS_PER_ARC` (CP-SAT's 4e-5) a 3 s limit on 40,918
 arcs became 4.1-4.3 s: the model was built, then its translation overran the limit."""
-
-
-@contextlib.contextmanager
-def quiet_stdout():
-    """Silence fd 1 (HiGHS prints its banner from C++ when a model is created)."""
-    try:
-        sys.stdout.flush()
-        saved = os.dup(1)
-    except (OSError, ValueError):  # no real stdout (captured or closed): nothing to silence
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 1)
-            yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
 
 
 class MilpModel:

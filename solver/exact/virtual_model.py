@@ -359,7 +359,7 @@ def solve_highs(m: LinearModel, time_limit: float, nodes: int) -> tuple[str, flo
     """The MILP form with HiGHS: ``(status, bound)``, the status read from HiGHS's model status."""
     import highspy
 
-    from pipeplan.solver.exact.ilp import quiet_stdout
+    from pipeplan.solver.core.native_output import quiet_stdout
 
     with quiet_stdout():
         h = highspy.Highs()
