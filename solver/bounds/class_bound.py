@@ -477,7 +477,6 @@ def _cover_by_position(cost: np.ndarray) -> np.ndarray:
     return rest
 
 
-
 def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int,
                 positioned: bool = True, prepared: dict | None = None, chosen: list | None = None) -> float:
     """``f(t)`` of the module docstring for one weighting ``lam * weight`` of the stage types: the larger of the
@@ -695,7 +694,7 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
     previous: list[tuple[float, ...]] = []
     cut_previous: list[tuple[float, ...]] = []
     scale = np.array(steps)
-    bound_so_far, evaluations = [floor], [0]
+    bound_so_far = [floor]  # the best min(t, f(t)) so far, read by the cutting planes' stop
 
     def value(t: float) -> float:
         """``f(t)`` at the best multipliers the ascent finds (each is a valid ``f``); ``-inf`` once out of time."""
@@ -718,9 +717,8 @@ def class_bound(problem: PlanningProblem, clock: TimeLimit | None = None, upper:
         # the ascent prices stages by w_max alone; the positions only raise f, at its multipliers and at
         # those the cutting planes find from there and from the previous t's
         starts = list(dict.fromkeys([mu] + cut_previous))
-        cut, cut_mu, made = _cut_search(types, t, weights, L, starts, scale, bound_so_far[0], CUT_STEPS,
-                                        prepared, clock)
-        evaluations[0] += made
+        cut, cut_mu, _ = _cut_search(types, t, weights, L, starts, scale, bound_so_far[0], CUT_STEPS,
+                                     prepared, clock)
         cut_previous[:] = [cut_mu]
         return max(f, cut)
 

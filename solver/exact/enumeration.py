@@ -143,7 +143,8 @@ past them it forgets them all and starts afresh.  ``bench_solvers``' 64 layers x
 
 @dataclass(frozen=True)
 class _Choices:
-    """The children of one ``(layer, labels, devices left)``: their columns and the completion tables' values after them.
+    """The children of one ``(layer, labels, devices left)``: their columns and the completion tables' values
+    after them.
 
     What :meth:`_Walk._child_bounds` needs besides the prefix's state, one entry per child.
     """
@@ -415,7 +416,8 @@ class _Walk:
         return self._children_cache[key]
 
     def choices(self, h: int, labels: tuple[int, ...], avail: int, last: bool) -> _Choices | None:
-        """The children of a prefix ending at layer ``h`` with ``avail`` devices left, with all that the prefix does not change.
+        """The children of a prefix ending at layer ``h`` with ``avail`` devices left, with all that the prefix
+        does not change.
 
         ``None`` when no child fits (``last``: only the stages ending the pipeline may
         follow).  Remembered until the tables are rebuilt (see the module docstring) or
@@ -491,7 +493,8 @@ class _Walk:
 
     def _child_bounds(self, s: dict, c: _Choices) -> tuple[np.ndarray, dict]:
         """Bounds of every child prefix (vectorised), and the state each child passes on."""
-        busy = np.maximum(np.maximum(np.maximum(s["hfb"] + c.busy, s["hf"] + c.busy + c.allreduce), c.busy_path), s["busy"])
+        busy = np.maximum(s["hfb"] + c.busy, s["hf"] + c.busy + c.allreduce)
+        busy = np.maximum(np.maximum(busy, c.busy_path), s["busy"])
         sp = s["sp"] + c.pass_cost
         x1 = np.maximum(s["x1"], s["hf"] + c.pivot_ar - sp)
         x2 = np.maximum(s["x2"], s["hf"] + c.pivot2_ar - 2 * sp)
@@ -506,9 +509,8 @@ class _Walk:
             least = np.maximum(np.maximum(md, c.later_delta)[:, None], self.band_floors)
             pivot = (sp[:, None] + c.ends + least).min(axis=1)
         speed_left = s["speed_left"] - c.speed
-        rest = c.rest
         with np.errstate(divide="ignore", invalid="ignore"):
-            share = np.where(rest > 0, rest / np.where(speed_left > 1e-12, speed_left, 0.0), 0.0)
+            share = np.where(c.rest > 0, c.rest / np.where(speed_left > 1e-12, speed_left, 0.0), 0.0)
         twice = 2 * total
         lb = np.maximum(busy, pivot)
         for term in (x1 + total, x2 + twice, x3 + twice, work + c.later_work, hf + share, hfb + share, c.alone):

@@ -71,6 +71,7 @@ import numpy as np
 
 from pipeplan.solver.bounds.virtual_bound import space_bound
 from pipeplan.solver.core.problem import PlanningProblem
+from pipeplan.solver.core.native_output import quiet_stdout
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.exact.linear import LinearModel
 from pipeplan.solver.schedules.schedule import num_stages, stage_group
@@ -358,8 +359,6 @@ class ModelOutcome:
 def solve_highs(m: LinearModel, time_limit: float, nodes: int) -> tuple[str, float]:
     """The MILP form with HiGHS: ``(status, bound)``, the status read from HiGHS's model status."""
     import highspy
-
-    from pipeplan.solver.core.native_output import quiet_stdout
 
     with quiet_stdout():
         h = highspy.Highs()
