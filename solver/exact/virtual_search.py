@@ -30,6 +30,13 @@ solves the problem with one stage per group, as ``--virtual-stages 1`` alone wou
 starts from that plan: the space over every ``v`` is often too large to finish, and its
 best-first order can spend the budget before it reaches the one-stage plans.
 
+Fallback.  Before any phase the clock caps, :class:`VirtualBnB` builds a plan from work fixed
+by the problem's size (:func:`pipeplan.solver.exact.virtual_fallback.fallback_plan`: a few even
+splits over groups, at most 8 simulations, outside the budget).  The best-first search starts
+from it when no phase found a plan at least as fast, so a solve that the clock cuts before any
+phase finds a plan still returns one whenever a fallback candidate fits (``feasible``, with the
+bound that holds); ``timeout-no-solution`` only when none does.
+
 Seeds.  :func:`solve_v2` simulates the candidates it is given as ``seeds`` first (the
 version-2 forms of the best version-1 partitions, from ``group-search-virtual``), so its
 plan is never slower than any of them that fits.
@@ -59,6 +66,7 @@ from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.evaluation.simulator import Simulation
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.bounds.virtual_bound import Bounder, space_bound
+from pipeplan.solver.exact.virtual_fallback import fallback_plan
 from pipeplan.solver.exact.virtual_model import ModelBound, virtual_model_bound
 from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, boundary_choices, candidates, empty_space,
                                                 flags_exhaustive, group_choices, recompute_variants, to_plan)
@@ -235,12 +243,15 @@ class VirtualBnB(VirtualSolver):
     """With ``v`` left to the search, its plan is never slower than its own ``v = 1`` solve's
     (:meth:`_one_stage_per_group`): a planner need not solve ``v = 1`` again."""
 
-    def __init__(self, start: tuple[StartPhase, ...] = (), model: str | None = None) -> None:
+    def __init__(self, start: tuple[StartPhase, ...] = (), model: str | None = None, fallback: bool = True) -> None:
         self.start = start
         """The phases run first for an incumbent, in order."""
         self.model = model
         """The form of :mod:`pipeplan.solver.exact.virtual_model` solved for the bound when the search does not
         prove its plan (``milp``: HiGHS, ``cpsat``: CP-SAT), or ``None``."""
+        self.fallback = fallback
+        """Whether the solve starts from :func:`pipeplan.solver.exact.virtual_fallback.fallback_plan` (``False``
+        only for the ``v = 1`` solve inside one whose fallback already covers ``v = 1``)."""
 
     def check(self, problem: PlanningProblem) -> None:
         """As :meth:`VirtualSolver.check`, and refuse ``auto_microbatches``.
@@ -257,11 +268,13 @@ class VirtualBnB(VirtualSolver):
 
     def run(self, problem: PlanningProblem, clock: TimeLimit, budget: WorkBudget | None, seed: int,
             warm_start: Plan | None) -> SolverResult:
-        """With ``v`` left to the search, first the solve with one stage per group (:meth:`_one_stage_per_group`);
-        then the start phases, each on its share of what is left of ``budget``, then the search over the whole
-        space from their best plan."""
+        """First the fallback plan (fixed work, no clock); with ``v`` left to the search, the solve with one stage
+        per group (:meth:`_one_stage_per_group`); then the start phases, each on its share of what is left of
+        ``budget``, then the search over the whole space from the best of their plans and the fallback's."""
         total, spent = budget.units, 0
         incumbent, plan_by, ran = None, self.name, []
+        # before any phase the clock caps: a plan from fixed work, so that a short limit still returns one
+        fallback = fallback_plan(problem) if self.fallback else None
         one = self._one_stage_per_group(problem, clock, total, seed)
         if one is not None:
             spent += one.details.get("simulations", 0)
@@ -282,6 +295,9 @@ class VirtualBnB(VirtualSolver):
         # the model before the search, on a share of the time left, so that a short limit still gets a bound
         model = virtual_model_bound(problem, self.model, clock.within(MODEL_SHARE * clock.left())) \
             if self.model is not None else None
+        if fallback is not None and fallback.plan is not None and (incumbent is None or
+                                                                   fallback.iteration_time < incumbent[1]):
+            incumbent, plan_by = (fallback.plan, fallback.iteration_time), f"{self.name} (fallback)"
         work = WorkBudget(max(1.0, total - spent), stops=clock.stops)
         # a proved v = 1 solve settles every one-stage candidate: none is faster than its plan, which the
         # incumbent is or beats
@@ -289,6 +305,8 @@ class VirtualBnB(VirtualSolver):
         full = solve_v2(problem, self.name, clock=clock, seed=seed, budget=work, incumbent=incumbent,
                         settled=settled)
         details = dict(full.details, simulations=full.details["simulations"] + spent, start_phases=ran)
+        if fallback is not None:
+            details.update(fallback_simulations=fallback.simulations, fallback_time=fallback.iteration_time)
         improved = incumbent is None or full.plan is not incumbent[0]
         full = replace(full, details=details, plan_by=self.name if improved else plan_by)
         if model is not None and full.status in ("feasible", "timeout-no-solution"):
@@ -336,5 +354,5 @@ class VirtualBnB(VirtualSolver):
             return None
         # its budget running out ends this phase, not the solve; its clock and interrupts are the solve's.  No
         # version-2 model: its bound covers v = 1 only, and it would take the time the phases after it need
-        search = VirtualBnB(self.start, model=None)
+        search = VirtualBnB(self.start, model=None, fallback=False)  # this solve's fallback covers v = 1
         return search.solve(one, time_limit=clock.left(), seed=seed, budget=total, within=clock.phase(clock.left()))
