@@ -23,7 +23,7 @@ from pipeplan.solver.exact.cpsat import CpSatSolver
 from pipeplan.solver.space.arcs import two_round_trips
 from pipeplan.solver.exact.bound_model import model_rows
 from pipeplan.solver.bounds.terms import config_lower_bound, optimistic_time, work_bound
-from pipeplan.solver.space.device_classes import device_classes
+from pipeplan.solver.space.device_classes import device_classes, fastest_first
 from pipeplan.solver.exact.data import build_data
 from pipeplan.solver.exact.incumbents import greedy_plans
 from pipeplan.solver.space.placements import placements, plan_config
@@ -35,8 +35,7 @@ from hypothesis import strategies as st
 from pipeplan.models.errors import InputError
 from pipeplan.solver.bounds.virtual_bound import Bounder, candidate_bound, space_bound
 from pipeplan.solver.exact.ilp import IlpSolver
-from pipeplan.solver.exact.virtual_fallback import (FALLBACK_TRIES, fallback_candidates, fallback_plan,
-                                                   ranked_devices)
+from pipeplan.solver.exact.virtual_fallback import FALLBACK_TRIES, fallback_candidates, fallback_plan
 from pipeplan.solver.exact.virtual_search import solve_v2
 from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget
@@ -393,6 +392,14 @@ class TestOptimisticTime:
                     assert floor <= problem.evaluate(plan).iteration_time * (1 + REL)
                     checked += 1
             assert checked > 0
+
+
+class TestFastestFirst:
+    def test_speed_then_memory_then_server_order(self):
+        cluster = Cluster("c", (Link(1e9, 0, "a"), Link(1e9, 0, "b")), Link(1e8, 0),
+                          (Device("a0", "a", 1.0, 8e9), Device("b0", "b", 2.0, 8e9), Device("a1", "a", 2.0, 8e9),
+                           Device("b1", "b", 1.0, 16e9), Device("a2", "a", 1.0, 8e9)))
+        assert fastest_first(cluster) == ["a1", "b0", "b1", "a0", "a2"]
 
 
 class TestTwoRoundTrips:
@@ -769,12 +776,6 @@ class TestFallback:
         assert result.lower_bound <= result.iteration_time
         assert result.plan_by == "virtual-bnb (fallback)" and expired.stops.time_cut
         assert result.details["fallback_simulations"] <= 2 * FALLBACK_TRIES
-
-    def test_devices_are_ranked_as_the_baselines_rank_them(self):
-        from pipeplan.experiments.bench_solvers import schedule_problem
-        from pipeplan.solver.baselines.common import rank_devices
-        for problem in (schedule_problem(64, 16, "zbv", 2), virtual_problem(SMALL, "zbv", devices=5, servers=2)):
-            assert ranked_devices(problem) == rank_devices(problem)
 
     def test_the_plan_is_the_fastest_of_the_candidates_tried(self):
         p = virtual_problem(SMALL, "looped-bfs", devices=4, layers=8, batch=4, m=2, servers=2)

@@ -22,6 +22,7 @@ from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.evaluation.simulator import PlanCosts, Simulation, plan_costs, run_programs
 from pipeplan.solver.core.algorithm import Solver
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
+from pipeplan.solver.space.device_classes import fastest_first
 
 Bounds = tuple[tuple[int, int], ...]
 """Half-open layer ranges of the stages, in order."""
@@ -33,17 +34,10 @@ Proposal = tuple[Bounds, Groups]
 
 # --------------------------------------------------------------------------- devices
 def rank_devices(problem: PlanningProblem) -> list[str]:
-    """Device ids, fastest first (then most memory), keeping a server's devices together.
-
-    Baselines take devices from the front of this list, so a smaller pipeline uses the
-    fastest devices, and equal devices of one server sit next to each other (their
-    stages then talk over the fast intra-server link).
-    """
-    devices = problem.cluster.devices
-    server_rank = {s.id: i for i, s in enumerate(problem.cluster.servers)}
-    order = sorted(range(len(devices)), key=lambda i: (-devices[i].speed, -devices[i].memory,
-                                                        server_rank.get(devices[i].server, 0), i))
-    return [devices[i].id for i in order]
+    """Device ids, fastest first (then most memory), keeping a server's devices together
+    (:func:`pipeplan.solver.space.device_classes.fastest_first`): baselines take devices from
+    the front of this list."""
+    return fastest_first(problem.cluster)
 
 
 def split_groups(devices: Sequence[str], sizes: Sequence[int]) -> Groups:

@@ -9,7 +9,7 @@ of these candidates fits, and ``timeout-no-solution`` only when none does.
 The candidates (:func:`fallback_candidates`) are even splits over groups: for each group
 count ``R`` in :func:`group_sizes` that the schedule takes for ``M``, and each ``v`` the
 problem allows (with ``v`` left to the search, those up to :data:`FALLBACK_MAX_V`), the
-devices ranked fastest first (:func:`ranked_devices`) cut
+devices ranked fastest first (:func:`pipeplan.solver.space.device_classes.fastest_first`) cut
 into ``R`` consecutive groups of one device, and of ``D // R`` devices; the layers cut into
 the ``S`` stages that balance ``b_f + b_b``
 (:func:`pipeplan.solver.space.virtual_space.split_range`).  Those whose training state alone
@@ -33,6 +33,7 @@ from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.evaluation.simulator import Simulation
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.schedules.schedule import num_stages
+from pipeplan.solver.space.device_classes import fastest_first
 from pipeplan.solver.space.virtual_space import (Candidate, group_counts, schedule_accepts, split_range, to_plan,
                                                 virtual_choices)
 
@@ -57,16 +58,6 @@ class Fallback:
     """Simulations run."""
 
 
-def ranked_devices(problem: PlanningProblem) -> list[str]:
-    """Device ids fastest first, then most memory, a server's devices together: the baselines' order
-    (:func:`pipeplan.solver.baselines.common.rank_devices`, a layer above this one)."""
-    devices = problem.cluster.devices
-    server_rank = {s.id: i for i, s in enumerate(problem.cluster.servers)}
-    order = sorted(range(len(devices)), key=lambda i: (-devices[i].speed, -devices[i].memory,
-                                                        server_rank.get(devices[i].server, 0), i))
-    return [devices[i].id for i in order]
-
-
 def group_sizes(problem: PlanningProblem) -> list[int]:
     """The group counts ``R`` the candidates take: the powers of two of :func:`group_counts`, and its largest.
 
@@ -87,7 +78,7 @@ def group_sizes(problem: PlanningProblem) -> list[int]:
 
 def fallback_candidates(problem: PlanningProblem) -> Iterator[Candidate]:
     """The even splits over groups of the module docstring, without recompute, in a fixed order."""
-    ranked = ranked_devices(problem)
+    ranked = fastest_first(problem.cluster)
     work = [layer.fwd[1] + layer.bwd[1] for layer in problem.graph.layers]
     auto = problem.virtual_stages is None and problem.needs.stages_per_group is None
     for groups in group_sizes(problem):

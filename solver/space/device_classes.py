@@ -35,3 +35,17 @@ def device_classes(cluster: Cluster) -> tuple[DeviceClass, ...]:
     ordered = sorted(groups.items(), key=lambda kv: (-kv[0][0], -kv[0][1]))
     return tuple(DeviceClass(speed, memory, tuple((s, tuple(ids)) for s, ids in by_server.items()))
                  for (speed, memory), by_server in ordered)
+
+
+def fastest_first(cluster: Cluster) -> list[str]:
+    """Device ids, fastest first (then most memory), keeping a server's devices together.
+
+    Plans that take devices from the front of this list put a smaller pipeline on the
+    fastest devices, and equal devices of one server sit next to each other (their
+    stages then talk over the fast intra-server link).
+    """
+    devices = cluster.devices
+    server_rank = {s.id: i for i, s in enumerate(cluster.servers)}
+    order = sorted(range(len(devices)), key=lambda i: (-devices[i].speed, -devices[i].memory,
+                                                        server_rank.get(devices[i].server, 0), i))
+    return [devices[i].id for i in order]
