@@ -133,9 +133,9 @@ counted apart: :data:`DEFAULT_TABLE_CELLS`)."""
 DEFAULT_TABLE_CELLS = 1_200_000_000
 """Table entries the walk may build over all its passes, without an explicit budget: the shift
 table's entries and, at each (re)build, arcs x devices-left vectors x the tables built (four, and
-one per delta band), or past the budget the undominated arcs' entries and their lattices ([Note:
-tables past the budget]).  At 96 layers x 32 devices a rebuild grows with the cutoff (4 ns an
-entry on the machine the prefixes were measured on): the first, with its bands, builds 0.92
+one per delta band), or past the budget the undominated arcs' entries and their lattices
+([Note: tables past the budget]).  At 96 layers x 32 devices a rebuild grows with the cutoff (4 ns
+an entry on the machine the prefixes were measured on): the first, with its bands, builds 0.92
 billion entries, the second 0.15 billion from the undominated arcs (over every arc: 0.48 billion),
 and the third does not fit (1.10 billion built): a default solve there ends on it in about 11 s.
 The benchmark instances the walk proves (up to 64 x 16) build at most 0.3 billion, over every arc."""
