@@ -239,6 +239,67 @@ class TestCompletionTables:
             assert search.best_time == pytest.approx(best, rel=1e-7)
 
 
+def _plain_cells(walk: _Walk) -> int:
+    """Entries of the four plain tables over every kept arc of ``walk``'s last build."""
+    return len(walk.ids) * (walk.size + 1) * 4
+
+
+class TestTablesPastTheBudget:
+    """Past the table budget, the tables come from the undominated arcs: the same values, fewer entries."""
+
+    @pytest.mark.parametrize("case", [BANDED[0], BANDED[1], BANDED[3]], ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_same_tables_from_fewer_arcs(self, case):
+        seed, layers, devices, schedule = case
+        problem = sized_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        whole = _prepared_walk(problem)
+        assert whole.useful is None
+        search = _search(problem, warm=True)
+        budget = WorkBudget(_plain_cells(whole) - 1)  # the plain tables do not fit
+        pruned = _Walk(build_data(problem, search.cutoff()), search, TimeLimit(60).start(), cells=budget)
+        pruned.prepare(search.cutoff())
+        assert pruned.useful is not None and pruned.table_cells < _plain_cells(whole)
+        assert all(0 < mask.sum() < len(pruned.ids) for mask in pruned.useful.values())
+        for name, table in whole.best.items():
+            assert np.array_equal(pruned.best[name], table), name
+        assert len(pruned.edges) == 0  # no bands on them
+
+    @pytest.mark.parametrize("case", BANDED[:2], ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_undominated_against_every_pair(self, case):
+        seed, layers, devices, schedule = case
+        walk = _prepared_walk(sized_problem(seed, layers=layers, devices=devices, schedule=schedule))
+        order, starts = walk._lattice_groups()
+        tab, n = walk.tab, len(walk.ids)
+        same = ((tab["lo"][:, None] == tab["lo"][None, :]) & (tab["hi"][:, None] == tab["hi"][None, :])
+                & (tab["tau"][:, None] == tab["tau"][None, :]))
+        fewer = (walk.comp[:, None, :] <= walk.comp[None, :, :]).all(axis=2)
+        for name in ("pass_cost", "work", "pivot_extra", "standalone"):
+            v, index = tab[name], np.arange(n)
+            smaller = (v[:, None] < v[None, :]) | ((v[:, None] == v[None, :]) & (index[:, None] < index[None, :]))
+            dominated = (same & fewer & smaller).any(axis=0)  # [i, j]: i dominates j
+            assert np.array_equal(walk._undominated(v, order, starts), ~dominated), name
+
+    @pytest.mark.parametrize("case", CASES, ids=lambda c: f"seed{c[0]}-{c[3]}")
+    def test_brute_force_optimum_on_undominated_tables(self, case, monkeypatch):
+        """Every build past the budget (the plain tables over all arcs need one entry more than it holds)."""
+        seed, layers, devices, schedule = case
+        problem = sized_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        data = build_data(problem)
+        plain = len(data) * (math.prod(c.count + 1 for c in data.classes) + 1) * 4
+        built = []
+        undominated = _Walk._undominated
+        monkeypatch.setattr(_Walk, "_undominated", lambda self, *a: built.append(1) or undominated(self, *a))
+        best = brute_force(problem)
+        search, walk = _walk(problem, warm=False, cells=enumeration.shift_entries(data) + plain - 1)
+        assert built and walk.complete
+        assert walk.table_cells < enumeration.shift_entries(data) + plain
+        if math.isinf(best):
+            assert search.best_plan is None
+            return
+        assert search.best_time == pytest.approx(best, rel=1e-7)
+        for point in search.trace:
+            assert point.bound is None or point.bound <= best * (1 + REL)
+
+
 class TestShiftTable:
     def test_one_row_per_composition_in_use(self):
         """Many device classes: rows only for the options' compositions, not for every devices-left vector."""
