@@ -220,7 +220,7 @@ class StageTypes:
     """``crit - u`` with exactly ``k`` later stages, ``k = 0 .. min(POSITIONS, M) - 1`` (first axis; 1F1B only,
     else empty): the warm-up is ``w = min(k, M)``, so fewer forwards leave the critical ops."""
     fitting_extra: np.ndarray
-    """``extra`` of every type and range that fits in memory, sorted."""
+    """``extra`` and ``extra_at`` of every type and range that fits in memory, sorted."""
 
 
 def _link_bounds(problem: PlanningProblem, speed: float, r: int, room: int = 0) -> tuple[float, float]:
@@ -298,7 +298,14 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
                       np.array(replicas, dtype=float)[:, None], np.array(speeds, dtype=float)[:, None],
                       stack["crit"] - stack["u"],
                       np.array([np.vstack(column) for column in at]).reshape(len(at), *stack["u"].shape),
-                      np.sort((stack["crit"] - stack["u"])[np.isfinite(stack["stage_time"])]))
+                      _fitting_deltas(stack["crit"] - stack["u"], at, stack["stage_time"]))
+
+
+def _fitting_deltas(extra: np.ndarray, at: list[list[np.ndarray]], stage_time: np.ndarray) -> np.ndarray:
+    """Every ``delta`` a stage that fits can have, ``w_max``'s and each position's, sorted: ``e_b`` is a
+    smallest ``delta`` of bucket ``>= b``, and a pivot at ``k < POSITIONS`` later stages has its own."""
+    fits = np.isfinite(stage_time)
+    return np.sort(np.concatenate([extra[fits]] + [np.vstack(column)[fits] for column in at]))
 
 
 def _stash_peak(problem: PlanningProblem, q: np.ndarray, last: np.ndarray, inputs: np.ndarray,
