@@ -85,13 +85,14 @@ sequence of qualifying types covering ``[0, L)`` in order:
   stage's bucket is ``<= b``, so ``U + AR_0 >= C(b)``, the cheapest cover by types of
   bucket ``<= b`` costing ``u`` (plus ``AR`` on the one starting at layer 0) and the
   Lagrange terms; and ``delta* >= e_b``, the smallest ``delta`` of any type that fits
-  with bucket ``>= b``.  So ``f1 = min_b (e_b + C(b))``.  *Positions*: a stage's
-  ``delta`` with ``w = min(k, M)`` for its ``k`` later stages is at least the one with
-  ``w_max`` (``k <= L - hi``), so the cover may filter each stage by the former: ``C(b)``
-  is then a shortest path over (layer boundary, stages after it), built from the end,
-  ``k`` told exactly below :data:`POSITIONS` (or ``M``) and ``w_max`` used from there on.  A stage
-  *is* at the position the path gives it (it counts the stages after it), so the
-  optimal plan's stages, each with its own ``delta <= delta*``, still form one such path;
+  with bucket ``>= b`` (with ``w_max`` or at any position told apart below).  So
+  ``f1 = min_b (e_b + C(b))``.  *Positions*: a stage's ``delta`` with ``w = min(k, M)``
+  for its ``k`` later stages is at least the one with ``w_max`` (``k <= L - hi``), so the
+  cover may filter each stage by the former: ``C(b)`` is then a shortest path over (layer
+  boundary, stages after it), built from the end, ``k`` told exactly below :data:`POSITIONS`
+  (or ``M``) and ``w_max`` used from there on.  A stage *is* at the position the path gives
+  it (it counts the stages after it), so the optimal plan's stages, each with its own
+  ``delta <= delta*``, still form one such path;
 - ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0) + t``, the pivot ``crit +
   2 t + AR``, stages after it ``u + 2 t``, plus the Lagrange terms;
 - ``f3(t)``, endings 1 and 3 with ``q = 1`` at once, both with the pivot ``p*`` the *last* stage of
