@@ -286,3 +286,49 @@ class TestCutSearch:
         from pipeplan.experiments.bench_scale import scale_problem
         bound = class_bound(scale_problem(64))
         assert 365e-3 <= bound <= 429.5e-3
+
+
+def _heavy_middle(seed: int) -> PlanningProblem:
+    """3 or 4 layers, some with up to 4e9 parameter bytes, on 4 or 5 devices of two speeds on two servers."""
+    import random
+    rng = random.Random(seed)
+    layers = [Layer(f"l{i}", (0.0, rng.uniform(0.02, 2.0)), (0.0, rng.uniform(0.04, 4.0)),
+                    rng.choice([0.0, rng.uniform(1e8, 4e9)]), 0.0, 0.0) for i in range(rng.choice([3, 4]))]
+    devices = tuple(Device(f"d{i}", f"s{i % 2}", (1.0, 0.5)[i % 2], 1e13) for i in range(rng.choice([4, 5])))
+    cluster = Cluster("c", (Link(1e9, 0.0, "s0"), Link(5e8, 0.0, "s1")), Link(2e8, 1e-3), devices)
+    return PlanningProblem(LayerGraph.chain("g", layers, input_bytes=0.0), cluster, global_batch=rng.choice([4, 8]),
+                           microbatches=rng.choice([2, 4]), schedule="1f1b", allow_recompute=False)
+
+
+class TestStageOneEnding:
+    """Ending 3: the last backward goes back to stage 1, which all-reduces after it (module docstring)."""
+
+    def test_a_middle_all_reduce_raises_the_bound(self, monkeypatch):
+        # a light layer, a layer of (2n, 4n) s with 4e9 parameter bytes, a layer of (2n, 4n) s; 5 devices,
+        # 2 microbatches of 2 samples.  The best plan (brute force) puts the middle layer on 2 devices:
+        # its stage's last backward ends at 18.1 s, its all-reduce (2 x 4e9 / 2e9 = 4 s) at 22.1 s, after
+        # every other stage.  Ending 1 charges stage 0's all-reduce (none), ending 2 the cheapest pivot's
+        # (the last stage's, none); ending 3 charges stage 1's
+        import pipeplan.solver.bounds.class_bound as module
+        layers = [Layer("a", (0.0, 0.05), (0.0, 0.1), 0.0, 0.0, 0.0),
+                  Layer("b", (0.0, 2.0), (0.0, 4.0), 4e9, 0.0, 0.0),
+                  Layer("c", (0.0, 2.0), (0.0, 4.0), 0.0, 0.0, 0.0)]
+        problem = PlanningProblem(LayerGraph.chain("g", layers, input_bytes=0.0), _cluster(5), global_batch=4,
+                                  microbatches=2, schedule="1f1b", allow_recompute=False)
+        plan = problem.make_plan([(0, 1), (1, 2), (2, 3)], [["d0"], ["d1", "d2"], ["d3", "d4"]])
+        result = simulate(plan, problem.graph, problem.cluster)
+        assert result.stage_end == pytest.approx((18.3, 22.1, 14.1))
+        best = brute_force(problem)
+        assert best == pytest.approx(22.1)
+        bound = class_bound(problem)
+        monkeypatch.setattr(module, "_stage_one_ending", lambda *args: -math.inf)
+        assert bound > class_bound(problem) * 1.02  # 18.75 s against 18.30 s
+        assert bound <= best * (1 + REL)
+
+    @pytest.mark.parametrize("seed", range(12))
+    def test_never_above_the_brute_force_optimum_at_any_share(self, seed, monkeypatch):
+        # ending 3 holds for every weight alpha in [0, 1]: 0, 1/3, 2/3 and 1 in turn
+        import pipeplan.solver.bounds.class_bound as module
+        monkeypatch.setattr(module, "STAGE_ONE_SHARE", (seed % 4) / 3)
+        problem = _heavy_middle(seed)
+        assert class_bound(problem) <= brute_force(problem) * (1 + REL)

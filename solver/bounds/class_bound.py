@@ -51,14 +51,17 @@ its last op is ``B_{M-1}``, after which either
 
 1. ``B_{M-1}`` goes back through every earlier stage (``>= u_j`` with its ``F_0``) and
    stage 0 all-reduces: ``T >= sum_{j != p} u_j + crit_p + AR_0``; or
-2. ``p`` all-reduces: ``T >= sum_{j < p} TF_j(n_0) + crit_p + AR_p + sum_{j > p} u_j``.
+2. ``p`` all-reduces: ``T >= sum_{j < p} TF_j(n_0) + crit_p + AR_p + sum_{j > p} u_j``; or
+3. ``B_{M-1}`` goes back through stages ``p - 1, ..., q`` for some ``q < p`` (each ``>= u_j`` with its
+   ``F_0``), and ``q`` all-reduces after its last op, which ends no earlier: ``T >= sum_{j < q} TF_j(n_0) +
+   sum_{j >= q, j != p} u_j + crit_p + AR_q`` (``q = 0`` is ending 1, ``q = p`` ending 2).
 
 Transfers.  Microbatch 0 crosses each cut ``j`` it passes in both directions, once each
 way, so every ``u_j`` above may carry ``2 t_j`` (the pivot's own cut included in ending 1,
 where ``T >= AR_0 + sum_{j != p} (u_j + 2 t_j) + crit_p + 2 t_p``), and a stage before the
-pivot of ending 2 its ``t_j``.  A transfer takes ``lat + n cut / (min(r_j, r_{j+1}) bw)``
-over the worst pair of the two groups (spec 4), ``>= t_j = lat_lb + n_min cut_j /
-(r_hi bw_ub)`` with ``r_hi`` the largest replica count of the type's ``q`` vector
+pivot of ending 2, or before ``q`` in ending 3, its ``t_j``.  A transfer takes ``lat + n cut /
+(min(r_j, r_{j+1}) bw)`` over the worst pair of the two groups (spec 4), ``>= t_j = lat_lb + n_min
+cut_j / (r_hi bw_ub)`` with ``r_hi`` the largest replica count of the type's ``q`` vector
 (``r_j <= r_hi``); the two groups share no device, so a pair talks over the network
 unless one server holds the ``r_j >= r`` devices of speed ``>= v_c`` and one more:
 ``bw_ub``, ``lat_lb`` are over the network and such servers.  The last stage sends
@@ -82,17 +85,28 @@ sequence of qualifying types covering ``[0, L)`` in order:
   stage's bucket is ``<= b``, so ``U + AR_0 >= C(b)``, the cheapest cover by types of
   bucket ``<= b`` costing ``u`` (plus ``AR`` on the one starting at layer 0) and the
   Lagrange terms; and ``delta* >= e_b``, the smallest ``delta`` of any type that fits
-  with bucket ``>= b``.  So ``f1 = min_b (e_b + C(b))``.  *Positions*: a stage's
-  ``delta`` with ``w = min(k, M)`` for its ``k`` later stages is at least the one with
-  ``w_max`` (``k <= L - hi``), so the cover may filter each stage by the former: ``C(b)``
-  is then a shortest path over (layer boundary, stages after it), built from the end,
-  ``k`` told exactly below :data:`POSITIONS` (or ``M``) and ``w_max`` used from there on.  A stage
-  *is* at the position the path gives it (it counts the stages after it), so the
-  optimal plan's stages, each with its own ``delta <= delta*``, still form one such path;
+  with bucket ``>= b`` (with ``w_max`` or at any position told apart below).  So
+  ``f1 = min_b (e_b + C(b))``.  *Positions*: a stage's ``delta`` with ``w = min(k, M)``
+  for its ``k`` later stages is at least the one with ``w_max`` (``k <= L - hi``), so the
+  cover may filter each stage by the former: ``C(b)`` is then a shortest path over (layer
+  boundary, stages after it), built from the end, ``k`` told exactly below :data:`POSITIONS`
+  (or ``M``) and ``w_max`` used from there on.  A stage *is* at the position the path gives
+  it (it counts the stages after it), so the optimal plan's stages, each with its own
+  ``delta <= delta*``, still form one such path;
 - ``f2(t)``, ending 2: stages before the pivot cost ``TF(n_0) + t``, the pivot ``crit +
   2 t + AR``, stages after it ``u + 2 t``, plus the Lagrange terms;
+- ``f3(t)``, endings 1 and 3 with ``q = 1`` at once, both with the pivot ``p*`` the *last* stage of
+  the largest bucket ``b`` (every later stage's bucket is ``< b``).  If ``p* >= 1``, both hold, and so
+  does their mix with weight ``alpha`` (:data:`STAGE_ONE_SHARE`): ``T >= U + delta* + alpha AR_0 + (1 -
+  alpha) (AR_1 - s_0)`` with ``s_0 = u_0 + t_0 - TF_0(n_0)``.  So ``T >= e_b + A(b)``, ``A(b)`` the
+  cheapest cover of two stages or more by types of bucket ``<= b``, stage 0 costing ``alpha (u + 2 t + AR)
+  + (1 - alpha) (TF(n_0) + t)``, stage 1 ``u + 2 t + (1 - alpha) AR``, any other ``u + 2 t``.  If ``p* =
+  0``, ending 1 holds with every later stage of bucket ``<= b - 1``: ``T >= e_b + B(b)``, ``B(b)`` the
+  cheapest stage 0 of bucket ``<= b`` costing ``u + 2 t + AR`` followed by such a cover costing ``u + 2 t``
+  (or by nothing).  So ``f3 = min_b (e_b + min(A(b), B(b)))`` with the Lagrange terms, positions told
+  apart as in ``f1`` (and ``f3`` evaluated only then);
 
-each minus ``lambda G``, and ``f = max(f1, f2)``, maximised over the multipliers.  If
+each minus ``lambda G``, and ``f = max(f1, f2, f3)``, maximised over the multipliers.  If
 the optimal plan's time ``T*`` is below ``t``, every one of its stages qualifies at
 ``t`` (``busy + AR <= T* < t``) so the plan (every stage
 replaced as above, any stage the pivot of ending 2) is one such sequence: its path
@@ -119,8 +133,8 @@ a fixed sequence of evaluations, so the bound does not depend on the machine's s
 The ascent evaluates ending 1 without positions (several times cheaper).  Then (with
 ``refine``) a cutting-plane search (:func:`_cut_search`, Kelley's method in a trust region)
 evaluates ``f`` with positions, from the ascent's multipliers and from the previous ``t``'s
-best: ending 1 is a minimum over paths of functions linear in the multipliers, hence concave,
-and the cheapest path's device use less the budgets, ``sum_s r_s g_k(v_s) - G_k``, is a
+best; its cuts model ending 1 alone: a minimum over paths of functions linear in the multipliers,
+hence concave, and the cheapest path's device use less the budgets, ``sum_s r_s g_k(v_s) - G_k``, is a
 supergradient (read off the path's stage types); the cuts ``f1 <= f1(mu_i) + slope_i (mu -
 mu_i)`` make an LP whose maximiser is the next point.  ``f(t)`` is the largest value seen,
 ascent included.  The search is a search: the value at any ``mu >= 0`` holds, the cuts only
@@ -186,6 +200,12 @@ CUT_RADIUS = 0.25
 after one that does not).  Plain Kelley over the whole box reached 361.9 ms in 15 evaluations at ``t`` = 380
 ms on experiments/bench_scale.py's 64-device instance, this region 366.8 ms in 5 and 369.3 ms in 15."""
 
+STAGE_ONE_SHARE = 0.7
+"""Ending 3's weight ``alpha`` of ending 1 against the ending at stage 1 (any value in ``[0, 1]`` holds).  On
+experiments/bench_scale.py's instances the bound is 13.6, 12.3, 12.0, 12.3 and 13.0 % below the best plan at 64
+devices with 0.5, 0.6, 0.7, 0.8 and 0.9, 23.4, 23.5, 23.4, 23.3 and 23.3 % at 1,024 (13.8 and 23.8 % without
+ending 3) (2026-12-02)."""
+
 DELTA_STEPS = 32
 """Buckets of the pivot's ``crit - u`` in ending 1 (``ceil(delta K / t)``, clipped to ``1 .. K``)."""
 
@@ -220,7 +240,7 @@ class StageTypes:
     """``crit - u`` with exactly ``k`` later stages, ``k = 0 .. min(POSITIONS, M) - 1`` (first axis; 1F1B only,
     else empty): the warm-up is ``w = min(k, M)``, so fewer forwards leave the critical ops."""
     fitting_extra: np.ndarray
-    """``extra`` of every type and range that fits in memory, sorted."""
+    """``extra`` and ``extra_at`` of every type and range that fits in memory, sorted."""
 
 
 def _link_bounds(problem: PlanningProblem, speed: float, r: int, room: int = 0) -> tuple[float, float]:
@@ -298,7 +318,14 @@ def stage_types(problem: PlanningProblem, clock: TimeLimit | None = None) -> Sta
                       np.array(replicas, dtype=float)[:, None], np.array(speeds, dtype=float)[:, None],
                       stack["crit"] - stack["u"],
                       np.array([np.vstack(column) for column in at]).reshape(len(at), *stack["u"].shape),
-                      np.sort((stack["crit"] - stack["u"])[np.isfinite(stack["stage_time"])]))
+                      _fitting_deltas(stack["crit"] - stack["u"], at, stack["stage_time"]))
+
+
+def _fitting_deltas(extra: np.ndarray, at: list[list[np.ndarray]], stage_time: np.ndarray) -> np.ndarray:
+    """Every ``delta`` a stage that fits can have, ``w_max``'s and each position's, sorted: ``e_b`` is a
+    smallest ``delta`` of bucket ``>= b``, and a pivot at ``k < POSITIONS`` later stages has its own."""
+    fits = np.isfinite(stage_time)
+    return np.sort(np.concatenate([extra[fits]] + [np.vstack(column)[fits] for column in at]))
 
 
 def _stash_peak(problem: PlanningProblem, q: np.ndarray, last: np.ndarray, inputs: np.ndarray,
@@ -341,6 +368,8 @@ class _Allowed:
     """``TF(n_0) + t`` (ending 2, a stage before the pivot)."""
     pivot: np.ndarray
     """``crit + 2 t + AR`` (ending 2's pivot)."""
+    allreduce: np.ndarray
+    """``AR`` (ending 3's stage 1)."""
 
 
 def _allowed(types: StageTypes, t: float, L: int) -> _Allowed:
@@ -350,7 +379,8 @@ def _allowed(types: StageTypes, t: float, L: int) -> _Allowed:
     at = (rows, columns)
     return _Allowed(rows, columns, used, starts, types.lo[used] * (L + 1) + types.hi[used],
                     types.u[at] + 2 * types.send[at], (types.lo[columns] == 0) * types.allreduce[at],
-                    types.tf0[at] + types.send[at], types.crit[at] + 2 * types.send[at] + types.allreduce[at])
+                    types.tf0[at] + types.send[at], types.crit[at] + 2 * types.send[at] + types.allreduce[at],
+                    types.allreduce[at])
 
 
 def _best(allowed: _Allowed, cost: np.ndarray, L: int) -> np.ndarray:
@@ -397,39 +427,66 @@ def _bucket_tables(types: StageTypes, allowed: _Allowed, t: float,
     return out
 
 
-def _largest_pivot(types: StageTypes, allowed: _Allowed, cost: np.ndarray, t: float, L: int,
-                   positioned: bool = True, chosen: list | None = None,
-                   prepared: dict | None = None) -> float:
-    """Ending 1 with the pivot the stage of largest ``delta = crit - u``: ``min_i e_i + C(i)`` (module docstring).
+def _covers(types: StageTypes, allowed: _Allowed, cost: np.ndarray, t: float, L: int, positioned: bool,
+            prepared: dict) -> tuple[list, np.ndarray, np.ndarray, np.ndarray]:
+    """Ending 1's covers ``C(i)`` (module docstring) for the allowed pairs' ``cost``.
 
-    ``cost`` holds each allowed pair's.  With :attr:`StageTypes.extra_at`, ``C(i)`` is a shortest path over
-    (layer boundary, later stages): a stage with ``k < POSITIONS`` later stages is filtered by its ``delta``
-    at ``k``, any other by ``w_max``'s.  Without ``positioned`` every stage is filtered by ``w_max``'s (a
-    smaller bound, one table of ranges instead of ``POSITIONS + 1``).  ``chosen``, when given, receives the
-    cheapest path's stage types.  ``prepared``, a dictionary kept for one ``t``, holds
-    :func:`_bucket_tables` between calls.
+    Returns the levels (:func:`_bucket_tables`; they and ``e_i`` are kept in ``prepared`` for one ``t``), the tables of
+    :func:`_bucket_matrices`, ``rest`` of :func:`_cover_by_position` (``C(i)`` with ``k`` stages) and ``e_i``.
+    With :attr:`StageTypes.extra_at` and ``positioned``, a stage with ``k < POSITIONS`` later stages is filtered
+    by its ``delta`` at ``k``, any other by ``w_max``'s; otherwise every stage by ``w_max``'s (a smaller bound,
+    one table of ranges instead of ``POSITIONS + 1``).
     """
-    prepared = {} if prepared is None else prepared
     if positioned not in prepared:
         prepared[positioned] = _bucket_tables(types, allowed, t, positioned)
+    if "e" not in prepared:
+        prepared["e"] = _smallest_deltas(types, t)
     levels = prepared[positioned]
-    # per position and range the cheapest allowed type of the buckets up to i: C(i)
-    matrices = np.full((DELTA_STEPS, len(levels), (L + 1) * (L + 1)), np.inf)
+    tables = _bucket_matrices(levels, allowed, cost, L, _buffer(prepared, ("tables", positioned), levels, L))
+    return levels, tables, _cover_by_position(tables), prepared["e"]
+
+
+def _buffer(prepared: dict, key: tuple, levels: list, L: int) -> np.ndarray:
+    """A ``DELTA_STEPS x levels x (L+1) x (L+1)`` array of ``inf`` kept for one ``t``: :func:`_bucket_matrices`
+    writes the same cells at every evaluation there, so the others stay ``inf``."""
+    if key not in prepared:
+        prepared[key] = np.full((DELTA_STEPS, len(levels), L + 1, L + 1), np.inf)
+    return prepared[key]
+
+
+def _bucket_matrices(levels: list, allowed: _Allowed, cost: np.ndarray, L: int,
+                     out: np.ndarray | None = None) -> np.ndarray:
+    """Per bucket ``i``, level and range the cheapest allowed pair's ``cost`` among those of bucket ``<= i``:
+    ``DELTA_STEPS x levels x (L+1) x (L+1)``, ``inf`` where none.  ``out``: a :func:`_buffer` to fill."""
+    if out is None:
+        out = np.full((DELTA_STEPS, len(levels), L + 1, L + 1), np.inf)
+    matrices = out.reshape(DELTA_STEPS, len(levels), (L + 1) * (L + 1))
     for level, (_, order, starts, cells) in enumerate(levels):
         dense = np.full((len(allowed.used), DELTA_STEPS), np.inf)  # (range, bucket): the cheapest type
         if len(order):
             dense.ravel()[cells] = np.minimum.reduceat(cost[order], starts)
         np.minimum.accumulate(dense, axis=1, out=dense)  # of the buckets up to i
         matrices[:, level, allowed.cells] = dense.T
-    tables = matrices.reshape(DELTA_STEPS, len(levels), L + 1, L + 1)
-    rest = _cover_by_position(tables)
-    covers = rest[:, 0, :].min(axis=1)
-    # e_i: the smallest delta of a type that fits, among those of bucket i or later (w_max's are the smallest)
+    return out
+
+
+def _smallest_deltas(types: StageTypes, t: float) -> np.ndarray:
+    """``e_i``: the smallest ``delta`` a fitting stage can have among those of bucket ``i`` or later."""
     known = types.fitting_extra
+    if not len(known):
+        return np.full(DELTA_STEPS, np.inf)
     first = np.searchsorted(_bucket_of(known, t), np.arange(1, DELTA_STEPS + 1), side="left")
-    smallest = np.where(first < len(known), known[np.minimum(first, max(len(known) - 1, 0))], np.inf) \
-        if len(known) else np.full(DELTA_STEPS, np.inf)
-    total = smallest + covers
+    return np.where(first < len(known), known[np.minimum(first, len(known) - 1)], np.inf)
+
+
+def _largest_pivot(allowed: _Allowed, covers: tuple, cost: np.ndarray, L: int, chosen: list | None = None) -> float:
+    """Ending 1 with the pivot the stage of largest ``delta = crit - u``: ``min_i e_i + C(i)`` (module docstring).
+
+    ``covers``: :func:`_covers` of the allowed pairs' ``cost``.  ``chosen``, when given, receives the cheapest
+    path's stage types.
+    """
+    levels, tables, rest, smallest = covers
+    total = smallest + rest[:, 0, :].min(axis=1)
     if chosen is not None and np.isfinite(total.min()):
         g = int(np.argmin(total))
         for level, lo, hi in _walk_by_position(tables[g], rest[g]):
@@ -439,6 +496,43 @@ def _largest_pivot(types: StageTypes, allowed: _Allowed, cost: np.ndarray, t: fl
             fit = pairs[levels[level][0][pairs] <= g + 1]
             chosen.append(int(allowed.rows[fit[np.argmin(cost[fit])]]))
     return float(np.min(total))
+
+
+def _stage_one_ending(allowed: _Allowed, covers: tuple, extra: np.ndarray, L: int, prepared: dict) -> float:
+    """Ending 3 (module docstring): ``min_i e_i + min(A(i), B(i))``, positions told apart as in ending 1.
+
+    ``covers``: ending 1's (:func:`_covers`); ``extra``: each allowed pair's Lagrange term; ``prepared``: what
+    is kept for one ``t``.
+    """
+    levels, tables, rest, smallest = covers
+    share, last = STAGE_ONE_SHARE, rest.shape[2] - 1
+    # A(i): stage 0 on [0, h) with k + 1 later stages, stage 1 on [h, h2) with k, C(i)'s cover of [h2, L)
+    second = _bucket_matrices(levels, allowed, allowed.passes + (1 - share) * allowed.allreduce + extra, L,
+                              _buffer(prepared, ("stage 1", len(levels)), levels, L))
+    after_first = np.full((DELTA_STEPS, last + 1, L + 1), np.inf)  # (i, k, h)
+    ahead = rest.transpose(0, 2, 1)
+    for h in range(1, L):
+        after_first[:, :, h] = np.min(second[:, :, h, h + 1:] + ahead[:, :, h + 1:], axis=2)
+    first = _first_stages(levels, allowed, share * (allowed.passes + allowed.first)
+                          + (1 - share) * allowed.before + extra, L)
+    spread = np.min(first[:, np.minimum(np.arange(last + 1) + 1, last), :] + after_first, axis=(1, 2))
+    # B(i): stage 0 the pivot at ending 1's cost, every later stage of a lower bucket (C(i - 1)'s cover)
+    lower = np.full_like(rest, np.inf)
+    lower[0, L, 0] = 0.0  # no later stage
+    lower[1:] = rest[:-1]
+    alone = np.min(tables[:, :, 0, :] + lower.transpose(0, 2, 1), axis=(1, 2))
+    return float(np.min(smallest + np.minimum(spread, alone)))
+
+
+def _first_stages(levels: list, allowed: _Allowed, cost: np.ndarray, L: int) -> np.ndarray:
+    """Per bucket ``i``, level and ``h`` the cheapest allowed pair's ``cost`` on ``[0, h)`` among those of bucket
+    ``<= i``: ``DELTA_STEPS x levels x (L+1)``."""
+    head = int(np.searchsorted(allowed.columns, L))  # the ranges [0, h) come first, at column h - 1
+    out = np.full((len(levels), L + 1, DELTA_STEPS), np.inf)
+    for level, (bucket, *_) in enumerate(levels):
+        np.minimum.at(out[level], (allowed.columns[:head] + 1, bucket[:head] - 1), cost[:head])
+    np.minimum.accumulate(out, axis=2, out=out)
+    return out.transpose(2, 0, 1)
 
 
 def _range_index(lo: int, hi: int, L: int) -> int:
@@ -479,21 +573,23 @@ def _cover_by_position(cost: np.ndarray) -> np.ndarray:
 
 def _path_value(types: StageTypes, t: float, weight: np.ndarray, lam: float, budget: float, L: int,
                 positioned: bool = True, prepared: dict | None = None, chosen: list | None = None) -> float:
-    """``f(t)`` of the module docstring for one weighting ``lam * weight`` of the stage types: the larger of the
-    two endings, less ``lam * budget``.  ``prepared``: what :func:`_largest_pivot` keeps for one ``t``,
-    and the qualifying pairs (:func:`_allowed`); ``chosen``: ending 1's types, with its value at
-    ``prepared["ending 1"]``."""
+    """``f(t)`` of the module docstring for one weighting ``lam * weight`` of the stage types: the largest
+    ending (ending 3 with ``positioned`` alone), less ``lam * budget``.  ``prepared``: what
+    :func:`_covers` keeps for one ``t``, and the qualifying pairs (:func:`_allowed`); ``chosen``: ending 1's
+    types, with its value at ``prepared["ending 1"]``."""
     prepared = {} if prepared is None else prepared
     if "allowed" not in prepared:
         prepared["allowed"] = _allowed(types, t, L)
     allowed = prepared["allowed"]
     extra = (lam * types.replicas * weight)[allowed.rows, 0]
     u = allowed.passes + extra
-    ending_at_stage0 = _largest_pivot(types, allowed, u + allowed.first, t, L, positioned, chosen, prepared)
+    covers = _covers(types, allowed, u + allowed.first, t, L, positioned, prepared)
+    ending_at_stage0 = _largest_pivot(allowed, covers, u + allowed.first, L, chosen)
     ending_at_pivot = _shortest(_best(allowed, allowed.before + extra, L),
                                 _best(allowed, allowed.pivot + extra, L), _best(allowed, u, L))
+    ending_at_stage1 = _stage_one_ending(allowed, covers, extra, L, prepared) if positioned else -math.inf
     prepared["ending 1"] = ending_at_stage0 - lam * budget
-    return max(ending_at_stage0, ending_at_pivot) - lam * budget
+    return max(ending_at_stage0, ending_at_pivot, ending_at_stage1) - lam * budget
 
 
 def _value_and_slope(types: StageTypes, t: float, weights: list[tuple[np.ndarray, float]], mu: np.ndarray,
