@@ -31,7 +31,7 @@ from pipeplan.solver.exact.search import Search
 
 CLASS_BOUND_SHARE = 0.4
 """Most of the time limit :func:`pipeplan.solver.bounds.class_bound.class_bound` may take (it runs a fixed number of
-steps: 8 to 22 s at 64 to 4,096 devices on experiments/bench_scale.py's instances, 2-core machine, 2026-12-02).
+steps: 6 to 10 s of CPU at 64 to 4,096 devices on experiments/bench_scale.py's instances, 2-core machine, 2026-12-02).
 With a fifth of a 60 s limit it was cut at 1,024 and 4,096 devices (gaps 27.2 % and 31.4 % against 26.6 % and
 26.6 % uncut); group-search, which runs after it, finds its plans there in its first seconds (docs/scale.md)."""
 
