@@ -250,10 +250,10 @@ class TestExactSolverUnderLoad:
             assert loaded == idle or loaded["record"]["stopped_by"] == "time", loaded["record"]
 
 
-SMALL_BUDGET = DEFAULT_BUDGET / 10_000
+SMALL_BUDGET = DEFAULT_BUDGET / 50_000
 """A ``cpsat`` budget that scales every phase down far enough that the walk on :func:`problem` stops on
-its table entries (0.1 million of the 0.5 million a whole walk builds), as the default budget stops it
-at 96 layers x 32 devices, and the model's loop after it stops on its budget too."""
+its table entries (0.12 million of the 0.5 million a whole walk builds), and the model's loop after it
+stops on its budget too."""
 
 
 def exact_here(budget: float | None = None, time_limit: float = TIME_CAP) -> tuple[dict, object]:

@@ -263,6 +263,16 @@ class TestTablesPastTheBudget:
             assert np.array_equal(pruned.best[name], table), name
         assert len(pruned.edges) == 0  # no bands on them
 
+    def test_a_build_above_the_full_table_limit_takes_the_undominated_arcs(self, monkeypatch):
+        seed, layers, devices, schedule = BANDED[0]
+        problem = sized_problem(seed, layers=layers, devices=devices, schedule=schedule)
+        whole = _prepared_walk(problem)
+        monkeypatch.setattr(enumeration, "FULL_TABLE_CELLS", _plain_cells(whole) - 1)  # the budget is ample
+        limited = _prepared_walk(problem)
+        assert limited.useful is not None and limited.table_cells < _plain_cells(whole)
+        for name, table in whole.best.items():
+            assert np.array_equal(limited.best[name], table), name
+
     @pytest.mark.parametrize("case", BANDED[:2], ids=lambda c: f"seed{c[0]}-{c[3]}")
     def test_undominated_against_every_pair(self, case):
         seed, layers, devices, schedule = case

@@ -130,15 +130,17 @@ DEFAULT_PREFIXES = 50_000
 18 s at 96 layers x 32 devices on the 2-core machine this was measured on (besides the tables,
 counted apart: :data:`DEFAULT_TABLE_CELLS`)."""
 
-DEFAULT_TABLE_CELLS = 1_200_000_000
+DEFAULT_TABLE_CELLS = 6_000_000_000
 """Table entries the walk may build over all its passes, without an explicit budget: the shift
 table's entries and, at each (re)build, arcs x devices-left vectors x the tables built (four, and
 one per delta band), or past the budget the undominated arcs' entries and their lattices
-([Note: tables past the budget]).  At 96 layers x 32 devices a rebuild grows with the cutoff (4 ns
-an entry on the machine the prefixes were measured on): the first, with its bands, builds 0.92
-billion entries, the second 0.15 billion from the undominated arcs (over every arc: 0.48 billion),
-and the third does not fit (1.10 billion built): a default solve there ends on it in about 11 s.
-The benchmark instances the walk proves (up to 64 x 16) build at most 0.3 billion, over every arc."""
+([Note: tables past the budget]).  The tables are built one group of arcs at a time, so this
+counts time (about 4 ns an entry on the 2-core machine), not memory.  At 96 layers x 32 devices
+(experiments/bench_solvers.py, ``cpsat`` with a 60 s limit, 2026-12-02) a default solve builds
+4.03 billion entries over 7 passes and ends on its prefix budget in about 31 s with a gap of
+7.8 %; with 1.2 billion it stopped at the third rebuild after 12 s with 10.6 %.  At 96 x 64 and
+128 x 64 the prefixes run out first (0.43 and 0.78 billion entries).  The benchmark instances the
+walk proves (up to 64 x 16) build at most 0.3 billion, over every arc."""
 
 DELTA_BANDS = 8
 """Bands of the completions' largest ``delta`` that the pass-sum table is kept for (see [Note: delta bands])."""
@@ -153,6 +155,13 @@ the walk can check its clock: 14.4 s for 268 million entries (14 devices of dist
 
 MAX_SHIFT_ENTRIES = 3e8
 """Largest shift table the walk builds (int64: 2.4 GB); 15 devices of distinct speeds would need 8.6 GB."""
+
+FULL_TABLE_CELLS = 1_000_000_000
+"""Most entries a build of the four tables over every kept arc may take; a larger one is built from the
+undominated arcs ([Note: tables past the budget]), which gives the same tables for fewer entries once the
+arcs are many: 0.42 billion instead of 3.07 on the first build at 96 layers x 64 devices
+(experiments/bench_solvers.py), where the walk then ends on its prefixes in 30 s instead of 50 s with the
+same bound (2026-12-02).  The benchmark instances the walk proves build at most 0.3 billion in all."""
 
 LATTICE_CELLS = 1 << 22
 """Entries of the dominance lattices (:meth:`_Walk._undominated`) built at a time (int64: 32 MB)."""
@@ -372,12 +381,12 @@ class _Walk:
         return ids[keep], self._cells(self.tab["hi"][ids[keep]], t, source[keep])
 
     def _choose_tables(self, names: list[str]) -> None:
-        """Pay for the tables ``names``, built from every kept arc when they fit in the table budget left, else
-        from the undominated ones only (``useful``: a mask of the kept arcs per table; see
+        """Pay for the tables ``names``, built from every kept arc when they fit in the table budget left and in
+        :data:`FULL_TABLE_CELLS`, else from the undominated ones only (``useful``: a mask of the kept arcs per table; see
         [Note: tables past the budget])."""
         self.useful = None
         width = self.size + 1
-        if len(self.ids) * width * len(names) <= self.cells.left():
+        if len(self.ids) * width * len(names) <= min(self.cells.left(), FULL_TABLE_CELLS):
             self._charge(len(self.ids) * width * len(names))
             return
         order, starts = self._lattice_groups()
