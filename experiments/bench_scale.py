@@ -76,7 +76,7 @@ def scale_problem(devices: int, layers: int = 128) -> PlanningProblem:
 
 def run_child(devices: int, layers: int, solver: str, time_limit: float) -> dict:
     """Solve once in this process and describe the result (the child's side)."""
-    from pipeplan.solver.exact.ilp import quiet_stdout
+    from pipeplan.solver.core.native_output import quiet_stdout
     from pipeplan.solver.solvers import get_solver, solver_names
     solver_names()  # import every solver module before the clock starts
     start = time.perf_counter()

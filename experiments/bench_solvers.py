@@ -46,7 +46,7 @@ from pipeplan.models.errors import InputError  # noqa: E402
 from pipeplan.models.graph import Layer, LayerGraph  # noqa: E402
 from pipeplan.solver.formats.cluster import Cluster, Device, Link  # noqa: E402
 from pipeplan.solver.core.problem import PlanningProblem  # noqa: E402
-from pipeplan.solver.exact.ilp import quiet_stdout  # noqa: E402
+from pipeplan.solver.core.native_output import quiet_stdout  # noqa: E402
 from pipeplan.solver.schedules.schedule import schedule_for  # noqa: E402
 from pipeplan.solver.solvers import get_solver, solver_names  # noqa: E402
 

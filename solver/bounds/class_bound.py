@@ -454,12 +454,9 @@ def _buffer(prepared: dict, key: tuple, levels: list, L: int) -> np.ndarray:
     return prepared[key]
 
 
-def _bucket_matrices(levels: list, allowed: _Allowed, cost: np.ndarray, L: int,
-                     out: np.ndarray | None = None) -> np.ndarray:
+def _bucket_matrices(levels: list, allowed: _Allowed, cost: np.ndarray, L: int, out: np.ndarray) -> np.ndarray:
     """Per bucket ``i``, level and range the cheapest allowed pair's ``cost`` among those of bucket ``<= i``:
-    ``DELTA_STEPS x levels x (L+1) x (L+1)``, ``inf`` where none.  ``out``: a :func:`_buffer` to fill."""
-    if out is None:
-        out = np.full((DELTA_STEPS, len(levels), L + 1, L + 1), np.inf)
+    ``DELTA_STEPS x levels x (L+1) x (L+1)``, ``inf`` where none, written into ``out`` (a :func:`_buffer`)."""
     matrices = out.reshape(DELTA_STEPS, len(levels), (L + 1) * (L + 1))
     for level, (_, order, starts, cells) in enumerate(levels):
         dense = np.full((len(allowed.used), DELTA_STEPS), np.inf)  # (range, bucket): the cheapest type
@@ -508,7 +505,7 @@ def _stage_one_ending(allowed: _Allowed, covers: tuple, extra: np.ndarray, L: in
     share, last = STAGE_ONE_SHARE, rest.shape[2] - 1
     # A(i): stage 0 on [0, h) with k + 1 later stages, stage 1 on [h, h2) with k, C(i)'s cover of [h2, L)
     second = _bucket_matrices(levels, allowed, allowed.passes + (1 - share) * allowed.allreduce + extra, L,
-                              _buffer(prepared, ("stage 1", len(levels)), levels, L))
+                              _buffer(prepared, ("stage 1",), levels, L))
     after_first = np.full((DELTA_STEPS, last + 1, L + 1), np.inf)  # (i, k, h)
     ahead = rest.transpose(0, 2, 1)
     for h in range(1, L):

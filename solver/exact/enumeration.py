@@ -51,7 +51,7 @@ bands multiply the table work, so they are used only while the tables are small
 
 [Note: tables past the budget]  The tables cost kept arcs x devices-left vectors each
 (:data:`DEFAULT_TABLE_CELLS`).  When a build over every kept arc does not fit in the
-table budget left, each table is built from the arcs no other arc *dominates* for it, and
+table budget left, or exceeds :data:`FULL_TABLE_CELLS`, each table is built from the arcs no other arc *dominates* for it, and
 holds the same values.  Arc ``i`` dominates arc ``j`` for a table when both cover the
 same layers with the same label, ``i`` uses no more devices of any class, and its value
 is smaller (ties: the lower index).  ``i`` then fits wherever ``j`` does and leaves at
@@ -62,11 +62,7 @@ per group of arcs with the same layers and label (a running minimum of the arcs'
 along each class), counted with the tables.  These builds keep no bands (each band would
 need its own lattice).  On 96 layers x 64 devices the first build keeps 214,501 of 703,370
 arcs for the pass sums and 17,674, 46,452 and 52,932 for the others: 0.42 billion entries
-instead of 3.07 billion, and the walk raises the bound from 118.07 ms (the class bound)
-to 127.18 ms (gap 21.0 % to 15.0 %) before its prefix budget ends.  Tables on a coarser
-devices-left grid (counts rounded up) would be valid too, but not tight enough there:
-with 14 or 20 levels per class the first pass (1 % above the class bound) did not end
-within 200,000 prefixes, against 226 on every vector.
+instead of 3.07 billion.
 
 Passes and the anytime bound
 ----------------------------
@@ -93,8 +89,8 @@ prefix.
 Where it stops helping: on the largest benchmark instances (96 layers x 32 or 64
 devices) the prefixes whose bound lies a few per cent above the proved bound number in
 the hundreds of thousands; the walk raises the bound while its budgets last (gaps of
-10.6 % and 15.0 % in a default solve), then returns its proved bound and the solvers go
-on as before.
+7.8 % and 15.3 % in a default solve with a 60 s limit), then returns its proved bound and
+the solvers go on as before.
 """
 
 from __future__ import annotations

@@ -26,11 +26,10 @@ budget (the same fixed work on every run, so it changes no budget's meaning).
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator
+from typing import Iterator
 
 from pipeplan.solver.bounds.virtual_bound import Bounder
 from pipeplan.solver.core.problem import PlanningProblem
-from pipeplan.solver.evaluation.simulator import Simulation
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.schedules.schedule import num_stages
 from pipeplan.solver.space.device_classes import fastest_first
@@ -52,8 +51,6 @@ class Fallback:
     """The fastest candidate that fits, or ``None`` when none of those simulated fits."""
     iteration_time: float | None
     """Its simulated iteration time."""
-    bounded: int
-    """Candidates listed and bounded."""
     simulations: int
     """Simulations run."""
 
@@ -97,7 +94,7 @@ def fallback_candidates(problem: PlanningProblem) -> Iterator[Candidate]:
                 yield Candidate(v, cut, bounds, (False,) * stages)
 
 
-def fallback_plan(problem: PlanningProblem, evaluate: Callable[[Plan], Simulation] | None = None) -> Fallback:
+def fallback_plan(problem: PlanningProblem) -> Fallback:
     """The fastest fitting plan among the :data:`FALLBACK_TRIES` candidates of smallest bound (module docstring).
 
     Reads no clock: the same problem gives the same plan, on the same work, on any machine.
@@ -106,10 +103,7 @@ def fallback_plan(problem: PlanningProblem, evaluate: Callable[[Plan], Simulatio
     ----------
     problem : PlanningProblem
         A problem whose schedule is a named version-2 one, with ``M`` equal microbatches.
-    evaluate : callable, optional
-        The judge of a plan (default the problem's simulator).
     """
-    evaluate = evaluate or problem.evaluate
     bounder = Bounder(problem)
     listed = [c for c in fallback_candidates(problem) if not bounder.overflows(c)]
     ranked = sorted(range(len(listed)), key=lambda i: (bounder.bound(listed[i]), i))
@@ -119,10 +113,10 @@ def fallback_plan(problem: PlanningProblem, evaluate: Callable[[Plan], Simulatio
         tries = [plain] + ([replace(plain, recompute=(True,) * len(plain.bounds))] if problem.allow_recompute else [])
         for candidate in tries:  # every stage recomputing only when the plain candidate does not fit
             plan = to_plan(problem, candidate)
-            result = evaluate(plan)
+            result = problem.evaluate(plan)
             simulations += 1
             if result.fits:
                 if best_time is None or result.iteration_time < best_time:
                     best, best_time = plan, result.iteration_time
                 break
-    return Fallback(best, best_time, len(listed), simulations)
+    return Fallback(best, best_time, simulations)
