@@ -11,8 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from helpers import virtual_brute_force, virtual_problem
+from pipeplan.models.graph import Layer, LayerGraph
+from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.bounds.virtual_bound import space_bound
 from pipeplan.solver.core.termination import TimeLimit
+from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.exact.virtual_model import (CPSAT_UNIT, build_rows, coefficients, group_types, layer_units,
                                                  solve_cpsat, solve_highs, virtual_model_bound)
 from pipeplan.solver.solvers import get_solver
@@ -90,6 +93,40 @@ class TestVirtualModelBound:
         p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4, virtual=2)
         with pytest.raises(ValueError, match="backend"):
             virtual_model_bound(p, "cbc", TimeLimit(60.0))
+
+
+def equal_devices_problem(schedule: str, costs: list[float], m: int) -> PlanningProblem:
+    """Two equal devices on one server, no bytes across a cut, no parameters, whole microbatches of one sample."""
+    g = LayerGraph.chain("g", [Layer(f"l{i}", (0, w), (0, 2 * w), 0, 1, 0, bwd_w=(0, w), act_w=1, step=0)
+                               for i, w in enumerate(costs)])
+    c = Cluster("c", (Link(1e9, 0.0, "s0"),), Link(1e9, 0.0), tuple(Device(f"d{i}", "s0", 1.0, 1e12) for i in range(2)))
+    return PlanningProblem(g, c, global_batch=m, microbatches=m, schedule=schedule, allow_replication=False,
+                           virtual_stages=fixed_v(schedule))
+
+
+class TestProgramRows:
+    @pytest.mark.parametrize("schedule, without", [("interleaved-1f1b", 57.0), ("interleaved-zb", 51.0),
+                                                   ("looped-bfs", 57.0), ("zbv", 72.0)])
+    def test_the_critical_path_is_the_simulated_time(self, schedule, without):
+        """Four layers on two groups of one device: one plan, whose transfers, all-reduce and step take no time, so
+        the longest path through the programs is its simulated time, which rows 1 to 3 alone fall short of."""
+        p = equal_devices_problem(schedule, [3, 1, 1, 3], 4)
+        best, _ = virtual_brute_force(p)
+        types = group_types(p)
+        co = coefficients(p, types, layer_units(p))
+        assert solve_highs(build_rows(p, 2, 2, types, co), 60.0, 1_000) == ("optimal", pytest.approx(best, rel=1e-12))
+        assert solve_highs(build_rows(p, 2, 2, types, co, paths=False), 60.0, 1_000) == ("optimal",
+                                                                                         pytest.approx(without))
+        assert virtual_model_bound(p, "milp", TimeLimit(60.0)).bound == pytest.approx(best, rel=1e-8)
+
+    @pytest.mark.parametrize("schedule", V2)
+    def test_integral_starts_keep_the_cpsat_form_below_the_optimum(self, schedule):
+        p = equal_devices_problem(schedule, [1, 2, 3, 4], 2)
+        best, _ = virtual_brute_force(p)
+        types = group_types(p)
+        co = coefficients(p, types, layer_units(p))
+        code, units = solve_cpsat(build_rows(p, 2, 2, types, co, unit=CPSAT_UNIT), 60.0, 100.0)
+        assert code == "optimal" and (best - 2 * CPSAT_UNIT) * (1 - 1e-9) <= units * CPSAT_UNIT <= best
 
 
 class TestExactSolversRunTheModel:
