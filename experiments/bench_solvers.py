@@ -234,6 +234,8 @@ def model_summary(details: dict) -> str:
     --------
     >>> model_summary({"model_groups": "R=1:optimal R=2:optimal R=3:cut", "model_complete": False})
     'R 1-2 solved, R 3 cut'
+    >>> model_summary({"model_groups": "R=1:optimal R=2:target R=3:target", "model_complete": True})
+    'R 1 solved, R 2-3 by target LPs, all'
     >>> model_summary({})
     'no model'
     """
@@ -247,7 +249,7 @@ def model_summary(details: dict) -> str:
             if rs == list(range(rs[0], rs[-1] + 1)) else "R " + ",".join(map(str, rs))
 
     text = ", ".join(f"{span(s)} {word}" for s, word in (("optimal", "solved"), ("infeasible", "infeasible"),
-                                                         ("cut", "cut")) if span(s))
+                                                         ("cut", "cut"), ("target", "by target LPs")) if span(s))
     return text + (", all" if details.get("model_complete") else "")
 
 

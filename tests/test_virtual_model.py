@@ -16,8 +16,8 @@ from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.bounds.virtual_bound import space_bound
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
-from pipeplan.solver.exact.virtual_model import (CPSAT_UNIT, build_rows, coefficients, group_types, layer_units,
-                                                 solve_cpsat, solve_highs, virtual_model_bound)
+from pipeplan.solver.exact.virtual_model import (CPSAT_UNIT, MIN_TARGET_STEP, build_rows, coefficients, group_types,
+                                                 layer_units, solve_cpsat, solve_highs, virtual_model_bound)
 from pipeplan.solver.solvers import get_solver
 
 VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
@@ -117,7 +117,9 @@ class TestProgramRows:
         assert solve_highs(build_rows(p, 2, 2, types, co), 60.0, 1_000) == ("optimal", pytest.approx(best, rel=1e-12))
         assert solve_highs(build_rows(p, 2, 2, types, co, paths=False), 60.0, 1_000) == ("optimal",
                                                                                          pytest.approx(without))
-        assert virtual_model_bound(p, "milp", TimeLimit(60.0)).bound == pytest.approx(best, rel=1e-8)
+        # the model proves targets in steps down to MIN_TARGET_STEP: within twice that of the longest path
+        found = virtual_model_bound(p, "milp", TimeLimit(60.0)).bound
+        assert best * (1 - 2 * MIN_TARGET_STEP) <= found <= best
 
     @pytest.mark.parametrize("schedule", V2)
     def test_integral_starts_keep_the_cpsat_form_below_the_optimum(self, schedule):

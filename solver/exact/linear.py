@@ -52,6 +52,9 @@ class LinearModel:
     """The coefficient of each entry."""
     objective: int = 0
     """The column minimised."""
+    target_terms: list[tuple[int, int, float]] = field(default_factory=list)
+    """``(row, column, constant)``: entries whose coefficient is ``constant - target``, set for each target of a
+    feasibility check (:class:`pipeplan.solver.exact.virtual_targets.TargetLP`)."""
 
     def var(self, name: str, lower: float = 0.0, upper: float = math.inf, integer: bool = False) -> int:
         """A new column; returns its index."""

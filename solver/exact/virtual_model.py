@@ -89,7 +89,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -98,6 +98,7 @@ from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.native_output import quiet_stdout
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.exact.linear import LinearModel
+from pipeplan.solver.exact.virtual_targets import TargetLP, set_target, target_bound
 from pipeplan.solver.schedules.programs import Action
 from pipeplan.solver.schedules.schedule import num_stages, stage_group
 from pipeplan.solver.space.class_stages import q_classes
@@ -111,10 +112,16 @@ CPSAT_UNIT = 1e-7
 """Seconds per integer unit of the CP-SAT form (0.1 us: a bound of 0.3 s is 3 million units)."""
 
 NODES_PER_MODEL = 2_000
-"""HiGHS branch-and-bound nodes per ``R`` model (the MILP form's counted work)."""
+"""HiGHS branch-and-bound nodes per model solve (the MILP form's counted work)."""
 
 DETERMINISTIC_PER_MODEL = 4.0
-"""CP-SAT deterministic seconds per ``R`` model (the CP-SAT form's counted work)."""
+"""CP-SAT deterministic seconds per model solve (the CP-SAT form's counted work)."""
+
+TARGET_STEP = 0.02
+"""How far above a group count's bound the model is asked to rule out plans, relative; halved when it does not."""
+
+MIN_TARGET_STEP = 0.0025
+"""The smallest step tried: below it, the group count's bound is left as it is."""
 
 MAX_COLUMNS = 100_000
 """Most unit-stage-type columns one model may have; a group count beyond it is not modelled (the answer is then
@@ -227,6 +234,16 @@ class Coefficients:
     """Per unit: its layers."""
 
 
+MILLI = 1e3
+"""Milliseconds per second: the target LPs and MILPs take their times in milliseconds, for HiGHS's tolerances."""
+
+
+def in_milliseconds(co: Coefficients) -> Coefficients:
+    """``co`` with every time in milliseconds (states and sizes as they are)."""
+    return replace(co, **{name: getattr(co, name) * MILLI for name in ("forward", "backward", "weight", "forward_all",
+                                                                       "work", "tail", "tail_const")})
+
+
 def coefficients(problem: PlanningProblem, types: list[GroupType], units: list[Unit]) -> Coefficients:
     """The :class:`Coefficients` of ``types`` over ``units``."""
     small = int(np.argmin(problem.split))
@@ -250,14 +267,17 @@ def coefficients(problem: PlanningProblem, types: list[GroupType], units: list[U
 
 
 def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[GroupType],
-               co: Coefficients, unit: float | None = None, paths: bool = True) -> LinearModel:
+               co: Coefficients, unit: float | None = None, paths: bool = True,
+               capacity: bool = False) -> LinearModel:
     """The model of the module docstring for ``groups`` groups of ``virtual`` stages each.
 
     With ``unit`` (seconds), every time coefficient and constant is rounded down to a whole number of
     units and the state bytes to whole millionths of the graph's state (the integral CP-SAT form):
     each linear form's value for a real plan only drops, so the plan stays feasible.  ``paths`` adds
     row 4 (:func:`program_rows`); with ``unit`` its start columns are whole units, which a real plan's
-    start times rounded down satisfy (``floor(x + y) >= floor(x) + floor(y)``).
+    start times rounded down satisfy (``floor(x + y) >= floor(x) + floor(y)``).  ``capacity`` adds the
+    capacity row of each group and type (:mod:`pipeplan.solver.exact.virtual_targets`), its ``z`` entry in
+    :attr:`LinearModel.target_terms`.
     """
     schedule = problem.schedule
     S = num_stages(schedule, groups, virtual)
@@ -336,6 +356,14 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
             if float(np.sum(state * co.sizes)) > memory:
                 m.row([(x[u, t, i], float(state[u])) for t in mine[p] for u in range(U)] + [(z[p][i], -float(memory))],
                       -math.inf, 0)
+    if capacity:
+        for p in range(groups):
+            for i in kinds:
+                # sum of (work + tail) x + 2 (r - 1) lat z <= target z; the z entry is set per target
+                at = len(m.row_lower)
+                m.row([(x[u, t, i], float(work[i, u] + tail[i, u])) for t in mine[p] for u in range(U)]
+                      + [(z[p][i], 1.0)], -math.inf, 0)
+                m.target_terms.append((at, z[p][i], float(const[i])))
     whole = not problem.needs.split_backward
     Z = [total(f"Z{s}", [s], weight) for s in range(S)]
     programs = problem.needs.programs(groups, problem.microbatches, virtual)
@@ -431,11 +459,13 @@ class ModelOutcome:
 
     groups: int
     status: str
-    """``optimal``, ``infeasible`` (no plan with ``R`` groups), or ``cut`` (its bound is the solver's proved one)."""
+    """``target`` (the bound is the target LPs') or ``model`` (the model proved no plan as fast as the bound)."""
     bound: float
     """A lower bound on every plan with ``R`` groups (``inf`` when infeasible, 0 without one)."""
     elapsed: float = 0.0
     """Seconds since the bound's clock started, when this model was done."""
+    target: float = 0.0
+    """The bound of the target LPs (:mod:`pipeplan.solver.exact.virtual_targets`); 0 when they did not run."""
 
 
 def solve_highs(m: LinearModel, time_limit: float, nodes: int) -> tuple[str, float]:
@@ -509,7 +539,9 @@ class ModelBound:
     outcomes: tuple[ModelOutcome, ...]
     """One per group count, in order."""
     complete: bool
-    """Whether every group count's model ran (else the bound is :func:`space_bound`)."""
+    """Whether every group count has a bound (else the bound is :func:`space_bound`)."""
+    by_targets: bool = False
+    """Whether the smallest bound is a target LP's: no model of that group count was solved above it."""
 
 
 def fixed_virtual(problem: PlanningProblem) -> int | None:
@@ -518,15 +550,30 @@ def fixed_virtual(problem: PlanningProblem) -> int | None:
 
 
 def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit,
-                        earlier: ModelBound | None = None) -> ModelBound:
-    """The smallest bound of the models of every group count (see the module docstring), never below
-    :func:`space_bound`.
+                        earlier: ModelBound | None = None, cap: float = math.inf) -> ModelBound:
+    """The smallest bound over every group count (see the module docstring), never below :func:`space_bound`.
 
-    Each model runs on :data:`NODES_PER_MODEL` HiGHS nodes or :data:`DETERMINISTIC_PER_MODEL`
-    CP-SAT deterministic seconds; ``clock`` caps them all.  A problem that leaves ``v`` to the search,
-    or a clock that runs out before every model ran, gives :func:`space_bound` (``complete`` false).
-    ``earlier`` (an incomplete answer for the same problem and backend) is resumed: its models are not
-    solved again.
+    First, each group count gets the bound of its target LPs (:mod:`pipeplan.solver.exact.virtual_targets`),
+    proved no higher than ``cap`` or the smallest bound of the group counts before it: a higher one would
+    not change the smallest.  Then the group count with the smallest bound is raised: its model with
+    capacity rows (:func:`model_rules_out`, :data:`NODES_PER_MODEL` HiGHS nodes or
+    :data:`DETERMINISTIC_PER_MODEL` CP-SAT deterministic seconds) is asked to rule out every plan
+    :data:`TARGET_STEP` above it; a target proved becomes the bound, a target not proved halves the step.
+    This goes on until the smallest bound's steps fall below :data:`MIN_TARGET_STEP`, it reaches ``cap``,
+    or ``clock`` runs out.  A problem that leaves ``v`` to the search, or a clock
+    that runs out before every group count has a bound, gives :func:`space_bound` (``complete`` false).
+    ``earlier`` (an answer for the same problem and backend) is resumed: its bounds are kept and its
+    models that were not solved are tried again.
+
+    Parameters
+    ----------
+    problem : PlanningProblem
+    backend : str
+        ``milp`` (HiGHS) or ``cpsat`` for the models; the target LPs are HiGHS's for both.
+    clock : TimeLimit
+    earlier : ModelBound, optional
+    cap : float, optional
+        A plan's iteration time: no bound above it is sought.
 
     Examples
     --------
@@ -546,28 +593,63 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
         return ModelBound(floor_, backend, (), False)
     types = group_types(problem)
     co = coefficients(problem, types, layer_units(problem))
-    outcomes = []
-    done = {o.groups: o for o in earlier.outcomes} if earlier is not None and earlier.backend == backend else {}
+    milli = in_milliseconds(co)
+    found = {o.groups: o for o in earlier.outcomes} if earlier is not None and earlier.backend == backend else {}
+    proved = {g: o.bound / (1 - ROUNDING_MARGIN) for g, o in found.items()}
     for groups in group_counts(problem):
         if schedule_accepts(problem.schedule, groups, problem.microbatches):
             continue
         stages = num_stages(problem.schedule, groups, v)
         if stages > len(problem.graph) or (problem.max_stages is not None and stages > problem.max_stages):
             continue
-        if groups in done and done[groups].status != "cut":
-            outcomes.append(done[groups])
+        if groups in found:
             continue
         if clock.expired() or len(co.sizes) * stages * len(types) > MAX_COLUMNS:
-            return ModelBound(floor_, backend, tuple(outcomes) + tuple(o for g, o in done.items() if g > groups),
-                              False)
-        if backend == "milp":
-            status, bound = solve_highs(build_rows(problem, groups, v, types, co), clock.remaining(), NODES_PER_MODEL)
-        else:
-            rows = build_rows(problem, groups, v, types, co, unit=CPSAT_UNIT, paths=False)
-            status, units = solve_cpsat(rows, clock.remaining(), DETERMINISTIC_PER_MODEL)
-            bound = units * CPSAT_UNIT
-        if status == "cut":
-            clock.expired()  # notes a cut by the clock in the solve's record (a node or deterministic cap is counted)
-        outcomes.append(ModelOutcome(groups, status, bound * (1 - ROUNDING_MARGIN), clock.elapsed()))
-    best = min((o.bound for o in outcomes), default=math.inf)
-    return ModelBound(max(floor_, best) if math.isfinite(best) else floor_, backend, tuple(outcomes), True)
+            return ModelBound(floor_, backend, tuple(found[g] for g in sorted(found)), False)
+        # the targets proved (before their margin) cap the next ones: group counts proved at one cap share one bound
+        lowest = min(proved.values(), default=math.inf)
+        lp = TargetLP(build_rows(problem, groups, v, types, milli, capacity=True), clock.remaining)
+        proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), floor_, min(cap, lowest), clock.expired)
+        target = proved[groups] * (1 - ROUNDING_MARGIN)
+        found[groups] = ModelOutcome(groups, "target", target, clock.elapsed(), target)
+    step = {g: TARGET_STEP for g in found}
+    while not clock.expired():
+        # only the smallest bound counts: once its group count's steps are spent, the others stay as they are
+        groups = min(found, key=lambda g: (proved[g], g), default=None)
+        if groups is None or step[groups] < MIN_TARGET_STEP or proved[groups] >= cap:
+            break
+        target = min(cap, proved[groups] * (1 + step[groups]))
+        if model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli, backend, target, clock):
+            proved[groups] = target
+            found[groups] = ModelOutcome(groups, "model", target * (1 - ROUNDING_MARGIN), clock.elapsed(),
+                                         found[groups].target)
+        else:  # a plan of the model, or its budget spent: a smaller step
+            step[groups] /= 2
+    outcomes = tuple(found[g] for g in sorted(found))
+    if not outcomes:
+        return ModelBound(floor_, backend, (), True)
+    low = min(outcomes, key=lambda o: (o.bound, o.groups))
+    return ModelBound(max(floor_, low.bound), backend, outcomes, True, low.status == "target" and low.bound > floor_)
+
+
+def model_rules_out(problem: PlanningProblem, groups: int, virtual: int, types: list[GroupType], co: Coefficients,
+                    backend: str, target: float, clock: TimeLimit) -> bool:
+    """Whether the model of ``groups`` groups with capacity rows has no integral solution with ``T <= target``
+    seconds: then no plan with that many groups is that fast (:mod:`pipeplan.solver.exact.virtual_targets`).
+    ``co`` in milliseconds (:func:`in_milliseconds`) for ``milp``, in seconds for ``cpsat``.
+
+    ``milp``: HiGHS on :data:`NODES_PER_MODEL` nodes; ``cpsat``: CP-SAT on :data:`DETERMINISTIC_PER_MODEL`
+    deterministic seconds, in whole :data:`CPSAT_UNIT` units (the target rounded up, every coefficient down:
+    a real plan's rounded values still satisfy every row), without row 4.  ``clock`` caps both; ``False``
+    unless infeasibility is proved.
+    """
+    if backend == "milp":  # co in milliseconds
+        rows = build_rows(problem, groups, virtual, types, co, capacity=True)
+        set_target(rows, target * MILLI)
+        status, _ = solve_highs(rows, clock.remaining(), NODES_PER_MODEL)
+    else:
+        rows = build_rows(problem, groups, virtual, types, co, unit=CPSAT_UNIT, paths=False, capacity=True)
+        set_target(rows, math.ceil(target / CPSAT_UNIT))
+        status, _ = solve_cpsat(rows, clock.remaining(), DETERMINISTIC_PER_MODEL)
+    clock.expired()  # notes a cut by the clock in the solve's record (a node or deterministic cap is counted)
+    return status == "infeasible"

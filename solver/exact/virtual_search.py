@@ -44,8 +44,9 @@ plan is never slower than any of them that fits.
 The model.  Built with ``model`` (``ilp``: ``milp``, ``cpsat``: ``cpsat``),
 :class:`VirtualBnB` also solves :mod:`pipeplan.solver.exact.virtual_model` before its
 best-first search, on at most :data:`MODEL_SHARE` of the time left, and after the search,
-on what it left, the models not yet solved: a bound over every plan of the space, which
-replaces the search's when higher, and proves the plan optimal when it reaches it.
+on what it left, the group counts not yet bounded or solved (target LPs first, then the
+models): a bound over every plan of the space, which replaces the search's when higher, and
+proves the plan optimal when it reaches it.  No bound above the incumbent is sought.
 
 The work is counted in simulations (:class:`pipeplan.solver.core.termination.WorkBudget`):
 same inputs and budget, same plan on any machine.
@@ -293,11 +294,12 @@ class VirtualBnB(VirtualSolver):
             if found.plan is not None and (incumbent is None or found.iteration_time < incumbent[1]):
                 incumbent, plan_by = (found.plan, found.iteration_time), phase.solver.name
         # the model before the search, on a share of the time left, so that a short limit still gets a bound
-        model = virtual_model_bound(problem, self.model, clock.within(MODEL_SHARE * clock.left())) \
-            if self.model is not None else None
         if fallback is not None and fallback.plan is not None and (incumbent is None or
                                                                    fallback.iteration_time < incumbent[1]):
             incumbent, plan_by = (fallback.plan, fallback.iteration_time), f"{self.name} (fallback)"
+        cap = incumbent[1] if incumbent is not None else math.inf  # no bound above a plan is needed
+        model = virtual_model_bound(problem, self.model, clock.within(MODEL_SHARE * clock.left()), cap=cap) \
+            if self.model is not None else None
         work = WorkBudget(max(1.0, total - spent), stops=clock.stops)
         # a proved v = 1 solve settles every one-stage candidate: none is faster than its plan, which the
         # incumbent is or beats
@@ -311,7 +313,7 @@ class VirtualBnB(VirtualSolver):
         full = replace(full, details=details, plan_by=self.name if improved else plan_by)
         if model is not None and full.status in ("feasible", "timeout-no-solution"):
             if not model.complete and not past(clock):  # the search left time: the models not yet solved
-                model = virtual_model_bound(problem, self.model, clock, earlier=model)
+                model = virtual_model_bound(problem, self.model, clock, earlier=model, cap=cap)
             full = self._model_bound(model, clock, full)
         return replace(full, wall_time=clock.elapsed())
 
@@ -322,7 +324,8 @@ class VirtualBnB(VirtualSolver):
         bound = found.lower_bound if found.lower_bound is not None else 0.0
         if not model.complete or model.bound <= bound:
             return replace(found, details=details)
-        by = "version-2 MILP (HiGHS)" if self.model == "milp" else "version-2 CP-SAT model"
+        by = "version-2 target LPs (HiGHS)" if model.by_targets else \
+            "version-2 MILP (HiGHS)" if self.model == "milp" else "version-2 CP-SAT model"
         if found.plan is not None and model.bound >= found.iteration_time * (1 - BOUND_TOL):
             trace = found.trace + (TracePoint(clock.elapsed(), found.iteration_time, found.iteration_time),)
             return replace(found, status="optimal", lower_bound=found.iteration_time, trace=trace, details=details,
