@@ -228,14 +228,14 @@ def version2_row(layers: int, devices: int, time_limit: float, solvers: tuple[st
 
 
 def model_summary(details: dict) -> str:
-    """``R 1-3 solved, R 4 cut, all`` from a record's ``model_groups`` and ``model_complete``.
+    """``R 2-3 by the model, R 1 by target LPs, all`` from a record's ``model_groups`` and ``model_complete``.
 
     Examples
     --------
-    >>> model_summary({"model_groups": "R=1:optimal R=2:optimal R=3:cut", "model_complete": False})
-    'R 1-2 solved, R 3 cut'
-    >>> model_summary({"model_groups": "R=1:optimal R=2:target R=3:target", "model_complete": True})
-    'R 1 solved, R 2-3 by target LPs, all'
+    >>> model_summary({"model_groups": "R=1:target R=2:model R=3:model", "model_complete": False})
+    'R 2-3 by the model, R 1 by target LPs'
+    >>> model_summary({"model_groups": "R=1:model R=2:target R=3:target", "model_complete": True})
+    'R 1 by the model, R 2-3 by target LPs, all'
     >>> model_summary({})
     'no model'
     """
@@ -248,8 +248,8 @@ def model_summary(details: dict) -> str:
         return "" if not rs else f"R {rs[0]}" if len(rs) == 1 else f"R {rs[0]}-{rs[-1]}" \
             if rs == list(range(rs[0], rs[-1] + 1)) else "R " + ",".join(map(str, rs))
 
-    text = ", ".join(f"{span(s)} {word}" for s, word in (("optimal", "solved"), ("infeasible", "infeasible"),
-                                                         ("cut", "cut"), ("target", "by target LPs")) if span(s))
+    text = ", ".join(f"{span(s)} {word}" for s, word in (("model", "by the model"), ("target", "by target LPs"))
+                     if span(s))
     return text + (", all" if details.get("model_complete") else "")
 
 

@@ -225,8 +225,8 @@ class TestVersion2Row:
 
 class TestModelSummary:
     def test_spans(self):
-        d = {"model_groups": "R=1:optimal R=2:optimal R=3:infeasible R=4:cut", "model_complete": True}
-        assert solvers_bench.model_summary(d) == "R 1-2 solved, R 3 infeasible, R 4 cut, all"
+        d = {"model_groups": "R=1:model R=2:model R=3:target R=4:model", "model_complete": True}
+        assert solvers_bench.model_summary(d) == "R 1,2,4 by the model, R 3 by target LPs, all"
 
     def test_without_a_model(self):
         assert solvers_bench.model_summary({}) == "no model"
