@@ -1,10 +1,11 @@
 """A model of every version-2 plan with ``R`` groups: its optimum bounds them all (:func:`virtual_model_bound`).
 
-``ilp`` solves it as a MILP with HiGHS, ``cpsat`` as a CP-SAT model; both take the same rows
-(:func:`build_rows`).  One model per group count ``R`` the schedule takes (``v`` fixed: the
-problem's ``virtual_stages``, or 2 for ``zbv``); the bound over the whole space is the smallest
-of the ``R`` models' bounds, never below
-:func:`pipeplan.solver.bounds.virtual_bound.space_bound`.
+One model per group count ``R`` the schedule takes (``v`` fixed: the problem's ``virtual_stages``, or 2
+for ``zbv``), with the rows of :func:`build_rows`; the bound over the whole space is the smallest of the
+``R`` models' bounds, never below :func:`pipeplan.solver.bounds.virtual_bound.space_bound`.  Each model is
+asked whether a plan reaches a target time (:mod:`pipeplan.solver.exact.virtual_targets`): first by its
+linear relaxation with capacity rows, then, for the group count with the smallest bound, as a MILP by
+HiGHS (``ilp``) or as a CP-SAT model (``cpsat``).
 
 Notation (spec 7.3, as :mod:`pipeplan.solver.bounds.virtual_bound`): ``S = R v`` stages, stage
 ``s`` on group ``g(s)`` (:func:`pipeplan.solver.schedules.schedule.stage_group`); ``TF_s(k)``,
