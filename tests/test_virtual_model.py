@@ -17,7 +17,8 @@ from pipeplan.solver.bounds.virtual_bound import space_bound
 from pipeplan.solver.core.termination import TimeLimit
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.exact.virtual_model import (CPSAT_UNIT, MIN_TARGET_STEP, build_rows, coefficients, group_types,
-                                                 layer_units, solve_cpsat, solve_highs, virtual_model_bound)
+                                                 layer_units, solve_cpsat, solve_highs, transfer_times,
+                                                 virtual_model_bound)
 from pipeplan.solver.solvers import get_solver
 
 VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
@@ -129,6 +130,66 @@ class TestProgramRows:
         co = coefficients(p, types, layer_units(p))
         code, units = solve_cpsat(build_rows(p, 2, 2, types, co, unit=CPSAT_UNIT), 60.0, 100.0)
         assert code == "optimal" and (best - 2 * CPSAT_UNIT) * (1 - 1e-9) <= units * CPSAT_UNIT <= best
+
+
+def two_server_problem(schedule: str, costs: list[float], network: Link) -> PlanningProblem:
+    """Two equal devices, one per server, one byte per sample across every cut, four microbatches of one sample."""
+    g = LayerGraph.chain("g", [Layer(f"l{i}", (0, w), (0, 2 * w), 0, 1, 1, bwd_w=(0, w), act_w=1, step=0)
+                               for i, w in enumerate(costs)], input_bytes=0)
+    c = Cluster("c", (Link(1e9, 0.0, "s0"), Link(1e9, 0.0, "s1")), network,
+                tuple(Device(f"d{i}", f"s{i}", 1.0, 1e12) for i in range(2)))
+    return PlanningProblem(g, c, global_batch=4, microbatches=4, schedule=schedule, allow_replication=False,
+                           virtual_stages=fixed_v(schedule))
+
+
+class TestHopColumns:
+    @pytest.mark.parametrize("schedule, without", [("interleaved-1f1b", 63.0), ("interleaved-zb", 60.0),
+                                                   ("looped-bfs", 75.0)])
+    def test_transfers_on_the_critical_path_are_counted(self, schedule, without):
+        """Two groups on two servers: every hop takes 0.25 s + 1 byte / 2 B/s; with them the model's optimum is
+        the simulated time of the best plan, without them it falls short."""
+        p = two_server_problem(schedule, [3, 1, 1, 3], Link(2.0, 0.25))
+        best, _ = virtual_brute_force(p)
+        types = group_types(p)
+        co = coefficients(p, types, layer_units(p))
+        assert co.transfer.tolist() == [[0.75]]
+        assert solve_highs(build_rows(p, 2, 2, types, co), 60.0, 1_000) == ("optimal", pytest.approx(best, rel=1e-12))
+        assert solve_highs(build_rows(p, 2, 2, types, replace(co, transfer=None)), 60.0, 1_000) == (
+            "optimal", pytest.approx(without))
+        assert without < best
+
+    def test_no_bytes_no_columns(self):
+        p = equal_devices_problem("looped-bfs", [1, 2, 3, 4], 2)
+        types = group_types(p)
+        co = coefficients(p, types, layer_units(p))
+        assert not any(name.startswith("H") for name in build_rows(p, 2, 2, types, co).names)
+
+
+class TestTransferTimes:
+    def test_a_shared_server_or_the_network(self):
+        """Fast devices share server s0 (NVLink); the slow ones are on s1 and s2: fast with fast may talk over s0,
+        a slow group with any other over the network (s1 holds one slow device, too few for two groups)."""
+        g = LayerGraph.chain("g", [Layer(f"l{i}", (0, 1), (0, 2), 0, 1, 10) for i in range(3)], input_bytes=0)
+        devices = (Device("f0", "s0", 1.0, 1e12), Device("f1", "s0", 1.0, 1e12),
+                   Device("w0", "s1", 0.5, 1e12), Device("w1", "s2", 0.5, 1e12))
+        c = Cluster("c", (Link(1e3, 0.001, "s0"), Link(1e3, 0.001, "s1"), Link(1e3, 0.001, "s2")), Link(10.0, 0.1),
+                    devices)
+        p = PlanningProblem(g, c, global_batch=4, microbatches=2, schedule="looped-bfs", virtual_stages=2,
+                            allow_replication=False)
+        types = group_types(p)
+        assert [(t.speed, t.replicas) for t in types] == [(1.0, 1), (0.5, 1)]
+        # 2 samples of 10 bytes: 0.001 + 20 / 1e3 over s0, 0.1 + 20 / 10 over the network
+        assert transfer_times(p, types).ravel().tolist() == pytest.approx([0.021, 2.1, 2.1, 2.1])
+
+    def test_replicas_share_the_bytes(self):
+        """Groups of up to ``most`` replicas (the same ``q``) split the bytes: the bound divides by the largest."""
+        p = two_server_problem("looped-bfs", [1, 1, 1, 1], Link(2.0, 0.25))
+        p = replace(p, allow_replication=True)
+        types = group_types(p)
+        times = transfer_times(p, types)
+        for i, a in enumerate(types):
+            for j, b in enumerate(types):
+                assert times[i, j] == pytest.approx(0.25 + 1 / (2.0 * min(a.most, b.most)))
 
 
 class TestExactSolversRunTheModel:

@@ -42,7 +42,7 @@ Rows on ``T`` (every plan with ``R`` groups and ``v`` satisfies them):
    reach stage ``s``: a forward of a stage ``s' >= s`` for the forwards of stages ``0 .. s'-1``,
    a backward (``B``, ``I``) of any stage for the whole forward pass, a ``W`` for its ``I``.
    Microbatch ``k`` reaches stage ``s`` no earlier than ``sum_{t < s} TF_t(k) >= sum_{t < s}
-   F_t`` (transfers take ``>= 0``).  The group runs those actions one at a time, then
+   F_t`` (and the transfers of row 5).  The group runs those actions one at a time, then
    all-reduces and steps.
 2. Whole backwards (``interleaved-1f1b``, ``looped-bfs``): ``T >= sum_{t < s} F_t + R[g, s] +
    sum_{t < s_g} B_t + Y_{g(0)}`` for every stage ``s`` on ``g``, ``s_g`` the first stage of
@@ -64,7 +64,7 @@ Rows on ``T`` (every plan with ``R`` groups and ``v`` satisfies them):
    ``T >= t_a + dur_a + Y_p`` for the last action ``a`` of each program ``p``.  ``dur_a`` is ``F_s``,
    ``B_s`` or ``Z_s`` of its stage.  A real plan satisfies these rows with ``t_a`` its actions' start times:
    each action starts no earlier than the end of the one before it in its program and than the end of the
-   action whose output it waits for (a transfer takes ``>= 0``, a FIFO link only delays it), every real
+   action whose output it waits for (plus, across a cut, row 5's transfer; a FIFO link only delays it), every real
    duration is at least the model's (smallest microbatch, smallest unit values, recompute left out), and
    each group ends with its all-reduce and step.  So ``T`` is at least the longest path through the
    programs with the model's durations: for a fixed plan without transfers, all-reduce or recompute, with
@@ -73,6 +73,17 @@ Rows on ``T`` (every plan with ``R`` groups and ``v`` satisfies them):
    instance, minimising ``T`` with 60 s, CP-SAT with row 4 left one of the 4 group counts unproved under
    every version-2 schedule, and its bounds were 0.3 % to 5.4 % lower than without row 4 on 4 of the 5
    schedules.
+
+5. *Transfers* (:func:`hop_columns`, :func:`transfer_times`).  A column ``H_c >= 0`` per cut ``c`` between
+   stages on two groups ``g`` and ``h``, at least the shortest transfer between groups of their types (either
+   way; two stages of one group hand over without one): for each type ``i`` of ``g``,
+   ``H_c >= sum_j X[i, j] z[h, j] - max_j X[i, j] (1 - z[g, i])``, and the same with ``g`` and ``h`` swapped.
+   Every chain of rows 1 to 4 that passes a cut waits for that transfer (the receiving action waits for its
+   arrival, spec 7.3): row 1 adds ``H_t`` for the cuts before ``s``, row 2 those before ``s_g``, row 3
+   every cut forward and those from ``s`` on backward, and in row 4 a wait across a cut adds its ``H_c``.
+   Where groups of two types cannot share a server (servers of one device class each), the network's
+   bandwidth sets ``X``: on bench_solvers' 64 x 16 instance, 2.6 ms against 0.1 ms on NVLink, for each
+   microbatch's every hop between a fast and a slow group.
 
 Rows 1 and 2 are the fill and drain of the schedule: for equal stages on equal groups, row 1 at
 the last group's first stage is ``(R - 1)`` stage forwards plus the group's work, the
@@ -124,6 +135,9 @@ TARGET_STEP = 0.02
 MIN_TARGET_STEP = 0.0025
 """The smallest step tried: below it, the group count's bound is left as it is."""
 
+MAX_TARGET_STEP = 0.16
+"""The largest step: a target proved doubles the group count's step up to this."""
+
 MAX_COLUMNS = 100_000
 """Most unit-stage-type columns one model may have; a group count beyond it is not modelled (the answer is then
 incomplete), so that building a model never takes long on a large cluster."""
@@ -147,6 +161,10 @@ class GroupType:
     """Smallest all-reduce latency the group can have."""
     bw: float
     """Largest all-reduce bandwidth the group can have."""
+    most: int = 0
+    """The largest replica count with the same ``q`` vector (``r_hi``): the group's own ``r`` is at most this."""
+    servers: frozenset[str] = frozenset()
+    """Servers holding a device of the class (the group's slowest device is on one of them)."""
 
 
 def group_types(problem: PlanningProblem) -> list[GroupType]:
@@ -158,14 +176,43 @@ def group_types(problem: PlanningProblem) -> list[GroupType]:
     for c in classes:
         faster = [d for d in problem.cluster.devices if d.speed >= c.speed]
         most = len(faster) if problem.allow_replication else 1
-        for r, _, qs in q_classes(problem.split, most):
+        for r, r_hi, qs in q_classes(problem.split, most):
             # one server holds the whole group only if it holds its slowest device (of class c) too
             own = {server for server, _ in c.ids_by_server}
             links = [net] + [servers[s] for s in servers
                              if s in own and sum(1 for d in faster if d.server == s) >= r]
             types.append(GroupType(c.speed, c.memory, r, qs, min(l.latency for l in links),
-                                   max(l.bandwidth for l in links)))
+                                   max(l.bandwidth for l in links), r_hi, frozenset(own)))
     return types
+
+
+def transfer_times(problem: PlanningProblem, types: list[GroupType]) -> np.ndarray:
+    """``[i, j]``: a lower bound on any transfer between a group of type ``i`` and one of type ``j`` (either way).
+
+    Spec 7.3: a transfer of ``n`` samples across a cut takes ``lat(X, Y) + n cut / (min(r_X, r_Y) bw(X, Y))``.
+    Here ``n >= n_min`` (the smallest microbatch), ``cut >=`` the smallest ``cut_bytes`` of any layer, and
+    ``min(r_X, r_Y) <= min(most_i, most_j)``.  Unless one server holds both groups, some pair of their devices
+    talks over the network (``bw <=`` the network's, ``lat >=`` its); a server holds both only if it holds a
+    device of each type's class and ``r_i + r_j`` devices.  So ``bw(X, Y)`` is at most the largest, and
+    ``lat(X, Y)`` at least the smallest, over the network and such servers.
+    """
+    graph = problem.graph
+    cut = min((graph.cut_bytes(l) for l in range(len(graph) - 1)), default=0.0)
+    samples = min(problem.split)
+    held = {s.id: 0 for s in problem.cluster.servers}
+    for d in problem.cluster.devices:
+        held[d.server] = held.get(d.server, 0) + 1
+    servers = {s.id: s for s in problem.cluster.servers}
+    net = problem.cluster.network
+    out = np.zeros((len(types), len(types)))
+    for i, a in enumerate(types):
+        for j, b in enumerate(types):
+            links = [net] + [servers[s] for s in a.servers & b.servers
+                             if s in servers and held[s] >= a.replicas + b.replicas]
+            bw, lat = max(l.bandwidth for l in links), min(l.latency for l in links)
+            pair = max(1, min(a.most or a.replicas, b.most or b.replicas))
+            out[i, j] = lat + samples * cut / (pair * bw) if cut > 0 else lat
+    return out
 
 
 UNITS = 6
@@ -233,6 +280,8 @@ class Coefficients:
     """Per unit: ``state_factor * params``."""
     sizes: np.ndarray
     """Per unit: its layers."""
+    transfer: np.ndarray | None = None
+    """Per pair of types: the shortest transfer between two groups of those types (:func:`transfer_times`)."""
 
 
 MILLI = 1e3
@@ -241,8 +290,9 @@ MILLI = 1e3
 
 def in_milliseconds(co: Coefficients) -> Coefficients:
     """``co`` with every time in milliseconds (states and sizes as they are)."""
-    return replace(co, **{name: getattr(co, name) * MILLI for name in ("forward", "backward", "weight", "forward_all",
-                                                                       "work", "tail", "tail_const")})
+    names = ("forward", "backward", "weight", "forward_all", "work", "tail", "tail_const") \
+        + (("transfer",) if co.transfer is not None else ())
+    return replace(co, **{name: getattr(co, name) * MILLI for name in names})
 
 
 def coefficients(problem: PlanningProblem, types: list[GroupType], units: list[Unit]) -> Coefficients:
@@ -264,7 +314,7 @@ def coefficients(problem: PlanningProblem, types: list[GroupType], units: list[U
     const = np.array([2 * (t.replicas - 1) * t.lat for t in types])
     state = np.array([problem.state_factor * u.params for u in units])
     return Coefficients(fwd, back, weight, fwd_all, work, tail, const, state,
-                        np.array([len(u.layers) for u in units]))
+                        np.array([len(u.layers) for u in units]), transfer_times(problem, types))
 
 
 def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[GroupType],
@@ -306,6 +356,7 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
          for u in range(U) for s in range(S) for i in kinds}
     for p in range(groups):
         m.row(zip(z[p], [1.0] * len(types)), 1, 1)
+    hops = hop_columns(m, z, owner, None if co.transfer is None else rounded(co.transfer))
     for u in range(U):
         m.row(((x[u, s, i], 1.0) for s in range(S) for i in kinds), co.sizes[u], co.sizes[u])
         for s in range(S):
@@ -369,7 +420,12 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
     Z = [total(f"Z{s}", [s], weight) for s in range(S)]
     programs = problem.needs.programs(groups, problem.microbatches, virtual)
     if paths:
-        program_rows(m, programs, F, B, Z, Y, bool(unit))
+        program_rows(m, programs, F, B, Z, Y, bool(unit), hops)
+
+    def crossed(cuts) -> list[int]:
+        """The transfer columns of ``cuts`` (a cut between two stages of one group has none)."""
+        return [hops[c] for c in cuts if c in hops]
+
     for p, program in enumerate(programs):
         for s in mine[p]:
             # row 3: the first backward of stage s in p's program, then every action from it on
@@ -381,29 +437,59 @@ def build_rows(problem: PlanningProblem, groups: int, virtual: int, types: list[
                 count[F[t]] = count.get(F[t], 0.0) + 1.0
                 if t > s:
                     count[B[t]] = count.get(B[t], 0.0) + 1.0
+            for c in crossed(range(S - 1)) + crossed(range(s, S - 1)):  # its transfers forward, then back to s
+                count[c] = count.get(c, 0.0) + 1.0
             for a in program[at:]:
                 col = F[a.stage] if a.kind == "F" else Z[a.stage] if a.kind == "W" else B[a.stage]
                 count[col] = count.get(col, 0.0) + 1.0
             cols, coefs = list(count), [-c for c in count.values()]
             m.row(zip([T] + cols + [Y[p]], [1.0] + coefs + [-1.0]), 0, math.inf)
             if whole and first[p] > 0:
-                m.row(zip([T] + cols + B[:first[p]] + [Y[owner[0]]], [1.0] + coefs + [-1.0] * first[p] + [-1.0]),
+                back = B[:first[p]] + crossed(range(first[p]))
+                m.row(zip([T] + cols + back + [Y[owner[0]]], [1.0] + coefs + [-1.0] * len(back) + [-1.0]),
                       0, math.inf)
     for s in range(S):
         p = owner[s]
         before = [t for t in mine[p] if t < s]
-        # T >= sum_{t<s} F_t + (W_p - sum of p's forwards before s) + Y_p
-        m.row(zip([T] + F[:s] + [Wk[p]] + [Fa[t] for t in before] + [Y[p]],
-                  [1.0] + [-1.0] * s + [-1.0] + [1.0] * len(before) + [-1.0]), 0, math.inf)
+        reach = F[:s] + crossed(range(s))  # a microbatch's forwards and transfers up to stage s
+        # T >= sum_{t<s} (F_t + H_t) + (W_p - sum of p's forwards before s) + Y_p
+        m.row(zip([T] + reach + [Wk[p]] + [Fa[t] for t in before] + [Y[p]],
+                  [1.0] + [-1.0] * len(reach) + [-1.0] + [1.0] * len(before) + [-1.0]), 0, math.inf)
         if whole and first[p] > 0:
-            m.row(zip([T] + F[:s] + [Wk[p]] + [Fa[t] for t in before] + B[:first[p]] + [Y[owner[0]]],
-                      [1.0] + [-1.0] * s + [-1.0] + [1.0] * len(before) + [-1.0] * first[p] + [-1.0]),
+            back = B[:first[p]] + crossed(range(first[p]))
+            m.row(zip([T] + reach + [Wk[p]] + [Fa[t] for t in before] + back + [Y[owner[0]]],
+                      [1.0] + [-1.0] * len(reach) + [-1.0] + [1.0] * len(before) + [-1.0] * len(back) + [-1.0]),
                   0, math.inf)
     return m
 
 
+def hop_columns(m: LinearModel, z: list[list[int]], owner: list[int], transfer: np.ndarray | None) -> dict[int, int]:
+    """A column ``H_c`` per cut ``c`` between stages on two groups, at most every transfer across it (row 5).
+
+    ``H_c >= sum_j transfer[i, j] z[h, j] - M_i (1 - z[g, i])`` for each type ``i`` of the sender ``g``
+    (``M_i = max_j transfer[i, j]``), and the same with the roles of ``g`` and ``h`` swapped: with one
+    type per group, each row says ``H_c >=`` the transfer time of the two groups' types, or is void.
+    ``transfer`` ``None`` (or all zero) gives no columns.
+    """
+    hops: dict[int, int] = {}
+    if transfer is None or not np.any(transfer > 0):
+        return hops
+    kinds = range(transfer.shape[0])
+    for c in range(len(owner) - 1):
+        g, h = owner[c], owner[c + 1]
+        if g == h:
+            continue  # two stages of one group hand over without a transfer
+        col = hops[c] = m.var(f"H{c}")
+        for mine, other, table in ((g, h, transfer), (h, g, transfer.T)):
+            for i in kinds:
+                most = float(table[i].max())
+                m.row([(col, 1.0)] + [(z[other][j], -float(table[i, j])) for j in kinds]
+                      + [(z[mine][i], -most)], -most, math.inf)
+    return hops
+
+
 def program_rows(m: LinearModel, programs: Sequence[Sequence[Action]], F: list[int], B: list[int], Z: list[int],
-                 Y: list[int], integral: bool = False) -> None:
+                 Y: list[int], integral: bool = False, hops: dict[int, int] | None = None) -> None:
     """Row 4 of the module docstring, added to ``m``: a start column per action of ``programs``, at or after
     the end of the action before it in its group's program and of the action it waits for, and
     ``T >= start + duration + Y_p`` for each program's last action.
@@ -429,10 +515,13 @@ def program_rows(m: LinearModel, programs: Sequence[Sequence[Action]], F: list[i
             start[a.stage, a.kind, a.microbatch] = m.var(f"t{p},{a.stage}{a.kind}{a.microbatch}", integer=integral)
     last = len(F) - 1
 
-    def after(later: int, earlier: tuple[int, str, int]) -> None:
-        """``start[later] >= start[earlier] + duration(earlier)``."""
+    hops = hops or {}
+
+    def after(later: int, earlier: tuple[int, str, int], cut: int | None = None) -> None:
+        """``start[later] >= start[earlier] + duration(earlier)``, plus the transfer across ``cut``."""
         stage, kind, _ = earlier
-        m.row([(later, 1.0), (start[earlier], -1.0), (duration[kind][stage], -1.0)], 0, math.inf)
+        hop = [(hops[cut], -1.0)] if cut in hops else []
+        m.row([(later, 1.0), (start[earlier], -1.0), (duration[kind][stage], -1.0)] + hop, 0, math.inf)
 
     for program in programs:
         for i, a in enumerate(program):
@@ -440,9 +529,9 @@ def program_rows(m: LinearModel, programs: Sequence[Sequence[Action]], F: list[i
             if i > 0:
                 after(me, tuple(program[i - 1]))
             if a.kind == "F" and a.stage > 0:
-                after(me, (a.stage - 1, "F", a.microbatch))
+                after(me, (a.stage - 1, "F", a.microbatch), a.stage - 1)
             elif a.kind in ("B", "I") and a.stage < last:
-                after(me, (a.stage + 1, a.kind, a.microbatch))
+                after(me, (a.stage + 1, a.kind, a.microbatch), a.stage)
             elif a.kind in ("B", "I"):
                 after(me, (a.stage, "F", a.microbatch))
             elif a.kind == "W":
@@ -624,6 +713,7 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
         if model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli, backend, target, clock):
             proved[groups] = target
             found[groups] = ModelOutcome(groups, "model", target * (1 - ROUNDING_MARGIN), clock.elapsed())
+            step[groups] = min(MAX_TARGET_STEP, 2 * step[groups])
         else:  # a plan of the model, or its budget spent: a smaller step
             step[groups] /= 2
     outcomes = tuple(found[g] for g in sorted(found))
