@@ -688,6 +688,7 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     milli = in_milliseconds(co)
     found = {o.groups: o for o in earlier.outcomes} if earlier is not None and earlier.backend == backend else {}
     proved = {g: o.bound / (1 - ROUNDING_MARGIN) for g, o in found.items()}
+    capped: dict[int, TargetLP] = {}  # group counts whose target LPs stopped at a smaller group count's bound
     for groups in group_counts(problem):
         if schedule_accepts(problem.schedule, groups, problem.microbatches):
             continue
@@ -699,16 +700,23 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
         if clock.expired() or len(co.sizes) * stages * len(types) > MAX_COLUMNS:
             return ModelBound(floor_, backend, tuple(found[g] for g in sorted(found)), False)
         # the targets proved (before their margin) cap the next ones: group counts proved at one cap share one bound
-        lowest = min(proved.values(), default=math.inf)
+        lowest = min(cap, min(proved.values(), default=math.inf))
         lp = TargetLP(build_rows(problem, groups, v, types, milli, capacity=True), clock.remaining)
-        proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), floor_, min(cap, lowest), clock.expired)
+        proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), floor_, lowest, clock.expired)
         found[groups] = ModelOutcome(groups, "target", proved[groups] * (1 - ROUNDING_MARGIN), clock.elapsed())
+        if proved[groups] >= lowest and lowest < cap:
+            capped[groups] = lp  # stopped at another group count's bound: its own may be higher
     step = {g: TARGET_STEP for g in found}
     while not clock.expired():
         # only the smallest bound counts: once its group count's steps are spent, the others stay as they are
         groups = min(found, key=lambda g: (proved[g], g), default=None)
         if groups is None or step[groups] < MIN_TARGET_STEP or proved[groups] >= cap:
             break
+        if groups in capped:  # its target LPs first, on from where they stopped, up to the incumbent
+            lp = capped.pop(groups)
+            proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), proved[groups], cap, clock.expired)
+            found[groups] = ModelOutcome(groups, "target", proved[groups] * (1 - ROUNDING_MARGIN), clock.elapsed())
+            continue
         target = min(cap, proved[groups] * (1 + step[groups]))
         if model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli, backend, target, clock):
             proved[groups] = target
