@@ -99,6 +99,20 @@ class TestVirtualModelBound:
         part = replace(full, outcomes=full.outcomes[:1], complete=False)
         assert virtual_model_bound(p, "milp", TimeLimit(60.0), earlier=part).bound == full.bound
 
+    def test_a_resumed_answer_goes_on_from_its_steps(self):
+        """Spent steps are not tried again; a group count with a step left is raised further."""
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
+        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
+        best, _ = virtual_brute_force(p)
+        full = virtual_model_bound(p, "milp", TimeLimit(60.0))
+        assert virtual_model_bound(p, "milp", TimeLimit(60.0), earlier=full) == full
+        low = min(full.outcomes, key=lambda o: o.bound)
+        lowered = replace(low, bound=0.9 * low.bound, step=MIN_TARGET_STEP)  # a smaller bound, one step left
+        part = replace(full, outcomes=tuple(lowered if o is low else o for o in full.outcomes))
+        again = virtual_model_bound(p, "milp", TimeLimit(60.0), earlier=part)
+        raised = next(o for o in again.outcomes if o.groups == low.groups)
+        assert lowered.bound < raised.bound <= best * (1 + 1e-9)
+
     def test_a_model_too_large_is_not_built(self, monkeypatch):
         from pipeplan.solver.exact import virtual_model
         monkeypatch.setattr(virtual_model, "MAX_COLUMNS", 1)

@@ -44,8 +44,8 @@ plan is never slower than any of them that fits.
 The model.  Built with ``model`` (``ilp``: ``milp``, ``cpsat``: ``cpsat``),
 :class:`VirtualBnB` also solves :mod:`pipeplan.solver.exact.virtual_model` before its
 best-first search, on at most :data:`MODEL_SHARE` of the time left, and after the search,
-on what it left, the group counts not yet bounded or solved (target LPs first, then the
-models): a bound over every plan of the space, which replaces the search's when higher, and
+on what it left, from where it stopped (the group counts not yet bounded, then the raising of
+the smallest bound): a bound over every plan of the space, which replaces the search's when higher, and
 proves the plan optimal when it reaches it.  No bound above the incumbent is sought.
 
 The work is counted in simulations (:class:`pipeplan.solver.core.termination.WorkBudget`):
@@ -312,7 +312,7 @@ class VirtualBnB(VirtualSolver):
         improved = incumbent is None or full.plan is not incumbent[0]
         full = replace(full, details=details, plan_by=self.name if improved else plan_by)
         if model is not None and full.status in ("feasible", "timeout-no-solution"):
-            if not model.complete and not past(clock):  # the search left time: the models not yet solved
+            if not past(clock) and model.bound < cap:  # the search left time: the models go on where they stopped
                 model = virtual_model_bound(problem, self.model, clock, earlier=model, cap=cap)
             full = self._model_bound(model, clock, full)
         return replace(full, wall_time=clock.elapsed())
