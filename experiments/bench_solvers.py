@@ -44,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeplan.models.errors import InputError  # noqa: E402
 from pipeplan.models.graph import Layer, LayerGraph  # noqa: E402
+from pipeplan.models.jsonio import atomic_write_text  # noqa: E402
 from pipeplan.solver.formats.cluster import Cluster, Device, Link  # noqa: E402
 from pipeplan.solver.core.problem import PlanningProblem  # noqa: E402
 from pipeplan.solver.core.native_output import quiet_stdout  # noqa: E402
@@ -315,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
         row = version2_row(layers, devices, args.time_limit)
         print(version2_markdown(row))
         if args.out:
-            args.out.write_text(json.dumps(row, indent=1))
+            atomic_write_text(args.out, json.dumps(row, indent=1))
         return 0
     cases = (list(SCHEDULE_CASES) if args.schedules == "all" else
              parse_schedules(args.schedules) if args.schedules else [])
@@ -334,12 +335,12 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         print(f"done {layers} x {devices}", file=sys.stderr, flush=True)
         if args.out:  # keep partial results of a long run
-            args.out.write_text(json.dumps(results, indent=1))
+            atomic_write_text(args.out, json.dumps(results, indent=1))
     print(markdown(results))
     if cases:
         print("\n" + schedule_markdown(results))
     if args.out:
-        args.out.write_text(json.dumps(results, indent=1))
+        atomic_write_text(args.out, json.dumps(results, indent=1))
     return 0
 
 
