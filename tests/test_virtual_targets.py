@@ -44,6 +44,19 @@ class TestSetTarget:
 
 
 class TestTargetLP:
+    def test_a_program_cut_by_its_time_limit_is_marked(self):
+        """bench_solvers' 64 x 16 model of 8 groups: answered with a minute, unanswered (not ruled out, and
+        ``timed_out``) with no time at all."""
+        from pipeplan.experiments.bench_solvers import schedule_problem
+
+        p = schedule_problem(64, 16, "looped-bfs", 2)
+        types = group_types(p)
+        rows = build_rows(p, 8, 2, types, in_milliseconds(coefficients(p, types, layer_units(p))), capacity=True)
+        answered = TargetLP(rows, lambda: 60.0)
+        assert answered.infeasible_at(200.0) and not answered.timed_out  # its bound is 202.4 ms
+        cut = TargetLP(rows, lambda: 0.0)
+        assert not cut.infeasible_at(200.0) and cut.timed_out
+
     def test_monotone_in_the_target(self):
         values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
         p = virtual_problem(values, "looped-bfs", devices=4, layers=8, batch=8, m=4, virtual=2)

@@ -717,6 +717,7 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     found = {o.groups: o for o in earlier.outcomes} if earlier is not None and earlier.backend == backend else {}
     proved = {g: o.bound / (1 - ROUNDING_MARGIN) for g, o in found.items()}
     lps: dict[int, TargetLP] = {}  # the target LPs of the capped group counts, kept from the first pass
+    rising = False  # whether the last group count's target LPs stopped at a smaller count's bound
 
     def target_lp(groups: int) -> TargetLP:
         return TargetLP(build_rows(problem, groups, v, types, milli, capacity=True), clock.remaining)
@@ -733,13 +734,17 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
             return ModelBound(floor_, backend, tuple(found[g] for g in sorted(found)), False)
         # the targets proved (before their margin) cap the next ones: group counts proved at one cap share one bound
         lowest = min(cap, min(proved.values(), default=math.inf))
-        if lowest < cap and screened_out(problem, groups, v, types, milli, lowest, clock):
+        # the bounds fall with more groups, then rise: once one group count is capped, the next is screened first
+        if rising and lowest < cap and screened_out(problem, groups, v, types, milli, lowest, clock):
             proved[groups] = lowest
             found[groups] = ModelOutcome(groups, "target", lowest * (1 - ROUNDING_MARGIN), clock.elapsed(), capped=True)
             continue
         lp = lps[groups] = target_lp(groups)
         proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), floor_, lowest, clock.expired)
-        capped = proved[groups] >= lowest and lowest < cap  # another group count's bound stopped it
+        if clock.expired() or lp.timed_out:  # the clock cut its bisection short: left to a resumed call
+            del proved[groups]
+            return ModelBound(floor_, backend, tuple(found[g] for g in sorted(found)), False)
+        capped = rising = proved[groups] >= lowest and lowest < cap  # another group count's bound stopped it
         found[groups] = ModelOutcome(groups, "target", proved[groups] * (1 - ROUNDING_MARGIN), clock.elapsed(),
                                      capped=capped)
         if not capped:
@@ -751,13 +756,16 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
             break
         if found[groups].capped:  # its target LPs first, on from where they stopped, up to LP_REACH above
             ceiling = min(cap, proved[groups] * (1 + LP_REACH))
+            capped_by_clock = False
             if ceiling < cap and screened_out(problem, groups, v, types, milli, ceiling, clock):
                 proved[groups] = ceiling
             else:
                 lp = lps[groups] = lps.get(groups) or target_lp(groups)
+                lp.timed_out = False  # this bisection's own
                 proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), proved[groups], ceiling,
                                               clock.expired)
-            capped = clock.expired() or (proved[groups] >= ceiling and ceiling < cap)
+                capped_by_clock = lp.timed_out
+            capped = clock.expired() or capped_by_clock or (proved[groups] >= ceiling and ceiling < cap)
             found[groups] = replace(found[groups], bound=proved[groups] * (1 - ROUNDING_MARGIN),
                                     elapsed=clock.elapsed(), capped=capped)
             continue

@@ -106,6 +106,8 @@ class TargetLP:
         lp.integrality_ = []
         h.passModel(lp)
         self._h, self._model, self._seconds = h, model, seconds
+        self.timed_out = False
+        """Whether a program ended at its time limit (the clock), unanswered."""
 
     def infeasible_at(self, target: float) -> bool:
         """Whether the relaxation has no solution with ``T <= target``: then no plan of the group count is that fast."""
@@ -122,6 +124,7 @@ class TargetLP:
             h.run()
             status = self._status()
             h.setOptionValue("solver", "choose")
+        self.timed_out |= status is None and h.getModelStatus() == self._highspy.HighsModelStatus.kTimeLimit
         return bool(status)
 
     def _status(self) -> bool | None:
