@@ -674,10 +674,13 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
 
     First, each group count gets the bound of its target LPs (:mod:`pipeplan.solver.exact.virtual_targets`),
     proved no higher than ``cap`` or the smallest bound of the group counts before it: a higher one would
-    not change the smallest.  Then the group count with the smallest bound is raised: its model with
-    capacity rows (:func:`model_rules_out`, :data:`NODES_PER_MODEL` HiGHS nodes or
-    :data:`DETERMINISTIC_PER_MODEL` CP-SAT deterministic seconds) is asked to rule out every plan
-    :data:`TARGET_STEP` above it; a target proved becomes the bound, a target not proved halves the step.
+    not change the smallest (such a group count is ``capped``; after one, the next is first tried by
+    :func:`screened_out`).  Then the group count with the smallest bound is raised: a capped one by its
+    target LPs, up to :data:`LP_REACH` above, any other by its model with capacity rows
+    (:func:`model_rules_out`, :data:`NODES_PER_MODEL` HiGHS nodes or :data:`DETERMINISTIC_PER_MODEL` CP-SAT
+    deterministic seconds), asked to rule out every plan its step above it (:data:`TARGET_STEP` at first); a
+    target proved becomes the bound and doubles the step (up to :data:`MAX_TARGET_STEP`), a target not
+    proved halves it.
     This goes on until the smallest bound's steps fall below :data:`MIN_TARGET_STEP`, it reaches ``cap``,
     or ``clock`` runs out.  A problem that leaves ``v`` to the search, or a clock
     that runs out before every group count has a bound, gives :func:`space_bound` (``complete`` false).
