@@ -759,16 +759,15 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
             break
         if found[groups].capped:  # its target LPs first, on from where they stopped, up to LP_REACH above
             ceiling = min(cap, proved[groups] * (1 + LP_REACH))
-            capped_by_clock = False
             if ceiling < cap and screened_out(problem, groups, v, types, milli, ceiling, clock):
-                proved[groups] = ceiling
+                proved[groups], capped = ceiling, True
             else:
                 lp = lps[groups] = lps.get(groups) or target_lp(groups)
                 lp.timed_out = False  # this bisection's own
                 proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), proved[groups], ceiling,
                                               clock.expired)
-                capped_by_clock = lp.timed_out
-            capped = clock.expired() or capped_by_clock or (proved[groups] >= ceiling and ceiling < cap)
+                capped = lp.timed_out or (proved[groups] >= ceiling and ceiling < cap)
+            capped = capped or clock.expired()
             found[groups] = replace(found[groups], bound=proved[groups] * (1 - ROUNDING_MARGIN),
                                     elapsed=clock.elapsed(), capped=capped)
             continue
