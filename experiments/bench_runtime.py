@@ -75,6 +75,8 @@ from pathlib import Path
 
 import torch
 
+from pipeplan.models.jsonio import atomic_write_text
+
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "gpt-tiny"
 
@@ -101,7 +103,7 @@ def local_cluster(out: Path, latency: float, bandwidth: float) -> Path:
                "network": {"bandwidth": bandwidth, "latency": latency},
                "devices": [{"id": f"c{i}", "server": "local", "speed": 1.0, "memory": 8e9} for i in range(2)]}
     path = out / "local.cluster.json"
-    path.write_text(json.dumps(cluster, indent=1))
+    atomic_write_text(path, json.dumps(cluster, indent=1))
     return path
 
 
@@ -194,7 +196,7 @@ def calibrate(graph: Path, cluster: Path, out: Path, steps: int, model: str) -> 
     """``pipeplan calibrate`` on the model's probe plan; the calibrated cluster (its factors printed)."""
     name, plan = probe_plans()[model]
     probe = out / f"probe-{model}.plan.json"
-    probe.write_text(json.dumps(plan, indent=1))
+    atomic_write_text(probe, json.dumps(plan, indent=1))
     path = out / f"{graph.stem}.calibrated.cluster.json"
     done = _pipeplan("calibrate", str(graph), str(cluster), str(probe), "--model", model, "--steps", str(steps),
                      "--warmup", "3", "--transport", TRANSPORT, "--json", "-o", str(path))
@@ -311,7 +313,7 @@ def _rank_main(rank: int, task: str, result: str, kw: dict) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=60))
     data = _ping_pong(rank, **kw) if task == "loopback" else _torch_1f1b(rank, **kw)
     if rank == 0:
-        Path(result).write_text(json.dumps(data))
+        atomic_write_text(Path(result), json.dumps(data))
     dist.destroy_process_group()
 
 
@@ -415,7 +417,7 @@ def measured_vs_predicted(profile: Callable[[int], Path], cluster: Path, out: Pa
     paths = {}
     for name, plan in (plans() if plan_set is None else plan_set).items():
         path = out / (name.replace(" ", "_").replace("|", "-").replace("=", "") + ".plan.json")
-        path.write_text(json.dumps(plan, indent=1))
+        atomic_write_text(path, json.dumps(plan, indent=1))
         paths[name] = path
     runs: dict[str, list[dict]] = {name: [] for name in paths}
     calibrated: dict[Path, Path] = {}  # profile -> the cluster calibrated with it
@@ -504,7 +506,7 @@ def ours_vs_torch(graph: Path, cluster: Path, out: Path, steps: int, rounds: int
     for batch in (32, 64):
         q = batch // 4
         path = out / f"torch-match-b{batch}.plan.json"
-        path.write_text(json.dumps(plans()[f"b{batch} 1f1b 3|3 4x{q}"], indent=1))
+        atomic_write_text(path, json.dumps(plans()[f"b{batch} 1f1b 3|3 4x{q}"], indent=1))
         ours, theirs = [], []
         for i in range(rounds):  # alternate which goes first, so a slow spell hits both
             order = ("ours", "torch") if i % 2 == 0 else ("torch", "ours")
@@ -590,7 +592,7 @@ def main() -> None:
         for key, label in (("timeline_error", "measured vs replayed (the timeline)"),
                            ("op_cost_error", "replayed vs predicted (the op costs)")):
             print(f"median |{label}|: {100 * statistics.median(abs(r[key]) for r in rows):.1f} %")
-        (out / "table.md").write_text(markdown_table(rows))
+        atomic_write_text(out / "table.md", markdown_table(rows))
         records += [{"bench": "measured-vs-predicted", **r, **meta} for r in rows]
         records.append({"bench": "measured-vs-predicted-summary", "median_abs_error": median_error,
                         "median_abs_first_profile_error": first_error,
@@ -607,7 +609,7 @@ def main() -> None:
             stages = found[r["plan"]]["stages"]
             r["stages"], r["groups"] = len(stages), len({frozenset(st["devices"]) for st in stages})
         table = schedules_table(rows, refused)
-        (out / "schedules.md").write_text(table)
+        atomic_write_text(out / "schedules.md", table)
         print(table, end="")
         records += [{"bench": "schedules-measured-vs-predicted", **r, **meta} for r in rows]
         records.append({"bench": "schedules-summary", "refused": refused, **meta,
