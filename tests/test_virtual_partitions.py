@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 
 from helpers import owner, virtual_problem
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget
-from pipeplan.solver.exact.virtual_search import solve_v2
+from pipeplan.solver.exact.virtual_search import move_layers, solve_v2
 from pipeplan.solver.heuristics.group_search import group_search
 from pipeplan.solver.heuristics.virtual_groups import PARTITION_PLANS, VirtualGroupSearch, partition_seeds
-from pipeplan.solver.space.virtual_space import Candidate, from_partition, split_range, to_plan
+from pipeplan.solver.space.virtual_space import Candidate, from_partition, layer_moves, split_range, to_plan
 
 VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
 V2 = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
@@ -104,3 +104,82 @@ class TestPartitionSeeds:
         seeds, spent = partition_seeds(p, TimeLimit(60.0), budget)
         assert spent >= 1 and budget.spent == spent and seeds
         assert partition_seeds(p, TimeLimit(60.0), WorkBudget(1000)) == (seeds, spent)  # deterministic
+
+
+class TestLayerMoves:
+    @given(st.lists(st.integers(1, 4), min_size=1, max_size=6))
+    @settings(max_examples=40, deadline=None, derandomize=True)
+    def test_every_move_takes_one_layer_from_one_stage_to_another(self, sizes):
+        edges = [0]
+        for n in sizes:
+            edges.append(edges[-1] + n)
+        bounds = tuple(zip(edges[:-1], edges[1:]))
+        moves = list(layer_moves(bounds))
+        givers = sum(1 for n in sizes if n > 1)
+        assert len(moves) == givers * (len(sizes) - 1) and len(set(moves)) == len(moves)
+        for moved in moves:
+            assert moved[0][0] == 0 and moved[-1][1] == edges[-1]
+            assert all(a[1] == b[0] for a, b in zip(moved, moved[1:])) and all(lo < hi for lo, hi in moved)
+            change = [(hi - lo) - n for (lo, hi), n in zip(moved, sizes)]
+            assert sorted(change) == [-1] + [0] * (len(sizes) - 2) + [1]
+
+    def test_a_single_stage_has_none(self):
+        assert list(layer_moves(((0, 5),))) == []
+
+
+class TestMoveLayers:
+    @staticmethod
+    def unbalanced(schedule: str = "looped-bfs"):
+        p = virtual_problem([0.5 + 0.05 * i for i in range(80)], schedule, devices=2, layers=8, virtual=2)
+        plan = to_plan(p, Candidate(2, (("d0",), ("d1",)), ((0, 5), (5, 6), (6, 7), (7, 8)), (False,) * 4))
+        return p, plan, p.evaluate(plan).iteration_time
+
+    def test_ends_at_a_split_no_single_move_improves(self):
+        p, plan, start = self.unbalanced()
+        moved = move_layers(p, plan, start, WorkBudget(10_000), TimeLimit(60.0))
+        assert moved.kept >= 1 and moved.time < start
+        assert moved.time == p.evaluate(moved.plan).iteration_time and p.evaluate(moved.plan).fits
+        devices = [st.devices for st in moved.plan.stages]
+        for bounds in layer_moves(tuple(st.layers for st in moved.plan.stages)):
+            assert p.evaluate(p.make_plan(bounds, devices)).iteration_time >= moved.time * (1 - 1e-12)
+
+    def test_keeps_devices_and_flags(self):
+        p, plan, start = self.unbalanced()
+        moved = move_layers(p, plan, start, WorkBudget(10_000), TimeLimit(60.0))
+        assert [st.devices for st in moved.plan.stages] == [st.devices for st in plan.stages]
+        assert [st.recompute for st in moved.plan.stages] == [st.recompute for st in plan.stages]
+
+    @pytest.mark.parametrize("units", [1, 5])
+    def test_spends_at_most_its_budget(self, units):
+        p, plan, start = self.unbalanced()
+        budget = WorkBudget(units)
+        moved = move_layers(p, plan, start, budget, TimeLimit(60.0))
+        assert moved.simulations == budget.spent <= units and moved.time <= start
+
+    def test_a_spent_budget_leaves_the_plan(self):
+        p, plan, start = self.unbalanced()
+        budget = WorkBudget(1)
+        budget.spend()
+        moved = move_layers(p, plan, start, budget, TimeLimit(60.0))
+        assert moved.plan is plan and moved.simulations == moved.kept == 0
+
+    def test_is_deterministic(self):
+        p, plan, start = self.unbalanced("interleaved-zb")
+        first, again = (move_layers(p, plan, start, WorkBudget(10_000), TimeLimit(60.0)) for _ in range(2))
+        assert first == again
+
+
+class TestVirtualGroupSearchMoves:
+    @pytest.mark.parametrize("schedule", V2)
+    def test_its_plan_is_no_slower_than_the_restricted_search(self, schedule):
+        p = virtual_problem([0.4 + 0.07 * i for i in range(80)], schedule, devices=3, layers=8, batch=4, m=2,
+                            virtual=None if schedule == "zbv" else 2)
+        found = VirtualGroupSearch().solve(p, time_limit=60, seed=0)
+        budget = WorkBudget(20_000)
+        seeds, _ = partition_seeds(p, TimeLimit(60.0), budget)
+        from pipeplan.solver.heuristics.virtual_groups import equal_groupings, heuristic_boundaries
+        alone = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=budget, seeds=seeds,
+                         boundaries=heuristic_boundaries(p), groupings=equal_groupings, proves=False)
+        assert found.iteration_time <= alone.iteration_time
+        assert (found.iteration_time < alone.iteration_time) == (found.details["layer_moves"] > 0)
+        assert found.iteration_time == p.evaluate(found.plan).iteration_time

@@ -223,6 +223,34 @@ def even_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
     return tuple(zip(edges[:-1], edges[1:]))
 
 
+def layer_moves(bounds: Sequence[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], ...]]:
+    """Every split one layer away from ``bounds``: a layer leaves stage ``i`` for stage ``j``, in the order of ``(i, j)``.
+
+    The stages between them pass one layer along, so every boundary between ``i`` and ``j``
+    moves by one; stage ``i`` keeps at least one layer.  Under a version-2 schedule the two
+    stages may sit on one group (its work stays, its balance between stages changes) or on
+    groups far apart, which moving single boundaries reaches only through worse splits.
+
+    Examples
+    --------
+    >>> for moved in layer_moves(((0, 2), (2, 4), (4, 5))):
+    ...     print(moved)
+    ((0, 1), (1, 4), (4, 5))
+    ((0, 1), (1, 3), (3, 5))
+    ((0, 3), (3, 4), (4, 5))
+    ((0, 2), (2, 3), (3, 5))
+    """
+    sizes = [hi - lo for lo, hi in bounds]
+    for i, j in itertools.permutations(range(len(sizes)), 2):
+        if sizes[i] <= 1:
+            continue
+        moved = list(sizes)
+        moved[i] -= 1
+        moved[j] += 1
+        edges = list(itertools.accumulate(moved, initial=bounds[0][0]))
+        yield tuple(zip(edges[:-1], edges[1:]))
+
+
 def stage_devices(schedule: str, groups: Sequence[Sequence[str]], stages: int) -> list[tuple[str, ...]]:
     """Each stage's devices when stage ``s`` runs on group :func:`pipeplan.solver.schedules.schedule.stage_group`."""
     return [tuple(groups[stage_group(schedule, s, len(groups))]) for s in range(stages)]
