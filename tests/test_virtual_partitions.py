@@ -12,7 +12,8 @@ from helpers import owner, virtual_problem
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget
 from pipeplan.solver.exact.virtual_search import move_layers, solve_v2
 from pipeplan.solver.heuristics.group_search import group_search
-from pipeplan.solver.heuristics.virtual_groups import PARTITION_PLANS, VirtualGroupSearch, partition_seeds
+from pipeplan.solver.heuristics.virtual_groups import (PARTITION_PLANS, POLISH_SIMULATIONS, VirtualGroupSearch,
+                                                    partition_seeds, polish, speed_bounds, speed_starts)
 from pipeplan.solver.space.virtual_space import Candidate, from_partition, layer_moves, split_range, to_plan
 
 VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
@@ -181,5 +182,65 @@ class TestVirtualGroupSearchMoves:
         alone = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=budget, seeds=seeds,
                          boundaries=heuristic_boundaries(p), groupings=equal_groupings, proves=False)
         assert found.iteration_time <= alone.iteration_time
-        assert (found.iteration_time < alone.iteration_time) == (found.details["layer_moves"] > 0)
-        assert found.iteration_time == p.evaluate(found.plan).iteration_time
+        assert found.iteration_time == p.evaluate(found.plan).iteration_time and p.evaluate(found.plan).fits
+
+    def test_the_moves_find_a_faster_plan_on_some_schedule(self):
+        found = []
+        for schedule in V2:
+            p = virtual_problem([0.4 + 0.07 * i for i in range(80)], schedule, devices=3, layers=8, batch=4, m=2,
+                                virtual=None if schedule == "zbv" else 2)
+            found.append(VirtualGroupSearch().solve(p, time_limit=60, seed=0).details["layer_moves"])
+        assert max(found) >= 1
+
+
+class TestSpeedBounds:
+    @staticmethod
+    def problem(schedule="looped-bfs", layers=12, speeds=(3.0, 1.0)):
+        p = virtual_problem([1.0] * 200, schedule, devices=len(speeds), layers=layers, virtual=2)
+        devices = tuple(replace(d, speed=v) for d, v in zip(p.cluster.devices, speeds))
+        return replace(p, cluster=replace(p.cluster, devices=devices))
+
+    def test_a_faster_group_gets_more_layers(self):
+        p = self.problem()
+        bounds = speed_bounds(p, (("d0",), ("d1",)), 2)
+        sizes = [hi - lo for lo, hi in bounds]
+        # looped-bfs with v = 2: stages 0 and 2 on the fast group, 1 and 3 on the slow one
+        assert bounds[0][0] == 0 and bounds[-1][1] == 12 and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+        assert sizes[0] > sizes[1] and sizes[2] > sizes[3]
+
+    def test_every_stage_keeps_a_layer(self):
+        p = self.problem(layers=4, speeds=(100.0, 1.0))
+        assert [hi - lo for lo, hi in speed_bounds(p, (("d0",), ("d1",)), 2)] == [1, 1, 1, 1]
+
+    def test_too_few_layers(self):
+        assert speed_bounds(self.problem(layers=3), (("d0",), ("d1",)), 2) is None
+
+
+class TestSpeedStarts:
+    def test_one_start_per_group_count_on_the_widest_groups(self):
+        p = virtual_problem([1.0] * 200, "looped-bfs", devices=4, layers=12, virtual=2)
+        starts = speed_starts(p)
+        assert [len(c.groups) for c in starts] == sorted({len(c.groups) for c in starts})
+        for c in starts:
+            assert sum(len(g) for g in c.groups) == 4 - 4 % len(c.groups) and len({len(g) for g in c.groups}) == 1
+            assert c.virtual == 2 and not any(c.recompute)
+
+
+class TestPolish:
+    def test_never_slower_and_spends_what_it_says(self):
+        p = virtual_problem([0.4 + 0.07 * i for i in range(80)], "zbv", devices=3, layers=8, batch=4, m=2)
+        budget = WorkBudget(20_000)
+        seeds, _ = partition_seeds(p, TimeLimit(60.0), budget)
+        found = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=budget, seeds=seeds)
+        before = budget.spent
+        polished = polish(p, found, seeds + speed_starts(p), budget, TimeLimit(60.0))
+        assert polished.time <= found.iteration_time and polished.time == p.evaluate(polished.plan).iteration_time
+        assert budget.spent - before == polished.simulations <= POLISH_SIMULATIONS
+
+    def test_a_spent_budget_leaves_the_plan(self):
+        p = virtual_problem([0.4 + 0.07 * i for i in range(80)], "zbv", devices=3, layers=8, batch=4, m=2)
+        found = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=WorkBudget(100))
+        budget = WorkBudget(1)
+        budget.spend()
+        polished = polish(p, found, speed_starts(p), budget, TimeLimit(60.0))
+        assert polished.plan is found.plan and polished.simulations == 0

@@ -42,8 +42,9 @@ from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.exact.virtual_search import DEFAULT_SIMULATIONS, MOVE_GAIN, Moved, move_layers, solve_v2
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.heuristics.group_search import EVALUATIONS, group_search
-from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, even_bounds, from_partition, to_plan,
-                                                virtual_choices)
+from pipeplan.solver.schedules.schedule import num_stages, stage_group
+from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, even_bounds, from_partition, group_counts,
+                                                schedule_accepts, to_plan, virtual_choices)
 
 PARTITION_PLANS = 8
 """Version-1 plans of ``group-search`` whose partitions seed the search (fastest first)."""
@@ -123,58 +124,125 @@ def partition_seeds(problem: PlanningProblem, clock: TimeLimit, budget: WorkBudg
     return seeds, run.evaluated
 
 
-def polish(problem: PlanningProblem, found: SolverResult, seeds: list[Candidate], budget: WorkBudget,
+POLISH_SIMULATIONS = 3_000
+"""Most simulations :func:`polish` spends, starts and descents together.  On bench_solvers' 64 x 16 instance
+the descents from the plan and every partition seed took 800 to 1,700 simulations under each version-2
+schedule (2026-12-03); the speed-balanced starts come after them and take what is left."""
+
+
+def speed_bounds(problem: PlanningProblem, groups: Groups, virtual: int) -> Bounds | None:
+    """Stage ranges that give each stage a share of the per-sample work ``b_f + b_b`` proportional to its
+    group's devices times their slowest speed (cut where the prefix sum first reaches each stage's cumulative
+    share), stages kept non-empty; ``None`` when the layers are too few.
+
+    The even and the work-balanced splits ignore the groups' speeds: with fast and slow groups whose stages
+    interleave they leave the slow groups as much work as the fast ones.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> graph = LayerGraph.chain("g", [Layer(f"l{i}", (0, 1), (0, 2), 0, 0, 0) for i in range(6)])
+    >>> devices = (Device("fast", "s", 2.0, 1e12), Device("slow", "s", 1.0, 1e12))
+    >>> p = PlanningProblem(graph, Cluster("c", (Link(1e9, 0, "s"),), Link(1e9, 0), devices), global_batch=2,
+    ...                     microbatches=2, schedule="looped-bfs", virtual_stages=1)
+    >>> speed_bounds(p, (("fast",), ("slow",)), 1)
+    ((0, 4), (4, 6))
+    """
+    speed = {d.id: d.speed for d in problem.cluster.devices}
+    R = len(groups)
+    stages = num_stages(problem.schedule, R, virtual)
+    layers = len(problem.graph)
+    if stages > layers:
+        return None
+    share = list(itertools.accumulate(
+        len(g) * min(speed[d] for d in g) for g in (groups[stage_group(problem.schedule, s, R)]
+                                                     for s in range(stages))))
+    prefix = list(itertools.accumulate(l.fwd[1] + l.bwd[1] for l in problem.graph.layers))
+    if prefix[-1] <= 0 or share[-1] <= 0:
+        return None
+    cuts = [0] + [bisect.bisect_left(prefix, prefix[-1] * share[j] / share[-1]) + 1 for j in range(stages - 1)]
+    cuts.append(layers)
+    for j in range(1, stages):  # non-empty stages: push cuts right, then left from the end
+        cuts[j] = max(cuts[j], cuts[j - 1] + 1)
+    for j in range(stages - 1, 0, -1):
+        cuts[j] = min(cuts[j], cuts[j + 1] - 1)
+    return tuple(zip(cuts[:-1], cuts[1:]))
+
+
+def speed_starts(problem: PlanningProblem) -> list[Candidate]:
+    """For each group count and ``v`` (up to :data:`AUTO_SEED_V` when ``v`` is left to the search), the widest
+    equal-width groups of the ranked devices with :func:`speed_bounds`: starts for :func:`polish`."""
+    ranked = rank_devices(problem)
+    out = []
+    for R in group_counts(problem):
+        if schedule_accepts(problem.schedule, R, problem.microbatches):
+            continue
+        width = len(ranked) // R if problem.allow_replication else 1
+        groups = split_groups(ranked, [width] * R)
+        choices = virtual_choices(problem, R)
+        if problem.virtual_stages is None and problem.needs.stages_per_group is None:
+            choices = [v for v in choices if v <= AUTO_SEED_V]
+        for v in choices:
+            bounds = speed_bounds(problem, groups, v)
+            if bounds is not None:
+                out.append(Candidate(v, groups, bounds, (False,) * len(bounds)))
+    return out
+
+
+def polish(problem: PlanningProblem, found: SolverResult, starts: list[Candidate], budget: WorkBudget,
            clock: TimeLimit) -> Moved:
-    """Move layers (:func:`pipeplan.solver.exact.virtual_search.move_layers`) from ``found``'s plan, then from
-    each other seed that fits (with every stage recomputing when it does not fit plain and the problem allows
-    it), in order, on what is left of ``budget``; the fastest plan reached.
+    """Move layers (:func:`pipeplan.solver.exact.virtual_search.move_layers`) from ``found``'s plan and from each
+    of ``starts`` that fits (with every stage recomputing when it does not fit plain and the problem allows it),
+    fastest start first, on at most :data:`POLISH_SIMULATIONS` of ``budget``; the fastest plan reached.
 
     Descents from different starts end at different splits: on bench_solvers' 64 x 16 instance the descent
     from the best seed is not the best one under ``interleaved-1f1b`` with ``v = 4`` (269.4 ms against 258.4
-    ms from another seed) nor under ``interleaved-zb`` (260.0 ms against 251.6 ms), for 1,000 to 1,900
-    simulations over all seeds (2026-12-03).
+    ms from another seed) nor under ``interleaved-zb`` (260.0 ms against 251.6 ms); on 16 x 4 under ``zbv``
+    the best plan (203.3 ms, against 207.7 ms from the seeds) comes from the speed-balanced split of four
+    single-device groups, whose start (227.1 ms) is not the fastest (2026-12-03).
 
     Returns
     -------
     Moved
         The fastest plan (``found``'s when no descent beats it, ``None`` when there is none); ``kept``
-        counts the moves that led to it, ``simulations`` every plan simulated here.
+        counts the moves that led to it, ``simulations`` every plan simulated here (all spent from
+        ``budget``).
     """
     best = Moved(found.plan, found.iteration_time if found.plan is not None else math.inf, 0, 0)
-    simulated = 0
-    starts: list[Plan | Candidate] = [found.plan] if found.plan is not None else []
-    starts += [c for c in dict.fromkeys(seeds) if to_plan(problem, c) != found.plan]
-    for start in starts:
-        if past(clock) or budget.left() < 1:
+    share = int(min(POLISH_SIMULATIONS, budget.left()))
+    if share < 1:
+        return best
+    mine = WorkBudget(share)  # the cap is this phase's rule, not the solve's stop
+    timed = [(found.iteration_time, 0, found.plan)] if found.plan is not None else []
+    for order, candidate in enumerate(dict.fromkeys(starts), 1):
+        if past(clock) or mine.left() < 1:
             break
-        if isinstance(start, Plan):
-            plan, time = start, found.iteration_time
-        else:
-            plan, time, used = _fitting(problem, start, budget)
-            simulated += used
-            if plan is None:
-                continue
-        moved = move_layers(problem, plan, time, budget, clock)
-        simulated += moved.simulations
+        plan, time = _fitting(problem, candidate, mine)
+        if plan is not None and plan != found.plan:
+            timed.append((time, order, plan))
+    for time, _, plan in sorted(timed, key=lambda t: t[:2]):
+        if past(clock) or mine.left() < 1:
+            break
+        moved = move_layers(problem, plan, time, mine, clock)
         if moved.time < best.time * (1 - MOVE_GAIN):
             best = Moved(moved.plan, moved.time, 0, moved.kept)
-    return replace(best, simulations=simulated)
+    budget.spend(mine.spent)
+    return replace(best, simulations=int(mine.spent))
 
 
-def _fitting(problem: PlanningProblem, candidate: Candidate, budget: WorkBudget) -> tuple[Plan | None, float, int]:
+def _fitting(problem: PlanningProblem, candidate: Candidate, budget: WorkBudget) -> tuple[Plan | None, float]:
     """``candidate``'s plan and time when it fits, else with every stage recomputing when allowed and that fits
-    (``None, inf`` when neither), and the simulations spent, one unit of ``budget`` each."""
+    (``None, inf`` when neither, or when ``budget``, one unit per simulation, runs out)."""
     flags = [candidate.recompute] + ([(True,) * len(candidate.bounds)] if problem.allow_recompute else [])
-    used = 0
     for recompute in dict.fromkeys(flags):
         if not budget.spend():
             break
-        used += 1
         plan = to_plan(problem, replace(candidate, recompute=recompute))
         result = problem.evaluate(plan)
         if result.fits:
-            return plan, result.iteration_time, used
-    return None, math.inf, used
+            return plan, result.iteration_time
+    return None, math.inf
 
 
 class VirtualGroupSearch(VirtualSolver):
@@ -197,9 +265,9 @@ class VirtualGroupSearch(VirtualSolver):
                          boundaries=heuristic_boundaries(problem), groupings=equal_groupings, proves=False)
         details = dict(found.details, simulations=found.details["simulations"] + spent, seeds=len(seeds),
                        v1_patterns=spent)
-        polished = polish(problem, found, seeds, budget, clock)
+        polished = polish(problem, found, seeds + speed_starts(problem), budget, clock)
         details.update(simulations=details["simulations"] + polished.simulations, layer_moves=polished.kept)
-        if polished.kept:
+        if polished.plan is not found.plan:
             bound = None if found.lower_bound is None else min(found.lower_bound, polished.time)
             trace = found.trace + (TracePoint(clock.elapsed(), polished.time, bound),)
             found = replace(found, plan=polished.plan, iteration_time=polished.time, trace=trace, lower_bound=bound)
