@@ -22,9 +22,11 @@ work-balanced chunks), simulated first.  So for a fixed ``v`` the plan is never 
 the version-2 form of any of those partitions that fits (the version-1 plan itself is a
 plan of another schedule and may be faster).
 
-Last, layers move between the stages of its plan while that helps
-(:func:`pipeplan.solver.exact.virtual_search.move_layers`, on what is left of the budget):
-neither split it tries balances groups of different speeds whose stages interleave.
+Last, layers move between stages while that helps (:func:`polish`, with
+:func:`pipeplan.solver.exact.virtual_search.move_layers`): from its plan, from every seed and
+from one speed-balanced split per group count (:func:`speed_starts`), fastest start first, on
+at most :data:`POLISH_SIMULATIONS` of the budget.  Neither the even nor the work-balanced split
+balances groups of different speeds whose stages interleave.
 """
 
 from __future__ import annotations
