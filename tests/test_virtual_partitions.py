@@ -13,7 +13,8 @@ from pipeplan.solver.core.termination import TimeLimit, WorkBudget
 from pipeplan.solver.exact.virtual_search import move_layers, solve_v2
 from pipeplan.solver.heuristics.group_search import group_search
 from pipeplan.solver.heuristics.virtual_groups import (PARTITION_PLANS, POLISH_SIMULATIONS, VirtualGroupSearch,
-                                                    partition_seeds, polish, speed_bounds, speed_starts)
+                                                    equal_groupings, heuristic_boundaries, partition_seeds, polish,
+                                                    speed_bounds, speed_starts)
 from pipeplan.solver.space.virtual_space import Candidate, from_partition, layer_moves, split_range, to_plan
 
 VALUES = st.lists(st.floats(0.1, 2.0), min_size=40, max_size=40)
@@ -178,7 +179,6 @@ class TestVirtualGroupSearchMoves:
         found = VirtualGroupSearch().solve(p, time_limit=60, seed=0)
         budget = WorkBudget(20_000)
         seeds, _ = partition_seeds(p, TimeLimit(60.0), budget)
-        from pipeplan.solver.heuristics.virtual_groups import equal_groupings, heuristic_boundaries
         alone = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, budget=budget, seeds=seeds,
                          boundaries=heuristic_boundaries(p), groupings=equal_groupings, proves=False)
         assert found.iteration_time <= alone.iteration_time

@@ -107,6 +107,25 @@ def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, dea
     return pool, True
 
 
+def fitting_plan(problem: PlanningProblem, candidate: Candidate, budget: WorkBudget, clock: TimeLimit,
+                 evaluate: Callable[[Plan], Simulation] | None = None) -> tuple[Plan | None, float, int]:
+    """``candidate``'s plan and simulated time when it fits, else the same with every stage recomputing when the
+    problem allows it and that fits; ``(None, inf)`` when neither does or ``budget`` (one unit per simulation) or
+    ``clock`` runs out first.  The third value counts the simulations."""
+    evaluate = evaluate or problem.evaluate
+    flags = [candidate.recompute] + ([(True,) * len(candidate.bounds)] if problem.allow_recompute else [])
+    used = 0
+    for recompute in dict.fromkeys(flags):  # every stage recomputing only when the plain candidate does not fit
+        if past(clock) or not budget.spend():
+            break
+        used += 1
+        plan = to_plan(problem, replace(candidate, recompute=recompute))
+        result = evaluate(plan)
+        if result.fits:
+            return plan, result.iteration_time, used
+    return None, math.inf, used
+
+
 def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int,
              budget: WorkBudget | None = None, boundaries=boundary_choices, groupings=group_choices,
              proves: bool = True, evaluate: Callable[[Plan], Simulation] | None = None,
@@ -161,18 +180,11 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
     for start in dict.fromkeys(seeds):
         if bounder.overflows(start):
             continue
-        flags = [start.recompute] + ([(True,) * len(start.bounds)] if problem.allow_recompute else [])
-        for recompute in dict.fromkeys(flags):  # every stage recomputing only when the plain seed does not fit
-            if past(deadline) or not budget.spend():
-                break
-            simulated += 1
-            plan = to_plan(problem, replace(start, recompute=recompute))
-            result = evaluate(plan)
-            if result.fits:
-                if result.iteration_time < best_time:
-                    best, best_time = plan, result.iteration_time
-                    trace.append(TracePoint(clock.elapsed(), best_time, None))
-                break
+        plan, time, used = fitting_plan(problem, start, budget, deadline, evaluate)
+        simulated += used
+        if plan is not None and time < best_time:
+            best, best_time = plan, time
+            trace.append(TracePoint(clock.elapsed(), best_time, None))
     pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
     listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
     listed_count = len(pool)
@@ -224,8 +236,9 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
 class Moved:
     """What :func:`move_layers` made of a plan."""
 
-    plan: Plan
-    """The plan it ended with (the one it was given when no move helped)."""
+    plan: Plan | None
+    """The plan it ended with (the one it was given when no move helped; ``None`` only from
+    :func:`pipeplan.solver.heuristics.virtual_groups.polish` without any plan)."""
     time: float
     """Its simulated iteration time."""
     simulations: int

@@ -37,16 +37,20 @@ import math
 from dataclasses import replace
 from typing import Iterator
 
+import numpy as np
+
 from pipeplan.solver.baselines.common import Bounds, Groups, rank_devices, split_groups
 from pipeplan.solver.core.problem import PlanningProblem
 from pipeplan.solver.core.result import SolverResult, TracePoint
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
-from pipeplan.solver.exact.virtual_search import DEFAULT_SIMULATIONS, MOVE_GAIN, Moved, move_layers, solve_v2
+from pipeplan.solver.exact.virtual_search import (DEFAULT_SIMULATIONS, MOVE_GAIN, Moved, fitting_plan, move_layers,
+                                                 solve_v2)
 from pipeplan.solver.formats.plan import Plan
 from pipeplan.solver.heuristics.group_search import EVALUATIONS, group_search
+from pipeplan.solver.heuristics.group_search import balanced_bounds as least_bottleneck_bounds
 from pipeplan.solver.schedules.schedule import num_stages, stage_group
 from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, even_bounds, from_partition, group_counts,
-                                                schedule_accepts, to_plan, virtual_choices)
+                                                schedule_accepts, virtual_choices)
 
 PARTITION_PLANS = 8
 """Version-1 plans of ``group-search`` whose partitions seed the search (fastest first)."""
@@ -129,13 +133,13 @@ def partition_seeds(problem: PlanningProblem, clock: TimeLimit, budget: WorkBudg
 POLISH_SIMULATIONS = 3_000
 """Most simulations :func:`polish` spends, starts and descents together.  On bench_solvers' 64 x 16 instance
 the descents from the plan and every partition seed took 800 to 1,700 simulations under each version-2
-schedule (2026-12-03); the speed-balanced starts come after them and take what is left."""
+schedule, and 8,000 simulations over every start found no faster plan than 3,000 (2026-12-03)."""
 
 
 def speed_bounds(problem: PlanningProblem, groups: Groups, virtual: int) -> Bounds | None:
-    """Stage ranges that give each stage a share of the per-sample work ``b_f + b_b`` proportional to its
-    group's devices times their slowest speed (cut where the prefix sum first reaches each stage's cumulative
-    share), stages kept non-empty; ``None`` when the layers are too few.
+    """Stage ranges with the least bottleneck when each stage's per-sample work ``b_f + b_b`` runs at its group's
+    devices times their slowest speed (:func:`pipeplan.solver.heuristics.group_search.balanced_bounds`);
+    ``None`` when the layers are too few.
 
     The even and the work-balanced splits ignore the groups' speeds: with fast and slow groups whose stages
     interleave they leave the slow groups as much work as the fast ones.
@@ -153,23 +157,12 @@ def speed_bounds(problem: PlanningProblem, groups: Groups, virtual: int) -> Boun
     """
     speed = {d.id: d.speed for d in problem.cluster.devices}
     R = len(groups)
-    stages = num_stages(problem.schedule, R, virtual)
-    layers = len(problem.graph)
-    if stages > layers:
-        return None
-    share = list(itertools.accumulate(
-        len(g) * min(speed[d] for d in g) for g in (groups[stage_group(problem.schedule, s, R)]
-                                                     for s in range(stages))))
-    prefix = list(itertools.accumulate(l.fwd[1] + l.bwd[1] for l in problem.graph.layers))
-    if prefix[-1] <= 0 or share[-1] <= 0:
-        return None
-    cuts = [0] + [bisect.bisect_left(prefix, prefix[-1] * share[j] / share[-1]) + 1 for j in range(stages - 1)]
-    cuts.append(layers)
-    for j in range(1, stages):  # non-empty stages: push cuts right, then left from the end
-        cuts[j] = max(cuts[j], cuts[j - 1] + 1)
-    for j in range(stages - 1, 0, -1):
-        cuts[j] = min(cuts[j], cuts[j + 1] - 1)
-    return tuple(zip(cuts[:-1], cuts[1:]))
+    work = np.concatenate(([0.0], np.cumsum([l.fwd[1] + l.bwd[1] for l in problem.graph.layers])))
+    rate = [len(g) * min(speed[d] for d in g) for g in groups]
+    prefixes = [work / rate[stage_group(problem.schedule, s, R)]
+                for s in range(num_stages(problem.schedule, R, virtual))]
+    bounds = least_bottleneck_bounds(prefixes)
+    return None if bounds is None else tuple(bounds)
 
 
 def speed_starts(problem: PlanningProblem) -> list[Candidate]:
@@ -202,7 +195,7 @@ def polish(problem: PlanningProblem, found: SolverResult, starts: list[Candidate
     from the best seed is not the best one under ``interleaved-1f1b`` with ``v = 4`` (269.4 ms against 258.4
     ms from another seed) nor under ``interleaved-zb`` (260.0 ms against 251.6 ms); on 16 x 4 under ``zbv``
     the best plan (203.3 ms, against 207.7 ms from the seeds) comes from the speed-balanced split of four
-    single-device groups, whose start (227.1 ms) is not the fastest (2026-12-03).
+    single-device groups, whose start (212.1 ms) is slower than the seeds' plan (2026-12-03).
 
     Returns
     -------
@@ -220,7 +213,7 @@ def polish(problem: PlanningProblem, found: SolverResult, starts: list[Candidate
     for order, candidate in enumerate(dict.fromkeys(starts), 1):
         if past(clock) or mine.left() < 1:
             break
-        plan, time = _fitting(problem, candidate, mine)
+        plan, time, _ = fitting_plan(problem, candidate, mine, clock)
         if plan is not None and plan != found.plan:
             timed.append((time, order, plan))
     for time, _, plan in sorted(timed, key=lambda t: t[:2]):
@@ -231,20 +224,6 @@ def polish(problem: PlanningProblem, found: SolverResult, starts: list[Candidate
             best = Moved(moved.plan, moved.time, 0, moved.kept)
     budget.spend(mine.spent)
     return replace(best, simulations=int(mine.spent))
-
-
-def _fitting(problem: PlanningProblem, candidate: Candidate, budget: WorkBudget) -> tuple[Plan | None, float]:
-    """``candidate``'s plan and time when it fits, else with every stage recomputing when allowed and that fits
-    (``None, inf`` when neither, or when ``budget``, one unit per simulation, runs out)."""
-    flags = [candidate.recompute] + ([(True,) * len(candidate.bounds)] if problem.allow_recompute else [])
-    for recompute in dict.fromkeys(flags):
-        if not budget.spend():
-            break
-        plan = to_plan(problem, replace(candidate, recompute=recompute))
-        result = problem.evaluate(plan)
-        if result.fits:
-            return plan, result.iteration_time
-    return None, math.inf
 
 
 class VirtualGroupSearch(VirtualSolver):
