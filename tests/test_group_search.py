@@ -17,10 +17,10 @@ from pipeplan.models.graph import Layer, LayerGraph
 from pipeplan.solver.formats.cluster import Cluster, Device, Link
 from pipeplan.solver.baselines.common import finalize
 from pipeplan.experiments.known_optimum import class_optimum, known_problem
-from pipeplan.solver.heuristics.group_search import (MOVES, Block, _classes, _Costs, _estimate, _reshaped_bounds,
-                                                     balanced_bounds, compute_floor, group_search, pattern_level,
-                                                     patterns, refine, replica_groups, reshape, reshapes,
-                                                     sweep_patterns)
+from pipeplan.solver.heuristics.group_search import (MOVES, RUN_MOVES, Block, _classes, _Costs, _estimate,
+                                                     _reshaped_bounds, balanced_bounds, boundary_moves, compute_floor,
+                                                     group_search, pattern_level, patterns, refine, replica_groups,
+                                                     reshape, reshapes, shifted, sweep_patterns)
 from pipeplan.solver.exact.cpsat import CpSatSolver
 from pipeplan.solver.exact.ilp import IlpSolver
 from pipeplan.solver.exact.phases import Walk
@@ -342,6 +342,56 @@ class TestRefine:
         problem = bench_problem(32, 8)
         start = finalize(problem, ((0, 16), (16, 32)), (("s0g0",), ("s0g1",)))
         assert refine(problem, start, deadline=TimeLimit(0.0)) is start
+
+    def test_layer_moves_pass_where_single_moves_stop(self):
+        """Single moves stop at 10 / 9 / 7 / 6 layers: each one makes a stage between the bottleneck and the
+        short last stage the bottleneck; moving a layer of stage 0 to stage 3 (the stages between pass one
+        along) does not."""
+        problem = bench_problem(32, 8)
+        groups = tuple((f"s0g{k}",) for k in range(4))
+        start = finalize(problem, ((0, 14), (14, 25), (25, 29), (29, 32)), groups)
+        single = refine(problem, start, deadline=TimeLimit(30.0))
+        both = refine(problem, start, deadline=TimeLimit(30.0), runs=True)
+        assert [st.layers for st in single.plan.stages] == [(0, 10), (10, 19), (19, 26), (26, 32)]
+        assert both.result.iteration_time < single.result.iteration_time * (1 - 1e-6)
+        ends = [st.layers[1] for st in both.plan.stages]
+        for move in boundary_moves(3):  # no move of either kind helps the result
+            trial = shifted(ends, *move)
+            if trial is not None:
+                other = finalize(problem, tuple(zip([0] + trial[:-1], trial)), groups)
+                assert other is None or other.result.iteration_time >= both.result.iteration_time * (1 - 1e-12)
+
+
+class TestBoundaryMoves:
+    def test_single_moves_first_then_runs_both_ways(self):
+        moves = boundary_moves(4)
+        assert moves[:4 * len(MOVES)] == [(i, i, m) for i in range(4) for m in MOVES]
+        runs = moves[4 * len(MOVES):]
+        assert len(runs) == len(set(runs)) == 6 * len(RUN_MOVES)  # every pair first < last, each way
+        assert all(first < last and shift in RUN_MOVES for first, last, shift in runs)
+
+    def test_without_runs_only_single_moves(self):
+        assert boundary_moves(4, runs=False) == boundary_moves(4)[:4 * len(MOVES)]
+
+    def test_one_stage_has_nothing_to_move(self):
+        assert boundary_moves(0) == []
+
+
+class TestShifted:
+    def test_a_run_moves_one_layer_across_the_stages_between(self):
+        sizes = lambda ends: [b - a for a, b in zip([0] + ends[:-1], ends)]
+        assert sizes(shifted([4, 7, 9, 12], 0, 2, 1)) == [5, 3, 2, 2]  # stage 3's first layer to stage 0
+        assert sizes(shifted([4, 7, 9, 12], 1, 2, -1)) == [4, 2, 2, 4]  # stage 1's last layer to stage 3
+
+    def test_no_stage_left_empty(self):
+        assert shifted([1, 2, 3], 0, 1, -1) is None  # stage 0 would lose its only layer
+        assert shifted([1, 2, 3], 0, 1, 1) is None  # so would stage 2
+        assert shifted([1, 2, 4], 0, 1, 1) == [2, 3, 4]
+
+    def test_input_untouched(self):
+        ends = [4, 7, 9]
+        shifted(ends, 0, 1, 1)
+        assert ends == [4, 7, 9]
 
 
 class TestReshapes:
