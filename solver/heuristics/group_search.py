@@ -865,7 +865,7 @@ def _swept(problem: PlanningProblem, costs: "_Costs", ranked: Sequence[tuple[flo
 
 
 def group_search(problem: PlanningProblem, clock: TimeLimit, *, evaluations: int = EVALUATIONS,
-                 refine_top: int = REFINE, reshape_top: int = RESHAPE) -> GroupSearchRun:
+                 refine_top: int = REFINE, reshape_top: int = RESHAPE, polish_top: int = POLISHED) -> GroupSearchRun:
     """Search pipelines of equal replica groups (see the module docstring).
 
     Parameters
@@ -874,8 +874,8 @@ def group_search(problem: PlanningProblem, clock: TimeLimit, *, evaluations: int
         The problem (its equal split is used; the plans are in every solver's space).
     clock : TimeLimit
         The cap; the search stops early when it runs out (noted in its record).
-    evaluations, refine_top, reshape_top : int
-        Patterns built, plans refined and plans reshaped (the budget that makes the result
+    evaluations, refine_top, reshape_top, polish_top : int
+        Patterns built, plans refined, reshaped and polished (the budget that makes the result
         machine-independent).
 
     Returns
@@ -898,18 +898,19 @@ def group_search(problem: PlanningProblem, clock: TimeLimit, *, evaluations: int
         ranked.append((_estimate(problem, costs, p), k, p))
     ranked.sort(key=lambda x: x[:2])
     trace: list[TracePoint] = []
-    pools = [(ranked, evaluations, refine_top, reshape_top)]
+    pools = [(ranked, evaluations, refine_top, reshape_top, polish_top)]
     if pattern_level(problem, classes) > 0 and not stopped:  # the smaller swept pool first: under a clock, at
         sweep_clock = clock.within(clock.left() / 2)          # 1,024 devices and more its plans are the better ones;
         swept = _swept(problem, costs, ranked, sweep_clock)   # half the time left at most, so a short cap still builds
         stopped = past(sweep_clock)
-        pools.insert(0, (swept, max(1, evaluations // SWEEP_SHARE), max(1, refine_top // 2), max(1, reshape_top // 2)))
+        pools.insert(0, (swept, max(1, evaluations // SWEEP_SHARE), max(1, refine_top // 2), max(1, reshape_top // 2),
+                         polish_top))
     plans, built = [], 0
-    for pool, builds, refines, reshapes_ in pools:
+    for pool, builds, refines, reshapes_, polishes in pools:
         if past(clock):
             stopped = True
             break
-        found, count, cut = _search_pool(problem, costs, pool[:builds], refines, reshapes_, clock, trace)
+        found, count, cut = _search_pool(problem, costs, pool[:builds], refines, reshapes_, polishes, clock, trace)
         plans.extend(found)
         built += count
         stopped = stopped or cut
@@ -918,9 +919,10 @@ def group_search(problem: PlanningProblem, clock: TimeLimit, *, evaluations: int
 
 
 def _search_pool(problem: PlanningProblem, costs: "_Costs", ranked: Sequence[tuple[float, int, tuple[Block, ...]]],
-                 refine_top: int, reshape_top: int, clock: TimeLimit, trace: list[TracePoint]
+                 refine_top: int, reshape_top: int, polish_top: int, clock: TimeLimit, trace: list[TracePoint]
                  ) -> tuple[list[Judged], int, bool]:
-    """Build ``ranked``, refine the best ``refine_top`` and reshape the best ``reshape_top`` of those.
+    """Build ``ranked``, refine the best ``refine_top``, reshape the best ``reshape_top`` of those and polish the
+    best ``polish_top`` of those.
 
     Returns the refined plans (fastest first), the patterns built and whether the clock cut
     the work; ``trace`` hears every time better than all it holds.
@@ -947,7 +949,7 @@ def _search_pool(problem: PlanningProblem, costs: "_Costs", ranked: Sequence[tup
         refined[k] = reshape(problem, judged, clock, costs)
         improves(refined[k].result.iteration_time)
     refined.sort(key=lambda j: j.result.iteration_time)
-    for k, judged in enumerate(refined[:POLISHED]):
+    for k, judged in enumerate(refined[:polish_top]):
         if past(clock):
             stopped = True
             break
