@@ -20,7 +20,8 @@ from pipeplan.experiments.known_optimum import class_optimum, known_problem
 from pipeplan.solver.heuristics.group_search import (MOVES, RUN_MOVES, Block, _classes, _Costs, _estimate,
                                                      _reshaped_bounds, balanced_bounds, boundary_moves, compute_floor,
                                                      group_search, pattern_level, patterns, refine, replica_groups,
-                                                     reshape, reshapes, shifted, sweep_patterns)
+                                                     reshape, reshapes, sweep_patterns)
+from pipeplan.solver.space.virtual_space import shifted
 from pipeplan.solver.exact.cpsat import CpSatSolver
 from pipeplan.solver.exact.ilp import IlpSolver
 from pipeplan.solver.exact.phases import Walk

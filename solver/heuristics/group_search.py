@@ -67,6 +67,7 @@ import numpy as np
 from pipeplan.solver.baselines.common import Bounds, Groups, Judged, finalize, fitting_costs, stage_fits
 from pipeplan.solver.evaluation.batched import iteration_times
 from pipeplan.solver.space.device_classes import DeviceClass, device_classes
+from pipeplan.solver.space.virtual_space import shifted
 from pipeplan.solver.bounds.infeasibility import heuristic_no_plan
 from pipeplan.solver.evaluation.memory import range_peak_memory, settle_borderline, stash_points
 from pipeplan.solver.bounds.path_floor import StageTerms, path_floor, stage_terms
@@ -715,33 +716,6 @@ def boundary_moves(boundaries: int, runs: bool = True) -> list[tuple[int, int, i
     if not runs:
         return single
     return single + [(i, j, move) for i in range(boundaries) for j in range(i + 1, boundaries) for move in RUN_MOVES]
-
-
-def shifted(ends: Sequence[int], first: int, last: int, shift: int) -> list[int] | None:
-    """The stages' last layers (exclusive) after boundaries ``first .. last`` move by ``shift``; ``None`` when a
-    stage would lose its last layer.
-
-    Parameters
-    ----------
-    ends : sequence of int
-        Where each stage ends (exclusive), ascending; the last is the layer count and never moves.
-    first, last, shift : int
-        A move of :func:`boundary_moves` (``last < len(ends) - 1``).
-
-    Returns
-    -------
-    list of int or None
-
-    Examples
-    --------
-    >>> shifted([4, 7, 9], 0, 1, -1)  # stage 0's last layer goes to stage 2
-    [3, 6, 9]
-    >>> shifted([4, 7, 9], 1, 1, 2) is None  # stage 2 would hold no layer
-    True
-    """
-    trial = list(ends[:first]) + [e + shift for e in ends[first:last + 1]] + list(ends[last + 1:])
-    before = trial[first - 1] if first else 0
-    return trial if before < trial[first] and trial[last] < trial[last + 1] else None
 
 
 Stages = list[tuple[tuple[int, int], tuple[str, ...]]]

@@ -103,9 +103,9 @@ def partition_seeds(problem: PlanningProblem, clock: TimeLimit, budget: WorkBudg
     """The version-2 forms of the best version-1 partitions (see the module docstring), and the work they cost.
 
     ``group-search`` runs on the problem under ``1f1b`` with at most :data:`EVALUATIONS` patterns (no more
-    than ``budget`` has left) and without its polishing, and the patterns it built are taken from ``budget``; the partitions of its best
-    :data:`PARTITION_PLANS` plans are turned into candidates for each ``v`` the problem takes (with ``v``
-    left to the search, those up to :data:`AUTO_SEED_V`), fastest plan first.
+    than ``budget`` has left) and without its polishing, and the patterns it built are taken from ``budget``;
+    the partitions of its best :data:`PARTITION_PLANS` plans are turned into candidates for each ``v`` the
+    problem takes (with ``v`` left to the search, those up to :data:`AUTO_SEED_V`), fastest plan first.
     """
     patterns = int(min(EVALUATIONS, budget.left()))
     try:

@@ -223,13 +223,46 @@ def even_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
     return tuple(zip(edges[:-1], edges[1:]))
 
 
+def shifted(ends: Sequence[int], first: int, last: int, shift: int, start: int = 0) -> list[int] | None:
+    """The stages' ends (exclusive) after boundaries ``first .. last`` move by ``shift``; ``None`` when a stage
+    would lose its last layer.
+
+    Moving a run of boundaries by one layer moves one layer between the stages at its two ends, the stages
+    between passing one layer along (:func:`layer_moves`).
+
+    Parameters
+    ----------
+    ends : sequence of int
+        Where each stage ends (exclusive), ascending; the last never moves.
+    first, last, shift : int
+        Boundaries ``first <= last < len(ends) - 1`` and how far they move.
+    start : int
+        Where the first stage starts.
+
+    Returns
+    -------
+    list of int or None
+
+    Examples
+    --------
+    >>> shifted([4, 7, 9], 0, 1, -1)  # stage 0's last layer goes to stage 2
+    [3, 6, 9]
+    >>> shifted([4, 7, 9], 1, 1, 2) is None  # stage 2 would hold no layer
+    True
+    """
+    trial = list(ends[:first]) + [e + shift for e in ends[first:last + 1]] + list(ends[last + 1:])
+    before = trial[first - 1] if first else start
+    return trial if before < trial[first] and trial[last] < trial[last + 1] else None
+
+
 def layer_moves(bounds: Sequence[tuple[int, int]]) -> Iterator[tuple[tuple[int, int], ...]]:
     """Every split one layer away from ``bounds``: a layer leaves stage ``i`` for stage ``j``, in the order of ``(i, j)``.
 
     The stages between them pass one layer along, so every boundary between ``i`` and ``j``
-    moves by one; stage ``i`` keeps at least one layer.  Under a version-2 schedule the two
-    stages may sit on one group (its work stays, its balance between stages changes) or on
-    groups far apart, which moving single boundaries reaches only through worse splits.
+    moves by one (:func:`shifted`); stage ``i`` keeps at least one layer.  Under a version-2
+    schedule the two stages may sit on one group (its work stays, its balance between stages
+    changes) or on groups far apart, which moving single boundaries reaches only through worse
+    splits.
 
     Examples
     --------
@@ -240,15 +273,12 @@ def layer_moves(bounds: Sequence[tuple[int, int]]) -> Iterator[tuple[tuple[int, 
     ((0, 3), (3, 4), (4, 5))
     ((0, 2), (2, 3), (3, 5))
     """
-    sizes = [hi - lo for lo, hi in bounds]
-    for i, j in itertools.permutations(range(len(sizes)), 2):
-        if sizes[i] <= 1:
-            continue
-        moved = list(sizes)
-        moved[i] -= 1
-        moved[j] += 1
-        edges = list(itertools.accumulate(moved, initial=bounds[0][0]))
-        yield tuple(zip(edges[:-1], edges[1:]))
+    start, ends = bounds[0][0], [hi for _, hi in bounds]
+    for i, j in itertools.permutations(range(len(bounds)), 2):
+        # a layer from i to a later j moves boundaries i .. j-1 back; to an earlier j, boundaries j .. i-1 on
+        trial = shifted(ends, i, j - 1, -1, start) if i < j else shifted(ends, j, i - 1, 1, start)
+        if trial is not None:
+            yield tuple(zip([start] + trial[:-1], trial))
 
 
 def stage_devices(schedule: str, groups: Sequence[Sequence[str]], stages: int) -> list[tuple[str, ...]]:
