@@ -36,13 +36,15 @@ from pipeplan.models.errors import InputError
 from pipeplan.solver.bounds.virtual_bound import Bounder, candidate_bound, space_bound
 from pipeplan.solver.exact.ilp import IlpSolver
 from pipeplan.solver.exact.virtual_fallback import FALLBACK_TRIES, fallback_candidates, fallback_plan
+import pipeplan.solver.exact.virtual_search as virtual_search
+import pipeplan.solver.space.virtual_space as virtual_space
 from pipeplan.solver.exact.virtual_search import solve_v2
 from pipeplan.solver.core.problem import PLANNED_SCHEDULES, PlanningProblem
 from pipeplan.solver.core.termination import TimeLimit, WorkBudget
 from pipeplan.solver.portfolio import EXACT
 from pipeplan.solver.schedules.needs import NEEDS
 from pipeplan.solver.solvers import get_solver, schedule_refusal
-from pipeplan.solver.space.virtual_space import Candidate, candidates, to_plan
+from pipeplan.solver.space.virtual_space import Candidate, candidates, plain_count, to_plan
 from conftest import cpu_past
 from helpers import (REL, brute_force, owner, reference, sized_problem, virtual_brute_force, virtual_problem)
 
@@ -566,6 +568,20 @@ class TestCandidates:
         assert {(len(c.groups), len(c.bounds), c.virtual) for c in candidates(p)} == {(1, 2, 2), (2, 4, 2)}
 
 
+class TestPlainCount:
+    @pytest.mark.parametrize("schedule", V2)
+    @pytest.mark.parametrize("layers", [2, 4, 6])
+    def test_counts_the_candidates_without_recompute(self, schedule, layers):
+        p = virtual_problem([1.0] * 40, schedule, devices=3, layers=layers, batch=4, m=2, servers=2)
+        listed = sum(1 for _ in candidates(p, flags=False))
+        assert listed > 0 and plain_count(p, 10 ** 6) == listed
+
+    def test_stops_above_the_cap(self):
+        p = virtual_problem([1.0] * 40, "looped-bfs", devices=3, layers=6, batch=4, m=2, servers=2)
+        total = plain_count(p, 10 ** 6)
+        assert total > 20 and 10 < plain_count(p, 10) < total
+
+
 class TestCandidateBound:
     @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
     @given(VALUES, st.sampled_from(V2), st.integers(1, 4), st.integers(1, 2), st.booleans())
@@ -610,6 +626,46 @@ class TestSolveV2:
             assert result.status == "optimal"
             assert result.iteration_time == pytest.approx(best, rel=1e-12)
             assert result.lower_bound == result.iteration_time
+
+    @pytest.mark.parametrize("schedule", V2)
+    @pytest.mark.parametrize("memory", [1e12, 4000.0, 2400.0, 1300.0, 1000.0])
+    def test_recompute_flags_not_listed_never_give_a_false_proof(self, schedule, memory, monkeypatch):
+        # with one stage's flags listed at most, every plan of two or more stages has only none or all recompute
+        monkeypatch.setattr(virtual_space, "MAX_FLAG_STAGES", 1)
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(40)]
+        p = virtual_problem(values, schedule, devices=2, layers=4, batch=4, m=2, memory=memory, servers=2)
+        best, _ = virtual_brute_force(p)
+        result = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, evaluate=lambda plan: reference(p, plan))
+        assert result.lower_bound is None or result.lower_bound <= best * (1 + 1e-12)
+        if result.status == "optimal":
+            assert result.iteration_time == pytest.approx(best, rel=1e-12)
+        assert result.status != "infeasible" or math.isinf(best)
+
+    def test_proves_when_the_plans_that_need_the_flags_are_slower(self, monkeypatch):
+        # plain candidates that do not fit (the fastest 29.69) are all slower than the optimum (25.38): the
+        # recompute variants not listed cannot be faster, so the search still proves it
+        monkeypatch.setattr(virtual_space, "MAX_FLAG_STAGES", 1)
+        rng = random.Random(1)
+        values = [round(rng.uniform(0.2, 2.0), 2) for _ in range(40)]
+        p = virtual_problem(values, "interleaved-zb", devices=2, layers=4, batch=4, m=2, memory=4000.0, servers=2)
+        best, plans = virtual_brute_force(p)
+        unfit = [r.iteration_time for plan, r in plans if not r.fits and len(plan.stages) > 1
+                 and not any(st.recompute for st in plan.stages)]
+        assert unfit and best < min(unfit)
+        result = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, evaluate=lambda plan: reference(p, plan))
+        assert result.status == "optimal" and result.iteration_time == pytest.approx(best, rel=1e-12)
+
+    def test_lists_a_small_space_whole(self, monkeypatch):
+        p = virtual_problem([0.5 + 0.1 * i for i in range(40)], "looped-bfs", devices=2, layers=4)
+        best, _ = virtual_brute_force(p)
+        monkeypatch.setattr(virtual_search, "MAX_CANDIDATES", 3)  # below the space's count
+        whole = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, evaluate=lambda plan: reference(p, plan))
+        assert whole.details["listed_all"] and whole.status == "optimal"
+        assert whole.iteration_time == pytest.approx(best, rel=1e-12)
+        monkeypatch.setattr(virtual_search, "SMALL_SPACE", 3)  # now too large to list whole
+        cut = solve_v2(p, "t", clock=TimeLimit(60.0), seed=0, evaluate=lambda plan: reference(p, plan))
+        assert cut.details["candidates"] <= 3 and not cut.details["listed_all"] and cut.status == "feasible"
+        assert cut.lower_bound <= best * (1 + 1e-12)
 
     def test_budget_counts_simulations(self):
         p = virtual_problem([0.5 + 0.1 * i for i in range(40)], "looped-bfs", devices=2, layers=4)

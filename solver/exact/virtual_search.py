@@ -20,10 +20,17 @@ space.  A recompute variant's bound is at least its plain candidate's (every dur
 only grows), so it is never needed before its plain candidate was simulated; and when
 the plain candidate fits its variants cannot be faster: recompute only lengthens
 actions, and with the programs and link orders fixed the timeline is a max-plus system,
-monotone in the durations.  When every candidate is simulated and none fits, no plan fits: the
-result is ``infeasible``, a proof.  Stopped earlier (budget, clock), the reported bound is
-the smallest of the incumbent and the bounds not yet passed, or, when the space was
-too large to list, :func:`pipeplan.solver.bounds.virtual_bound.space_bound`.
+monotone in the durations.  The same monotony makes a plain candidate's own simulated time a
+bound on its variants: they go on the heap with the larger of it and their own bound, and
+not at all when it already reaches the incumbent.  Above
+:data:`~pipeplan.solver.space.virtual_space.MAX_FLAG_STAGES` stages only no recompute and
+recompute everywhere are listed, so the fastest plain candidate that did not fit there bounds
+the plans not listed, and the proof needs the incumbent at or below it.  When every candidate is
+simulated and none fits, no plan fits: the result is ``infeasible``, a proof.  Stopped earlier
+(budget, clock), the reported bound is the smallest of the incumbent, the bounds not yet
+passed and that plain candidate's time, or, when the space was too large to list,
+:func:`pipeplan.solver.bounds.virtual_bound.space_bound`.  A space of at most
+:data:`SMALL_SPACE` candidates is listed whole; a larger one up to :data:`MAX_CANDIDATES`.
 
 With ``v`` left to the search (``virtual_stages`` ``None``), :class:`VirtualBnB` first
 solves the problem with one stage per group, as ``--virtual-stages 1`` alone would, and
@@ -69,12 +76,18 @@ from pipeplan.solver.core.termination import TimeLimit, WorkBudget, past
 from pipeplan.solver.bounds.virtual_bound import Bounder, space_bound
 from pipeplan.solver.exact.virtual_fallback import fallback_plan
 from pipeplan.solver.exact.virtual_model import ModelBound, virtual_model_bound
-from pipeplan.solver.space.virtual_space import (Candidate, VirtualSolver, boundary_choices, candidates, empty_space,
-                                                flags_exhaustive, group_choices, layer_moves, recompute_variants,
-                                                to_plan)
+from pipeplan.solver.space.virtual_space import (MAX_FLAG_STAGES, Candidate, VirtualSolver, boundary_choices,
+                                                candidates, empty_space, flags_exhaustive, group_choices, layer_moves,
+                                                plain_count, recompute_variants, to_plan)
 
 MAX_CANDIDATES = 40_000
-"""Most candidates listed and bounded; a larger space is not proved (its bound is the cluster-wide one)."""
+"""Most candidates listed and bounded from a space larger than :data:`SMALL_SPACE`, which is not proved (its bound
+is the cluster-wide one)."""
+
+SMALL_SPACE = 160_000
+"""Spaces of at most this many candidates (without recompute) are listed whole, so that a finished search proves
+its plan.  bench_solvers' 16 x 4 instance has 101,429 (``v = 2``) and 150,481 (``interleaved-1f1b``, ``v = 4``);
+bounding one takes 55 to 85 us on the 2-core machine, 6 to 13 s for such a space (2026-12-03)."""
 
 DEFAULT_SIMULATIONS = 20_000
 """Simulations one version-2 solve may run by default (its work budget)."""
@@ -95,10 +108,13 @@ simulator's rounding, so that two splits of equal time do not take turns."""
 def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: TimeLimit,
           settled: frozenset[int] = frozenset()) -> tuple[list[tuple[float, tuple[int, int], Candidate]], bool]:
     """``(bound, order, candidate)`` for each candidate without recompute that may fit, as a heap; and whether
-    all were listed.  Candidates whose ``v`` is in ``settled`` are left out."""
+    all were listed (at most :data:`MAX_CANDIDATES`, or :data:`SMALL_SPACE` from a space that small).
+    Candidates whose ``v`` is in ``settled`` are left out."""
+    small = boundaries is boundary_choices and plain_count(problem, SMALL_SPACE, groupings) <= SMALL_SPACE
+    most = SMALL_SPACE if small else MAX_CANDIDATES
     pool = []
     for index, candidate in enumerate(candidates(problem, boundaries, groupings, flags=False)):
-        if index >= MAX_CANDIDATES or (index % 32 == 0 and past(deadline)):
+        if index >= most or (index % 32 == 0 and past(deadline)):
             heapq.heapify(pool)
             return pool, False
         if candidate.virtual not in settled and not bounder.overflows(candidate):
@@ -186,8 +202,10 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
             best, best_time = plan, time
             trace.append(TracePoint(clock.elapsed(), best_time, None))
     pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
-    listed = listed and flags_exhaustive(problem)  # above MAX_FLAG_STAGES stages only none or all recompute
     listed_count = len(pool)
+    # above MAX_FLAG_STAGES stages only none or all recompute are listed: the other flags of a plain candidate
+    # that did not fit are never faster than it, so the fastest such candidate bounds every plan not listed
+    unlisted_flags = math.inf
     while pool:
         bound, order, candidate = pool[0]
         if bound * (1 - BOUND_TOL) >= best_time:
@@ -201,9 +219,14 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
         result = evaluate(to_plan(problem, candidate))
         if not result.fits:
             if not any(candidate.recompute):
-                # its recompute variants: never faster, so only worth a look when it does not fit
-                for j, variant in enumerate(recompute_variants(problem, candidate), 1):
-                    heapq.heappush(pool, (bounder.bound(variant), (order[0], j), variant))
+                if not flags_exhaustive(problem, len(candidate.bounds)):
+                    unlisted_flags = min(unlisted_flags, result.iteration_time)
+                # its recompute variants: never faster than it, so only worth a look when it does not fit and
+                # is faster than the incumbent; its time bounds theirs
+                if result.iteration_time * (1 - BOUND_TOL) < best_time:
+                    for j, variant in enumerate(recompute_variants(problem, candidate), 1):
+                        key = max(bounder.bound(variant), result.iteration_time)
+                        heapq.heappush(pool, (key, (order[0], j), variant))
             continue
         if result.iteration_time < best_time:
             best, best_time = to_plan(problem, candidate), result.iteration_time
@@ -212,23 +235,28 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
     details = {"method": "best-first search over v, device groups, boundaries and recompute, pruned by "
                          "the version-2 bounds", "candidates": listed_count, "listed_all": listed,
                "simulations": simulated, "budget_unit": "simulations", "finished": finished}
-    proved = proves and listed and finished
+    flags_cover = best_time <= unlisted_flags  # no plan of the flags not listed is faster than the incumbent
+    proved = proves and listed and finished and flags_cover
+    # every plan not simulated is at least the next bound on the heap or a plain candidate's time
+    rest = min(math.inf if next_bound is None else next_bound, unlisted_flags)
     if best is None:
         if proved:
             return SolverResult(name, "infeasible", None, None, None, wall, seed, tuple(trace),
                                 empty_space(problem) or f"no plan of {problem.schedule} fits in memory on this cluster",
                                 details)
-        bound = next_bound if listed and next_bound is not None else space_bound(problem)
+        bound = rest if listed and proves and rest < math.inf else space_bound(problem)
         return SolverResult(name, "timeout-no-solution", None, None, bound, wall, seed, tuple(trace),
                             "stopped before a fitting plan was found", details)
     if proved:
         trace.append(TracePoint(wall, best_time, best_time))
         return SolverResult(name, "optimal", best, best_time, best_time, wall, seed, tuple(trace), "", details)
-    bound = min(best_time, next_bound) if listed and next_bound is not None and proves else \
-        min(best_time, space_bound(problem))
+    bound = min(best_time, rest) if listed and proves else min(best_time, space_bound(problem))
     trace.append(TracePoint(wall, best_time, bound))
-    why = "the search space was too large to list (or its recompute flags)" if not listed else \
-        "the search stopped before the bounds met the incumbent" if proves else "a restricted search proves nothing"
+    why = ("a restricted search proves nothing" if not proves else
+           "the search space was too large to list" if not listed else
+           "the search stopped before the bounds met the incumbent" if not finished else
+           f"recompute on some stages only is not listed above {MAX_FLAG_STAGES} stages, and a plan without "
+           "recompute that does not fit was faster than the incumbent")
     return SolverResult(name, "feasible", best, best_time, bound, wall, seed, tuple(trace), why, details)
 
 

@@ -16,6 +16,7 @@ renaming of interchangeable devices, which changes no simulated number.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -144,11 +145,9 @@ def recompute_choices(problem: PlanningProblem, stages: int) -> Iterator[tuple[b
     yield from itertools.product((False, True), repeat=stages)
 
 
-def flags_exhaustive(problem: PlanningProblem) -> bool:
-    """Whether :func:`recompute_choices` gives every combination for every stage count of the problem."""
-    most = max((num_stages(problem.schedule, r, v) for r in group_counts(problem)
-                for v in virtual_choices(problem, r)), default=0)
-    return not problem.allow_recompute or most <= MAX_FLAG_STAGES
+def flags_exhaustive(problem: PlanningProblem, stages: int) -> bool:
+    """Whether :func:`recompute_choices` gives every combination of recompute flags for ``stages`` stages."""
+    return not problem.allow_recompute or stages <= MAX_FLAG_STAGES
 
 
 def group_counts(problem: PlanningProblem) -> range:
@@ -203,9 +202,35 @@ def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=
                         yield Candidate(v, devs, tuple(bounds), chosen)
 
 
-def space_size(problem: PlanningProblem, cap: int) -> int:
-    """How many candidates :func:`candidates` yields, counting at most ``cap + 1`` of them."""
-    return sum(1 for _ in itertools.islice(candidates(problem), cap + 1))
+def plain_count(problem: PlanningProblem, cap: int, groupings=group_choices) -> int:
+    """How many candidates ``candidates(problem, groupings=groupings, flags=False)`` yields (every split of the
+    layers), counted up to the first total above ``cap``: one binomial per device grouping, so the count costs
+    what listing the groupings costs, not the candidates.
+
+    Examples
+    --------
+    >>> from pipeplan.models.graph import Layer, LayerGraph
+    >>> from pipeplan.solver.formats.cluster import Cluster, Device, Link
+    >>> g = LayerGraph.chain("g", [Layer(f"l{i}", (0, 1), (0, 2), 0, 0, 0) for i in range(4)])
+    >>> c = Cluster("c", (Link(1e9, 0, "s0"),), Link(1e9, 0), (Device("d0", "s0", 1, 1e9),))
+    >>> p = PlanningProblem(g, c, global_batch=2, microbatches=2, schedule="looped-bfs", virtual_stages=2)
+    >>> plain_count(p, 100) == sum(1 for _ in candidates(p, flags=False)) == 3  # one group: 2 stages
+    True
+    """
+    schedule, layers, total = problem.schedule, len(problem.graph), 0
+    for groups in group_counts(problem):
+        if schedule_accepts(schedule, groups, problem.microbatches):
+            continue
+        for v in virtual_choices(problem, groups):
+            stages = num_stages(schedule, groups, v)
+            if problem.max_stages is not None and stages > problem.max_stages:
+                continue
+            splits = math.comb(layers - 1, stages - 1)  # boundary_choices' count
+            for _ in groupings(problem, groups):
+                total += splits
+                if total > cap:
+                    return total
+    return total
 
 
 def even_bounds(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
