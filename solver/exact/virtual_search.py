@@ -29,8 +29,13 @@ the plans not listed, and the proof needs the incumbent at or below it.  When ev
 simulated and none fits, no plan fits: the result is ``infeasible``, a proof.  Stopped earlier
 (budget, clock), the reported bound is the smallest of the incumbent, the bounds not yet
 passed and that plain candidate's time, or, when the space was too large to list,
-:func:`pipeplan.solver.bounds.virtual_bound.space_bound`.  A space of at most
-:data:`SMALL_SPACE` candidates is listed whole; a larger one up to :data:`MAX_CANDIDATES`.
+:func:`pipeplan.solver.bounds.virtual_bound.space_bound`.
+
+Listing.  The first :data:`MAX_CANDIDATES` candidates are listed and searched first.  A space of
+at most :data:`SMALL_SPACE` candidates is then listed whole and the search goes on from where it
+stopped, with its incumbent: every candidate whose bound is below the final incumbent is still
+simulated, so the proof holds, and a short limit searches what it searched before.  A larger
+space is not listed past :data:`MAX_CANDIDATES`.
 
 With ``v`` left to the search (``virtual_stages`` ``None``), :class:`VirtualBnB` first
 solves the problem with one stage per group, as ``--virtual-stages 1`` alone would, and
@@ -81,13 +86,14 @@ from pipeplan.solver.space.virtual_space import (MAX_FLAG_STAGES, Candidate, Vir
                                                 plain_count, recompute_variants, to_plan)
 
 MAX_CANDIDATES = 40_000
-"""Most candidates listed and bounded from a space larger than :data:`SMALL_SPACE`, which is not proved (its bound
-is the cluster-wide one)."""
+"""Candidates listed, bounded and searched first; a space larger than :data:`SMALL_SPACE` is not listed further and
+not proved (its bound is the cluster-wide one)."""
 
 SMALL_SPACE = 160_000
-"""Spaces of at most this many candidates (without recompute) are listed whole, so that a finished search proves
-its plan.  bench_solvers' 16 x 4 instance has 101,429 (``v = 2``) and 150,481 (``interleaved-1f1b``, ``v = 4``);
-bounding one takes 55 to 85 us on the 2-core machine, 6 to 13 s for such a space (2026-12-03)."""
+"""Spaces of at most this many candidates (without recompute) are then listed whole, so that a finished search
+proves its plan.  bench_solvers' 16 x 4 instance has 101,429 (``v = 2``) and 150,481 (``interleaved-1f1b``,
+``v = 4``) per version-2 schedule; bounding one takes 55 to 85 us on the 2-core machine, 6 to 13 s for such a
+space, and ``ilp`` proves each schedule's optimum there in 11 to 25 s (2026-12-03)."""
 
 DEFAULT_SIMULATIONS = 20_000
 """Simulations one version-2 solve may run by default (its work budget)."""
@@ -105,22 +111,80 @@ MOVE_GAIN = 1e-12
 simulator's rounding, so that two splits of equal time do not take turns."""
 
 
-def _pool(problem: PlanningProblem, bounder: Bounder, boundaries, groupings, deadline: TimeLimit,
-          settled: frozenset[int] = frozenset()) -> tuple[list[tuple[float, tuple[int, int], Candidate]], bool]:
-    """``(bound, order, candidate)`` for each candidate without recompute that may fit, as a heap; and whether
-    all were listed (at most :data:`MAX_CANDIDATES`, or :data:`SMALL_SPACE` from a space that small).
-    Candidates whose ``v`` is in ``settled`` are left out."""
-    small = boundaries is boundary_choices and plain_count(problem, SMALL_SPACE, groupings) <= SMALL_SPACE
-    most = SMALL_SPACE if small else MAX_CANDIDATES
-    pool = []
-    for index, candidate in enumerate(candidates(problem, boundaries, groupings, flags=False)):
-        if index >= most or (index % 32 == 0 and past(deadline)):
-            heapq.heapify(pool)
-            return pool, False
-        if candidate.virtual not in settled and not bounder.overflows(candidate):
-            pool.append((bounder.bound(candidate), (index, 0), candidate))
-    heapq.heapify(pool)
-    return pool, True
+class _Listing:
+    """The candidates without recompute that may fit, bounded and put on the search's heap a batch at a time.
+
+    Candidates whose ``v`` is in ``settled`` are left out; ``count`` is how many were put on the heap, ``done``
+    whether every candidate was taken."""
+
+    def __init__(self, problem: PlanningProblem, bounder: Bounder, boundaries, groupings,
+                 settled: frozenset[int]) -> None:
+        self.bounder, self.settled = bounder, settled
+        self.items = enumerate(candidates(problem, boundaries, groupings, flags=False))
+        self.waiting: tuple[int, Candidate] | None = None  # taken from ``items``, not yet listed
+        self.count, self.done = 0, False
+
+    def fill(self, pool: list, most: int, deadline: TimeLimit) -> None:
+        """List the candidates before index ``most`` onto the heap ``pool``, or those the deadline leaves time for."""
+        while True:
+            item, self.waiting = self.waiting or next(self.items, None), None
+            if item is None:
+                self.done = True
+                return
+            index, candidate = item
+            if index >= most or (index % 32 == 0 and past(deadline)):
+                self.waiting = item
+                return
+            if candidate.virtual not in self.settled and not self.bounder.overflows(candidate):
+                heapq.heappush(pool, (self.bounder.bound(candidate), (index, 0), candidate))
+                self.count += 1
+
+
+class _BestFirst:
+    """The search's state: its incumbent, where it stopped and what its proof still lacks."""
+
+    def __init__(self, problem: PlanningProblem, bounder: Bounder, incumbent: tuple[Plan, float] | None,
+                 clock: TimeLimit, budget: WorkBudget, evaluate: Callable[[Plan], Simulation]) -> None:
+        self.problem, self.bounder, self.clock, self.budget, self.evaluate = problem, bounder, clock, budget, evaluate
+        self.best, self.best_time = incumbent if incumbent is not None else (None, math.inf)
+        self.trace = [TracePoint(0.0, self.best_time, None)] if incumbent is not None else []
+        self.simulated, self.next_bound, self.finished = 0, None, True
+        self.unlisted_flags = math.inf
+        """Above MAX_FLAG_STAGES stages only none or all recompute are listed: the other flags of a plain
+        candidate that did not fit are never faster than it, so the fastest such candidate bounds them all."""
+
+    def offer(self, plan: Plan | None, time: float) -> None:
+        if plan is not None and time < self.best_time:
+            self.best, self.best_time = plan, time
+            self.trace.append(TracePoint(self.clock.elapsed(), time, None))
+
+    def run(self, pool: list) -> None:
+        """Simulate the heap's candidates in order until the next bound reaches the incumbent (``finished``),
+        or the budget or the clock stops it (``finished`` false); ``next_bound`` is the bound it stopped at."""
+        problem, bounder = self.problem, self.bounder
+        self.next_bound, self.finished = None, True
+        while pool:
+            bound, order, candidate = pool[0]
+            if bound * (1 - BOUND_TOL) >= self.best_time:
+                self.next_bound = bound
+                return
+            if past(self.clock) or not self.budget.spend():
+                self.next_bound, self.finished = bound, False
+                return
+            heapq.heappop(pool)
+            self.simulated += 1
+            result = self.evaluate(to_plan(problem, candidate))
+            if result.fits:
+                self.offer(to_plan(problem, candidate), result.iteration_time)
+            elif not any(candidate.recompute):
+                if not flags_exhaustive(problem, len(candidate.bounds)):
+                    self.unlisted_flags = min(self.unlisted_flags, result.iteration_time)
+                # its recompute variants: never faster than it, so only worth a look when it does not fit and
+                # is faster than the incumbent; its time bounds theirs
+                if result.iteration_time * (1 - BOUND_TOL) < self.best_time:
+                    for j, variant in enumerate(recompute_variants(problem, candidate), 1):
+                        key = max(bounder.bound(variant), result.iteration_time)
+                        heapq.heappush(pool, (key, (order[0], j), variant))
 
 
 def fitting_plan(problem: PlanningProblem, candidate: Candidate, budget: WorkBudget, clock: TimeLimit,
@@ -186,51 +250,29 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
     SolverResult
         ``optimal`` only when proved; the bound is valid over the whole space.
     """
-    deadline = clock
     budget = budget or WorkBudget(DEFAULT_SIMULATIONS, stops=clock.stops)
     evaluate = evaluate or problem.evaluate
     bounder = Bounder(problem)
-    best, best_time = incumbent if incumbent is not None else (None, math.inf)
-    trace = [TracePoint(0.0, best_time, None)] if incumbent is not None else []
-    simulated, next_bound, finished = 0, None, True
+    search = _BestFirst(problem, bounder, incumbent, clock, budget, evaluate)
     for start in dict.fromkeys(seeds):
         if bounder.overflows(start):
             continue
-        plan, time, used = fitting_plan(problem, start, budget, deadline, evaluate)
-        simulated += used
-        if plan is not None and time < best_time:
-            best, best_time = plan, time
-            trace.append(TracePoint(clock.elapsed(), best_time, None))
-    pool, listed = _pool(problem, bounder, boundaries, groupings, deadline, settled)
-    listed_count = len(pool)
-    # above MAX_FLAG_STAGES stages only none or all recompute are listed: the other flags of a plain candidate
-    # that did not fit are never faster than it, so the fastest such candidate bounds every plan not listed
-    unlisted_flags = math.inf
-    while pool:
-        bound, order, candidate = pool[0]
-        if bound * (1 - BOUND_TOL) >= best_time:
-            next_bound = bound
+        plan, time, used = fitting_plan(problem, start, budget, clock, evaluate)
+        search.simulated += used
+        search.offer(plan, time)
+    # the first MAX_CANDIDATES candidates are searched first, so a short limit searches what it did before;
+    # then the rest of a small space is listed and the search goes on from where it stopped: every candidate
+    # whose bound is below the final incumbent is still simulated, so a finished search is a proof
+    listing, pool = _Listing(problem, bounder, boundaries, groupings, settled), []
+    for most in (MAX_CANDIDATES, SMALL_SPACE):
+        listing.fill(pool, most, clock)
+        search.run(pool)
+        if listing.done or not search.finished or boundaries is not boundary_choices \
+                or plain_count(problem, SMALL_SPACE, groupings) > SMALL_SPACE:
             break
-        if past(deadline) or not budget.spend():
-            next_bound, finished = bound, False
-            break
-        heapq.heappop(pool)
-        simulated += 1
-        result = evaluate(to_plan(problem, candidate))
-        if not result.fits:
-            if not any(candidate.recompute):
-                if not flags_exhaustive(problem, len(candidate.bounds)):
-                    unlisted_flags = min(unlisted_flags, result.iteration_time)
-                # its recompute variants: never faster than it, so only worth a look when it does not fit and
-                # is faster than the incumbent; its time bounds theirs
-                if result.iteration_time * (1 - BOUND_TOL) < best_time:
-                    for j, variant in enumerate(recompute_variants(problem, candidate), 1):
-                        key = max(bounder.bound(variant), result.iteration_time)
-                        heapq.heappush(pool, (key, (order[0], j), variant))
-            continue
-        if result.iteration_time < best_time:
-            best, best_time = to_plan(problem, candidate), result.iteration_time
-            trace.append(TracePoint(clock.elapsed(), best_time, None))
+    best, best_time, trace, next_bound = search.best, search.best_time, search.trace, search.next_bound
+    finished, unlisted_flags, simulated = search.finished, search.unlisted_flags, search.simulated
+    listed, listed_count = listing.done, listing.count
     wall = clock.elapsed()
     details = {"method": "best-first search over v, device groups, boundaries and recompute, pruned by "
                          "the version-2 bounds", "candidates": listed_count, "listed_all": listed,
