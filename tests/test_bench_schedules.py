@@ -223,6 +223,20 @@ class TestVersion2Row:
         assert len(table) == 3 and table[2].startswith("| looped-bfs v=2 |")
 
 
+    def test_a_cell_says_what_proved_it(self):
+        proved = {"iteration_time": 0.2, "lower_bound": 0.2, "gap": 0.0, "status": "optimal",
+                  "bound_by": "virtual-bnb", "details": {}}
+        modelled = dict(proved, details={"model_groups": "R=1:target R=2:model", "model_complete": True})
+        unproved = dict(proved, status="feasible", lower_bound=0.1, gap=0.5)
+        row = {"version1": {"best": 0.3}, "cases": [
+            {"name": f"zbv {i}", "best": 0.2, "gap": 0.0, "beats_v1": True, "solvers": {"ilp": cell}}
+            for i, cell in enumerate((proved, modelled, unproved))]}
+        table = solvers_bench.version2_markdown(row).splitlines()[2:]
+        assert "(virtual-bnb; the search proved it)" in table[0]
+        assert "(virtual-bnb; R 2 by the model, R 1 by target LPs, all)" in table[1]
+        assert "(virtual-bnb; no model)" in table[2]
+
+
 class TestModelSummary:
     def test_spans(self):
         d = {"model_groups": "R=1:model R=2:model R=3:target R=4:model", "model_complete": True}
