@@ -67,6 +67,7 @@ same inputs and budget, same plan on any machine.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
@@ -126,18 +127,19 @@ class _Listing:
 
     def fill(self, pool: list, most: int, deadline: TimeLimit) -> None:
         """List the candidates before index ``most`` onto the heap ``pool``, or those the deadline leaves time for."""
-        while True:
-            item, self.waiting = self.waiting or next(self.items, None), None
-            if item is None:
-                self.done = True
-                return
-            index, candidate = item
+        bounder, settled, listed = self.bounder, self.settled, []
+        waiting, self.waiting = self.waiting, None
+        for index, candidate in itertools.chain((waiting,) if waiting else (), self.items):
             if index >= most or (index % 32 == 0 and past(deadline)):
-                self.waiting = item
-                return
-            if candidate.virtual not in self.settled and not self.bounder.overflows(candidate):
-                heapq.heappush(pool, (self.bounder.bound(candidate), (index, 0), candidate))
-                self.count += 1
+                self.waiting = (index, candidate)
+                break
+            if candidate.virtual not in settled and not bounder.overflows(candidate):
+                listed.append((bounder.bound(candidate), (index, 0), candidate))
+        else:
+            self.done = True
+        self.count += len(listed)
+        pool.extend(listed)
+        heapq.heapify(pool)
 
 
 class _BestFirst:
