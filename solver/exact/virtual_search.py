@@ -34,7 +34,7 @@ passed and that plain candidate's time, or, when the space was too large to list
 Listing.  The first :data:`MAX_CANDIDATES` candidates are listed and searched first.  A space of
 at most :data:`SMALL_SPACE` candidates is then listed whole and the search goes on from where it
 stopped, with its incumbent: every candidate whose bound is below the final incumbent is still
-simulated, so the proof holds, and a short limit searches what it searched before.  A larger
+simulated, so the proof holds, and a short limit searches the first ones alone.  A larger
 space is not listed past :data:`MAX_CANDIDATES`.
 
 With ``v`` left to the search (``virtual_stages`` ``None``), :class:`VirtualBnB` first
@@ -94,7 +94,7 @@ SMALL_SPACE = 160_000
 """Spaces of at most this many candidates (without recompute) are then listed whole, so that a finished search
 proves its plan.  bench_solvers' 16 x 4 instance has 101,429 (``v = 2``) and 150,481 (``interleaved-1f1b``,
 ``v = 4``) per version-2 schedule; bounding one takes 55 to 85 us on the 2-core machine, 6 to 13 s for such a
-space, and ``ilp`` proves each schedule's optimum there in 11 to 25 s (2026-12-03)."""
+space, and ``ilp`` proves each schedule's optimum there in 11 to 27 s (2026-12-03)."""
 
 DEFAULT_SIMULATIONS = 20_000
 """Simulations one version-2 solve may run by default (its work budget)."""
@@ -156,6 +156,7 @@ class _BestFirst:
         candidate that did not fit are never faster than it, so the fastest such candidate bounds them all."""
 
     def offer(self, plan: Plan | None, time: float) -> None:
+        """Keep ``plan`` (a fitting plan simulated at ``time`` seconds) when it is faster than the incumbent."""
         if plan is not None and time < self.best_time:
             self.best, self.best_time = plan, time
             self.trace.append(TracePoint(self.clock.elapsed(), time, None))
@@ -262,7 +263,7 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
         plan, time, used = fitting_plan(problem, start, budget, clock, evaluate)
         search.simulated += used
         search.offer(plan, time)
-    # the first MAX_CANDIDATES candidates are searched first, so a short limit searches what it did before;
+    # the first MAX_CANDIDATES candidates are searched first, so a short limit searches them alone;
     # then the rest of a small space is listed and the search goes on from where it stopped: every candidate
     # whose bound is below the final incumbent is still simulated, so a finished search is a proof
     listing, pool = _Listing(problem, bounder, boundaries, groupings, settled), []
