@@ -187,19 +187,24 @@ def candidates(problem: PlanningProblem, boundaries=boundary_choices, groupings=
     heuristic passes a few).  Group counts the schedule refuses for the problem's ``m``
     (:func:`schedule_accepts`) are left out.
     """
-    schedule = problem.schedule
+    for groups, v, stages in layouts(problem):
+        for devs in groupings(problem, groups):
+            for bounds in boundaries(len(problem.graph), stages):
+                choices = recompute_choices(problem, stages) if flags else ((False,) * stages,)
+                for chosen in choices:
+                    yield Candidate(v, devs, tuple(bounds), chosen)
+
+
+def layouts(problem: PlanningProblem) -> Iterator[tuple[int, int, int]]:
+    """``(groups, v, stages)`` of every shape :func:`candidates` lists, in its order: the group counts the
+    schedule takes for the problem's ``m``, each ``v`` of :func:`virtual_choices`, within ``max_stages``."""
     for groups in group_counts(problem):
-        if schedule_accepts(schedule, groups, problem.microbatches):
+        if schedule_accepts(problem.schedule, groups, problem.microbatches):
             continue
         for v in virtual_choices(problem, groups):
-            stages = num_stages(schedule, groups, v)
-            if problem.max_stages is not None and stages > problem.max_stages:
-                continue
-            for devs in groupings(problem, groups):
-                for bounds in boundaries(len(problem.graph), stages):
-                    choices = recompute_choices(problem, stages) if flags else ((False,) * stages,)
-                    for chosen in choices:
-                        yield Candidate(v, devs, tuple(bounds), chosen)
+            stages = num_stages(problem.schedule, groups, v)
+            if problem.max_stages is None or stages <= problem.max_stages:
+                yield groups, v, stages
 
 
 def plain_count(problem: PlanningProblem, cap: int, groupings=group_choices) -> int:
@@ -217,19 +222,13 @@ def plain_count(problem: PlanningProblem, cap: int, groupings=group_choices) -> 
     >>> plain_count(p, 100) == sum(1 for _ in candidates(p, flags=False)) == 3  # one group: 2 stages
     True
     """
-    schedule, layers, total = problem.schedule, len(problem.graph), 0
-    for groups in group_counts(problem):
-        if schedule_accepts(schedule, groups, problem.microbatches):
-            continue
-        for v in virtual_choices(problem, groups):
-            stages = num_stages(schedule, groups, v)
-            if problem.max_stages is not None and stages > problem.max_stages:
-                continue
-            splits = math.comb(layers - 1, stages - 1)  # boundary_choices' count
-            for _ in groupings(problem, groups):
-                total += splits
-                if total > cap:
-                    return total
+    total = 0
+    for groups, _, stages in layouts(problem):
+        splits = math.comb(len(problem.graph) - 1, stages - 1)  # boundary_choices' count
+        for _ in groupings(problem, groups):
+            total += splits
+            if total > cap:
+                return total
     return total
 
 
