@@ -176,9 +176,10 @@ class _BestFirst:
                 return
             heapq.heappop(pool)
             self.simulated += 1
-            result = self.evaluate(to_plan(problem, candidate))
+            plan = to_plan(problem, candidate)
+            result = self.evaluate(plan)
             if result.fits:
-                self.offer(to_plan(problem, candidate), result.iteration_time)
+                self.offer(plan, result.iteration_time)
             elif not any(candidate.recompute):
                 if not flags_exhaustive(problem, len(candidate.bounds)):
                     self.unlisted_flags = min(self.unlisted_flags, result.iteration_time)
@@ -267,12 +268,12 @@ def solve_v2(problem: PlanningProblem, name: str, *, clock: TimeLimit, seed: int
     # then the rest of a small space is listed and the search goes on from where it stopped: every candidate
     # whose bound is below the final incumbent is still simulated, so a finished search is a proof
     listing, pool = _Listing(problem, bounder, boundaries, groupings, settled), []
-    for most in (MAX_CANDIDATES, SMALL_SPACE):
-        listing.fill(pool, most, clock)
+    listing.fill(pool, MAX_CANDIDATES, clock)
+    search.run(pool)
+    if not listing.done and search.finished and boundaries is boundary_choices \
+            and plain_count(problem, SMALL_SPACE, groupings) <= SMALL_SPACE:
+        listing.fill(pool, SMALL_SPACE, clock)
         search.run(pool)
-        if listing.done or not search.finished or boundaries is not boundary_choices \
-                or plain_count(problem, SMALL_SPACE, groupings) > SMALL_SPACE:
-            break
     best, best_time, trace, next_bound = search.best, search.best_time, search.trace, search.next_bound
     finished, unlisted_flags, simulated = search.finished, search.unlisted_flags, search.simulated
     listed, listed_count = listing.done, listing.count
