@@ -75,7 +75,7 @@ class TestVirtualModelBound:
         monkeypatch.setattr(virtual_model, "LP_REACH", reach)
         values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
         p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
-        found = {o.groups: o for o in virtual_model_bound(p, "milp", TimeLimit(60.0)).outcomes}
+        found = {o.groups: o for o in virtual_model_bound(p, "milp", TimeLimit(60.0), threads=1).outcomes}
         types = group_types(p)
         milli = in_milliseconds(coefficients(p, types, layer_units(p)))
         assert found[2].status == "model"
@@ -88,6 +88,32 @@ class TestVirtualModelBound:
                 assert not found[groups].capped
             if not found[groups].capped:
                 assert found[groups].bound == pytest.approx(alone, rel=2 * TOLERANCE)
+
+    @pytest.mark.parametrize("threads", [1, 2, 3])
+    def test_rounds_of_threads_give_one_answer(self, threads):
+        """Group counts raised ``threads`` at a time: never above the optimum, and the same answer on every call (a
+        round ends when all its solves have, so the order they finish in does not count)."""
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
+        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
+        best, _ = virtual_brute_force(p)
+
+        def answer():
+            found = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=threads)
+            return found.bound, found.complete, [(o.groups, o.status, o.bound, o.step, o.capped) for o in found.outcomes]
+
+        first = answer()
+        assert first[1] and first[0] <= best * (1 + 1e-9)
+        assert answer() == first
+
+    def test_the_next_smallest_bounds_are_raised_alongside(self):
+        """With one thread the target LPs of 3 and 4 groups stop at 2 groups' bound and are only resumed
+        (test above); with two, the next smallest bound is raised by its own model in the same rounds."""
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
+        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
+        one = {o.groups: o.status for o in virtual_model_bound(p, "milp", TimeLimit(60.0), threads=1).outcomes}
+        two = {o.groups: o.status for o in virtual_model_bound(p, "milp", TimeLimit(60.0), threads=2).outcomes}
+        assert one[3] == one[4] == "target"
+        assert "model" in (two[3], two[4])
 
     def test_leaves_v_to_the_search_alone(self):
         p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4)

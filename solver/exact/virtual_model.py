@@ -101,6 +101,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -149,6 +150,14 @@ groups)."""
 MAX_COLUMNS = 100_000
 """Most unit-stage-type columns one model may have; a group count beyond it is not modelled (the answer is then
 incomplete), so that building a model never takes long on a large cluster."""
+
+MODEL_THREADS = 2
+"""Group counts raised at once, one solve per thread (HiGHS and CP-SAT release the GIL while they solve).  A
+round of solves ends when every one of them has, so the answers do not depend on which finishes first; the
+number is fixed, not read from the machine, so that the same inputs give the same bound anywhere the clock
+does not cut.  Two, the cores of the machine the benchmarks run on: on bench_solvers' 64 x 16 instance
+(``looped-bfs``, the model alone for 60 s, the 2-core machine otherwise idle) the bound is 215.3 ms with one thread,
+221.6 ms with two (223.6 ms with one thread and 120 s; 2026-12-03)."""
 
 BACKENDS = ("milp", "cpsat")
 
@@ -669,13 +678,15 @@ def fixed_virtual(problem: PlanningProblem) -> int | None:
 
 
 def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit,
-                        earlier: ModelBound | None = None, cap: float = math.inf) -> ModelBound:
+                        earlier: ModelBound | None = None, cap: float = math.inf,
+                        threads: int = MODEL_THREADS, finish: TimeLimit | None = None) -> ModelBound:
     """The smallest bound over every group count (see the module docstring), never below :func:`space_bound`.
 
     First, each group count gets the bound of its target LPs (:mod:`pipeplan.solver.exact.virtual_targets`),
     proved no higher than ``cap`` or the smallest bound of the group counts before it: a higher one would
     not change the smallest (such a group count is ``capped``; after one, the next is first tried by
-    :func:`screened_out`).  Then the group count with the smallest bound is raised: a capped one by its
+    :func:`screened_out`).  Then the group count with the smallest bound is raised, and with it those with the
+    next smallest bounds, ``threads`` solves at once in rounds (:data:`MODEL_THREADS`): a capped one by its
     target LPs, up to :data:`LP_REACH` above, any other by its model with capacity rows
     (:func:`model_rules_out`, :data:`NODES_PER_MODEL` HiGHS nodes or :data:`DETERMINISTIC_PER_MODEL` CP-SAT
     deterministic seconds), asked to rule out every plan its step above it (:data:`TARGET_STEP` at first); a
@@ -697,6 +708,12 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     earlier : ModelBound, optional
     cap : float, optional
         A plan's iteration time: no bound above it is sought.
+    threads : int, optional
+        Group counts raised at once (:data:`MODEL_THREADS`); the answer depends on it, not on the machine's cores.
+    finish : TimeLimit, optional
+        A later cap the solves of a round started before ``clock`` runs out may run to (``clock`` itself by
+        default): a solve cut by its clock proves nothing, so a phase that ends at ``clock`` and resumes later
+        loses no solve's work.
 
     Examples
     --------
@@ -722,62 +739,98 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     lps: dict[int, TargetLP] = {}  # the target LPs of the capped group counts, kept from the first pass
     rising = False  # whether the last group count's target LPs stopped at a smaller count's bound
 
-    def target_lp(groups: int) -> TargetLP:
-        return TargetLP(build_rows(problem, groups, v, types, milli, capacity=True), clock.remaining)
+    def target_lp(groups: int, within: TimeLimit) -> TargetLP:
+        return TargetLP(build_rows(problem, groups, v, types, milli, capacity=True), within.remaining)
 
-    for groups in group_counts(problem):
-        if schedule_accepts(problem.schedule, groups, problem.microbatches):
-            continue
-        stages = num_stages(problem.schedule, groups, v)
-        if stages > len(problem.graph) or (problem.max_stages is not None and stages > problem.max_stages):
-            continue
-        if groups in found:
-            continue
-        if clock.expired() or len(co.sizes) * stages * len(types) > MAX_COLUMNS:
-            return ModelBound(floor_, backend, tuple(found[g] for g in sorted(found)), False)
-        # the targets proved (before their margin) cap the next ones: group counts proved at one cap share one bound
-        lowest = min(cap, min(proved.values(), default=math.inf))
-        # the bounds fall with more groups, then rise: once one group count is capped, the next is screened first
-        if rising and lowest < cap and screened_out(problem, groups, v, types, milli, lowest, clock):
-            proved[groups] = lowest
-            found[groups] = ModelOutcome(groups, "target", lowest * (1 - ROUNDING_MARGIN), clock.elapsed(), capped=True)
-            continue
-        lp = lps[groups] = target_lp(groups)
-        proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), floor_, lowest, clock.expired)
-        if clock.expired() or lp.timed_out:  # the clock cut its bisection short: left to a resumed call
-            del proved[groups]
-            return ModelBound(floor_, backend, tuple(found[g] for g in sorted(found)), False)
-        capped = rising = proved[groups] >= lowest and lowest < cap  # another group count's bound stopped it
-        found[groups] = ModelOutcome(groups, "target", proved[groups] * (1 - ROUNDING_MARGIN), clock.elapsed(),
-                                     capped=capped)
-        if not capped:
-            del lps[groups]
-    while not clock.expired():
-        # only the smallest bound counts: once its group count's steps are spent, the others stay as they are
-        groups = min(found, key=lambda g: (proved[g], g), default=None)
-        if groups is None or found[groups].step < MIN_TARGET_STEP or proved[groups] >= cap:
-            break
-        if found[groups].capped:  # its target LPs first, on from where they stopped, up to LP_REACH above
+    solving = finish if finish is not None else clock  # what a round's solves may run to
+
+    def raisable(groups: int) -> bool:
+        return found[groups].step >= MIN_TARGET_STEP and proved[groups] < cap
+
+    def raise_once(groups: int) -> tuple[float, ModelOutcome, TargetLP | None]:
+        """One step up for ``groups``: its new proved target, outcome and target LPs (``None``: unchanged)."""
+        outcome, lp = found[groups], None
+        if outcome.capped:  # its target LPs first, on from where they stopped, up to LP_REACH above
             ceiling = min(cap, proved[groups] * (1 + LP_REACH))
-            if ceiling < cap and screened_out(problem, groups, v, types, milli, ceiling, clock):
-                proved[groups], capped = ceiling, True
+            if ceiling < cap and screened_out(problem, groups, v, types, milli, ceiling, solving):
+                bound, capped = ceiling, True
             else:
-                lp = lps[groups] = lps.get(groups) or target_lp(groups)
+                lp = lps.get(groups) or target_lp(groups, solving)
+                lp.seconds = solving.remaining  # the first pass's, kept, ran under ``clock``
                 lp.timed_out = False  # this bisection's own
-                proved[groups] = target_bound(lambda t: lp.infeasible_at(t * MILLI), proved[groups], ceiling,
-                                              clock.expired)
-                capped = lp.timed_out or (proved[groups] >= ceiling and ceiling < cap)
+                # no program starts after ``clock``; one started runs on under ``solving``
+                bound = target_bound(lambda t: lp.infeasible_at(t * MILLI), proved[groups], ceiling, clock.expired)
+                capped = lp.timed_out or (bound >= ceiling and ceiling < cap)
             capped = capped or clock.expired()
-            found[groups] = replace(found[groups], bound=proved[groups] * (1 - ROUNDING_MARGIN),
-                                    elapsed=clock.elapsed(), capped=capped)
+            return bound, replace(outcome, bound=bound * (1 - ROUNDING_MARGIN), elapsed=clock.elapsed(),
+                                  capped=capped), lp
+        target = min(cap, proved[groups] * (1 + outcome.step))
+        if model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli, backend, target, solving):
+            return target, ModelOutcome(groups, "model", target * (1 - ROUNDING_MARGIN), clock.elapsed(),
+                                        step=min(MAX_TARGET_STEP, 2 * outcome.step)), None
+        if not solving.expired():  # a plan of the model, or its node budget spent: a smaller step
+            outcome = replace(outcome, step=outcome.step / 2)
+        return proved[groups], outcome, None
+
+    def first_bound(groups: int, lowest: float, screen: bool) -> tuple[float, TargetLP | None]:
+        """``groups``' bound from its target LPs, at most ``lowest``; ``(lowest, None)`` when ``screen`` and
+        :func:`screened_out` proves it."""
+        if screen and screened_out(problem, groups, v, types, milli, lowest, clock):
+            return lowest, None
+        lp = target_lp(groups, clock)
+        return target_bound(lambda t: lp.infeasible_at(t * MILLI), floor_, lowest, clock.expired), lp
+
+    def incomplete() -> ModelBound:
+        return ModelBound(floor_, backend, tuple(found[g] for g in sorted(found)), False)
+
+    pending, too_large = [], False  # the group counts without a bound, in order, up to one too large to model
+    for groups in group_counts(problem):
+        stages = num_stages(problem.schedule, groups, v)
+        if schedule_accepts(problem.schedule, groups, problem.microbatches) or stages > len(problem.graph) \
+                or (problem.max_stages is not None and stages > problem.max_stages) or groups in found:
             continue
-        target = min(cap, proved[groups] * (1 + found[groups].step))
-        if model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli, backend, target, clock):
-            proved[groups] = target
-            found[groups] = ModelOutcome(groups, "model", target * (1 - ROUNDING_MARGIN), clock.elapsed(),
-                                         step=min(MAX_TARGET_STEP, 2 * found[groups].step))
-        elif not clock.expired():  # a plan of the model, or its node budget spent: a smaller step
-            found[groups] = replace(found[groups], step=found[groups].step / 2)
+        if len(co.sizes) * stages * len(types) > MAX_COLUMNS:
+            too_large = True
+            break
+        pending.append(groups)
+    with ThreadPoolExecutor(max(1, threads)) as pool:
+        for at in range(0, len(pending), max(1, threads)):
+            batch = pending[at:at + max(1, threads)]
+            if clock.expired():
+                return incomplete()
+            # the targets proved (before their margin) cap the next ones: group counts proved at one cap share one
+            # bound.  The bounds fall with more groups, then rise: once one group count is capped, the next ones are
+            # screened first.  A batch shares the cap and the screening of the counts before it.
+            lowest = min(cap, min(proved.values(), default=math.inf))
+            screen = rising and lowest < cap
+            for groups, (bound, lp) in zip(batch, pool.map(lambda g: first_bound(g, lowest, screen), batch)):
+                if lp is None:  # screened out at the cap
+                    proved[groups] = lowest
+                    found[groups] = ModelOutcome(groups, "target", lowest * (1 - ROUNDING_MARGIN), clock.elapsed(),
+                                                 capped=True)
+                    continue
+                if clock.expired() or lp.timed_out:  # the clock cut its bisection short: left to a resumed call
+                    return incomplete()
+                capped = rising = bound >= lowest and lowest < cap  # another group count's bound stopped it
+                proved[groups] = bound
+                found[groups] = ModelOutcome(groups, "target", bound * (1 - ROUNDING_MARGIN), clock.elapsed(),
+                                             capped=capped)
+                if capped:
+                    lps[groups] = lp
+        if too_large:
+            return incomplete()
+        while not clock.expired():
+            # only the smallest bound counts: once its group count's steps are spent, the others stay as they are
+            order = sorted(found, key=lambda g: (proved[g], g))
+            if not order or not raisable(order[0]):
+                break
+            # the next smallest bounds are raised alongside it, one solve per thread: each is a proof of its own
+            chosen = [g for g in order if raisable(g)][:max(1, threads)]
+            # a round ends when all its solves have: the next round's choice depends on their answers alone
+            for groups, (bound, outcome, lp) in zip(chosen, pool.map(raise_once, chosen)):
+                proved[groups], found[groups] = bound, outcome
+                if lp is not None:
+                    lps[groups] = lp
     outcomes = tuple(found[g] for g in sorted(found))
     return ModelBound(max(floor_, min((o.bound for o in outcomes), default=floor_)), backend, outcomes, True)
 

@@ -455,7 +455,8 @@ class VirtualBnB(VirtualSolver):
                                                                    fallback.iteration_time < incumbent[1]):
             incumbent, plan_by = (fallback.plan, fallback.iteration_time), f"{self.name} (fallback)"
         cap = incumbent[1] if incumbent is not None else math.inf  # no bound above a plan is needed
-        model = virtual_model_bound(problem, self.model, clock.within(MODEL_SHARE * clock.left()), cap=cap) \
+        model = virtual_model_bound(problem, self.model, clock.within(MODEL_SHARE * clock.left()), cap=cap,
+                                    finish=clock) \
             if self.model is not None else None
         work = WorkBudget(max(1.0, total - spent), stops=clock.stops)
         # a proved v = 1 solve settles every one-stage candidate: none is faster than its plan, which the

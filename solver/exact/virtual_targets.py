@@ -105,7 +105,9 @@ class TargetLP:
         lp = model.highs_lp()
         lp.integrality_ = []
         h.passModel(lp)
-        self._h, self._model, self._seconds = h, model, seconds
+        self._h, self._model = h, model
+        self.seconds = seconds
+        """The seconds each program may take from now (a clock's ``remaining``; replaced to solve on under another)."""
         self.timed_out = False
         """Whether a program ended at its time limit (the clock), unanswered."""
 
@@ -115,7 +117,7 @@ class TargetLP:
         for row, column, constant in self._model.target_terms:
             h.changeCoeff(row, column, constant - target)
         h.changeColBounds(self._model.objective, 0.0, target)
-        h.setOptionValue("time_limit", float(max(0.01, min(self._seconds(), 1e6))))
+        h.setOptionValue("time_limit", float(max(0.01, min(self.seconds(), 1e6))))
         h.run()
         status = self._status()
         if status is None:  # the simplex stopped at its iterations, or in numerical trouble: the interior point method
