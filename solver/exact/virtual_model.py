@@ -152,12 +152,19 @@ MAX_COLUMNS = 100_000
 incomplete), so that building a model never takes long on a large cluster."""
 
 MODEL_THREADS = 2
-"""Group counts raised at once, one solve per thread (HiGHS and CP-SAT release the GIL while they solve).  A
-round of solves ends when every one of them has, so the answers do not depend on which finishes first; the
-number is fixed, not read from the machine, so that the same inputs give the same bound anywhere the clock
-does not cut.  Two, the cores of the machine the benchmarks run on: on bench_solvers' 64 x 16 instance
-(``looped-bfs``, the model alone for 60 s, the 2-core machine otherwise idle) the bound is 215.3 ms with one thread,
-221.6 ms with two (223.6 ms with one thread and 120 s; 2026-12-03)."""
+"""Solves run at once, one per thread (HiGHS and CP-SAT release the GIL while they solve).  A round of steps
+ends when every one of them has, so the answers do not depend on which finishes first; the number is fixed,
+not read from the machine, so that the same inputs give the same bound anywhere the clock does not cut.  Two,
+the cores of the machine the benchmarks run on: on bench_solvers' 64 x 16 instance (``looped-bfs``, the model
+alone for 60 s, the 2-core machine otherwise idle, 2026-12-03) the bound is 215.3 ms with one thread and one
+step a round, 221.6 ms with two threads and one step each, 223.0 ms with two steps each
+(:data:`STEPS_PER_THREAD`); one thread reaches 223.6 ms in 120 s."""
+
+STEPS_PER_THREAD = 2
+"""Steps a round takes per thread.  The threads take them in order, each as it ends its last, so that one long
+solve does not leave the other threads idle until the round ends: with one step per thread, solves of 0.3 to
+13 s made a thread wait 25 s of the 60 s above.  Two and three steps per thread gave the same bound there
+(223.0 ms; the measurement of :data:`MODEL_THREADS`)."""
 
 BACKENDS = ("milp", "cpsat")
 
@@ -685,15 +692,19 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     First, each group count gets the bound of its target LPs (:mod:`pipeplan.solver.exact.virtual_targets`),
     proved no higher than ``cap`` or the smallest bound of the group counts before it: a higher one would
     not change the smallest (such a group count is ``capped``; after one, the next is first tried by
-    :func:`screened_out`).  Then the group count with the smallest bound is raised, and with it those with the
-    next smallest bounds, ``threads`` solves at once in rounds (:data:`MODEL_THREADS`): a capped one by its
+    :func:`screened_out`; with ``threads`` above 1 they go in batches that share the bounds before them).  Then the
+    group count with the smallest bound is raised: a capped one by its
     target LPs, up to :data:`LP_REACH` above, any other by its model with capacity rows
     (:func:`model_rules_out`, :data:`NODES_PER_MODEL` HiGHS nodes or :data:`DETERMINISTIC_PER_MODEL` CP-SAT
     deterministic seconds), asked to rule out every plan its step above it (:data:`TARGET_STEP` at first); a
     target proved becomes the bound and doubles the step (up to :data:`MAX_TARGET_STEP`), a target not
     proved halves it.
     This goes on until the smallest bound's steps fall below :data:`MIN_TARGET_STEP`, it reaches ``cap``,
-    or ``clock`` runs out.  A problem that leaves ``v`` to the search, or a clock
+    or ``clock`` runs out.  The steps go in rounds of ``threads`` times :data:`STEPS_PER_THREAD`, run
+    ``threads`` at a time: the smallest bound's step first, then each time the step of the group count whose
+    bound would be the smallest were every step before it proved (the same one again, from the target it
+    hopes for, when the others' bounds are above it).  A step from a hoped-for bound whose own step failed
+    still proves its target when it succeeds.  A problem that leaves ``v`` to the search, or a clock
     that runs out before every group count has a bound, gives :func:`space_bound` (``complete`` false).
     ``earlier`` (an answer for the same problem and backend) is resumed: its bounds are kept, the group
     counts it did not reach get their target LPs, and the raising goes on from each group count's step
@@ -747,11 +758,16 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     def raisable(groups: int) -> bool:
         return found[groups].step >= MIN_TARGET_STEP and proved[groups] < cap
 
-    def raise_once(groups: int) -> tuple[float, ModelOutcome, TargetLP | None]:
-        """One step up for ``groups``: its new proved target, outcome and target LPs (``None``: unchanged)."""
-        outcome, lp = found[groups], None
+    def next_target(start: float, outcome: ModelOutcome) -> float:
+        return min(cap, start * (1 + outcome.step))
+
+    def raise_once(task: tuple[int, float, ModelOutcome]) -> tuple[float, ModelOutcome, TargetLP | None]:
+        """One step up for ``groups`` from the bound ``start`` and its ``outcome``: the new proved target, outcome
+        and target LPs (``None``: unchanged)."""
+        groups, start, outcome = task
+        lp = None
         if outcome.capped:  # its target LPs first, on from where they stopped, up to LP_REACH above
-            ceiling = min(cap, proved[groups] * (1 + LP_REACH))
+            ceiling = min(cap, start * (1 + LP_REACH))
             if ceiling < cap and screened_out(problem, groups, v, types, milli, ceiling, solving):
                 bound, capped = ceiling, True
             else:
@@ -759,18 +775,36 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
                 lp.seconds = solving.remaining  # the first pass's, kept, ran under ``clock``
                 lp.timed_out = False  # this bisection's own
                 # no program starts after ``clock``; one started runs on under ``solving``
-                bound = target_bound(lambda t: lp.infeasible_at(t * MILLI), proved[groups], ceiling, clock.expired)
+                bound = target_bound(lambda t: lp.infeasible_at(t * MILLI), start, ceiling, clock.expired)
                 capped = lp.timed_out or (bound >= ceiling and ceiling < cap)
             capped = capped or clock.expired()
             return bound, replace(outcome, bound=bound * (1 - ROUNDING_MARGIN), elapsed=clock.elapsed(),
                                   capped=capped), lp
-        target = min(cap, proved[groups] * (1 + outcome.step))
+        target = next_target(start, outcome)
         if model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli, backend, target, solving):
             return target, ModelOutcome(groups, "model", target * (1 - ROUNDING_MARGIN), clock.elapsed(),
                                         step=min(MAX_TARGET_STEP, 2 * outcome.step)), None
         if not solving.expired():  # a plan of the model, or its node budget spent: a smaller step
             outcome = replace(outcome, step=outcome.step / 2)
-        return proved[groups], outcome, None
+        return start, outcome, None
+
+    def round_of_steps() -> list[tuple[int, float, ModelOutcome]]:
+        """The solves of one round: the smallest bound's next step, then, for each further thread, the next step
+        of the group count whose bound would be the smallest were every step before it proved (the same count
+        again, from its target, when the others' bounds are above that target)."""
+        hoped = {g: (proved[g], found[g]) for g in found}
+        tasks: list[tuple[int, float, ModelOutcome]] = []
+        while len(tasks) < max(1, threads) * STEPS_PER_THREAD:
+            live = [g for g, (b, o) in hoped.items() if o.step >= MIN_TARGET_STEP and b < cap]
+            if not live:
+                break
+            groups = min(live, key=lambda g: (hoped[g][0], g))
+            start, outcome = hoped[groups]
+            tasks.append((groups, start, outcome))
+            # a capped count's bisection is not run twice at once
+            hoped[groups] = (start, replace(outcome, step=0.0)) if outcome.capped else \
+                (next_target(start, outcome), replace(outcome, status="model", step=min(MAX_TARGET_STEP, 2 * outcome.step)))
+        return tasks
 
     def first_bound(groups: int, lowest: float, screen: bool) -> tuple[float, TargetLP | None]:
         """``groups``' bound from its target LPs, at most ``lowest``; ``(lowest, None)`` when ``screen`` and
@@ -824,13 +858,16 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
             order = sorted(found, key=lambda g: (proved[g], g))
             if not order or not raisable(order[0]):
                 break
-            # the next smallest bounds are raised alongside it, one solve per thread: each is a proof of its own
-            chosen = [g for g in order if raisable(g)][:max(1, threads)]
             # a round ends when all its solves have: the next round's choice depends on their answers alone
-            for groups, (bound, outcome, lp) in zip(chosen, pool.map(raise_once, chosen)):
-                proved[groups], found[groups] = bound, outcome
-                if lp is not None:
-                    lps[groups] = lp
+            tasks = round_of_steps()
+            for (groups, start, _), (bound, outcome, lp) in zip(tasks, pool.map(raise_once, tasks)):
+                if start == proved[groups]:  # a step from the bound as it stands (a hoped-for one that was proved)
+                    proved[groups], found[groups] = bound, outcome
+                    if lp is not None:
+                        lps[groups] = lp
+                elif bound > start:  # a step from a hoped-for bound that was not proved, whose own target was
+                    proved[groups] = bound
+                    found[groups] = replace(found[groups], status="model", bound=outcome.bound, elapsed=outcome.elapsed)
     outcomes = tuple(found[g] for g in sorted(found))
     return ModelBound(max(floor_, min((o.bound for o in outcomes), default=floor_)), backend, outcomes, True)
 
