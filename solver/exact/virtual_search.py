@@ -55,7 +55,8 @@ plan is never slower than any of them that fits.
 
 The model.  Built with ``model`` (``ilp``: ``milp``, ``cpsat``: ``cpsat``),
 :class:`VirtualBnB` also solves :mod:`pipeplan.solver.exact.virtual_model` before its
-best-first search, on at most :data:`MODEL_SHARE` of the time left, and after the search,
+best-first search, on at most :data:`MODEL_SHARE` of the time left (a round of its solves started then runs to its
+end under the solve's clock: a solve cut short proves nothing), and after the search,
 on what it left, from where it stopped (the group counts not yet bounded, then the raising of
 the smallest bound): a bound over every plan of the space, which replaces the search's when higher, and
 proves the plan optimal when it reaches it.  No bound above the incumbent is sought.
