@@ -802,8 +802,12 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
             start, outcome = hoped[groups]
             tasks.append((groups, start, outcome))
             # a capped count's bisection is not run twice at once
-            hoped[groups] = (start, replace(outcome, step=0.0)) if outcome.capped else \
-                (next_target(start, outcome), replace(outcome, status="model", step=min(MAX_TARGET_STEP, 2 * outcome.step)))
+            if outcome.capped:
+                hoped[groups] = (start, replace(outcome, step=0.0))
+            else:
+                target = next_target(start, outcome)
+                hoped[groups] = (target, replace(outcome, status="model", bound=target * (1 - ROUNDING_MARGIN),
+                                                 step=min(MAX_TARGET_STEP, 2 * outcome.step)))
         return tasks
 
     def first_bound(groups: int, lowest: float, screen: bool) -> tuple[float, TargetLP | None]:
