@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import replace
@@ -28,6 +29,15 @@ V2 = ("interleaved-1f1b", "interleaved-zb", "looped-bfs", "zbv")
 
 def fixed_v(schedule: str, virtual: int = 2) -> int | None:
     return None if schedule == "zbv" else virtual
+
+
+@functools.lru_cache(maxsize=1)
+def four_groups_case() -> tuple[PlanningProblem, float]:
+    """Eight layers on four devices of two servers under ``interleaved-1f1b`` (``v = 2``), and its optimum by the
+    brute force (about 30 s: computed once for the tests that share it)."""
+    values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
+    p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
+    return p, virtual_brute_force(p)[0]
 
 
 class TestVirtualModelBound:
@@ -93,9 +103,7 @@ class TestVirtualModelBound:
     def test_rounds_of_threads_give_one_answer(self, threads):
         """Group counts raised ``threads`` at a time: never above the optimum, and the same answer on every call (a
         round ends when all its solves have, so the order they finish in does not count)."""
-        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
-        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
-        best, _ = virtual_brute_force(p)
+        p, best = four_groups_case()
 
         def answer():
             found = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=threads)
@@ -154,9 +162,7 @@ class TestVirtualModelBound:
 
     def test_a_resumed_answer_goes_on_from_its_steps(self):
         """Spent steps are not tried again; a group count with a step left is raised further."""
-        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
-        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
-        best, _ = virtual_brute_force(p)
+        p, best = four_groups_case()
         full = virtual_model_bound(p, "milp", TimeLimit(60.0))
         assert virtual_model_bound(p, "milp", TimeLimit(60.0), earlier=full) == full
         low = min(full.outcomes, key=lambda o: o.bound)
