@@ -720,7 +720,7 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     cap : float, optional
         A plan's iteration time: no bound above it is sought.
     threads : int, optional
-        Group counts raised at once (:data:`MODEL_THREADS`); the answer depends on it, not on the machine's cores.
+        Solves run at once (:data:`MODEL_THREADS`); the answer depends on it, not on the machine's cores.
     finish : TimeLimit, optional
         A later cap the solves of a round started before ``clock`` runs out may run to (``clock`` itself by
         default): a solve cut by its clock proves nothing, so a phase that ends at ``clock`` and resumes later
@@ -755,8 +755,8 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
 
     solving = finish if finish is not None else clock  # what a round's solves may run to
 
-    def raisable(groups: int) -> bool:
-        return found[groups].step >= MIN_TARGET_STEP and proved[groups] < cap
+    def raisable(bound: float, outcome: ModelOutcome) -> bool:
+        return outcome.step >= MIN_TARGET_STEP and bound < cap
 
     def next_target(start: float, outcome: ModelOutcome) -> float:
         return min(cap, start * (1 + outcome.step))
@@ -795,14 +795,13 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
         hoped = {g: (proved[g], found[g]) for g in found}
         tasks: list[tuple[int, float, ModelOutcome]] = []
         while len(tasks) < max(1, threads) * STEPS_PER_THREAD:
-            live = [g for g, (b, o) in hoped.items() if o.step >= MIN_TARGET_STEP and b < cap]
+            live = [g for g, (b, o) in hoped.items() if raisable(b, o)]
             if not live:
                 break
             groups = min(live, key=lambda g: (hoped[g][0], g))
             start, outcome = hoped[groups]
             tasks.append((groups, start, outcome))
-            # a capped count's bisection is not run twice at once
-            if outcome.capped:
+            if outcome.capped:  # its bisection is not run twice at once: no step is left to hope for
                 hoped[groups] = (start, replace(outcome, step=0.0))
             else:
                 target = next_target(start, outcome)
@@ -859,8 +858,8 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
             return incomplete()
         while not clock.expired():
             # only the smallest bound counts: once its group count's steps are spent, the others stay as they are
-            order = sorted(found, key=lambda g: (proved[g], g))
-            if not order or not raisable(order[0]):
+            low = min(found, key=lambda g: (proved[g], g), default=None)
+            if low is None or not raisable(proved[low], found[low]):
                 break
             # a round ends when all its solves have: the next round's choice depends on their answers alone
             tasks = round_of_steps()
