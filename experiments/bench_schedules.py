@@ -44,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pipeplan.experiments.bench_solvers import (PAIRS, QUICK, SCHEDULE_CASES, SERVERS, case_name,  # noqa: E402
-                                               chain_graph, two_type_cluster)
+                                               chain_graph, two_type_cluster, usage_error)
 from pipeplan.models.errors import InputError  # noqa: E402
 from pipeplan.models.graph import LayerGraph  # noqa: E402
 from pipeplan.models.jsonio import atomic_write_text  # noqa: E402
@@ -319,7 +319,7 @@ def parse_pairs(text: str) -> list[tuple[int, int]]:
         layers, _, devices = item.partition("x")
         pair = (int(layers), int(devices))
         if pair[1] not in SERVERS:
-            raise SystemExit(f"error: --pairs: {item}: devices must be one of {', '.join(map(str, SERVERS))}")
+            usage_error(f"error: --pairs: {item}: devices must be one of {', '.join(map(str, SERVERS))}")
         pairs.append(pair)
     return pairs
 

@@ -19,7 +19,7 @@ The grid pairs layers with devices as the issue asks: (16, 4), (32, 8), (64, 16)
 baseline that returned no plan.  HiGHS's banner is silenced at the fd level.
 
 ``--version2 64x16`` prints only the version-2 row of issue 37 for that pair: ``ilp`` and
-``cpsat`` on every version-2 case of :data:`SCHEDULE_CASES` (their plan, proved bound, gap,
+``cpsat`` (or the solvers of ``--solvers``) on every version-2 case of :data:`SCHEDULE_CASES` (their plan, proved bound, gap,
 what proved the bound and how many of the version-2 model's group counts were solved), next
 to the best version-1 plan (``ilp`` and ``cpsat`` under ``1f1b``, same limit), and whether the
 version-2 plan is at least as fast.
@@ -29,6 +29,7 @@ Usage::
     python -m pipeplan.experiments.bench_solvers [--quick] [--time-limit 60] [--out bench.json]
         [--schedules gpipe,interleaved-1f1b:2,interleaved-1f1b:4,interleaved-zb:2,looped-bfs:2,zbv]
     python -m pipeplan.experiments.bench_solvers --version2 64x16 --time-limit 5
+    python -m pipeplan.experiments.bench_solvers --version2 64x16 --time-limit 300 --solvers ilp
 """
 
 from __future__ import annotations
@@ -105,9 +106,30 @@ def bench_one(layers: int, devices: int, time_limit: float, baseline_limit: floa
     return {"layers": layers, "devices": devices, "servers": SERVERS[devices], "best": best, "solvers": rows}
 
 
+def parse_solvers(text: str) -> tuple[str, ...]:
+    """``"ilp,cpsat"`` as ``("ilp", "cpsat")``.
+
+    Raises
+    ------
+    SystemExit
+        With status 2, for a name no solver is registered under.
+    """
+    names = tuple(name.strip() for name in text.split(","))
+    for name in names:
+        if name not in solver_names():
+            usage_error(f"error: --solvers: {name}: no such solver; give any of {', '.join(solver_names())}")
+    return names
+
+
 def case_name(schedule: str, virtual: int) -> str:
     """``interleaved-1f1b v=2``; the schedules with a fixed ``v`` by name alone."""
     return f"{schedule} v={virtual}" if schedule in VIRTUAL_SCHEDULES else schedule
+
+
+def usage_error(message: str) -> None:
+    """Stop the script on a bad option: ``message`` as one line on stderr (``error: --option: ...``), exit status 2."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def parse_schedules(text: str) -> list[tuple[str, int]]:
@@ -116,7 +138,7 @@ def parse_schedules(text: str) -> list[tuple[str, int]]:
     Raises
     ------
     SystemExit
-        For a name or ``v`` outside :data:`SCHEDULE_CASES`'s schedules.
+        With status 2, for a name or ``v`` outside :data:`SCHEDULE_CASES`'s schedules.
     """
     names = {schedule for schedule, _ in SCHEDULE_CASES}
     cases = []
@@ -124,8 +146,8 @@ def parse_schedules(text: str) -> list[tuple[str, int]]:
         schedule, _, v = item.strip().partition(":")
         fixed = schedule_for(schedule).stages_per_group if schedule in names else None
         if schedule not in names or (v and schedule not in VIRTUAL_SCHEDULES and int(v) != fixed):
-            raise SystemExit(f"error: --schedules: {item}: give one of {', '.join(sorted(names))}, "
-                             f"with :v only for {', '.join(VIRTUAL_SCHEDULES)}")
+            usage_error(f"error: --schedules: {item}: give one of {', '.join(sorted(names))}, "
+                        f"with :v only for {', '.join(VIRTUAL_SCHEDULES)}")
         cases.append((schedule, int(v) if v else (2 if schedule in VIRTUAL_SCHEDULES else fixed)))
     return cases
 
@@ -229,7 +251,8 @@ def version2_row(layers: int, devices: int, time_limit: float, solvers: tuple[st
 
 
 def model_summary(details: dict) -> str:
-    """``R 2-3 by the model, R 1 by target LPs, all`` from a record's ``model_groups`` and ``model_complete``.
+    """``R 2-3 by the model, R 1 by target LPs, all`` from a record's ``model_groups`` and ``model_complete``, and
+    ``model's limit 223.1 ms`` from its ``model_limit``.
 
     Examples
     --------
@@ -237,6 +260,8 @@ def model_summary(details: dict) -> str:
     'R 2-3 by the model, R 1 by target LPs'
     >>> model_summary({"model_groups": "R=1:model R=2:target R=3:target", "model_complete": True})
     'R 1 by the model, R 2-3 by target LPs, all'
+    >>> model_summary({"model_groups": "R=1:model", "model_complete": True, "model_limit": 0.22308})
+    "R 1 by the model, all, model's limit 223.1 ms"
     >>> model_summary({})
     'no model'
     """
@@ -251,7 +276,9 @@ def model_summary(details: dict) -> str:
 
     text = ", ".join(f"{span(s)} {word}" for s, word in (("model", "by the model"), ("target", "by target LPs"))
                      if span(s))
-    return text + (", all" if details.get("model_complete") else "")
+    limit = details.get("model_limit")
+    return text + (", all" if details.get("model_complete") else "") + \
+        (f", model's limit {1e3 * limit:.1f} ms" if limit is not None else "")
 
 
 def version2_markdown(row: dict) -> str:
@@ -311,10 +338,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--schedules", help="a column per schedule, e.g. gpipe,interleaved-1f1b:2,zbv "
                                             "(v after the colon); all: every case of SCHEDULE_CASES")
     parser.add_argument("--version2", metavar="LxD", help="only the version-2 row for one pair, e.g. 64x16")
+    parser.add_argument("--solvers", help="with --version2: comma-separated solvers, e.g. ilp (default: ilp,cpsat)")
     args = parser.parse_args(argv)
+    if args.solvers and not args.version2:
+        usage_error("error: --solvers: only the version-2 row takes it; add --version2 LxD")
     if args.version2:
         layers, devices = (int(v) for v in args.version2.split("x"))
-        row = version2_row(layers, devices, args.time_limit)
+        row = version2_row(layers, devices, args.time_limit, parse_solvers(args.solvers) if args.solvers else EXACT)
         print(version2_markdown(row))
         if args.out:
             atomic_write_text(args.out, json.dumps(row, indent=1))

@@ -154,9 +154,11 @@ class TestMain:
             assert (tmp_path / "a" / f"schedules.{suffix}").read_bytes() == \
                    (tmp_path / "b" / f"schedules.{suffix}").read_bytes()
 
-    def test_bad_pair(self):
-        with pytest.raises(SystemExit, match="devices must be one of 4, 8, 16, 32, 64"):
+    def test_bad_pair(self, capsys):
+        with pytest.raises(SystemExit) as stop:
             bench.main(["--pairs", "8x5"])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == "error: --pairs: 8x5: devices must be one of 4, 8, 16, 32, 64\n"
 
 
 class TestParseSchedules:
@@ -164,9 +166,29 @@ class TestParseSchedules:
         assert solvers_bench.parse_schedules("gpipe,interleaved-1f1b:4,zbv,looped-bfs") == [
             ("gpipe", 1), ("interleaved-1f1b", 4), ("zbv", 2), ("looped-bfs", 2)]
 
-    def test_refuses_v_on_a_fixed_schedule(self):
-        with pytest.raises(SystemExit, match="1f1b:2: give one of"):
+    def test_refuses_v_on_a_fixed_schedule(self, capsys):
+        with pytest.raises(SystemExit) as stop:
             solvers_bench.parse_schedules("1f1b:2")
+        assert stop.value.code == 2
+        assert capsys.readouterr().err.startswith("error: --schedules: 1f1b:2: give one of")
+
+
+class TestParseSolvers:
+    def test_names_in_order(self):
+        assert solvers_bench.parse_solvers("ilp, cpsat") == ("ilp", "cpsat")
+
+    def test_refuses_an_unknown_name(self, capsys):
+        with pytest.raises(SystemExit) as stop:
+            solvers_bench.parse_solvers("ilp,lip")
+        assert stop.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: --solvers: lip: no such solver; give any of ") and err.count("\n") == 1
+
+    def test_only_with_the_version2_row(self, capsys):
+        with pytest.raises(SystemExit) as stop:
+            solvers_bench.main(["--solvers", "ilp", "--quick"])
+        assert stop.value.code == 2
+        assert capsys.readouterr().err == "error: --solvers: only the version-2 row takes it; add --version2 LxD\n"
 
 
 class TestBestAndGap:

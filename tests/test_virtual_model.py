@@ -72,8 +72,8 @@ class TestVirtualModelBound:
         co = coefficients(p, types, layer_units(p))
         for groups in (1, 2):
             status, milp = solve_highs(build_rows(p, groups, 2, types, co), 60.0, 10_000)
-            code, units = solve_cpsat(build_rows(p, groups, 2, types, co, unit=CPSAT_UNIT), 60.0, 100.0)
-            assert status == code == "optimal"
+            code, units, solution = solve_cpsat(build_rows(p, groups, 2, types, co, unit=CPSAT_UNIT), 60.0, 100.0)
+            assert status == code == "optimal" and solution >= units
             # the CP-SAT form is integral (at least the MILP's relaxation), less its rounding
             assert units * CPSAT_UNIT >= milp * (1 - 1e-6) - 4 * len(co.sizes) * 8 * CPSAT_UNIT
 
@@ -107,10 +107,13 @@ class TestVirtualModelBound:
 
         def answer():
             found = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=threads)
-            return found.bound, found.complete, [(o.groups, o.status, o.bound, o.step, o.capped) for o in found.outcomes]
+            return found.bound, found.complete, [(o.groups, o.status, o.bound, o.step, o.capped, o.ceiling)
+                                                 for o in found.outcomes]
 
         first = answer()
         assert first[1] and first[0] <= best * (1 + 1e-9)
+        # a solution of a group count's model is above everything its model proved
+        assert all(bound <= ceiling * (1 + 1e-6) for _, _, bound, _, _, ceiling in first[2])
         assert answer() == first
 
     @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -128,13 +131,41 @@ class TestVirtualModelBound:
         def stand_in(problem, groups, virtual, types, co, backend, target, clock):
             calls.append((groups, target))
             # one target in three fails, fixed by the target itself: the threads' order does not count
-            return target < threshold[groups] and (7919 * groups + round(target * 1e9)) % 3 != 0
+            return target < threshold[groups] and (7919 * groups + round(target * 1e9)) % 3 != 0, math.inf
 
         monkeypatch.setattr(virtual_model, "model_rules_out", stand_in)
         found = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=threads)
         low = min(threshold.values())
         assert calls and found.complete
         assert low * (1 - 8 * MIN_TARGET_STEP) <= found.bound < low
+
+    @pytest.mark.parametrize("threads", [1, 2])
+    def test_no_target_at_or_above_a_solution_of_the_model(self, monkeypatch, threads):
+        """A stand-in whose model has a solution at its threshold, found by every step that fails: once one is
+        found, its group count is never asked that target or more, and the raising stops within the smallest step
+        of the lowest solution, which the answer reports as its limit."""
+        from pipeplan.solver.exact import virtual_model
+        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
+        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
+        real = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=1)
+        threshold = {o.groups: 1.3 * o.bound for o in real.outcomes}
+        calls = []
+
+        def stand_in(problem, groups, virtual, types, co, backend, target, clock):
+            calls.append((groups, target))
+            return target < threshold[groups], threshold[groups] if target >= threshold[groups] else math.inf
+
+        monkeypatch.setattr(virtual_model, "model_rules_out", stand_in)
+        found = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=threads)
+        for groups, limit in threshold.items():
+            asked = [target for g, target in calls if g == groups]
+            failed = next((i for i, target in enumerate(asked) if target >= limit), len(asked))
+            # the steps of the round that found it were chosen before its answer; none after it reaches it
+            assert all(target < limit for target in asked[failed + threads * virtual_model.STEPS_PER_THREAD:])
+        low = min(threshold.values())
+        assert found.complete and found.limit == low
+        assert low * (1 - 2 * MIN_TARGET_STEP) <= found.bound < low
+        assert all(o.ceiling in (math.inf, threshold[o.groups]) and o.bound < o.ceiling for o in found.outcomes)
 
     def test_leaves_v_to_the_search_alone(self):
         p = virtual_problem([1.0] * 40, "looped-bfs", devices=2, layers=4)
@@ -217,7 +248,7 @@ class TestProgramRows:
         best, _ = virtual_brute_force(p)
         types = group_types(p)
         co = coefficients(p, types, layer_units(p))
-        code, units = solve_cpsat(build_rows(p, 2, 2, types, co, unit=CPSAT_UNIT), 60.0, 100.0)
+        code, units, _ = solve_cpsat(build_rows(p, 2, 2, types, co, unit=CPSAT_UNIT), 60.0, 100.0)
         assert code == "optimal" and (best - 2 * CPSAT_UNIT) * (1 - 1e-9) <= units * CPSAT_UNIT <= best
 
 

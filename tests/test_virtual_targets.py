@@ -94,7 +94,11 @@ class TestTargetLP:
             best = fastest_with(plans, groups)
             if math.isfinite(best):
                 for backend, c in (("milp", co), ("cpsat", coefficients(p, types, layer_units(p)))):
-                    assert not model_rules_out(p, groups, 2, types, c, backend, best * (1 + 1e-9), TimeLimit(60.0))
+                    ruled_out, solution = model_rules_out(p, groups, 2, types, c, backend, best * (1 + 1e-9),
+                                                          TimeLimit(60.0))
+                    assert not ruled_out and solution <= best * (1 + 1e-6)
+                    if backend == "milp":  # its solution meets the target LP's rows at its own time
+                        assert solution >= proved * (1 - 1e-6)
 
 
 class TestTargetBound:

@@ -139,7 +139,10 @@ MIN_TARGET_STEP = 0.0025
 MAX_TARGET_STEP = 0.04
 """The largest step: a target proved doubles the group count's step up to this.  On bench_solvers' 64 x 16
 instance (``looped-bfs``, the model alone for 60 s) the bound reached 218.6 ms with 4 %, 215.0 ms with 8 % and
-16 %: a larger step's proof takes longer (17 s for 8 % at 7 groups), and the clock cuts the last one."""
+16 %: a larger step's proof takes longer (17 s for 8 % at 7 groups), and the clock cuts the last one.  With two
+threads (:data:`MODEL_THREADS`, 2026-12-03), a first step of 4 % and a largest of 8 % raised ``looped-bfs`` to
+226.4 ms (223.0 ms with 2 % and 4 %) but lowered ``interleaved-zb`` to 190.6 ms (200.3) and ``zbv`` to 203.7 ms
+(207.8); 8 % and 16 % gave 218.3 ms on ``looped-bfs``."""
 
 LP_REACH = 0.16
 """How far above its bound, relative, a capped group count's target LPs go on when its bound is the smallest:
@@ -582,6 +585,10 @@ class ModelOutcome:
     """How far above the bound, relative, the model is asked next (spent below :data:`MIN_TARGET_STEP`)."""
     capped: bool = False
     """Whether the target LPs stopped at a smaller group count's bound: they may prove more."""
+    ceiling: float = math.inf
+    """The smallest iteration time of a solution of the model found so far (``inf``: none).  No target at or
+    above it can be ruled out (each group's work and step are at most ``T`` by row 1, so the solution meets the
+    capacity rows of every such target), so none is asked, and this group count's bound stays below it."""
 
 
 FEASIBILITY_OPTIONS = {"mip_max_improving_sols": 1, "mip_heuristic_effort": 0.0, "mip_heuristic_run_rins": False,
@@ -590,14 +597,21 @@ FEASIBILITY_OPTIONS = {"mip_max_improving_sols": 1, "mip_heuristic_effort": 0.0,
 """HiGHS options for asking whether a model at a target has a solution: the first solution answers it, and the
 primal heuristics only look for one.  On bench_solvers' 64 x 16 instance (``looped-bfs``, 8 groups) they took
 two thirds of the time of the proofs of infeasibility: 9.0 s against 3.2 s at a 215 ms target, 45 s against
-17 s at 230 ms."""
+17 s at 230 ms.  Other options left at HiGHS's defaults: on three proofs of that instance (6, 7 and 8 groups at
+225.4, 223.0 and 223.6 ms, 7 to 13 s each, 2026-12-03), no symmetry detection, no restarts, and 0 to 16 strong
+branchings per variable (``mip_pscost_minreliable``) were each faster on some and slower on others, by at most a
+quarter; SCIP (OR-Tools' ``model_builder``, defaults) took 3 to 4 times as long."""
+
+
+FEASIBLE_SOLUTION = 2
+"""HiGHS's ``primal_solution_status`` of a feasible point (``kSolutionStatusFeasible``)."""
 
 
 def solve_highs(m: LinearModel, time_limit: float, nodes: int, feasibility: bool = False) -> tuple[str, float]:
     """The MILP form with HiGHS: ``(status, bound)``, the status read from HiGHS's model status.
 
-    ``feasibility`` only asks whether a solution exists (:data:`FEASIBILITY_OPTIONS`): the status is
-    ``infeasible`` or not, and the bound is not sought.
+    ``feasibility`` only asks whether a solution exists (:data:`FEASIBILITY_OPTIONS`): ``("infeasible", inf)``,
+    ``("solution", T)`` with the objective of the solution found, or ``("cut", 0)``; the bound is not sought.
     """
     import highspy
 
@@ -618,6 +632,8 @@ def solve_highs(m: LinearModel, time_limit: float, nodes: int, feasibility: bool
     info = h.getInfo()
     if status == highspy.HighsModelStatus.kInfeasible:
         return "infeasible", math.inf
+    if feasibility and info.primal_solution_status == FEASIBLE_SOLUTION:
+        return "solution", info.objective_function_value
     integral = any(m.integer)
     if status == highspy.HighsModelStatus.kOptimal:
         # a MILP optimal to within mip_rel_gap: its dual bound is the proved value
@@ -628,9 +644,9 @@ def solve_highs(m: LinearModel, time_limit: float, nodes: int, feasibility: bool
     return "cut", bound if math.isfinite(bound) and bound > 0 else 0.0
 
 
-def solve_cpsat(m: LinearModel, time_limit: float, deterministic: float) -> tuple[str, float]:
+def solve_cpsat(m: LinearModel, time_limit: float, deterministic: float) -> tuple[str, float, float]:
     """The CP-SAT form (rows of :func:`build_rows` with a ``unit``: whole coefficients, ``e`` binary):
-    ``(status, bound in units)``."""
+    ``(status, bound in units, the best solution's objective in units)``, the last ``inf`` without one."""
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
@@ -654,9 +670,10 @@ def solve_cpsat(m: LinearModel, time_limit: float, deterministic: float) -> tupl
     solver.parameters.max_deterministic_time = deterministic
     code = solver.solve(model)
     if code == cp_model.INFEASIBLE:
-        return "infeasible", math.inf
+        return "infeasible", math.inf, math.inf
+    solution = solver.objective_value if code in (cp_model.OPTIMAL, cp_model.FEASIBLE) else math.inf
     # a real plan's T, in whole units, is at most ceil(T / unit): one unit less is a bound on T
-    return ("optimal" if code == cp_model.OPTIMAL else "cut"), max(0.0, solver.best_objective_bound - 1)
+    return ("optimal" if code == cp_model.OPTIMAL else "cut"), max(0.0, solver.best_objective_bound - 1), solution
 
 
 @dataclass(frozen=True)
@@ -671,6 +688,12 @@ class ModelBound:
     """One per group count, in order."""
     complete: bool
     """Whether every group count has a bound (else the bound is :func:`space_bound`)."""
+
+    @property
+    def limit(self) -> float:
+        """The smallest :attr:`ModelOutcome.ceiling`: the models prove no bound above it, however long they run
+        (``inf`` when none of them was found a solution)."""
+        return min((o.ceiling for o in self.outcomes), default=math.inf)
 
     @property
     def by_targets(self) -> bool:
@@ -698,9 +721,10 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     (:func:`model_rules_out`, :data:`NODES_PER_MODEL` HiGHS nodes or :data:`DETERMINISTIC_PER_MODEL` CP-SAT
     deterministic seconds), asked to rule out every plan its step above it (:data:`TARGET_STEP` at first); a
     target proved becomes the bound and doubles the step (up to :data:`MAX_TARGET_STEP`), a target not
-    proved halves it.
-    This goes on until the smallest bound's steps fall below :data:`MIN_TARGET_STEP`, it reaches ``cap``,
-    or ``clock`` runs out.  The steps go in rounds of ``threads`` times :data:`STEPS_PER_THREAD`, run
+    proved halves it.  A solution the model is found to have (:attr:`ModelOutcome.ceiling`) caps the next targets
+    of its group count halfway to it: no target at or above it can be proved.
+    This goes on until the smallest bound's steps fall below :data:`MIN_TARGET_STEP`, it reaches ``cap`` or
+    comes within that step of its model's solution (:attr:`ModelBound.limit`), or ``clock`` runs out.  The steps go in rounds of ``threads`` times :data:`STEPS_PER_THREAD`, run
     ``threads`` at a time: the smallest bound's step first, then each time the step of the group count whose
     bound would be the smallest were every step before it proved (the same one again, from the target it
     hopes for, when the others' bounds are above it).  A step from a hoped-for bound whose own step failed
@@ -756,10 +780,12 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     solving = finish if finish is not None else clock  # what a round's solves may run to
 
     def raisable(bound: float, outcome: ModelOutcome) -> bool:
-        return outcome.step >= MIN_TARGET_STEP and bound < cap
+        # a bound within the smallest step of a solution of its model is as high as that model goes
+        return outcome.step >= MIN_TARGET_STEP and bound < cap and bound * (1 + MIN_TARGET_STEP) < outcome.ceiling
 
     def next_target(start: float, outcome: ModelOutcome) -> float:
-        return min(cap, start * (1 + outcome.step))
+        # never at or above a solution of the model: halfway to it at most
+        return min(cap, start * (1 + outcome.step), (start + outcome.ceiling) / 2)
 
     def raise_once(task: tuple[int, float, ModelOutcome]) -> tuple[float, ModelOutcome, TargetLP | None]:
         """One step up for ``groups`` from the bound ``start`` and its ``outcome``: the new proved target, outcome
@@ -781,9 +807,12 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
             return bound, replace(outcome, bound=bound * (1 - ROUNDING_MARGIN), elapsed=clock.elapsed(),
                                   capped=capped), lp
         target = next_target(start, outcome)
-        if model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli, backend, target, solving):
+        ruled_out, solution = model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli,
+                                              backend, target, solving)
+        if ruled_out:
             return target, ModelOutcome(groups, "model", target * (1 - ROUNDING_MARGIN), clock.elapsed(),
-                                        step=min(MAX_TARGET_STEP, 2 * outcome.step)), None
+                                        step=min(MAX_TARGET_STEP, 2 * outcome.step), ceiling=outcome.ceiling), None
+        outcome = replace(outcome, ceiling=min(outcome.ceiling, solution))
         if not solving.expired():  # a plan of the model, or its node budget spent: a smaller step
             outcome = replace(outcome, step=outcome.step / 2)
         return start, outcome, None
@@ -871,6 +900,8 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
                 elif bound > start:  # a step from a hoped-for bound that was not proved, whose own target was
                     proved[groups] = bound
                     found[groups] = replace(found[groups], status="model", bound=outcome.bound, elapsed=outcome.elapsed)
+                # a solution of the model holds whatever the step's premise
+                found[groups] = replace(found[groups], ceiling=min(found[groups].ceiling, outcome.ceiling))
     outcomes = tuple(found[g] for g in sorted(found))
     return ModelBound(max(floor_, min((o.bound for o in outcomes), default=floor_)), backend, outcomes, True)
 
@@ -886,9 +917,11 @@ def screened_out(problem: PlanningProblem, groups: int, virtual: int, types: lis
 
 
 def model_rules_out(problem: PlanningProblem, groups: int, virtual: int, types: list[GroupType], co: Coefficients,
-                    backend: str, target: float, clock: TimeLimit) -> bool:
+                    backend: str, target: float, clock: TimeLimit) -> tuple[bool, float]:
     """Whether the model of ``groups`` groups with capacity rows has no integral solution with ``T <= target``
     seconds: then no plan with that many groups is that fast (:mod:`pipeplan.solver.exact.virtual_targets`).
+    Also the iteration time, in seconds, of the solution the solve found (``inf`` without one: ruled out, or cut
+    by its work or clock), the :attr:`ModelOutcome.ceiling` it sets.
     ``co`` in milliseconds (:func:`in_milliseconds`) for ``milp``, in seconds for ``cpsat``.
 
     ``milp``: HiGHS on :data:`NODES_PER_MODEL` nodes; ``cpsat``: CP-SAT on :data:`DETERMINISTIC_PER_MODEL`
@@ -899,10 +932,12 @@ def model_rules_out(problem: PlanningProblem, groups: int, virtual: int, types: 
     if backend == "milp":  # co in milliseconds
         rows = build_rows(problem, groups, virtual, types, co, capacity=True)
         set_target(rows, target * MILLI)
-        status, _ = solve_highs(rows, clock.remaining(), NODES_PER_MODEL, feasibility=True)
+        status, value = solve_highs(rows, clock.remaining(), NODES_PER_MODEL, feasibility=True)
+        solution = value / MILLI if status == "solution" else math.inf
     else:
         rows = build_rows(problem, groups, virtual, types, co, unit=CPSAT_UNIT, paths=False, capacity=True)
         set_target(rows, math.ceil(target / CPSAT_UNIT))
-        status, _ = solve_cpsat(rows, clock.remaining(), DETERMINISTIC_PER_MODEL)
+        status, _, units = solve_cpsat(rows, clock.remaining(), DETERMINISTIC_PER_MODEL)
+        solution = units * CPSAT_UNIT
     clock.expired()  # notes a cut by the clock in the solve's record (a node or deterministic cap is counted)
-    return status == "infeasible"
+    return status == "infeasible", solution

@@ -480,6 +480,8 @@ class VirtualBnB(VirtualSolver):
         """``found`` with ``model``'s bound where it is higher (``optimal`` when it reaches the plan)."""
         details = dict(found.details, bound_model=self.model, model_complete=model.complete,
                        model_groups=" ".join(f"R={o.groups}:{o.status}" for o in model.outcomes))
+        if math.isfinite(model.limit):  # no bound above it, whatever the time: the rest of the gap is not time's
+            details["model_limit"] = model.limit
         bound = found.lower_bound if found.lower_bound is not None else 0.0
         if not model.complete or model.bound <= bound:
             return replace(found, details=details)
