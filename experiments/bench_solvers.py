@@ -19,8 +19,9 @@ The grid pairs layers with devices as the issue asks: (16, 4), (32, 8), (64, 16)
 baseline that returned no plan.  HiGHS's banner is silenced at the fd level.
 
 ``--version2 64x16`` prints only the version-2 row of issue 37 for that pair: ``ilp`` and
-``cpsat`` (or the solvers of ``--solvers``) on every version-2 case of :data:`SCHEDULE_CASES` (their plan, proved bound, gap,
-what proved the bound and how many of the version-2 model's group counts were solved), next
+``cpsat`` (or the solvers of ``--solvers``) on every version-2 case of :data:`SCHEDULE_CASES`
+(their plan, proved bound, gap, what proved the bound, how many of the version-2 model's group
+counts were solved and the most the model can prove), next
 to the best version-1 plan (``ilp`` and ``cpsat`` under ``1f1b``, same limit), and whether the
 version-2 plan is at least as fast.
 

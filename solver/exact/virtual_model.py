@@ -691,9 +691,19 @@ class ModelBound:
 
     @property
     def limit(self) -> float:
-        """The smallest :attr:`ModelOutcome.ceiling`: the models prove no bound above it, however long they run
-        (``inf`` when none of them was found a solution)."""
-        return min((o.ceiling for o in self.outcomes), default=math.inf)
+        """No bound of the models goes above it, however long they run: the smallest over the group counts of the
+        larger of the bound and the :attr:`ModelOutcome.ceiling` (the target LPs may have proved more than the
+        CP-SAT form, without row 4, has a solution for); ``inf`` when no group count has a ceiling.
+
+        Examples
+        --------
+        >>> ModelBound(2.0, "cpsat", (ModelOutcome(1, "target", 2.0, ceiling=1.5),
+        ...                           ModelOutcome(2, "model", 1.8, ceiling=2.4)), True).limit
+        2.0
+        >>> ModelBound(2.0, "milp", (ModelOutcome(1, "model", 2.0),), True).limit
+        inf
+        """
+        return min((max(o.bound, o.ceiling) for o in self.outcomes), default=math.inf)
 
     @property
     def by_targets(self) -> bool:
@@ -724,7 +734,8 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
     proved halves it.  A solution the model is found to have (:attr:`ModelOutcome.ceiling`) caps the next targets
     of its group count halfway to it: no target at or above it can be proved.
     This goes on until the smallest bound's steps fall below :data:`MIN_TARGET_STEP`, it reaches ``cap`` or
-    comes within that step of its model's solution (:attr:`ModelBound.limit`), or ``clock`` runs out.  The steps go in rounds of ``threads`` times :data:`STEPS_PER_THREAD`, run
+    comes within that step of its model's solution (:attr:`ModelBound.limit`), or ``clock`` runs out.
+    The steps go in rounds of ``threads`` times :data:`STEPS_PER_THREAD`, run
     ``threads`` at a time: the smallest bound's step first, then each time the step of the group count whose
     bound would be the smallest were every step before it proved (the same one again, from the target it
     hopes for, when the others' bounds are above it).  A step from a hoped-for bound whose own step failed
