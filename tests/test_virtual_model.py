@@ -31,13 +31,27 @@ def fixed_v(schedule: str, virtual: int = 2) -> int | None:
     return None if schedule == "zbv" else virtual
 
 
+def four_groups_problem() -> PlanningProblem:
+    """Eight layers on four devices of two servers under ``interleaved-1f1b`` (``v = 2``)."""
+    values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
+    return virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
+
+
 @functools.lru_cache(maxsize=1)
 def four_groups_case() -> tuple[PlanningProblem, float]:
-    """Eight layers on four devices of two servers under ``interleaved-1f1b`` (``v = 2``), and its optimum by the
-    brute force (about 30 s: computed once for the tests that share it)."""
-    values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
-    p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
+    """:func:`four_groups_problem` and its optimum by the brute force (about 30 s: computed once for the tests that
+    share it)."""
+    p = four_groups_problem()
     return p, virtual_brute_force(p)[0]
+
+
+@functools.lru_cache(maxsize=1)
+def made_up_thresholds() -> tuple[PlanningProblem, dict[int, float]]:
+    """:func:`four_groups_problem` and a threshold per group count for stand-in models: 1.3 times the real model's
+    bound, so that the steps have room to climb."""
+    p = four_groups_problem()
+    real = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=1)
+    return p, {o.groups: 1.3 * o.bound for o in real.outcomes}
 
 
 class TestVirtualModelBound:
@@ -122,10 +136,7 @@ class TestVirtualModelBound:
         node limit does): whatever steps a round takes at once, hoped-for ones included, the bound is never above
         the smallest threshold, and the steps end within a few of the smallest ones below it."""
         from pipeplan.solver.exact import virtual_model
-        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
-        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
-        real = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=1)
-        threshold = {o.groups: 1.3 * o.bound for o in real.outcomes}
+        p, threshold = made_up_thresholds()
         calls = []
 
         def stand_in(problem, groups, virtual, types, co, backend, target, clock):
@@ -145,10 +156,7 @@ class TestVirtualModelBound:
         found, its group count is never asked that target or more, and the raising stops within the smallest step
         of the lowest solution, which the answer reports as its limit."""
         from pipeplan.solver.exact import virtual_model
-        values = [0.3 + 0.17 * ((7 * i) % 11) for i in range(80)]
-        p = virtual_problem(values, "interleaved-1f1b", devices=4, layers=8, batch=4, m=2, virtual=2, servers=2)
-        real = virtual_model_bound(p, "milp", TimeLimit(60.0), threads=1)
-        threshold = {o.groups: 1.3 * o.bound for o in real.outcomes}
+        p, threshold = made_up_thresholds()
         calls = []
 
         def stand_in(problem, groups, virtual, types, co, backend, target, clock):
