@@ -603,10 +603,6 @@ branchings per variable (``mip_pscost_minreliable``) were each faster on some an
 quarter; SCIP (OR-Tools' ``model_builder``, defaults) took 3 to 4 times as long."""
 
 
-FEASIBLE_SOLUTION = 2
-"""HiGHS's ``primal_solution_status`` of a feasible point (``kSolutionStatusFeasible``)."""
-
-
 def solve_highs(m: LinearModel, time_limit: float, nodes: int, feasibility: bool = False) -> tuple[str, float]:
     """The MILP form with HiGHS: ``(status, bound)``, the status read from HiGHS's model status.
 
@@ -632,7 +628,7 @@ def solve_highs(m: LinearModel, time_limit: float, nodes: int, feasibility: bool
     info = h.getInfo()
     if status == highspy.HighsModelStatus.kInfeasible:
         return "infeasible", math.inf
-    if feasibility and info.primal_solution_status == FEASIBLE_SOLUTION:
+    if feasibility and info.primal_solution_status == int(highspy.SolutionStatus.kSolutionStatusFeasible):
         return "solution", info.objective_function_value
     integral = any(m.integer)
     if status == highspy.HighsModelStatus.kOptimal:
@@ -821,8 +817,8 @@ def virtual_model_bound(problem: PlanningProblem, backend: str, clock: TimeLimit
         ruled_out, solution = model_rules_out(problem, groups, v, types, co if backend == "cpsat" else milli,
                                               backend, target, solving)
         if ruled_out:
-            return target, ModelOutcome(groups, "model", target * (1 - ROUNDING_MARGIN), clock.elapsed(),
-                                        step=min(MAX_TARGET_STEP, 2 * outcome.step), ceiling=outcome.ceiling), None
+            return target, replace(outcome, status="model", bound=target * (1 - ROUNDING_MARGIN),
+                                   elapsed=clock.elapsed(), step=min(MAX_TARGET_STEP, 2 * outcome.step)), None
         outcome = replace(outcome, ceiling=min(outcome.ceiling, solution))
         if not solving.expired():  # a plan of the model, or its node budget spent: a smaller step
             outcome = replace(outcome, step=outcome.step / 2)
