@@ -588,7 +588,8 @@ class ModelOutcome:
     ceiling: float = math.inf
     """The smallest iteration time of a solution of the model found so far (``inf``: none).  No target at or
     above it can be ruled out (each group's work and step are at most ``T`` by row 1, so the solution meets the
-    capacity rows of every such target), so none is asked, and this group count's bound stays below it."""
+    capacity rows of every such target), so none is asked, and the model's steps keep this group count's bound
+    below it (its target LPs, with row 4, may prove more than the CP-SAT form's solution: :attr:`ModelBound.limit`)."""
 
 
 FEASIBILITY_OPTIONS = {"mip_max_improving_sols": 1, "mip_heuristic_effort": 0.0, "mip_heuristic_run_rins": False,
