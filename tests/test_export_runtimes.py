@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
 import os
 import re
 import shlex
@@ -361,6 +362,18 @@ class TestTorchtitanTensorParallel:
         assert par.fsdp_reshard_after_forward == "never"
         assert config.training.local_batch_size * par.data_parallel_shard_degree == 8
         assert "= 8 processes" in files["pipeplan_torchtitan.py"]
+
+
+class TestModelModules:
+    def test_reads_the_names_without_torchtitans_checkpoint_advice(self, titan, caplog):
+        from pipeplan.runtime.export.torchtitan import CURRENT, RELEASES, model_modules
+
+        with caplog.at_level(logging.WARNING):
+            names = model_modules(RELEASES[CURRENT], TITAN_MODEL)
+        assert names[:2] == ["tok_embeddings", "layers.0"]
+        assert "layers.3" in names and "layers.4" not in names  # gpt-tiny's 4 blocks
+        assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
+        assert logging.getLogger().level == logging.WARNING  # the caller's level is back
 
 
 class TestTorchtitanRefusals:

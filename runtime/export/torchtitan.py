@@ -51,6 +51,9 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from pipeplan.models.errors import InputError
@@ -224,17 +227,32 @@ def model_modules(release: Release, model: str) -> list[str] | None:
         return None
     import torch
 
-    if release.version == "0.3":
-        module, _, function = model.partition(":")
-        config = getattr(config_registry(module), function)().model_spec.model
-        with torch.device("meta"):
-            built = config.build()
-    else:
-        name, _, flavor = model.partition(":")
-        spec = importlib.import_module("torchtitan.protocols.train_spec").get_train_spec(name)
-        with torch.device("meta"):
-            built = spec.model_cls(spec.model_args[flavor])
+    with _root_warnings_off():
+        if release.version == "0.3":
+            module, _, function = model.partition(":")
+            config = getattr(config_registry(module), function)().model_spec.model
+            with torch.device("meta"):
+                built = config.build()
+        else:
+            name, _, flavor = model.partition(":")
+            spec = importlib.import_module("torchtitan.protocols.train_spec").get_train_spec(name)
+            with torch.device("meta"):
+                built = spec.model_cls(spec.model_args[flavor])
     return split_names(built)
+
+
+@contextmanager
+def _root_warnings_off() -> Iterator[None]:
+    """The root logger at ``ERROR`` for the block.  torchtitan logs to the root logger, and building
+    a trainer config only to read its module names makes it advise on checkpoints the user never
+    asked for (``initial_load_model_only=True has no effect ...``) on every export."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
 
 
 def config_registry(module: str):
