@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml Makefile
 	# torch first, below 2.14: on this kind of machine that resolves to the CPU wheel on
 	# disk instead of a multi-GB CUDA build; elsewhere pip takes what PyPI serves.
 	$(PY) -m pip install --quiet "torch>=2.4,<2.14"
-	# From here on that torch is pinned: no requirement of the runtimes may replace it.
-	$(PY) -c 'import torch; print(f"torch=={torch.__version__}")' > $(VENV)/torch-pin.txt
+	# From here on that torch is pinned: no requirement of the runtimes may replace it.  Read
+	# from its metadata: importing torch before numpy is installed warns "Failed to initialize NumPy".
+	$(PY) -c 'from importlib.metadata import version; print("torch==" + version("torch"))' > $(VENV)/torch-pin.txt
 	$(PY) -m pip install --quiet -c $(VENV)/torch-pin.txt "setuptools>=77"
 	# The test set and the runtimes the export tests run (pyproject.toml's `runtimes`).
 	# No build isolation: DeepSpeed's sdist imports torch while it builds, and an isolated
