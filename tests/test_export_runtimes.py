@@ -370,10 +370,10 @@ class TestModelModules:
 
         with caplog.at_level(logging.WARNING):
             names = model_modules(RELEASES[CURRENT], TITAN_MODEL)
+            assert logging.getLogger().level == logging.WARNING  # the caller's level is back
         assert names[:2] == ["tok_embeddings", "layers.0"]
         assert "layers.3" in names and "layers.4" not in names  # gpt-tiny's 4 blocks
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
-        assert logging.getLogger().level == logging.WARNING  # the caller's level is back
 
 
 class TestTorchtitanRefusals:
